@@ -1,0 +1,33 @@
+// Dense linear layers: Y[m, n] = sum_k X[m, k] * W[n, k]   (W row-major [N, K], as in torch Linear).
+// Every output element is the canonical dot product of kernels/reduce.h over k in increasing order,
+// so the result for a row never depends on the other rows (batch invariance), on the thread count or
+// on the tiling. Multithreaded over output tiles with OpenMP.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/reduce.h"
+
+namespace dsv4 {
+
+enum class OutRound { f32, bf16 };  // bf16: each output element is rounded to bf16 once
+
+struct GemmParams {
+  int64_t m = 0, n = 0, k = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;  // row stride of x (>= k)
+  const float* w = nullptr;
+  int64_t ldw = 0;  // row stride of w (>= k)
+  float* y = nullptr;
+  int64_t ldy = 0;  // row stride of y (>= n)
+  OutRound round = OutRound::bf16;
+  ReduceOrder order{};
+};
+const char* gemm_check(const GemmParams& p);
+void gemm(const GemmParams& p);
+
+// Reference implementation: one `dot()` call per output element, single-threaded. The tests and the
+// benchmark compare gemm() against it bit for bit.
+void gemm_reference(const GemmParams& p);
+
+}  // namespace dsv4

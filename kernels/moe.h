@@ -1,0 +1,68 @@
+// MoE router and experts (MODEL.md §3.9).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/reduce.h"
+
+namespace dsv4 {
+
+// Router on precomputed fp32 logits [T, E] (logits = x · gate^T, gemm with fp32 out):
+//   s_e = sqrt(softplus_f(logit_e))
+//   hash:    ids = tid2eid[token[t]]          (no bias, no top-k; margin = +inf)
+//   forced:  ids = forced[t]                  (already validated by the caller)
+//   learned: ids = topk_row(s + bias, k)      (larger first, then smaller id; margin from topk_row)
+//   ids are written sorted ascending; w_i = s_{ids_i} / (sum over the sorted ids, sequential) when
+//   norm_topk_prob, else s_{ids_i}; then w_i *= routed_scaling_factor.
+struct RouterParams {
+  int64_t T = 0;
+  int E = 0, k = 0;
+  const float* logits = nullptr;   // [T, E]
+  const float* bias = nullptr;     // [E] (learned layers)
+  const int32_t* tid2eid = nullptr;// [V, k] (hash layers), else nullptr
+  const int32_t* tokens = nullptr; // [T] (hash layers)
+  const int32_t* forced = nullptr; // [T, k] or nullptr
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+  int32_t* ids = nullptr;          // [T, k] out, ascending
+  float* weights = nullptr;        // [T, k] out, matching ids
+  float* margin = nullptr;         // [T] out (may be nullptr)
+  float* scores = nullptr;         // [T, E] out s_e (may be nullptr)
+};
+const char* router_check(const RouterParams& p);
+void router(const RouterParams& p);
+
+// One SwiGLU expert's weights: w1 (gate) [I, D], w3 (up) [I, D], w2 (down) [D, I].
+struct ExpertWeights {
+  const float* w1 = nullptr;
+  const float* w3 = nullptr;
+  const float* w2 = nullptr;
+};
+
+// out[t] = bf16( (sum over i ascending of y_i(t)) + shared(t) ) with an fp32 accumulator starting
+// at 0, where for a routed expert e = ids[t][i] with weight w:
+//   g = bf16(dot(x, w1 row)), u = bf16(dot(x, w3 row))      (dense linear, bf16 out)
+//   g = min(g, L); u = clamp(u, -L, L)                         (L = swiglu_limit; skipped if L <= 0)
+//   a = bf16(w * (silu_f(g) * u))
+//   y = dot(a, w2 row) (fp32)
+// and shared(t) is the same without the weight (a = bf16(silu_f(g) * u)), clamped only when
+// clamp_shared. Tokens are gathered per expert and run as a GEMM; since every output element has
+// the canonical order, a token's result does not depend on which other tokens share its expert.
+struct MoeParams {
+  int64_t T = 0, D = 0, I = 0;
+  int E = 0, k = 0;
+  int n_shared = 1;
+  const float* x = nullptr;            // [T, D] bf16 values
+  const int32_t* ids = nullptr;        // [T, k] ascending
+  const float* weights = nullptr;      // [T, k]
+  const ExpertWeights* experts = nullptr;  // [E]
+  const ExpertWeights* shared = nullptr;   // [n_shared]
+  float swiglu_limit = 10.0f;
+  bool clamp_shared = false;
+  ReduceOrder order{};
+  float* out = nullptr;                // [T, D]
+};
+const char* moe_check(const MoeParams& p);
+void moe_experts(const MoeParams& p);
+
+}  // namespace dsv4

@@ -1,0 +1,59 @@
+// The canonical reduction orders. Every long fp32 sum in the runtime (GEMM dot products, RMSNorm
+// sums of squares, attention and indexer dot products, mHC fn·x) is one of these, so a result never
+// depends on the thread count, the batch composition, padding or the instruction set.
+//
+// Order (block == 0, "single chain"): 8 interleaved accumulators. Element i goes to lane i % 8 and
+// is accumulated with an explicit fma, in increasing i: acc[l] = fma(a[i], b[i], acc[l]). The lanes
+// are then combined as ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)).
+//
+// Order (block = B > 0, "blocked"): the range is cut into consecutive blocks of B elements (B a
+// multiple of 8; the last block may be shorter); each block is reduced with the single-chain order
+// above starting from zero, and the block results are added left to right: s = ((b0 + b1) + b2) + ...
+// (n <= B is a single block, i.e. the single-chain order).
+//
+// The train profile uses block 0, the rollout profile a different fixed block (see model/profile.h):
+// the two profiles are each deterministic, and differ from each other like two real engines do.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/numerics/hd.h"
+
+namespace dsv4 {
+
+struct ReduceOrder {
+  int block = 0;  // 0: one chain over the whole range; else block length (multiple of 8)
+  friend bool operator==(const ReduceOrder&, const ReduceOrder&) = default;
+};
+
+namespace detail {
+DSV4_HD float combine_lanes8(const float acc[8]) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+DSV4_HD float dot_chain(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  for (int l = 0; i + l < n; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  return combine_lanes8(acc);
+}
+}  // namespace detail
+
+// sum_i a[i] * b[i] in the canonical order `o`. This function *is* the definition; optimised
+// kernels (blocked GEMM, CUDA) must reproduce it bit for bit.
+DSV4_HD float dot(const float* a, const float* b, int64_t n, ReduceOrder o) {
+  if (o.block <= 0 || n <= o.block) return detail::dot_chain(a, b, n);
+  float s = detail::dot_chain(a, b, o.block);
+  for (int64_t start = o.block; start < n; start += o.block) {
+    const int64_t len = (n - start < o.block) ? (n - start) : o.block;
+    s = s + detail::dot_chain(a + start, b + start, len);
+  }
+  return s;
+}
+
+// sum_i a[i]^2 in the canonical order.
+DSV4_HD float sum_squares(const float* a, int64_t n, ReduceOrder o) { return dot(a, a, n, o); }
+
+}  // namespace dsv4

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages dsv4-replay builds against. Idempotent: does nothing when all are present.
+# Usage: scripts/install-deps.sh [--no-gui]
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
+  libhdf5-dev hdf5-tools python3-h5py python3-numpy
+  clang-format
+)
+gui_packages=(qt6-base-dev qt6-charts-dev libqt6opengl6-dev libxkbcommon-dev libgl-dev qt6-svg-dev xvfb xauth)
+
+if [[ "${1:-}" != "--no-gui" ]]; then packages+=("${gui_packages[@]}"); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
