@@ -50,8 +50,9 @@ struct ExpertWeights {
 // the canonical order, a token's result does not depend on which other tokens share its expert.
 struct MoeParams {
   int64_t T = 0, D = 0, I = 0;
+  int64_t I_shared = 0;  // intermediate size of a shared expert (HF fuses n shared experts into one of width n*I)
   int E = 0, k = 0;
-  int n_shared = 1;
+  int n_shared = 1;      // number of entries in `shared` (0 or more), each of width I_shared
   const float* x = nullptr;            // [T, D] bf16 values
   const int32_t* ids = nullptr;        // [T, k] ascending
   const float* weights = nullptr;      // [T, k]

@@ -1,0 +1,189 @@
+// dsv4 forward | demo
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "model/checkpoint.h"
+#include "model/collect.h"
+#include "model/compare.h"
+#include "model/error.h"
+#include "model/forward.h"
+#include "model/tokens.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+struct ModelArgs {
+  std::string model;
+  std::string preset;
+  uint64_t seed = 0;
+};
+
+Weights open_model(const ModelArgs& m) {
+  if (m.model.empty() == m.preset.empty()) throw InputError("give exactly one of --model DIR or --preset NAME");
+  return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
+}
+
+void add_model_options(CLI::App* cmd, ModelArgs& m) {
+  cmd->add_option("--model", m.model, "Checkpoint directory (config.json + safetensors)");
+  cmd->add_option("--preset", m.preset, "Built-in config with seeded weights: tiny, tiny-b, mid");
+  cmd->add_option("--seed", m.seed, "Seed of the preset's weights")->capture_default_str();
+}
+
+struct ForwardArgs {
+  ModelArgs model;
+  std::string tokens;
+  int64_t random = 0;
+  uint64_t token_seed = 1;
+  std::string profile = "train";
+  int threads = 0;
+  float temperature = 1.0f;
+  std::string out;
+};
+
+std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab) {
+  if (spec.empty() == (random <= 0)) throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
+  return spec.empty() ? random_tokens(random, vocab, seed) : parse_tokens(spec);
+}
+
+nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, const std::string& profile) {
+  nlohmann::json j;
+  j["profile"] = profile;
+  j["tokens"] = r.tokens;
+  j["logprobs"] = r.logprobs;
+  j["indexer_topk"] = nlohmann::json::array();
+  for (const auto& [key, rec] : log.indexer) {
+    nlohmann::json sets = nlohmann::json::array();
+    for (int64_t t = 0; t < rec.T; ++t) {
+      std::vector<int32_t> s;
+      for (int i = 0; i < rec.k; ++i)
+        if (rec.ids[t * rec.k + i] != -1) s.push_back(rec.ids[t * rec.k + i]);
+      sets.push_back(s);
+    }
+    j["indexer_topk"].push_back({{"layer", key.second}, {"sets", sets}});
+  }
+  j["experts"] = nlohmann::json::array();
+  for (const auto& [key, rec] : log.routing) {
+    nlohmann::json ids = nlohmann::json::array();
+    for (int64_t t = 0; t < rec.T; ++t)
+      ids.push_back(std::vector<int32_t>(rec.ids.begin() + t * rec.k, rec.ids.begin() + (t + 1) * rec.k));
+    j["experts"].push_back({{"layer", key.second}, {"hashed", rec.hashed}, {"ids", ids}});
+  }
+  return j;
+}
+
+int run_forward(const ForwardArgs& a) {
+  Weights w = open_model(a.model);
+  const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size);
+  DecisionLog log;
+  RunOptions opt;
+  opt.profile = profile_by_name(a.profile);
+  opt.threads = a.threads;
+  opt.observer = &log;
+  opt.temperature = a.temperature;
+  const auto t0 = std::chrono::steady_clock::now();
+  ForwardResult res = forward(w, {tokens}, opt);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const nlohmann::json j = forward_json(res.seqs[0], log, a.profile);
+  if (!a.out.empty()) {
+    std::ofstream f(a.out);
+    f << j.dump() << "\n";
+    if (!f) throw Error(fmt::format("{}: write failed", a.out));
+  } else {
+    fmt::print("{}\n", j.dump());
+  }
+  double sum = 0;
+  for (float v : res.seqs[0].logprobs) sum += v;
+  fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}\n",
+             tokens.size(), a.profile, secs, tokens.size() / secs,
+             res.seqs[0].logprobs.empty() ? 0.0 : sum / res.seqs[0].logprobs.size(),
+             a.out.empty() ? "" : fmt::format(", wrote {}", a.out));
+  return 0;
+}
+
+struct DemoArgs {
+  std::string preset = "tiny";
+  uint64_t seed = 7;
+  int64_t length = 64;
+  std::string dir;
+  int threads = 0;
+};
+
+int run_demo(const DemoArgs& a) {
+  namespace fs = std::filesystem;
+  const std::string dir = a.dir.empty() ? (fs::temp_directory_path() / "dsv4-demo-model").string() : a.dir;
+  fmt::print("1. dsv4 model init --preset {} --seed {} --out {}\n", a.preset, a.seed, dir);
+  Weights::init(preset(a.preset), a.seed).save(dir);
+  Weights w = open_checkpoint(dir);
+  const std::vector<int32_t> tokens = random_tokens(a.length, w.config().vocab_size, a.seed);
+  fmt::print("2. forward of {} tokens in the train and rollout profiles\n\n", tokens.size());
+
+  DecisionLog log_train, log_roll;
+  RunOptions ot;
+  ot.profile = profile_train();
+  ot.threads = a.threads;
+  ot.observer = &log_train;
+  RunOptions orl = ot;
+  orl.profile = profile_rollout();
+  orl.observer = &log_roll;
+  const auto rt = forward(w, {tokens}, ot).seqs[0];
+  const auto rr = forward(w, {tokens}, orl).seqs[0];
+
+  fmt::print("{:>5} {:>6} {:>13} {:>13} {:>11}\n", "pos", "next", "train", "rollout", "|diff|");
+  double max_diff = 0, sum_diff = 0;
+  for (size_t t = 0; t < rt.logprobs.size(); ++t) {
+    const double d = std::fabs(double(rt.logprobs[t]) - double(rr.logprobs[t]));
+    max_diff = std::max(max_diff, d);
+    sum_diff += d;
+    fmt::print("{:>5} {:>6} {:>13.6f} {:>13.6f} {:>11.3e}\n", t, tokens[t + 1], rt.logprobs[t], rr.logprobs[t], d);
+  }
+  fmt::print("\nlog-prob |train - rollout|: mean {:.3e}, max {:.3e}\n\n", sum_diff / rt.logprobs.size(), max_diff);
+  fmt::print("{:>5} {:>8} {:>10} {:>18}\n", "layer", "decision", "positions", "positions differing");
+  int64_t total_rows = 0, total_diff = 0;
+  for (const auto& d : compare_decisions(log_train, log_roll, 0)) {
+    fmt::print("{:>5} {:>8} {:>10} {:>18}{}\n", d.layer, d.kind, d.rows, d.rows_differing,
+               d.hashed ? "  (hash-routed)" : "");
+    total_rows += d.rows;
+    total_diff += d.rows_differing;
+  }
+  fmt::print("\n{} of {} indexer/routing decisions differ between the profiles.\n", total_diff, total_rows);
+  return 0;
+}
+
+}  // namespace
+
+void register_forward_commands(CLI::App& app) {
+  auto fa = std::make_shared<ForwardArgs>();
+  CLI::App* f = app.add_subcommand("forward", "Run the forward pass on one sequence and write log-probs and decisions");
+  add_model_options(f, fa->model);
+  f->add_option("--tokens", fa->tokens, "Token ids: 1,2,3 or @file (commas/whitespace)");
+  f->add_option("--random", fa->random, "Use N seeded random token ids instead of --tokens");
+  f->add_option("--token-seed", fa->token_seed, "Seed of --random")->capture_default_str();
+  f->add_option("--profile", fa->profile, "Numerics profile: train or rollout")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"train", "rollout"}));
+  f->add_option("--threads", fa->threads, "CPU threads (0: all); results do not depend on it")->capture_default_str();
+  f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")->capture_default_str();
+  f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
+  f->callback([fa] { set_action([fa] { return run_forward(*fa); }); });
+
+  auto da = std::make_shared<DemoArgs>();
+  CLI::App* d = app.add_subcommand(
+      "demo", "Make a tiny checkpoint, run both numerics profiles and show where they disagree");
+  d->add_option("--preset", da->preset, "Built-in config")->capture_default_str();
+  d->add_option("--seed", da->seed, "Seed of the weights and the prompt")->capture_default_str();
+  d->add_option("--length", da->length, "Prompt length in tokens")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  d->add_option("--dir", da->dir, "Where to write the checkpoint (default: a temp directory)");
+  d->add_option("--threads", da->threads, "CPU threads (0: all)")->capture_default_str();
+  d->callback([da] { set_action([da] { return run_demo(*da); }); });
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,48 @@
+// The DSV4 forward pass on the CPU (MODEL.md §2-3), prefill over whole sequences.
+//
+// Sequences of a batch are computed one after another with identical code paths, so a sequence's
+// results never depend on the others (batch invariance); inside a sequence the kernels parallelise
+// over independent outputs only, so results do not depend on the thread count.
+//
+// Named tensors reported to the Observer, per layer L (shape[0] is the row axis):
+//   attn.hc_pre [T,D]  attn.norm [T,D]  attn.qr [T,q_lora]  attn.q [T,H*Dh]  attn.kv [T,Dh]
+//   attn.compressed_kv [G,Dh] (C4/C128)  indexer.q [T,Hi*Di]  indexer.k [G4,Di]  indexer.weights [T,Hi] f32
+//   indexer.score [T,k] f32 (score of each chosen group, NaN for empty slots)  attn.o [T,H*Dh]
+//   attn.u [T,G*R]  attn.out [T,D]  attn.hc_post [T,hc*D]
+//   ffn.hc_pre [T,D]  ffn.norm [T,D]  moe.router_logits [T,E] f32  moe.out [T,D]  ffn.hc_post [T,hc*D]
+// and model-level (layer -1): embed [T,D], head.hc [T,D], head.norm [T,D], logits [T,V] f32,
+// logprobs [T-1] f32. All others are bf16.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/observer.h"
+#include "model/overrides.h"
+#include "model/profile.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct RunOptions {
+  NumericsProfile profile = profile_train();
+  int threads = 0;                    // 0: OpenMP default
+  Observer* observer = nullptr;
+  const Overrides* overrides = nullptr;
+  float temperature = 1.0f;           // logits / temperature before log_softmax (MODEL.md §3.10)
+};
+
+struct SequenceResult {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // [T-1]: logprobs[t] = log_softmax(logits[t])[tokens[t+1]]
+};
+
+struct ForwardResult {
+  std::vector<SequenceResult> seqs;
+};
+
+// Throws InputError for empty sequences or token ids outside [0, vocab_size) (naming sequence and
+// position) and OverrideError for invalid forced decisions (naming sequence, layer and token).
+ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch, const RunOptions& opt);
+
+}  // namespace dsv4

@@ -1,0 +1,82 @@
+// The Observer seam: the model reports every named tensor and every decision through it. Capture,
+// tests and replay verification are all Observers. Names are stable (`attn.q`, `moe.out`, ...) and,
+// with the layer, the key that aligns two traces.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace dsv4 {
+
+enum class DType { f32, bf16, i32 };
+const char* to_string(DType t);
+
+// A tensor as the model computed it. Row-major; shape[0] is the token (or compressed-group) axis, so
+// a row is what a per-token digest covers. bf16 tensors hold bf16-exact values in fp32 storage.
+struct TensorRecord {
+  int seq = 0;      // sequence index within the batch
+  int layer = -1;   // -1: model-level (embedding, head)
+  std::string_view name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // float* for f32/bf16, int32_t* for i32
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  int64_t row_elems() const {
+    int64_t n = 1;
+    for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+    return n;
+  }
+};
+
+// Lightning-indexer top-k of one C4 layer: ids [T, k] ascending with -1 for empty slots, margin [T]
+// = score(k-th chosen) - score(best unchosen) (+inf when nothing was left out).
+struct IndexerDecision {
+  int seq = 0, layer = 0;
+  int64_t T = 0;
+  int k = 0;
+  bool forced = false;
+  const int32_t* ids = nullptr;
+  const float* margin = nullptr;
+};
+
+// MoE routing of one layer: ids [T, k] ascending, weights [T, k] (after normalisation and scaling),
+// margin [T] on the biased selection score (+inf for hash layers).
+struct RoutingDecision {
+  int seq = 0, layer = 0;
+  int64_t T = 0;
+  int k = 0;
+  bool hashed = false;
+  bool forced = false;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  const float* margin = nullptr;
+};
+
+enum class Sublayer { attn, ffn };
+const char* to_string(Sublayer s);
+
+// mHC mixing of one sublayer: pre [T, hc], post [T, hc], comb [T, hc, hc] (comb[j][k], j source).
+struct MhcDecision {
+  int seq = 0, layer = 0;
+  Sublayer sublayer = Sublayer::attn;
+  int64_t T = 0;
+  int hc = 0;
+  const float* pre = nullptr;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+};
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  // Called in execution order. The data is only valid during the call.
+  virtual void on_tensor(const TensorRecord&) {}
+  virtual void on_indexer(const IndexerDecision&) {}
+  virtual void on_routing(const RoutingDecision&) {}
+  virtual void on_mhc(const MhcDecision&) {}
+  // Lets the model skip building a tensor's record when nobody wants it (digests still want all).
+  virtual bool wants_tensors() const { return true; }
+};
+
+}  // namespace dsv4

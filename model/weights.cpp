@@ -1,0 +1,250 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "kernels/numerics/numerics.h"
+#include "kernels/numerics/rng.h"
+#include "model/error.h"
+
+namespace dsv4 {
+
+int64_t WeightSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string layer_prefix(int layer) { return fmt::format("model.layers.{}.", layer); }
+
+namespace {
+
+void add(std::vector<WeightSpec>& out, std::string name, std::vector<int64_t> shape, StDType dtype,
+         InitKind init, float std = 0.02f) {
+  out.push_back(WeightSpec{std::move(name), std::move(shape), dtype, init, std});
+}
+
+// A compressor of head dim d and ratio r (MODEL.md §3.5): coff = 2 for the overlapping ratio 4.
+void add_compressor(std::vector<WeightSpec>& out, const std::string& prefix, int64_t D, int64_t d, int r) {
+  const int64_t coff = r == 4 ? 2 : 1;
+  add(out, prefix + "ape", {r, coff * d}, StDType::F32, InitKind::normal, 0.1f);
+  add(out, prefix + "wkv.weight", {coff * d, D}, StDType::BF16, InitKind::normal);
+  add(out, prefix + "wgate.weight", {coff * d, D}, StDType::BF16, InitKind::normal);
+  add(out, prefix + "norm.weight", {d}, StDType::BF16, InitKind::ones_jitter);
+}
+
+void add_expert(std::vector<WeightSpec>& out, const std::string& prefix, int64_t D, int64_t I) {
+  add(out, prefix + "gate_proj.weight", {I, D}, StDType::BF16, InitKind::normal);
+  add(out, prefix + "up_proj.weight", {I, D}, StDType::BF16, InitKind::normal);
+  add(out, prefix + "down_proj.weight", {D, I}, StDType::BF16, InitKind::normal);
+}
+
+bool is_float(StDType t) { return t == StDType::BF16 || t == StDType::F32 || t == StDType::F16; }
+
+}  // namespace
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
+  std::vector<WeightSpec> s;
+  const int64_t V = c.vocab_size, D = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads,
+                Dh = c.head_dim, G = c.o_groups, R = c.o_lora_rank, ql = c.q_lora_rank, E = c.n_routed_experts,
+                I = c.moe_intermediate_size, Hi = c.index_n_heads, Di = c.index_head_dim;
+  const int64_t mix = (2 + hc) * hc;
+  add(s, "model.embed_tokens.weight", {V, D}, StDType::BF16, InitKind::normal);
+  add(s, "model.norm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
+  add(s, "lm_head.weight", {V, D}, StDType::BF16, InitKind::normal);
+  add(s, "model.hc_head_fn", {hc, hc * D}, StDType::F32, InitKind::normal, 0.01f);
+  add(s, "model.hc_head_base", {hc}, StDType::F32, InitKind::normal, 1.0f);
+  add(s, "model.hc_head_scale", {1}, StDType::F32, InitKind::ones);
+  for (int L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string p = layer_prefix(L);
+    add(s, p + "input_layernorm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
+    add(s, p + "post_attention_layernorm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
+    for (const char* sub : {"attn", "ffn"}) {
+      add(s, p + fmt::format("hc_{}_fn", sub), {mix, hc * D}, StDType::F32, InitKind::normal, 0.01f);
+      add(s, p + fmt::format("hc_{}_base", sub), {mix}, StDType::F32, InitKind::normal, 1.0f);
+      add(s, p + fmt::format("hc_{}_scale", sub), {3}, StDType::F32, InitKind::ones);
+    }
+    const std::string a = p + "self_attn.";
+    add(s, a + "wq_a.weight", {ql, D}, StDType::BF16, InitKind::normal);
+    add(s, a + "q_norm.weight", {ql}, StDType::BF16, InitKind::ones_jitter);
+    add(s, a + "wq_b.weight", {H * Dh, ql}, StDType::BF16, InitKind::normal);
+    add(s, a + "wkv.weight", {Dh, D}, StDType::BF16, InitKind::normal);
+    add(s, a + "kv_norm.weight", {Dh}, StDType::BF16, InitKind::ones_jitter);
+    add(s, a + "wo_a.weight", {G * R, H * Dh / G}, StDType::BF16, InitKind::normal);
+    add(s, a + "wo_b.weight", {D, G * R}, StDType::BF16, InitKind::normal);
+    add(s, a + "attn_sink", {H}, StDType::F32, InitKind::normal, 1.0f);
+    const int r = c.ratio(L);
+    if (r > 0) add_compressor(s, a + "compressor.", D, Dh, r);
+    if (r == 4) {
+      add(s, a + "indexer.wq_b.weight", {Hi * Di, ql}, StDType::BF16, InitKind::normal);
+      add(s, a + "indexer.weights_proj.weight", {Hi, D}, StDType::BF16, InitKind::normal);
+      add_compressor(s, a + "indexer.compressor.", D, Di, 4);
+    }
+    const std::string m = p + "mlp.";
+    add(s, m + "gate.weight", {E, D}, StDType::BF16, InitKind::normal);
+    if (c.is_hash_layer(L))
+      add(s, m + "topk.tid2eid", {V, c.num_experts_per_tok}, StDType::I32, InitKind::tid2eid);
+    else
+      add(s, m + "gate.e_score_correction_bias", {E}, StDType::F32, InitKind::normal, 0.05f);
+    for (int e = 0; e < E; ++e) add_expert(s, m + fmt::format("experts.{}.", e), D, I);
+    if (c.n_shared_experts > 0) add_expert(s, m + "shared_experts.", D, I * c.n_shared_experts);
+  }
+  return s;
+}
+
+Weights Weights::init(const ModelConfig& c, uint64_t seed) {
+  validate(c, "config");
+  Weights w;
+  w.cfg_ = c;
+  w.source_ = fmt::format("init:seed={}", seed);
+  const auto specs = weight_specs(c);
+  for (size_t si = 0; si < specs.size(); ++si) {
+    const WeightSpec& spec = specs[si];
+    // One independent stream per tensor name position: adding a layer does not reshuffle the others.
+    num::Rng rng(seed, si);
+    WeightTensor t;
+    t.shape = spec.shape;
+    t.dtype = spec.dtype;
+    const int64_t n = spec.numel();
+    auto store = [&](float v) { return spec.dtype == StDType::BF16 ? num::bf16_round(v) : v; };
+    switch (spec.init) {
+      case InitKind::normal:
+        t.f.resize(n);
+        for (auto& v : t.f) v = store(spec.std * rng.normal());
+        break;
+      case InitKind::ones_jitter:  // 1 ± 0.1
+        t.f.resize(n);
+        for (auto& v : t.f) v = store(1.0f + 0.2f * (rng.uniform() - 0.5f));
+        break;
+      case InitKind::ones:
+        t.f.assign(n, 1.0f);
+        break;
+      case InitKind::zeros:
+        t.f.assign(n, 0.0f);
+        break;
+      case InitKind::tid2eid: {  // k distinct experts per row (partial Fisher-Yates)
+        const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+        t.i.resize(n);
+        std::vector<int32_t> perm(E);
+        for (int64_t row = 0; row < spec.shape[0]; ++row) {
+          for (int e = 0; e < E; ++e) perm[e] = e;
+          for (int j = 0; j < k; ++j) std::swap(perm[j], perm[j + rng.below(uint32_t(E - j))]);
+          std::copy(perm.begin(), perm.begin() + k, t.i.begin() + row * k);
+        }
+        break;
+      }
+    }
+    w.tensors_.emplace(spec.name, std::move(t));
+  }
+  return w;
+}
+
+Weights Weights::load(const ModelConfig& c, const std::string& path) {
+  validate(c, path);
+  SafetensorsReader reader = SafetensorsReader::open(path);
+  Weights w;
+  w.cfg_ = c;
+  w.source_ = path;
+  const auto specs = weight_specs(c);
+  std::set<std::string> expected;
+  for (const WeightSpec& spec : specs) {
+    expected.insert(spec.name);
+    if (!reader.contains(spec.name))
+      throw WeightsError(fmt::format("{}: tensor '{}' is missing (expected [{}] {})", path, spec.name,
+                                     fmt::join(spec.shape, ", "), to_string(spec.dtype)));
+    const StTensorInfo& info = reader.info(spec.name);
+    if (info.shape != spec.shape)
+      throw WeightsError(fmt::format("{}: tensor '{}': expected shape [{}], found [{}]", info.file, spec.name,
+                                     fmt::join(spec.shape, ", "), fmt::join(info.shape, ", ")));
+    WeightTensor t;
+    t.shape = spec.shape;
+    t.dtype = info.dtype;
+    if (spec.dtype == StDType::I32) {
+      if (info.dtype != StDType::I32 && info.dtype != StDType::I64)
+        throw WeightsError(fmt::format("{}: tensor '{}': expected an integer dtype (I32 or I64), found {}", info.file,
+                                       spec.name, to_string(info.dtype)));
+      t.i = reader.read_i32(spec.name);
+      for (size_t k = 0; k < t.i.size(); ++k)
+        if (t.i[k] < 0 || t.i[k] >= c.n_routed_experts)
+          throw WeightsError(fmt::format("{}: tensor '{}': entry {} (token {}) is expert {}, outside [0, {})", info.file,
+                                         spec.name, k, k / c.num_experts_per_tok, t.i[k], c.n_routed_experts));
+    } else if (spec.dtype == StDType::F32 && info.dtype != StDType::F32) {
+      throw WeightsError(fmt::format(
+          "{}: tensor '{}': expected F32 (a keep-fp32 tensor: narrowing it corrupts the model), found {}", info.file,
+          spec.name, to_string(info.dtype)));
+    } else if (!is_float(info.dtype)) {
+      throw WeightsError(fmt::format("{}: tensor '{}': expected BF16, F16 or F32, found {}{}", info.file, spec.name,
+                                     to_string(info.dtype),
+                                     info.dtype == StDType::F8_E4M3
+                                         ? " (block-quantised FP8 checkpoints are not supported; dequantise to BF16)"
+                                         : ""));
+    } else {
+      t.f = reader.read_f32(spec.name);
+    }
+    w.tensors_.emplace(spec.name, std::move(t));
+  }
+  for (const std::string& name : reader.names()) {
+    if (expected.count(name)) continue;
+    // The MTP block is out of scope (MODEL.md §11): its tensors are allowed and not loaded.
+    if (name.rfind("mtp.", 0) == 0 || name.rfind("model.mtp.", 0) == 0) continue;
+    throw WeightsError(fmt::format("{}: unexpected tensor '{}' (this config does not use it: check the config's "
+                                   "num_hidden_layers, compress_ratios, num_hash_layers and n_routed_experts)",
+                                   path, name));
+  }
+  return w;
+}
+
+void Weights::save(const std::string& dir, int64_t max_shard_bytes) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
+  {
+    const std::string cfg_path = (fs::path(dir) / "config.json").string();
+    std::ofstream f(cfg_path);
+    f << config_to_json(cfg_) << "\n";
+    if (!f) throw Error(fmt::format("{}: write failed", cfg_path));
+  }
+  SafetensorsWriter writer;
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("producer", "dsv4-replay");
+  for (const auto& [name, t] : tensors_) {
+    switch (t.dtype) {
+      case StDType::I32:
+      case StDType::I64:
+        writer.add_i32(name, t.shape, t.i);
+        break;
+      case StDType::F32:
+      case StDType::F16:  // widened losslessly
+        writer.add_f32(name, t.shape, t.f);
+        break;
+      default:
+        writer.add_bf16(name, t.shape, t.f);
+        break;
+    }
+  }
+  if (max_shard_bytes > 0)
+    writer.write_sharded(dir, max_shard_bytes);
+  else
+    writer.write((fs::path(dir) / "model.safetensors").string());
+}
+
+const WeightTensor& Weights::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw WeightsError(fmt::format("weights: no tensor '{}'", name));
+  return it->second;
+}
+
+const float* Weights::layer_f(int layer, const std::string& suffix) const {
+  return f(layer_prefix(layer) + suffix);
+}
+const int32_t* Weights::layer_i(int layer, const std::string& suffix) const {
+  return i(layer_prefix(layer) + suffix);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,67 @@
+// The DSV4 weights: the list of tensors a config needs (HF-converted names of MODEL.md §1.3), seeded
+// initialisation, loading from safetensors with full checking, and saving.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace dsv4 {
+
+// How a tensor is initialised by `dsv4 model init` (MODEL.md §9.1).
+enum class InitKind { normal, ones_jitter, ones, zeros, tid2eid };
+
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  StDType dtype;   // storage dtype in the checkpoint: BF16, F32 (keep-fp32 tensors) or I32 (tid2eid)
+  InitKind init = InitKind::normal;
+  float std = 0.02f;
+  int64_t numel() const;
+};
+
+// Every tensor the forward reads, in a fixed order (model-level first, then layer by layer).
+std::vector<WeightSpec> weight_specs(const ModelConfig& c);
+
+struct WeightTensor {
+  std::vector<int64_t> shape;
+  StDType dtype = StDType::BF16;  // as stored in the checkpoint
+  std::vector<float> f;           // values (exact widening of the stored dtype) for float tensors
+  std::vector<int32_t> i;         // values for integer tensors
+};
+
+class Weights {
+ public:
+  // Seeded initialisation (deterministic on every machine; kernels/numerics/rng.h).
+  static Weights init(const ModelConfig& c, uint64_t seed);
+  // Loads a checkpoint (file or directory). Every spec'd tensor must be present with the expected
+  // shape and a compatible dtype (float tensors: BF16/F16/F32/F8_E4M3 — keep-fp32 tensors must be
+  // F32 — integer tensors I32/I64); unexpected tensors are an error too. Messages name the tensor,
+  // what was expected and what was found.
+  static Weights load(const ModelConfig& c, const std::string& path);
+  // Writes dir/config.json and dir/model.safetensors (or shards when max_shard_bytes > 0).
+  void save(const std::string& dir, int64_t max_shard_bytes = 0) const;
+
+  const ModelConfig& config() const { return cfg_; }
+  const WeightTensor& get(const std::string& name) const;  // throws WeightsError if unknown
+  const float* f(const std::string& name) const { return get(name).f.data(); }
+  const int32_t* i(const std::string& name) const { return get(name).i.data(); }
+  const float* layer_f(int layer, const std::string& suffix) const;
+  const int32_t* layer_i(int layer, const std::string& suffix) const;
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }
+  std::string source() const { return source_; }  // path it was loaded from, or "init:seed=N"
+
+ private:
+  ModelConfig cfg_;
+  std::map<std::string, WeightTensor> tensors_;
+  std::string source_;
+};
+
+std::string layer_prefix(int layer);  // "model.layers.{i}."
+
+}  // namespace dsv4
