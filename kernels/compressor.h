@@ -41,7 +41,8 @@ void compressor(const CompressorParams& p);
 
 // In-place Walsh-Hadamard transform of `rows` vectors of length n (a power of two) with the
 // Sylvester (natural) order, scaled by 1/sqrt(n): butterflies (a, b) -> (a + b, a - b) for
-// h = 1, 2, 4, ..., n/2 in fp32, then each value * (1/sqrt(n)) and rounded to bf16.
+// h = 1, 2, 4, ..., n/2 in fp32, then each value * s, s = 1.0f / sqrt(float(n)) in fp32, rounded to
+// bf16.
 void hadamard(float* x, int64_t rows, int64_t n, int64_t ld);
 
 }  // namespace dsv4

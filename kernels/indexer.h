@@ -10,7 +10,7 @@ namespace dsv4 {
 // Top-k of a score row: larger score first, then smaller index (documented tie-break); NaN never
 // selected before a number. Writes the k chosen indices *sorted ascending* into ids (the set is what
 // attention uses; a canonical order makes forced and free runs bit-identical) and returns the margin
-// score(k-th chosen) - score(best unchosen), or +inf when fewer than k+1 candidates exist.
+// score(k-th chosen) - score(best unchosen), or +inf when fewer than k+1 candidates exist or k = 0.
 // n candidates, k <= n. Scratch must hold n int32.
 float topk_row(const float* score, int64_t n, int k, int32_t* ids, int32_t* scratch);
 
@@ -29,19 +29,22 @@ struct IndexerParams {
   float* margin = nullptr;    // [T] out (may be nullptr)
   float* score = nullptr;     // [T, k] out: score of each chosen id, NaN for -1 slots (may be nullptr)
 };
-// score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0; only groups
+// score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0, with
+// relu(x) = (x < 0 ? 0 : x) (NaN propagates); only groups
 // g < min(G, floor((p+1)/ratio)) are candidates (causal: the group is complete). Row p takes
 // min(k, #candidates) ids. Memory is O(T * k + threads * G): no [T, G] score matrix is kept.
 const char* indexer_check(const IndexerParams& p);
 void indexer_topk(const IndexerParams& p);
 
-// Scores of given (e.g. forced) ids for row-wise reporting: score[p][j] for ids[p][j] (NaN for -1).
+// Scores of given (e.g. forced) ids for row-wise reporting: score[p][j] for ids[p][j] (NaN for -1
+// and any id outside [0, G)); no causal mask is applied.
 void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score);
 
 // Attention index rows (§3.6): idx[p] = window part (width Kw = min(T, W): start = max(0, p-W+1),
 // entry m = start+m if <= p else -1) followed by the compressed part:
 //   kind none: nothing; kind c128: width floor(T/ratio), entry g = g + T if g < floor((p+1)/ratio) else -1;
-//   kind c4: width k, entry = sel[p][j] + T if sel != -1 (sel must be visible: checked by the caller).
+//   kind c4: width k, entry = sel[p][j] + T if sel >= 0, else -1 (sel must be visible: checked by the
+//   caller).
 enum class CompressedKind { none, c128, c4 };
 struct IndexBuildParams {
   int64_t T = 0;

@@ -10,7 +10,8 @@ namespace dsv4 {
 // Router on precomputed fp32 logits [T, E] (logits = x · gate^T, gemm with fp32 out):
 //   s_e = sqrt(softplus_f(logit_e))
 //   hash:    ids = tid2eid[token[t]]          (no bias, no top-k; margin = +inf)
-//   forced:  ids = forced[t]                  (already validated by the caller)
+//   forced:  ids = forced[t]                  (already validated by the caller; margin = min over
+//            the forced ids of s + bias minus max over the other experts, +inf when k == E)
 //   learned: ids = topk_row(s + bias, k)      (larger first, then smaller id; margin from topk_row)
 //   ids are written sorted ascending; w_i = s_{ids_i} / (sum over the sorted ids, sequential) when
 //   norm_topk_prob, else s_{ids_i}; then w_i *= routed_scaling_factor.
@@ -46,11 +47,12 @@ struct ExpertWeights {
 //   a = bf16(w * (silu_f(g) * u))
 //   y = dot(a, w2 row) (fp32)
 // and shared(t) is the same without the weight (a = bf16(silu_f(g) * u)), clamped only when
-// clamp_shared. Tokens are gathered per expert and run as a GEMM; since every output element has
-// the canonical order, a token's result does not depend on which other tokens share its expert.
+// clamp_shared; with n_shared > 1 each shared expert's y is added to the accumulator in order.
+// Tokens are gathered per expert and run as a GEMM; since every output element has the canonical
+// order, a token's result does not depend on which other tokens share its expert.
 struct MoeParams {
   int64_t T = 0, D = 0, I = 0;
-  int64_t I_shared = 0;  // intermediate size of a shared expert (HF fuses n shared experts into one of width n*I)
+  int64_t I_shared = 0;  // intermediate size of a shared expert (HF fuses n shared experts into one of width n*I); 0: I
   int E = 0, k = 0;
   int n_shared = 1;      // number of entries in `shared` (0 or more), each of width I_shared
   const float* x = nullptr;            // [T, D] bf16 values

@@ -65,7 +65,8 @@ ModelConfig config_from_file(const std::string& path);
 // The config as HF-style config.json text (round-trips through config_from_json).
 std::string config_to_json(const ModelConfig& c);
 // Throws ConfigError naming the field: o_groups must divide num_attention_heads, index_head_dim a
-// power of two, num_experts_per_tok <= n_routed_experts, compress ratios in {0, 4, 128}, ...
+// power of two, num_experts_per_tok <= n_routed_experts, compress ratios 0 or a power of two >= 2 (4 is
+// the overlapping, indexed ratio), ...
 void validate(const ModelConfig& c, const std::string& origin);
 
 // Built-in presets: "tiny", "tiny-b", "mid" (hidden 1024, 8 layers, for benchmarks), "flash", "pro".

@@ -2,6 +2,7 @@
 // binary (clear message, non-zero exit, no crash).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -34,9 +35,12 @@ Result dsv4(const std::string& args) {
 
 class Cli : public ::testing::Test {
  protected:
-  static std::string tmp(const std::string& name) { return ::testing::TempDir() + "dsv4_cli_" + name; }
+  // Per process: ctest runs the tests of this suite as parallel processes.
+  static std::string root() { return ::testing::TempDir() + "dsv4_cli_" + std::to_string(getpid()); }
+  static std::string tmp(const std::string& name) { return root() + "/" + name; }
+  static void TearDownTestSuite() { fs::remove_all(root()); }
   static void SetUpTestSuite() {
-    fs::remove_all(model_dir());
+    fs::create_directories(root());
     const Result r = dsv4("model init --preset tiny --seed 7 --out " + model_dir());
     ASSERT_EQ(r.code, 0) << r.out;
   }
@@ -99,7 +103,7 @@ TEST_F(Cli, BadInputFailsClearly) {
   };
   const std::string m = model_dir();
   std::vector<Case> cases = {
-      {"forward --model " + m + " --tokens 1,2,x --profile train", "'x' is not a token id"},
+      {"forward --model " + m + " --tokens 1,2,x --profile train", "('x') is not a token id"},
       {"forward --model " + m + " --tokens 1,2,600 --profile train", "outside the vocabulary"},
       {"forward --model " + m + " --tokens @/no/such/file --profile train", "/no/such/file"},
       {"forward --model /no/such/dir --tokens 1,2", "/no/such/dir"},

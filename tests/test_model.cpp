@@ -141,8 +141,9 @@ TEST(Model, ActivationScaleStaysSane) {
       const double v = rms(r->log.tensors.at({{0, L}, name}).f);
       EXPECT_GT(v, 0.25 * embed) << name << " layer " << L;
       EXPECT_LT(v, 20.0 * embed) << name << " layer " << L;
-      EXPECT_GT(v / prev, 0.5) << name << " layer " << L;
-      EXPECT_LT(v / prev, 2.0) << name << " layer " << L;
+      // One sublayer may add a few times the stream's scale (post = 2 sigmoid), never orders of magnitude.
+      EXPECT_GT(v / prev, 0.25) << name << " layer " << L;
+      EXPECT_LT(v / prev, 4.0) << name << " layer " << L;
       prev = v;
     }
     // Sublayer outputs are alive, neither vanishing nor exploding.

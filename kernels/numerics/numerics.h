@@ -52,12 +52,15 @@ DSV4_HD uint8_t e2m1_bits(float x);
 DSV4_HD float e2m1_to_f32(uint8_t b);
 
 // ---- transcendental functions -----------------------------------------------------------------
-// Accuracy contracts (max error against long double over the tested range; see the tests):
-//   exp_f    <= 2 ulp on [-87.3, 88.7]; exp_f(x) = 0 below, +inf above; NaN -> NaN
-//   log_f    <= 2 ulp on (0, inf); log_f(0) = -inf, log_f(x<0) = NaN, log_f(inf) = inf
-//   log1p_f  <= 2 ulp on (-1, inf)
-//   sin_f/cos_f <= 2 ulp for |x| <= 2^20 (RoPE angles are below 2^20 for positions < 2^20)
-//   sigmoid_f <= 3 ulp; softplus_f <= 3 ulp, softplus_f(x) = x for x > 20 (as torch does)
+// Accuracy contracts (max error against long double, in ulps of the exact result; the tests measure
+// and print the maximum over dense sweeps, random bit patterns and the special cases):
+//   exp_f    <= 1 ulp; exp_f(x) = +inf above ~88.7228 (where e^x rounds to inf), subnormal results
+//            below -87.34, 0 below -103.98; NaN -> NaN
+//   log_f    <= 1 ulp on (0, inf] (subnormals included); log_f(+-0) = -inf, log_f(x<0) = NaN
+//   log1p_f  <= 1 ulp on (-1, inf]; log1p_f(-1) = -inf, x < -1 -> NaN, keeps -0
+//   sin_f/cos_f <= 1 ulp for |x| <= 2^20 (RoPE angles are below 2^20 for positions < 2^20); beyond
+//            that the result is deterministic and in [-1, 1] but not accurate; +-inf -> NaN
+//   sigmoid_f <= 1 ulp; softplus_f <= 2 ulp, softplus_f(x) = x for x > 20 (as torch does)
 DSV4_HD float exp_f(float x);
 DSV4_HD float log_f(float x);
 DSV4_HD float log1p_f(float x);
@@ -66,6 +69,10 @@ DSV4_HD float cos_f(float x);
 DSV4_HD float sigmoid_f(float x);   // 1 / (1 + exp(-x))
 DSV4_HD float softplus_f(float x);  // log(1 + exp(x)), x for x > 20
 DSV4_HD float silu_f(float x) { return x * sigmoid_f(x); }
+
+// 2^ceil(log2 v) from v's bits (exponent - 127, +1 if any mantissa bit is set): the UE8M0 block scale
+// of MODEL.md §4.1/§4.3. v must be positive and normal.
+DSV4_HD float ceil_pow2(float v);
 
 }  // namespace dsv4::num
 

@@ -1,0 +1,155 @@
+// Lightning indexer scores + top-k (MODEL.md §3.7) and the attention index rows (§3.6) on the CPU.
+// The operation order is the contract of kernels/indexer.h.
+#include "kernels/indexer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace dsv4 {
+
+namespace {
+// Below this much work (multiply-adds or elements) a parallel region costs more than it saves. The
+// thread count never changes the result, so the threshold is free to tune.
+constexpr int64_t kParallelWork = int64_t(1) << 15;
+
+// The ranking of topk_row as a strict total order on candidate indices: a number before NaN, a
+// larger score first, then the smaller index. Being total, it defines the chosen set uniquely,
+// whatever selection algorithm is used.
+struct RanksBefore {
+  const float* s;
+  bool operator()(int32_t a, int32_t b) const {
+    const float sa = s[a], sb = s[b];
+    const bool na = std::isnan(sa), nb = std::isnan(sb);
+    if (na != nb) return nb;
+    if (!na && sa != sb) return sa > sb;
+    return a < b;
+  }
+};
+
+// relu(x) = (x < 0 ? 0 : x): NaN propagates.
+inline float relu(float x) {
+  return x < 0.0f ? 0.0f : x;
+}
+
+// score = sum_h wt[h] * relu(dot(q[h], k)) as an fma chain over h from 0.
+inline float index_score(const IndexerParams& p, int64_t t, int64_t g) {
+  const float* q = p.qi + t * p.Hi * p.Di;
+  const float* w = p.wt + t * p.Hi;
+  const float* k = p.ki + g * p.Di;
+  float s = 0.0f;
+  for (int h = 0; h < p.Hi; ++h) s = std::fma(w[h], relu(dot(q + h * p.Di, k, p.Di, p.order)), s);
+  return s;
+}
+
+inline int64_t visible_groups(const IndexerParams& p, int64_t t) {
+  return std::min<int64_t>(p.G, (t + 1) / p.ratio);
+}
+
+}  // namespace
+
+float topk_row(const float* score, int64_t n, int k, int32_t* ids, int32_t* scratch) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (k <= 0) return inf;
+  for (int64_t i = 0; i < n; ++i) scratch[i] = int32_t(i);
+  const RanksBefore before{score};
+  float margin = inf;
+  if (n > k) {
+    // scratch[k] becomes the best unchosen candidate; scratch[0..k) the chosen set.
+    std::nth_element(scratch, scratch + k, scratch + n, before);
+    int32_t worst = scratch[0];
+    for (int j = 1; j < k; ++j)
+      if (before(worst, scratch[j])) worst = scratch[j];
+    margin = score[worst] - score[scratch[k]];
+  }
+  std::copy(scratch, scratch + k, ids);
+  std::sort(ids, ids + k);
+  return margin;
+}
+
+const char* indexer_check(const IndexerParams& p) {
+  if (p.T < 0) return "T";
+  if (p.Hi < 1) return "Hi";
+  if (p.Di < 1) return "Di";
+  if (p.G < 0) return "G";
+  if (p.k < 0 || p.k > p.G) return "k";
+  if (p.ratio < 1) return "ratio";
+  if (p.T == 0) return nullptr;
+  if (p.qi == nullptr) return "qi";
+  if (p.G > 0 && p.ki == nullptr) return "ki";
+  if (p.wt == nullptr) return "wt";
+  if (p.k > 0 && p.ids == nullptr) return "ids";
+  return nullptr;
+}
+
+// One query row per iteration with a per-thread score row of G floats (memory O(T*k + threads*G)).
+void indexer_topk(const IndexerParams& p) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+#pragma omp parallel if (p.T * p.G * p.Hi * p.Di >= kParallelWork)
+  {
+    std::vector<float> row(size_t(p.G));
+    std::vector<int32_t> scratch(size_t(p.G));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.T; ++t) {
+      const int64_t n = visible_groups(p, t);
+      for (int64_t g = 0; g < n; ++g) row[g] = index_score(p, t, g);
+      const int kk = int(std::min<int64_t>(p.k, n));
+      int32_t* ids = p.ids + t * p.k;
+      const float m = topk_row(row.data(), n, kk, ids, scratch.data());
+      for (int j = kk; j < p.k; ++j) ids[j] = -1;
+      if (p.margin) p.margin[t] = m;
+      if (p.score) {
+        float* s = p.score + t * p.k;
+        for (int j = 0; j < p.k; ++j) s[j] = ids[j] >= 0 ? row[ids[j]] : nan;
+      }
+    }
+  }
+}
+
+void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+#pragma omp parallel for schedule(static) if (p.T * p.k * p.Hi * p.Di >= kParallelWork)
+  for (int64_t t = 0; t < p.T; ++t) {
+    for (int j = 0; j < p.k; ++j) {
+      const int32_t g = ids[t * p.k + j];
+      score[t * p.k + j] = (g >= 0 && g < p.G) ? index_score(p, t, g) : nan;
+    }
+  }
+}
+
+int64_t index_width(const IndexBuildParams& p) {
+  int64_t w = std::min<int64_t>(p.T, p.W);
+  switch (p.kind) {
+    case CompressedKind::none:
+      break;
+    case CompressedKind::c128:
+      w += p.T / p.ratio;
+      break;
+    case CompressedKind::c4:
+      w += p.k;
+      break;
+  }
+  return w;
+}
+
+void build_index(const IndexBuildParams& p) {
+  const int64_t kw = std::min<int64_t>(p.T, p.W);
+  const int64_t width = index_width(p);
+#pragma omp parallel for schedule(static) if (p.T * width >= kParallelWork)
+  for (int64_t t = 0; t < p.T; ++t) {
+    int32_t* row = p.idx + t * width;
+    const int64_t start = std::max<int64_t>(0, t - p.W + 1);
+    for (int64_t m = 0; m < kw; ++m) row[m] = (start + m <= t) ? int32_t(start + m) : -1;
+    int32_t* comp = row + kw;
+    if (p.kind == CompressedKind::c128) {
+      const int64_t G = p.T / p.ratio, vis = (t + 1) / p.ratio;
+      for (int64_t g = 0; g < G; ++g) comp[g] = g < vis ? int32_t(g + p.T) : -1;
+    } else if (p.kind == CompressedKind::c4) {
+      const int32_t* sel = p.sel + t * p.k;
+      for (int j = 0; j < p.k; ++j) comp[j] = sel[j] >= 0 ? int32_t(sel[j] + p.T) : -1;
+    }
+  }
+}
+
+}  // namespace dsv4
