@@ -2,14 +2,32 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "model/weights.h"
 
 namespace dsv4::cli {
 
 std::string version_string();
 void register_model_commands(CLI::App& app);
 void register_forward_commands(CLI::App& app);
+void register_trace_commands(CLI::App& app);
+void register_replay_commands(CLI::App& app);
+void register_bundle_command(CLI::App& trace);
+
+// --model DIR | --preset NAME [--seed S], shared by the commands that run the model.
+struct ModelArgs {
+  std::string model;
+  std::string preset;
+  uint64_t seed = 0;
+};
+void add_model_options(CLI::App* cmd, ModelArgs& m);
+Weights open_model(const ModelArgs& m);
+// --tokens LIST|@FILE or --random N.
+std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab);
 
 // The parsed subcommand's action (set by the callback of whichever subcommand ran); returns the
 // process exit code.

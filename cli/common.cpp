@@ -4,6 +4,9 @@
 #include <stdexcept>
 
 #include "cli/commands.h"
+#include "model/checkpoint.h"
+#include "model/error.h"
+#include "model/tokens.h"
 
 #ifndef DSV4_VERSION
 #define DSV4_VERSION "0.1.0"
@@ -19,6 +22,22 @@ std::function<int()>& action() {
 }  // namespace
 
 std::string version_string() { return fmt::format("dsv4 {}", DSV4_VERSION); }
+
+void add_model_options(CLI::App* cmd, ModelArgs& m) {
+  cmd->add_option("--model", m.model, "Checkpoint directory (config.json + safetensors)");
+  cmd->add_option("--preset", m.preset, "Built-in config with seeded weights: tiny, tiny-b, mid");
+  cmd->add_option("--seed", m.seed, "Seed of the preset's weights")->capture_default_str();
+}
+
+Weights open_model(const ModelArgs& m) {
+  if (m.model.empty() == m.preset.empty()) throw InputError("give exactly one of --model DIR or --preset NAME");
+  return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
+}
+
+std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab) {
+  if (spec.empty() == (random <= 0)) throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
+  return spec.empty() ? random_tokens(random, vocab, seed) : parse_tokens(spec);
+}
 
 void set_action(std::function<int()> a) { action() = std::move(a); }
 

@@ -21,23 +21,6 @@ namespace dsv4::cli {
 
 namespace {
 
-struct ModelArgs {
-  std::string model;
-  std::string preset;
-  uint64_t seed = 0;
-};
-
-Weights open_model(const ModelArgs& m) {
-  if (m.model.empty() == m.preset.empty()) throw InputError("give exactly one of --model DIR or --preset NAME");
-  return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
-}
-
-void add_model_options(CLI::App* cmd, ModelArgs& m) {
-  cmd->add_option("--model", m.model, "Checkpoint directory (config.json + safetensors)");
-  cmd->add_option("--preset", m.preset, "Built-in config with seeded weights: tiny, tiny-b, mid");
-  cmd->add_option("--seed", m.seed, "Seed of the preset's weights")->capture_default_str();
-}
-
 struct ForwardArgs {
   ModelArgs model;
   std::string tokens;
@@ -48,11 +31,6 @@ struct ForwardArgs {
   float temperature = 1.0f;
   std::string out;
 };
-
-std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab) {
-  if (spec.empty() == (random <= 0)) throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
-  return spec.empty() ? random_tokens(random, vocab, seed) : parse_tokens(spec);
-}
 
 nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, const std::string& profile) {
   nlohmann::json j;

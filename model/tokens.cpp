@@ -56,3 +56,37 @@ std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed) {
 }
 
 }  // namespace dsv4
+
+#include <nlohmann/json.hpp>
+
+namespace dsv4 {
+
+std::vector<std::vector<int32_t>> parse_batch_jsonl(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InputError(fmt::format("{}: cannot open batch file", path));
+  std::vector<std::vector<int32_t>> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      const auto& arr = j.is_object() ? j.at("tokens") : j;
+      if (!arr.is_array() || arr.empty()) throw InputError("expected a non-empty array of token ids");
+      std::vector<int32_t> seq;
+      for (const auto& v : arr) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+          throw InputError(fmt::format("item {} is not a token id", seq.size()));
+        seq.push_back(v.get<int32_t>());
+      }
+      out.push_back(std::move(seq));
+    } catch (const std::exception& e) {
+      throw InputError(fmt::format("{}:{}: {}", path, lineno, e.what()));
+    }
+  }
+  if (out.empty()) throw InputError(fmt::format("{}: no sequences", path));
+  return out;
+}
+
+}  // namespace dsv4

@@ -13,3 +13,9 @@ std::vector<int32_t> parse_tokens(const std::string& spec);
 std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed);
 
 }  // namespace dsv4
+
+namespace dsv4 {
+// A batch file: one sequence per line, either a JSON array of ids or {"tokens": [...]}; blank lines
+// are skipped. Errors name the file and line.
+std::vector<std::vector<int32_t>> parse_batch_jsonl(const std::string& path);
+}  // namespace dsv4

@@ -415,3 +415,29 @@ TEST_F(CheckpointTest, BadWeightsNameTheTensor) {
 
 }  // namespace
 }  // namespace dsv4
+
+#include "model/manifest.h"
+
+namespace dsv4 {
+namespace {
+
+TEST(Manifest, MatchesWhatTheForwardReports) {
+  for (const Weights* w : {&tiny(), &tiny_b()}) {
+    for (int64_t T : {1, 4, 9, 70}) {
+      auto r = run(*w, random_tokens(T, w->config().vocab_size, 19), profile_train());
+      const auto m = tensor_manifest(w->config(), T);
+      ASSERT_EQ(m.size(), r->log.tensor_order.size()) << "T=" << T;
+      for (size_t i = 0; i < m.size(); ++i) {
+        const auto& key = r->log.tensor_order[i];
+        EXPECT_EQ(m[i].layer, key.first.second) << i;
+        EXPECT_EQ(m[i].name, key.second) << i;
+        const TensorCopy& t = r->log.tensors.at(key);
+        EXPECT_EQ(m[i].shape, t.shape) << m[i].name << " layer " << m[i].layer;
+        EXPECT_EQ(m[i].dtype, t.dtype) << m[i].name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv4

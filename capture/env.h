@@ -1,0 +1,13 @@
+// The environment fingerprint recorded in a trace and compared by replay: host, CPU, GPU stack,
+// compiler and flags, build id, library versions. Keys are those of traces/FORMAT.md /meta/env.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace dsv4 {
+
+using EnvFingerprint = std::map<std::string, std::string>;
+EnvFingerprint environment_fingerprint();
+
+}  // namespace dsv4

@@ -1,0 +1,134 @@
+// A thin RAII layer over the HDF5 C API (1.10, numbered functions), used by the trace writer and
+// reader. Every failure throws TraceError with the file, the object path and HDF5's own error stack;
+// HDF5's automatic printing to stderr is turned off on every thread that calls in here.
+//
+// Datasets are created with the trace conventions of traces/FORMAT.md: chunked (~64 KiB chunks made
+// of whole rows) with shuffle + deflate(4) + fletcher32; empty datasets use the contiguous layout
+// (a chunk must not exceed fixed dimensions of size 0, and there is nothing to compress).
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dsv4::h5 {
+
+// Owns one HDF5 identifier (file, group, dataset, dataspace, datatype, attribute, property list) and
+// releases it with H5Idec_ref, which closes the object when the last reference goes.
+class Id {
+ public:
+  Id() = default;
+  explicit Id(hid_t id) : id_(id) {}
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  Id(Id&& o) noexcept : id_(o.release()) {}
+  Id& operator=(Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.release();
+    }
+    return *this;
+  }
+  ~Id() { reset(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  hid_t release() {
+    hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
+  void reset();  // closes, ignoring errors (destructors must not throw)
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+// Turns off HDF5's automatic error printing for the calling thread (the thread-safe build keeps one
+// error stack per thread). Every function below calls it; call it before raw H5 calls elsewhere.
+void quiet();
+// The calling thread's current HDF5 error stack as text, innermost call first ("" when empty).
+std::string error_stack();
+// Throws TraceError("FILE: PATH: WHAT: HDF5: <stack>"); `path` may be empty.
+[[noreturn]] void fail(const std::string& file, const std::string& path, const std::string& what);
+
+// An open file, group or dataset with the names its errors carry.
+struct Object {
+  Id id;
+  std::string file;  // the file's path on disk
+  std::string path;  // the object's path inside the file ("/steps/000000")
+  hid_t get() const { return id.get(); }
+  std::string child(const std::string& name) const { return path == "/" ? "/" + name : path + "/" + name; }
+  [[noreturn]] void fail(const std::string& what) const { h5::fail(file, path, what); }
+};
+
+// Checks an HDF5 return value (negative = failure) and throws with the stack otherwise.
+inline hid_t check(hid_t r, const Object& at, const std::string& what) {
+  if (r < 0) at.fail(what);
+  return r;
+}
+
+// ---- files and groups ------------------------------------------------------------------------
+// File access property list: latest file format (needed for SWMR) and, when `lock` is false, no
+// POSIX file locks (see trace_writer.cpp for why the writer does not lock).
+Id file_access(bool latest, bool lock);
+Object create_file(const std::string& path, hid_t fapl);                // truncates
+Object open_file(const std::string& path, unsigned flags, hid_t fapl);  // H5F_ACC_* flags
+void close_file(Object& f);  // H5Fclose with error checking
+Object open(const Object& parent, const std::string& name);  // group or dataset (H5Oopen)
+Object create_group(const Object& parent, const std::string& name);
+bool exists(const Object& parent, const std::string& path);  // every component of a relative path
+std::vector<std::string> children(const Object& group);      // link names, sorted by name
+
+// ---- attributes (on files, groups and datasets) ----------------------------------------------
+bool has_attr(const Object& o, const std::string& name);
+void write_attr(const Object& o, const std::string& name, const std::string& value);  // vlen UTF-8
+void write_attr(const Object& o, const std::string& name, int32_t value);
+void write_attr(const Object& o, const std::string& name, uint64_t value);
+void write_attr(const Object& o, const std::string& name, uint8_t value);
+std::string read_attr_string(const Object& o, const std::string& name);  // vlen or fixed-length strings
+int64_t read_attr_int(const Object& o, const std::string& name);         // any integer type
+uint64_t read_attr_u64(const Object& o, const std::string& name);
+std::vector<std::string> attr_names(const Object& o);
+
+// ---- datasets ---------------------------------------------------------------------------------
+// The storage type of a dataset (little-endian standard types, what h5py reads everywhere).
+enum class Type { u8, u16, u32, u64, i32, i64, f32, str };
+hid_t file_type(Type t);  // a predefined type (not to be closed); str is handled separately
+size_t type_size(Type t);
+
+// Chunk dimensions for a dataset of `dims` with `elem` bytes per element: whole rows, about 64 KiB.
+std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem);
+// Creates a dataset with the conventions above. `extendible`: 1-D, starts at dims[0] elements and
+// grows along axis 0 without bound (always chunked).
+Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
+                      bool extendible = false);
+
+std::vector<hsize_t> shape(const Object& ds);
+// The stored type's class as a Type, or nullopt for types the trace never uses.
+std::optional<Type> stored_type(const Object& ds);
+
+// Writes `n` elements of `t` from `data` into the whole dataset (n must equal its size), or into
+// [offset, offset + n) along axis 0 of a 1-D dataset with write_range.
+void write(const Object& ds, Type t, const void* data, size_t n);
+void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
+void set_extent(const Object& ds, const std::vector<hsize_t>& dims);
+
+template <typename T>
+void write(const Object& ds, const std::vector<T>& v);  // T: uint8_t ... float (see h5.cpp)
+void write_strings(const Object& ds, const std::vector<std::string>& v);
+
+// Reads the whole dataset converted to T. Integer datasets read into integer T, float into float T;
+// a class mismatch (or a value that does not fit T) throws naming the dataset.
+template <typename T>
+std::vector<T> read(const Object& ds);
+std::vector<std::string> read_strings(const Object& ds);
+
+// Raw data bytes on disk (after filters) and in memory.
+int64_t storage_bytes(const Object& ds);
+int64_t logical_bytes(const Object& ds);
+
+}  // namespace dsv4::h5

@@ -1,0 +1,98 @@
+// Reading traces (traces/FORMAT.md). Opens files in SWMR-read mode so a trace that is being written
+// (or whose writer was killed) can be read; refresh() re-reads the step list.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capture/env.h"
+#include "model/collect.h"
+#include "model/config.h"
+
+namespace dsv4 {
+
+constexpr int kTraceFormatVersion = 1;  // bump when... see traces/FORMAT.md "Versioning"
+
+struct TraceStepInfo {
+  int index = 0;
+  std::string group;  // "/steps/000000"
+  std::string kind, profile, capture;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool complete = false;
+  std::vector<int64_t> seq_lengths;
+};
+
+struct TraceModelMeta {
+  std::string config_json;
+  std::string weights_path;
+  std::string model_digest;  // 16 hex digits
+  std::vector<std::string> tensor_names;
+  std::vector<uint64_t> tensor_digests;
+};
+
+struct DigestRecord {
+  std::string name;
+  int layer = -1;
+  int64_t rows = 0;
+  int64_t first = 0;  // offset into DigestTable::values
+};
+struct DigestTable {
+  std::vector<DigestRecord> records;  // execution order
+  std::vector<uint64_t> values;
+};
+
+struct GroupSize {
+  std::string group;       // e.g. "/steps/000000/seq_000/decisions"
+  int64_t stored_bytes = 0;    // on disk (after filters)
+  int64_t logical_bytes = 0;   // in memory
+};
+
+class TraceReader {
+ public:
+  // Throws NotATrace (not HDF5 or no format attribute), UnsupportedTraceVersion (newer), TraceError.
+  static TraceReader open(const std::string& path);
+  TraceReader(TraceReader&&) noexcept;
+  TraceReader& operator=(TraceReader&&) noexcept;
+  ~TraceReader();
+
+  const std::string& path() const;
+  int format_version() const;
+  std::string producer() const;
+  std::string created() const;
+  EnvFingerprint env() const;
+  TraceModelMeta model() const;
+  ModelConfig config() const;  // parsed from the recorded config.json text
+  std::vector<std::string> tensor_names() const;
+
+  std::vector<TraceStepInfo> steps() const;  // every step group, complete or not, in order
+  void refresh();                              // re-read the step list (SWMR)
+
+  // Per (step, sequence). Throws TraceError naming the dataset when something is missing or has the
+  // wrong shape/dtype, TraceIncomplete for a step with status 0.
+  std::vector<int32_t> tokens(int step, int seq) const;
+  std::vector<float> logprobs(int step, int seq) const;
+  std::vector<int> decision_layers(int step, int seq) const;
+  std::optional<IndexerRecord> indexer(int step, int seq, int layer) const;  // ids [T, width], -1 padded
+  std::optional<RoutingRecord> routing(int step, int seq, int layer) const;
+  std::optional<MhcRecord> mhc(int step, int seq, int layer, Sublayer s) const;
+  DigestTable digests(int step, int seq) const;
+  // Full tensors kept by the capture policy: (name, layer) pairs, and one of them.
+  std::vector<std::pair<std::string, int>> full_tensors(int step, int seq) const;
+  std::optional<TensorCopy> tensor(int step, int seq, int layer, const std::string& name) const;
+
+  std::vector<GroupSize> sizes() const;  // per step, per sequence group and its subgroups
+  int64_t file_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit TraceReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4

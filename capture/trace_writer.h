@@ -1,0 +1,83 @@
+// Writing traces (traces/FORMAT.md). The model runs on the caller's thread and reports through the
+// Observer returned by begin_step(); that observer computes digests on the compute side and hands
+// what must be written to one writer thread through a bounded queue (back-pressure: the model waits
+// when `queue_bytes` are in flight). All HDF5 calls happen on the writer thread.
+//
+// Life of a step: begin_step() creates the step's groups and datasets (shapes from the model's
+// tensor manifest) with status 0 and switches the file to SWMR writing; the forward streams into
+// them; end_step() writes the log-probs, sets status 1, flushes and closes the file. close() renames
+// NAME.h5.incomplete to NAME.h5.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capture/digest.h"
+#include "capture/env.h"
+#include "capture/policy.h"
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/observer.h"
+
+namespace dsv4 {
+
+// What /meta holds.
+struct TraceHeader {
+  EnvFingerprint env;
+  std::string config_json;
+  std::string weights_path;
+  ModelDigest model;
+};
+TraceHeader make_trace_header(const Weights& w);  // env of this machine + the model's digests
+
+struct StepSpec {
+  std::string kind = "train";     // "train" | "rollout"
+  std::string profile = "train";  // numerics profile name
+  uint64_t seed = 0;
+  int threads = 0;
+  std::vector<std::vector<int32_t>> seqs;  // the batch
+};
+
+struct WriterStats {
+  int64_t bytes_queued = 0;        // payload handed to the writer thread
+  int64_t queue_high_water = 0;    // largest number of bytes in flight
+  double seconds_blocked = 0;      // time the compute side waited on a full queue
+  double seconds_writing = 0;      // time the writer thread spent in HDF5 calls
+};
+
+class TraceWriter {
+ public:
+  struct Options {
+    CapturePolicy policy = CapturePolicy::parse("decisions");
+    int64_t queue_bytes = int64_t(256) << 20;
+  };
+
+  // New trace at `path` (must end in .h5): writes path + ".incomplete"; refuses to overwrite an
+  // existing `path`.
+  static std::unique_ptr<TraceWriter> create(const std::string& path, const ModelConfig& c, const TraceHeader& h,
+                                             Options opt);
+  // Adds steps to an existing, complete trace `path`. The model digest must equal the recorded one
+  // (InputError naming both digests and the first differing tensor otherwise).
+  static std::unique_ptr<TraceWriter> append(const std::string& path, const ModelConfig& c, const TraceHeader& h,
+                                             Options opt);
+  ~TraceWriter();  // without close(): the file stays NAME.h5.incomplete (what a crash leaves)
+
+  Observer& begin_step(const StepSpec& s);
+  void end_step(const ForwardResult& r);
+  void close();
+
+  const std::string& final_path() const;
+  const std::string& writing_path() const;  // NAME.h5.incomplete for create(), NAME.h5 for append()
+  int steps_written() const;
+  WriterStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit TraceWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4

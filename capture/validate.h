@@ -1,0 +1,40 @@
+// Checking a trace against traces/FORMAT.md and the recorded model config, and salvaging the whole
+// steps of a trace whose recorder died.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+struct TraceProblem {
+  std::string where;  // "/steps/000001/seq_000/decisions/layer_003/experts" or "file"
+  std::string what;   // "expert id 9 at token 17 is >= n_routed_experts (8)"
+};
+
+struct StepState {
+  int index = 0;
+  bool complete = false;
+  int problems = 0;
+};
+
+struct ValidateReport {
+  std::string path;
+  bool readable = false;  // false: the file could not be opened as a trace at all
+  bool incomplete_file = false;  // NAME.h5.incomplete (a recorder did not close it)
+  std::vector<StepState> steps;
+  std::vector<TraceProblem> problems;
+  bool ok() const { return readable && problems.empty(); }
+};
+
+// Structure, dtypes, shapes and value ranges: expert ids < n_routed_experts, ascending distinct ids,
+// indexer ids visible to their position and within the width, digests present for every tensor of
+// the manifest and nothing else, log-probs finite and <= 0, status flags. Never throws for a bad
+// trace: every finding is a problem in the report.
+ValidateReport validate_trace(const std::string& path);
+
+// Copies /meta and every complete step of `in` into a new trace `out` (steps renumbered from 0).
+// Returns the number of steps copied; throws TraceError when none can be read.
+int salvage_trace(const std::string& in, const std::string& out);
+
+}  // namespace dsv4

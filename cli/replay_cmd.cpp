@@ -1,0 +1,211 @@
+// dsv4 replay | diff | trace bundle
+#include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "model/error.h"
+#include "replay/diff.h"
+#include "replay/replay.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+struct ReplayArgs {
+  std::string trace, model, json_out, force, take_from;
+  int step = -1;
+  bool all = false;
+  int threads = 0;
+};
+
+std::string row_preview(const std::vector<float>& v) {
+  std::vector<std::string> s;
+  for (size_t i = 0; i < v.size() && i < 8; ++i) s.push_back(fmt::format("{:.6g}", v[i]));
+  return fmt::format("[{}{}]", fmt::join(s, ", "), v.size() > 8 ? ", ..." : "");
+}
+
+nlohmann::json to_json(const ReplayReport& r) {
+  nlohmann::json j;
+  j["trace"] = r.trace;
+  j["model"] = r.model_source;
+  j["identical"] = r.identical();
+  j["weight_mismatches"] = r.weight_mismatches;
+  for (const auto& e : r.env_differences)
+    j["env_differences"].push_back({{"key", e.key}, {"recorded", e.recorded}, {"here", e.here}, {"rank", e.rank}});
+  for (const auto& s : r.steps) {
+    nlohmann::json js{{"step", s.step},
+                      {"identical", s.identical},
+                      {"records_compared", s.records_compared},
+                      {"rows_compared", s.rows_compared},
+                      {"seconds", s.seconds}};
+    if (s.first) {
+      const Divergence& d = *s.first;
+      js["first_divergence"] = {{"seq", d.seq}, {"layer", d.layer}, {"tensor", d.tensor}, {"row", d.row}};
+      if (d.has_elements)
+        js["first_divergence"]["elements"] = {{"index", d.first_index}, {"recorded", d.recorded},
+                                              {"replayed", d.replayed}, {"ulp", d.ulp},
+                                              {"max_abs", d.max_abs},       {"max_rel", d.max_rel}};
+    }
+    for (const auto& c : s.decision_changes)
+      js["decision_changes"].push_back(
+          {{"layer", c.layer}, {"kind", c.kind}, {"rows_changed", c.rows_changed}, {"first_row", c.first_row}});
+    if (s.mean_abs_dlogprob_before)
+      js["counterfactual"] = {{"mean_abs_dlogprob_before", *s.mean_abs_dlogprob_before},
+                              {"mean_abs_dlogprob_after", *s.mean_abs_dlogprob_after},
+                              {"kl_before", *s.kl_before},
+                              {"kl_after", *s.kl_after}};
+    j["steps"].push_back(js);
+  }
+  return j;
+}
+
+int run_replay(const ReplayArgs& a) {
+  ReplayOptions o;
+  if (a.step >= 0 && a.all) throw InputError("give --step N or --all, not both");
+  if (a.step >= 0) o.step = a.step;
+  o.model_dir = a.model;
+  o.threads = a.threads;
+  for (const std::string& f : [&] {
+         std::vector<std::string> v;
+         size_t i = 0;
+         while (i < a.force.size()) {
+           size_t j = a.force.find(',', i);
+           if (j == std::string::npos) j = a.force.size();
+           v.push_back(a.force.substr(i, j - i));
+           i = j + 1;
+         }
+         return v;
+       }()) {
+    if (f == "indexer")
+      o.force_indexer = true;
+    else if (f == "routing")
+      o.force_routing = true;
+    else if (!f.empty())
+      throw InputError(fmt::format("--force-decisions: unknown kind '{}' (expected indexer, routing)", f));
+  }
+  o.take_decisions_from = a.take_from;
+  const ReplayReport r = replay_trace(a.trace, o);
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    f << to_json(r).dump(2) << "\n";
+    if (!f) throw Error(fmt::format("{}: write failed", a.json_out));
+  }
+  fmt::print("replay of {} with weights {}\n", r.trace, r.model_source);
+  if (!r.weight_mismatches.empty())
+    fmt::print("WEIGHTS DIFFER from the recorded model: {}\n", fmt::join(r.weight_mismatches, ", "));
+  for (const auto& s : r.steps) {
+    if (s.identical) {
+      fmt::print("step {}: bit-identical ({} tensors, {} rows compared, {:.2f} s)\n", s.step, s.records_compared,
+                 s.rows_compared, s.seconds);
+    } else if (s.first) {
+      const Divergence& d = *s.first;
+      fmt::print("step {}: DIVERGES at sequence {} layer {} tensor {} row {}\n", s.step, d.seq, d.layer, d.tensor,
+                 d.row);
+      if (d.has_elements)
+        fmt::print("  first differing element {}: recorded {:.9g}, replayed {:.9g} ({} ulp); over the row max abs "
+                   "{:.3g}, max rel {:.3g}\n",
+                   d.first_index, d.recorded, d.replayed, d.ulp, d.max_abs, d.max_rel);
+      else if (!d.replayed_row.empty())
+        fmt::print("  the trace holds only digests of this tensor; replayed row here: {}\n",
+                   row_preview(d.replayed_row));
+    }
+    for (const auto& c : s.decision_changes)
+      fmt::print("  {} decisions of layer {} changed at {} positions (first: token {})\n", c.kind, c.layer,
+                 c.rows_changed, c.first_row);
+    if (s.mean_abs_dlogprob_before)
+      fmt::print("  counterfactual: mean |Δ log-prob| {:.4e} -> {:.4e}, KL {:.4e} -> {:.4e} with the other trace's "
+                 "decisions forced\n",
+                 *s.mean_abs_dlogprob_before, *s.mean_abs_dlogprob_after, *s.kl_before, *s.kl_after);
+  }
+  if (!r.identical() && !r.env_differences.empty()) {
+    fmt::print("environment differences (likely culprit first):\n");
+    for (const auto& e : r.env_differences)
+      fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80), e.here.substr(0, 80));
+  }
+  return r.identical() ? 0 : 1;
+}
+
+struct DiffArgs {
+  std::string a, b, json_out, csv_dir;
+  std::vector<int> steps;
+  bool allow_model_mismatch = false;
+  double tie = -1;
+};
+
+int run_diff(const DiffArgs& d) {
+  DiffOptions o;
+  if (d.steps.size() == 2) {
+    o.step_a = d.steps[0];
+    o.step_b = d.steps[1];
+  } else if (!d.steps.empty()) {
+    throw InputError("--step takes two values: the step of A and the step of B");
+  }
+  o.allow_model_mismatch = d.allow_model_mismatch;
+  o.tie_threshold = d.tie;
+  const DiffReport r = diff_traces(d.a, d.b, o);
+  fmt::print("{}", diff_to_table(r));
+  if (!d.json_out.empty()) {
+    std::ofstream f(d.json_out);
+    f << diff_to_json(r) << "\n";
+    if (!f) throw Error(fmt::format("{}: write failed", d.json_out));
+  }
+  if (!d.csv_dir.empty()) diff_to_csv(r, d.csv_dir);
+  return 0;
+}
+
+struct BundleArgs {
+  std::string trace, model, out;
+};
+
+}  // namespace
+
+void register_replay_commands(CLI::App& app) {
+  auto ra = std::make_shared<ReplayArgs>();
+  CLI::App* rp = app.add_subcommand("replay", "Re-execute recorded steps and verify every digest (exit 0 identical, "
+                                              "1 divergence, 2 bad input)");
+  rp->add_option("TRACE", ra->trace, "Trace file")->required();
+  rp->add_option("--step", ra->step, "Replay only this step");
+  rp->add_flag("--all", ra->all, "Replay every complete step (the default)");
+  rp->add_option("--model", ra->model, "Weights directory (default: the recorded weights path)");
+  rp->add_option("--threads", ra->threads, "CPU threads (0: all); results do not depend on it")
+      ->capture_default_str();
+  rp->add_option("--force-decisions", ra->force, "Feed recorded decisions through Overrides: indexer,routing");
+  rp->add_option("--take-decisions-from", ra->take_from,
+                 "Counterfactual: force the decisions of this other trace (same tokens)");
+  rp->add_option("--json", ra->json_out, "Also write the report as JSON to this file");
+  rp->callback([ra] { set_action([ra] { return run_replay(*ra); }); });
+
+  auto da = std::make_shared<DiffArgs>();
+  CLI::App* df = app.add_subcommand("diff", "Compare two traces of the same tokens (e.g. rollout vs training)");
+  df->add_option("A", da->a, "Reference trace")->required();
+  df->add_option("B", da->b, "Candidate trace")->required();
+  df->add_option("--step", da->steps, "Steps to compare: N M (default 0 0)")->expected(2);
+  df->add_flag("--allow-model-mismatch", da->allow_model_mismatch, "Compare traces of different weights");
+  df->add_option("--tie-threshold", da->tie, "Margin below which a flip counts as a tie flip (default: see docs)");
+  df->add_option("--json", da->json_out, "Also write the report as JSON to this file");
+  df->add_option("--csv", da->csv_dir, "Also write layers.csv, tensors.csv, tokens.csv into this directory");
+  df->callback([da] { set_action([da] { return run_diff(*da); }); });
+}
+
+void register_bundle_command(CLI::App& trace) {
+  auto ba = std::make_shared<BundleArgs>();
+  CLI::App* b = trace.add_subcommand("bundle", "Copy a trace and its weights (with a manifest) to move them together");
+  b->add_option("TRACE", ba->trace, "Trace file")->required();
+  b->add_option("--model", ba->model, "Weights directory (default: the recorded weights path)");
+  b->add_option("--out", ba->out, "Output directory")->required();
+  b->callback([ba] {
+    set_action([ba] {
+      bundle_trace(ba->trace, ba->model, ba->out);
+      fmt::print("bundled {} into {}\n", ba->trace, ba->out);
+      return 0;
+    });
+  });
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,344 @@
+// dsv4 record | trace info | trace validate | trace dump | trace salvage
+#include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "capture/errors.h"
+#include "capture/trace_reader.h"
+#include "capture/trace_writer.h"
+#include "capture/validate.h"
+#include "cli/commands.h"
+#include "model/error.h"
+#include "model/fanout.h"
+#include "model/forward.h"
+#include "model/tokens.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+// Fault injection for crash tests: DSV4_FAULT=kill-mid-step kills the recorder with SIGKILL halfway
+// through the layers of the step; kill-after-step right after the step was flushed, before the
+// clean close. Nothing else reads this variable.
+std::string fault() {
+  const char* f = std::getenv("DSV4_FAULT");
+  return f ? f : "";
+}
+
+// Progress on stderr: one line per finished layer when stderr is a terminal, else per sequence.
+class Progress : public Observer {
+ public:
+  Progress(int layers, int seqs) : layers_(layers), seqs_(seqs), tty_(isatty(2)) {}
+  void on_mhc(const MhcDecision& d) override {
+    if (d.sublayer != Sublayer::ffn) return;
+    if (fault() == "kill-mid-step" && d.layer == layers_ / 2) raise(SIGKILL);
+    if (tty_) fmt::print(stderr, "\rrecord: sequence {}/{} layer {}/{}   ", d.seq + 1, seqs_, d.layer + 1, layers_);
+    if (d.layer + 1 == layers_) {
+      if (tty_) fmt::print(stderr, "\r");
+      fmt::print(stderr, "record: sequence {}/{} done ({} tokens)\n", d.seq + 1, seqs_, d.T);
+    }
+  }
+  bool wants_tensors() const override { return false; }
+
+ private:
+  int layers_, seqs_;
+  bool tty_;
+};
+
+struct RecordArgs {
+  ModelArgs model;
+  std::string tokens, batch;
+  int64_t random = 0;
+  uint64_t token_seed = 1;
+  std::string profile = "train";
+  std::string kind;
+  std::string capture = "decisions";
+  std::string out;
+  bool append = false;
+  int threads = 0;
+};
+
+int run_record(const RecordArgs& a) {
+  const CapturePolicy policy = CapturePolicy::parse(a.capture);
+  Weights w = open_model(a.model);
+  std::vector<std::vector<int32_t>> batch;
+  if (!a.batch.empty()) {
+    if (!a.tokens.empty() || a.random > 0) throw InputError("give --batch or --tokens/--random, not both");
+    batch = parse_batch_jsonl(a.batch);
+  } else {
+    batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size));
+  }
+  StepSpec step;
+  step.profile = a.profile;
+  step.kind = a.kind.empty() ? (a.profile == "rollout" ? "rollout" : "train") : a.kind;
+  step.seed = a.model.seed;
+  step.threads = a.threads;
+  step.seqs = batch;
+
+  TraceWriter::Options opt;
+  opt.policy = policy;
+  const TraceHeader header = make_trace_header(w);
+  auto writer = a.append ? TraceWriter::append(a.out, w.config(), header, opt)
+                         : TraceWriter::create(a.out, w.config(), header, opt);
+  Progress progress(w.config().num_hidden_layers, int(batch.size()));
+  FanoutObserver fan({&writer->begin_step(step), &progress});
+  RunOptions ro;
+  ro.profile = profile_by_name(a.profile);
+  ro.threads = a.threads;
+  ro.observer = &fan;
+  const auto t0 = std::chrono::steady_clock::now();
+  const ForwardResult result = forward(w, batch, ro);
+  writer->end_step(result);
+  if (fault() == "kill-after-step") raise(SIGKILL);
+  writer->close();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t tokens = 0;
+  for (const auto& s : batch) tokens += int64_t(s.size());
+  const WriterStats st = writer->stats();
+  fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {}\n",
+             writer->steps_written() - 1, batch.size(), tokens, a.profile, policy.text(), secs, writer->final_path());
+  fmt::print(stderr, "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
+             st.bytes_queued / 1e6, st.seconds_blocked, st.seconds_writing);
+  return 0;
+}
+
+struct TraceArgs {
+  std::string path, out, what = "indexer", tensor;
+  int step = 0, seq = 0, layer = -1;
+  bool json = false;
+};
+
+int run_info(const TraceArgs& a) {
+  TraceReader r = TraceReader::open(a.path);
+  const auto steps = r.steps();
+  const ModelConfig c = r.config();
+  const TraceModelMeta m = r.model();
+  const auto sizes = r.sizes();
+  if (a.json) {
+    nlohmann::json j;
+    j["path"] = a.path;
+    j["format_version"] = r.format_version();
+    j["producer"] = r.producer();
+    j["created"] = r.created();
+    j["model"] = {{"digest", m.model_digest}, {"weights_path", m.weights_path}, {"layers", c.num_hidden_layers},
+                  {"hidden_size", c.hidden_size}};
+    for (const auto& s : steps)
+      j["steps"].push_back({{"index", s.index}, {"kind", s.kind}, {"profile", s.profile}, {"complete", s.complete},
+                            {"capture", s.capture}, {"seq_lengths", s.seq_lengths}, {"seed", s.seed}});
+    for (const auto& g : sizes) j["sizes"][g.group] = {{"stored", g.stored_bytes}, {"logical", g.logical_bytes}};
+    j["file_bytes"] = r.file_bytes();
+    j["env"] = r.env();
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("trace: {} (format {}, {}, created {})\n", a.path, r.format_version(), r.producer(), r.created());
+  fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
+             m.model_digest, m.weights_path);
+  fmt::print("steps: {}\n", steps.size());
+  for (const auto& s : steps)
+    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}\n", s.index, s.kind, s.profile, s.capture,
+               fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE");
+  fmt::print("sizes (stored / in memory):\n");
+  for (const auto& g : sizes)
+    fmt::print("  {:<48} {:>12} {:>12}\n", g.group, g.stored_bytes, g.logical_bytes);
+  fmt::print("  {:<48} {:>12}\n", "file", r.file_bytes());
+  fmt::print("environment:\n");
+  for (const auto& [k, v] : r.env()) fmt::print("  {:<14} {}\n", k, v.size() > 100 ? v.substr(0, 97) + "..." : v);
+  return 0;
+}
+
+int run_validate(const TraceArgs& a) {
+  const ValidateReport rep = validate_trace(a.path);
+  if (a.json) {
+    nlohmann::json j;
+    j["path"] = rep.path;
+    j["readable"] = rep.readable;
+    j["incomplete_file"] = rep.incomplete_file;
+    j["ok"] = rep.ok();
+    j["steps"] = nlohmann::json::array();
+    for (const auto& s : rep.steps)
+      j["steps"].push_back({{"index", s.index}, {"complete", s.complete}, {"problems", s.problems}});
+    j["problems"] = nlohmann::json::array();
+    for (const auto& p : rep.problems) j["problems"].push_back({{"where", p.where}, {"what", p.what}});
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    if (rep.incomplete_file)
+      fmt::print("{}: the recorder did not close this file (a crash or a kill); `dsv4 trace salvage` recovers the "
+                 "complete steps\n",
+                 a.path);
+    for (const auto& s : rep.steps)
+      fmt::print("step {}: {}{}\n", s.index, s.complete ? "complete" : "INCOMPLETE",
+                 s.problems ? fmt::format(", {} problems", s.problems) : "");
+    for (const auto& p : rep.problems) fmt::print("problem: {}: {}\n", p.where, p.what);
+    fmt::print("{}: {}\n", a.path, rep.ok() ? "valid" : fmt::format("{} problems", rep.problems.size()));
+  }
+  if (!rep.readable) return 2;
+  return rep.ok() ? 0 : 1;
+}
+
+int run_salvage(const TraceArgs& a) {
+  const int n = salvage_trace(a.path, a.out);
+  fmt::print("salvaged {} complete step{} from {} into {}\n", n, n == 1 ? "" : "s", a.path, a.out);
+  return 0;
+}
+
+std::string fmt_float(float v) { return fmt::format("{:.9g}", v); }
+
+int run_dump(const TraceArgs& a) {
+  TraceReader r = TraceReader::open(a.path);
+  const auto steps = r.steps();
+  if (a.step < 0 || a.step >= int(steps.size()))
+    throw InputError(fmt::format("{}: no step {} (the trace has {})", a.path, a.step, steps.size()));
+  if (a.seq < 0 || a.seq >= int(steps[a.step].seq_lengths.size()))
+    throw InputError(fmt::format("{}: step {} has no sequence {} (it has {})", a.path, a.step, a.seq,
+                                 steps[a.step].seq_lengths.size()));
+  const ModelConfig c = r.config();
+  const bool need_layer = a.what == "indexer" || a.what == "experts" || a.what == "mhc";
+  if (need_layer && (a.layer < 0 || a.layer >= c.num_hidden_layers))
+    throw InputError(fmt::format("--layer: give a layer in [0, {}) for --what {}", c.num_hidden_layers, a.what));
+  nlohmann::json j;
+  std::string text;
+  if (a.what == "indexer") {
+    auto rec = r.indexer(a.step, a.seq, a.layer);
+    if (!rec) throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
+    for (int64_t t = 0; t < rec->T; ++t) {
+      std::vector<int32_t> s;
+      for (int i = 0; i < rec->k; ++i)
+        if (rec->ids[t * rec->k + i] >= 0) s.push_back(rec->ids[t * rec->k + i]);
+      j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", rec->margin[t]}});
+      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]), fmt::join(s, ", "));
+    }
+  } else if (a.what == "experts") {
+    auto rec = r.routing(a.step, a.seq, a.layer);
+    if (!rec) throw TraceError(fmt::format("{}: step {} sequence {} has no routing for layer {}", a.path, a.step,
+                                           a.seq, a.layer));
+    for (int64_t t = 0; t < rec->T; ++t) {
+      std::vector<int32_t> ids(rec->ids.begin() + t * rec->k, rec->ids.begin() + (t + 1) * rec->k);
+      std::vector<float> wts(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
+      j["rows"].push_back({{"token", t}, {"experts", ids}, {"weights", wts}, {"margin", rec->margin[t]}});
+      std::vector<std::string> ws;
+      for (float v : wts) ws.push_back(fmt_float(v));
+      text += fmt::format("token {:>6}  experts [{}]  weights [{}]  margin {}{}\n", t, fmt::join(ids, ", "),
+                          fmt::join(ws, ", "), fmt_float(rec->margin[t]), rec->hashed ? "  (hash)" : "");
+    }
+  } else if (a.what == "mhc") {
+    for (Sublayer s : {Sublayer::attn, Sublayer::ffn}) {
+      auto rec = r.mhc(a.step, a.seq, a.layer, s);
+      if (!rec) continue;
+      for (int64_t t = 0; t < rec->T; ++t) {
+        const int hc = rec->hc;
+        std::vector<float> pre(rec->pre.begin() + t * hc, rec->pre.begin() + (t + 1) * hc);
+        std::vector<float> post(rec->post.begin() + t * hc, rec->post.begin() + (t + 1) * hc);
+        std::vector<float> comb(rec->comb.begin() + t * hc * hc, rec->comb.begin() + (t + 1) * hc * hc);
+        j[to_string(s)].push_back({{"token", t}, {"pre", pre}, {"post", post}, {"comb", comb}});
+        std::vector<std::string> cs;
+        for (float v : comb) cs.push_back(fmt_float(v));
+        text += fmt::format("{} token {:>6}  pre [{}]  post [{}]  comb [{}]\n", to_string(s), t, fmt::join(pre, ", "),
+                            fmt::join(post, ", "), fmt::join(cs, ", "));
+      }
+    }
+  } else if (a.what == "digests") {
+    const DigestTable d = r.digests(a.step, a.seq);
+    for (const auto& rec : d.records) {
+      if (a.layer >= 0 && rec.layer != a.layer) continue;
+      std::vector<std::string> hs;
+      for (int64_t i = 0; i < rec.rows; ++i) hs.push_back(hex16(d.values[rec.first + i]));
+      j["records"].push_back({{"tensor", rec.name}, {"layer", rec.layer}, {"digests", hs}});
+      text += fmt::format("{:<20} layer {:>3}  rows {:>6}  first {}  last {}\n", rec.name, rec.layer, rec.rows,
+                          hs.empty() ? "-" : hs.front(), hs.empty() ? "-" : hs.back());
+    }
+  } else if (a.what == "tensor") {
+    if (a.tensor.empty()) throw InputError("--what tensor needs --tensor NAME");
+    auto t = r.tensor(a.step, a.seq, a.layer, a.tensor);
+    if (!t) {
+      std::vector<std::string> have;
+      for (const auto& [n, l] : r.full_tensors(a.step, a.seq)) have.push_back(fmt::format("{}@{}", n, l));
+      throw InputError(fmt::format("{}: tensor '{}' layer {} is not stored (capture policy '{}'; stored: {})", a.path,
+                                   a.tensor, a.layer, steps[a.step].capture,
+                                   have.empty() ? "none" : fmt::format("{}", fmt::join(have, ", "))));
+    }
+    j["shape"] = t->shape;
+    j["dtype"] = to_string(t->dtype);
+    const int64_t rows = t->shape.empty() ? 1 : t->shape[0];
+    const int64_t n = t->dtype == DType::i32 ? int64_t(t->i.size()) : int64_t(t->f.size());
+    const int64_t per = rows ? n / rows : 0;
+    text += fmt::format("{} layer {} {} [{}]\n", a.tensor, a.layer, to_string(t->dtype), fmt::join(t->shape, ", "));
+    for (int64_t row = 0; row < rows; ++row) {
+      std::vector<std::string> vs;
+      for (int64_t i = 0; i < per; ++i)
+        vs.push_back(t->dtype == DType::i32 ? std::to_string(t->i[row * per + i]) : fmt_float(t->f[row * per + i]));
+      j["rows"].push_back(vs);
+      text += fmt::format("row {:>6}: {}\n", row, fmt::join(vs, " "));
+    }
+  } else {
+    throw InputError(fmt::format("--what '{}': expected indexer, experts, mhc, digests or tensor", a.what));
+  }
+  if (a.json)
+    fmt::print("{}\n", j.dump());
+  else
+    fmt::print("{}", text);
+  return 0;
+}
+
+}  // namespace
+
+void register_trace_commands(CLI::App& app) {
+  auto ra = std::make_shared<RecordArgs>();
+  CLI::App* rec = app.add_subcommand("record", "Run one step and write it to an HDF5 trace");
+  add_model_options(rec, ra->model);
+  rec->add_option("--tokens", ra->tokens, "Token ids: 1,2,3 or @file");
+  rec->add_option("--random", ra->random, "Use N seeded random token ids");
+  rec->add_option("--token-seed", ra->token_seed, "Seed of --random")->capture_default_str();
+  rec->add_option("--batch", ra->batch, "JSONL file, one sequence per line ([ids] or {\"tokens\": [ids]})");
+  rec->add_option("--profile", ra->profile, "Numerics profile: train or rollout")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"train", "rollout"}));
+  rec->add_option("--kind", ra->kind, "Step kind recorded in the trace (default: the profile's)")
+      ->check(CLI::IsMember({"train", "rollout"}));
+  rec->add_option("--capture", ra->capture, "decisions | full | pattern[@layers],... (e.g. attn.*@3-5,moe.out)")
+      ->capture_default_str();
+  rec->add_option("--out", ra->out, "Trace file (NAME.h5)")->required();
+  rec->add_flag("--append", ra->append, "Add a step to an existing trace (same model required)");
+  rec->add_option("--threads", ra->threads, "CPU threads (0: all)")->capture_default_str();
+  rec->callback([ra] { set_action([ra] { return run_record(*ra); }); });
+
+  CLI::App* trace = app.add_subcommand("trace", "Inspect, check or repair trace files");
+  trace->require_subcommand(1);
+  auto ta = std::make_shared<TraceArgs>();
+  CLI::App* info = trace->add_subcommand("info", "Steps, profiles, sizes per group and the environment");
+  info->add_option("TRACE", ta->path, "Trace file")->required();
+  info->add_flag("--json", ta->json, "Print JSON");
+  info->callback([ta] { set_action([ta] { return run_info(*ta); }); });
+
+  CLI::App* val = trace->add_subcommand("validate", "Check structure, dtypes, shapes and value ranges (exit 0/1)");
+  val->add_option("TRACE", ta->path, "Trace file (also a leftover NAME.h5.incomplete)")->required();
+  val->add_flag("--json", ta->json, "Print JSON");
+  val->callback([ta] { set_action([ta] { return run_validate(*ta); }); });
+
+  CLI::App* dump = trace->add_subcommand("dump", "Print decisions, digests or a tensor of one step as text");
+  dump->add_option("TRACE", ta->path, "Trace file")->required();
+  dump->add_option("--step", ta->step, "Step index")->capture_default_str();
+  dump->add_option("--seq", ta->seq, "Sequence of the step's batch")->capture_default_str();
+  dump->add_option("--layer", ta->layer, "Layer (-1: model-level tensors)");
+  dump->add_option("--what", ta->what, "indexer | experts | mhc | digests | tensor")->capture_default_str();
+  dump->add_option("--tensor", ta->tensor, "Tensor name for --what tensor (e.g. attn.q)");
+  dump->add_flag("--json", ta->json, "Print JSON");
+  dump->callback([ta] { set_action([ta] { return run_dump(*ta); }); });
+
+  CLI::App* salv = trace->add_subcommand("salvage", "Copy the complete steps of a damaged trace into a new one");
+  salv->add_option("TRACE", ta->path, "Trace file (e.g. NAME.h5.incomplete)")->required();
+  salv->add_option("--out", ta->out, "New trace file")->required();
+  salv->callback([ta] { set_action([ta] { return run_salvage(*ta); }); });
+
+  register_bundle_command(*trace);
+}
+
+}  // namespace dsv4::cli
