@@ -1,0 +1,36 @@
+// Running the dsv4 binary from tests.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace dsv4::test {
+
+struct CliResult {
+  int code = -1;     // exit code; 128 + signal when killed
+  std::string out;   // stdout and stderr together
+};
+
+inline CliResult run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(DSV4_CLI_PATH) + " " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  if (WIFEXITED(status)) {
+    r.code = WEXITSTATUS(status);
+    // sh reports a child killed by signal s as exit code 128 + s.
+  } else if (WIFSIGNALED(status)) {
+    r.code = 128 + WTERMSIG(status);
+  }
+  return r;
+}
+
+}  // namespace dsv4::test

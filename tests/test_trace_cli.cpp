@@ -1,0 +1,140 @@
+// Traces through the dsv4 binary: record, append, info, validate, dump, salvage; crash safety with a
+// recorder killed by SIGKILL between steps and mid-step; bad files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dsv4::test::run_cli;
+
+class TraceCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "dsv4_trace_cli_" + std::to_string(getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string p(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
+TEST_F(TraceCli, RecordAppendInfoValidateDump) {
+  const std::string t = p("a.h5");
+  auto r = run_cli("record --preset tiny --seed 7 --random 40 --profile train --out " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(t));
+  EXPECT_FALSE(fs::exists(t + ".incomplete"));
+  {
+    std::ofstream(p("batch.jsonl")) << "[1,2,3,4,5,6,7,8,9]\n\n{\"tokens\": [9,8,7]}\n";
+  }
+  r = run_cli("record --preset tiny --seed 7 --batch " + p("batch.jsonl") + " --profile rollout --capture "
+              "'attn.*@1-2,logits' --append --out " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // A different model cannot be appended.
+  r = run_cli("record --preset tiny --seed 8 --random 10 --append --out " + t);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("digest"), std::string::npos) << r.out;
+  // Existing files are not overwritten.
+  r = run_cli("record --preset tiny --seed 7 --random 10 --out " + t);
+  EXPECT_EQ(r.code, 2) << r.out;
+
+  r = run_cli("trace info --json " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  EXPECT_EQ(j["steps"][1]["profile"], "rollout");
+  EXPECT_EQ(j["steps"][1]["seq_lengths"], nlohmann::json::array({9, 3}));
+  EXPECT_TRUE(j["steps"][0]["complete"].get<bool>());
+  r = run_cli("trace info " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("environment"), std::string::npos);
+
+  r = run_cli("trace validate " + t);
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  r = run_cli("trace dump " + t + " --step 0 --layer 1 --what indexer");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("token     39"), std::string::npos) << r.out;
+  r = run_cli("trace dump " + t + " --step 0 --layer 3 --what experts --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["rows"].size(), 40u);
+  r = run_cli("trace dump " + t + " --step 0 --what digests");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("moe.out"), std::string::npos);
+  r = run_cli("trace dump " + t + " --step 0 --layer 0 --what mhc");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("trace dump " + t + " --step 1 --seq 1 --layer 2 --what tensor --tensor attn.q");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("attn.q layer 2 bf16 [3, 1536]"), std::string::npos) << r.out.substr(0, 300);
+  r = run_cli("trace dump " + t + " --step 1 --layer 4 --what tensor --tensor attn.q");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("not stored"), std::string::npos) << r.out;
+  r = run_cli("trace dump " + t + " --step 5 --what digests");
+  EXPECT_EQ(r.code, 2) << r.out;
+}
+
+TEST_F(TraceCli, KilledBetweenStepsIsSalvaged) {
+  const std::string t = p("k.h5");
+  const auto r = run_cli("record --preset tiny --seed 7 --random 30 --out " + t, "DSV4_FAULT=kill-after-step");
+  EXPECT_EQ(r.code, 128 + 9) << r.out;
+  ASSERT_FALSE(fs::exists(t));
+  ASSERT_TRUE(fs::exists(t + ".incomplete"));
+  auto v = run_cli("trace validate --json " + t + ".incomplete");
+  const auto j = nlohmann::json::parse(v.out);
+  ASSERT_EQ(j["steps"].size(), 1u) << v.out;
+  EXPECT_TRUE(j["steps"][0]["complete"].get<bool>());
+  EXPECT_TRUE(j["incomplete_file"].get<bool>());
+  auto s = run_cli("trace salvage " + t + ".incomplete --out " + p("saved.h5"));
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("salvaged 1 complete step"), std::string::npos) << s.out;
+  EXPECT_EQ(run_cli("trace validate " + p("saved.h5")).code, 0);
+  EXPECT_EQ(run_cli("replay " + p("saved.h5")).code, 0);
+}
+
+TEST_F(TraceCli, KilledMidStepLosesOnlyThatStep) {
+  const std::string t = p("m.h5");
+  ASSERT_EQ(run_cli("record --preset tiny --seed 7 --random 30 --out " + t).code, 0);
+  const auto r = run_cli("record --preset tiny --seed 7 --random 50 --append --out " + t, "DSV4_FAULT=kill-mid-step");
+  EXPECT_EQ(r.code, 128 + 9) << r.out;
+  auto v = run_cli("trace validate --json " + t);
+  EXPECT_NE(v.code, 0);
+  const auto j = nlohmann::json::parse(v.out);
+  ASSERT_EQ(j["steps"].size(), 2u) << v.out;
+  EXPECT_TRUE(j["steps"][0]["complete"].get<bool>());
+  EXPECT_FALSE(j["steps"][1]["complete"].get<bool>());
+  auto s = run_cli("trace salvage " + t + " --out " + p("saved.h5"));
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("salvaged 1 complete step"), std::string::npos) << s.out;
+  EXPECT_EQ(run_cli("trace validate " + p("saved.h5")).code, 0);
+}
+
+TEST_F(TraceCli, BadFilesFailClearly) {
+  const std::string good = p("g.h5");
+  ASSERT_EQ(run_cli("record --preset tiny --seed 7 --random 20 --out " + good).code, 0);
+  std::ofstream(p("text.h5")) << "this is not HDF5\n";
+  {
+    // Truncated copy.
+    fs::copy_file(good, p("trunc.h5"));
+    fs::resize_file(p("trunc.h5"), fs::file_size(good) / 2);
+  }
+  for (const auto& [file, expect] : std::vector<std::pair<std::string, std::string>>{
+           {p("text.h5"), "not an HDF5 file"}, {p("trunc.h5"), "trunc.h5"}, {p("none.h5"), "none.h5"}}) {
+    for (const std::string cmd : {"trace info ", "trace validate ", "replay ", "trace dump "}) {
+      const auto r = run_cli(cmd + file);
+      EXPECT_NE(r.code, 0) << cmd << file << "\n" << r.out;
+      EXPECT_NE(r.out.find(expect), std::string::npos) << cmd << file << "\n" << r.out;
+      EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+      EXPECT_EQ(r.out.find("HDF5-DIAG"), std::string::npos) << "HDF5 printed its stack itself:\n" << r.out;
+    }
+  }
+}
+
+}  // namespace
