@@ -247,6 +247,9 @@ int run_dump(const TraceArgs& a) {
     }
   } else if (a.what == "digests") {
     const DigestTable d = r.digests(a.step, a.seq);
+    const uint64_t all = xxh3_64(d.values.data(), d.values.size() * sizeof(uint64_t));
+    j["all_rows_xxh3"] = hex16(all);
+    text += fmt::format("all {} digests: xxh3 {}\n", d.values.size(), hex16(all));
     for (const auto& rec : d.records) {
       if (a.layer >= 0 && rec.layer != a.layer) continue;
       std::vector<std::string> hs;

@@ -34,3 +34,25 @@ inline CliResult run_cli(const std::string& args, const std::string& env = "") {
 }
 
 }  // namespace dsv4::test
+
+namespace dsv4::test {
+
+// A shell command line, output captured.
+inline CliResult run_shell(const std::string& cmd) {
+  CliResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// A script that takes the dsv4 binary as its first argument.
+inline CliResult run_cli_script(const std::string& script, const std::string& args) {
+  return run_shell(script + " " + std::string(DSV4_CLI_PATH) + " " + args);
+}
+
+}  // namespace dsv4::test

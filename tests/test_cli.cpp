@@ -1,37 +1,20 @@
 // The dsv4 command end to end: help, model init/info, forward output, and bad input through the
 // binary (clear message, non-zero exit, no crash).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result dsv4(const std::string& args) {
-  const std::string cmd = std::string(DSV4_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using Result = dsv4::test::CliResult;
+Result dsv4(const std::string& args) { return dsv4::test::run_cli(args); }
 
 class Cli : public ::testing::Test {
  protected:

@@ -426,6 +426,14 @@ TEST(MoeExperts, EmptyExpertGroupsAndNoSharedExpert) {
   EXPECT_TRUE(bitwise_equal(ns.run(), ns.contract()));
 }
 
+TEST(MoeExperts, RepeatedIdAddsBothSlots) {
+  MoeCase c("moe-repeat", 7);
+  for (int64_t t = 0; t < c.T; ++t) c.ids[size_t(t * 2)] = c.ids[size_t(t * 2 + 1)];
+  const auto out = c.run();
+  c.expect_matches_float64(out);
+  EXPECT_TRUE(bitwise_equal(out, c.contract()));
+}
+
 TEST(MoeExperts, WiderSharedExpert) {
   MoeCase c("moe-wide-shared", 10, 8, 2, 1, 96);
   const auto out = c.run();
@@ -467,6 +475,11 @@ TEST(MoeExperts, CheckRejectsBadIds) {
   EXPECT_EQ(moe_check(p), nullptr);
   c.ids[1] = c.E;
   EXPECT_NE(moe_check(p), nullptr);
+  c.ids[0] = 3;  // descending: the slot order would not be the expert order
+  c.ids[1] = 1;
+  EXPECT_NE(moe_check(p), nullptr);
+  c.ids[1] = 3;  // a repeated id is allowed
+  EXPECT_EQ(moe_check(p), nullptr);
 }
 
 }  // namespace

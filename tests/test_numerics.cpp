@@ -74,7 +74,8 @@ std::vector<float> inputs_for(const std::string& name, float lo, float hi, int d
   std::vector<float> v = {kInf, -kInf, kNaN, -kNaN};
   for (float s : {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, FLT_MIN, -FLT_MIN, 1.0f, -1.0f, FLT_MAX, -FLT_MAX})
     if (s >= lo && s <= hi) v.push_back(s);
-  for (int i = 0; dense > 0 && i <= dense; ++i) v.push_back(float(lo + (double(hi) - double(lo)) * i / dense));
+  for (int i = 0; dense > 0 && i <= dense; ++i)
+    v.push_back(float(lo + (double(hi) - double(lo)) * i / dense));
   auto key = [](float x) {
     const int32_t i = int32_t(f32_bits(x));
     return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
@@ -143,7 +144,9 @@ TEST(Bf16, MatchesIndependentRounding) {
   }
   for (uint32_t hi = 0; hi < 0x10000; ++hi) {  // every bf16 value round-trips
     const float x = num::bf16_to_f32(uint16_t(hi));
-    if (!std::isnan(x)) ASSERT_EQ(num::bf16_bits(x), hi);
+    if (!std::isnan(x)) {
+      ASSERT_EQ(num::bf16_bits(x), hi);
+    }
   }
 }
 
@@ -162,7 +165,8 @@ TEST(F16, ExhaustiveDecode) {
       ASSERT_EQ(std::signbit(f), s == 1) << h;
       continue;
     }
-    const long double mag = e == 0 ? std::ldexp((long double)m, -24) : std::ldexp((long double)(1024 + m), e - 25);
+    const long double mag =
+        e == 0 ? std::ldexp((long double)m, -24) : std::ldexp((long double)(1024 + m), e - 25);
     const long double want = s ? -mag : mag;
     ASSERT_EQ((long double)f, want) << h;
     ASSERT_EQ(std::signbit(f), s == 1) << h;
@@ -257,7 +261,8 @@ TEST(E2m1, GridTiesAndSaturation) {
   const struct {
     float x;
     int lo, even;
-  } ties[] = {{0.25f, 0, 0}, {0.75f, 1, 2}, {1.25f, 2, 2}, {1.75f, 3, 4}, {2.5f, 4, 4}, {3.5f, 5, 6}, {5.0f, 6, 6}};
+  } ties[] = {{0.25f, 0, 0}, {0.75f, 1, 2}, {1.25f, 2, 2}, {1.75f, 3, 4},
+              {2.5f, 4, 4},  {3.5f, 5, 6},  {5.0f, 6, 6}};
   for (auto t : ties) {
     EXPECT_EQ(num::e2m1_bits(t.x), t.even) << t.x;
     EXPECT_EQ(num::e2m1_bits(-t.x), 8 | t.even) << t.x;
@@ -280,6 +285,7 @@ TEST(E2m1, GridTiesAndSaturation) {
   EXPECT_EQ(num::e2m1_bits(kInf), 7);
   EXPECT_EQ(num::e2m1_bits(-kInf), 15);
   EXPECT_EQ(num::e2m1_bits(1e30f), 7);
+  EXPECT_EQ(num::e2m1_bits(kNaN) & 7, 7);  // no NaN code: saturates
 }
 
 // ---- transcendental functions ------------------------------------------------------------------
@@ -300,8 +306,8 @@ TEST(Transcendental, Exp) {
   EXPECT_EQ(num::exp_f(kInf), kInf);
   EXPECT_EQ(num::exp_f(-kInf), 0.0f);
   EXPECT_TRUE(std::isnan(num::exp_f(kNaN)));
-  EXPECT_TRUE(std::isinf(num::exp_f(88.72283936f)));    // e^x > FLT_MAX rounds to inf
-  EXPECT_FALSE(std::isinf(num::exp_f(88.72283172f)));   // the largest x with a finite result
+  EXPECT_TRUE(std::isinf(num::exp_f(88.72283936f)));   // e^x > FLT_MAX rounds to inf
+  EXPECT_FALSE(std::isinf(num::exp_f(88.72283172f)));  // the largest x with a finite result
   EXPECT_EQ(num::exp_f(-104.0f), 0.0f);
   EXPECT_GT(num::exp_f(-103.0f), 0.0f);  // subnormal results are produced
 }

@@ -19,7 +19,9 @@ namespace {
 // ---- reference -----------------------------------------------------------------------------------
 
 // fp32 product a * b: exact in double (48-bit product), then one rounding to float.
-float mul_f32(float a, float b) { return float(double(a) * double(b)); }
+float mul_f32(float a, float b) {
+  return float(double(a) * double(b));
+}
 
 // 2^ceil(log2 v) for a positive normal v, via frexp: v = m 2^e with m in [0.5, 1).
 double ref_ceil_pow2(float v) {
@@ -65,7 +67,9 @@ double ref_e4m3_value(uint8_t c) {
 
 // x / s as an fp32 division: the correctly rounded quotient of two floats, obtained in double
 // (double division of fp32 operands rounds to fp32 without a double-rounding error).
-float div_f32(float x, float s) { return float(double(x) / double(s)); }
+float div_f32(float x, float s) {
+  return float(double(x) / double(s));
+}
 
 struct RefQuant {
   std::vector<uint8_t> q;
@@ -116,7 +120,8 @@ TEST(ActQuant, MatchesFloat64Reference) {
       for (size_t i = 0; i < x.size(); ++i) {
         const double sc = s[i / block];
         const double deq = ref_e4m3_value(q[i]) * sc;
-        EXPECT_LE(std::fabs(deq - x[i]), std::max(std::fabs(double(x[i])) / 16.0, 0x1p-10 * sc) * 1.0001) << i;
+        EXPECT_LE(std::fabs(deq - x[i]), std::max(std::fabs(double(x[i])) / 16.0, 0x1p-10 * sc) * 1.0001)
+            << i;
       }
     }
   }
@@ -138,7 +143,7 @@ TEST(ActQuant, PowerOfTwoBoundary) {
     const float v = mul_f32(amax, 1.0f / 448.0f);
     EXPECT_EQ(double(s), ref_ceil_pow2(v)) << k;
     EXPECT_EQ(s, std::ldexp(1.0f, k)) << k;  // 448 * fp32(1/448) rounds to exactly 1 in fp32
-    EXPECT_EQ(q[3], 0x7e) << k;               // the maximum maps to 448
+    EXPECT_EQ(q[3], 0x7e) << k;              // the maximum maps to 448
     EXPECT_EQ(q[7], num::e4m3_bits(-112.0f)) << k;
     EXPECT_LE(std::fabs(num::e4m3_to_f32(q[11])), 448.0f);
   }
