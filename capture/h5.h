@@ -4,7 +4,8 @@
 //
 // Datasets are created with the trace conventions of traces/FORMAT.md: chunked (~64 KiB chunks made
 // of whole rows) with shuffle + deflate(4) + fletcher32; empty datasets use the contiguous layout
-// (a chunk must not exceed fixed dimensions of size 0, and there is nothing to compress).
+// (a chunk must not exceed fixed dimensions of size 0, and there is nothing to compress), and so do
+// variable-length string datasets (HDF5 cannot filter variable-length data).
 #pragma once
 
 #include <hdf5.h>
@@ -73,12 +74,13 @@ inline hid_t check(hid_t r, const Object& at, const std::string& what) {
 
 // ---- files and groups ------------------------------------------------------------------------
 // File access property list: latest file format (needed for SWMR) and, when `lock` is false, no
-// POSIX file locks (see trace_writer.cpp for why the writer does not lock).
+// POSIX file locks (see trace_writer.cpp for why the writer does not lock). Where the file system
+// does not support locks, files open without them.
 Id file_access(bool latest, bool lock);
 Object create_file(const std::string& path, hid_t fapl);                // truncates
 Object open_file(const std::string& path, unsigned flags, hid_t fapl);  // H5F_ACC_* flags
-void close_file(Object& f);  // H5Fclose with error checking
-Object open(const Object& parent, const std::string& name);  // group or dataset (H5Oopen)
+void close_file(Object& f);                                             // H5Fclose with error checking
+Object open(const Object& parent, const std::string& name);             // group or dataset (H5Oopen)
 Object create_group(const Object& parent, const std::string& name);
 bool exists(const Object& parent, const std::string& path);  // every component of a relative path
 std::vector<std::string> children(const Object& group);      // link names, sorted by name
@@ -103,17 +105,20 @@ size_t type_size(Type t);
 // Chunk dimensions for a dataset of `dims` with `elem` bytes per element: whole rows, about 64 KiB.
 std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem);
 // Creates a dataset with the conventions above. `extendible`: 1-D, starts at dims[0] elements and
-// grows along axis 0 without bound (always chunked).
+// grows along axis 0 without bound (always chunked); `expected_rows` (> 0) caps its chunk at the
+// length it is expected to reach.
 Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
-                      bool extendible = false);
+                      bool extendible = false, hsize_t expected_rows = 0);
 
 std::vector<hsize_t> shape(const Object& ds);
 // The stored type's class as a Type, or nullopt for types the trace never uses.
 std::optional<Type> stored_type(const Object& ds);
 
 // Writes `n` elements of `t` from `data` into the whole dataset (n must equal its size), or into
-// [offset, offset + n) along axis 0 of a 1-D dataset with write_range.
-void write(const Object& ds, Type t, const void* data, size_t n);
+// [offset, offset + n) along axis 0 of a 1-D dataset with write_range. `le_bytes`: the buffer holds
+// little-endian values (digest.h storage_bytes()) rather than native ones.
+void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes = false);
+void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);
 

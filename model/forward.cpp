@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "kernels/attention.h"
@@ -19,18 +20,12 @@
 #include "kernels/numerics/numerics.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
+#include "model/device.h"
 #include "model/error.h"
 
 namespace dsv4 {
 
 namespace {
-
-using Buf = std::vector<float>;
-
-// Turns a kernel's `*_check` answer into an exception naming the op and the layer.
-void require(const char* why, const char* op, int layer) {
-  if (why) throw Error(fmt::format("internal: {} cannot run at layer {}: {}", op, layer, why));
-}
 
 // ---- forced decisions ------------------------------------------------------------------------
 
@@ -40,19 +35,23 @@ int indexer_width(const ModelConfig& c, int64_t T) {
 
 // Checks a forced indexer selection against the rules of MODEL.md §3.6-3.7 and returns it with every
 // row in canonical order (ascending, -1 last).
-std::vector<int32_t> canonical_indexer(const ForcedSelection& s, const ModelConfig& c, int seq, int layer, int64_t T) {
+std::vector<int32_t> canonical_indexer(const ForcedSelection& s, const ModelConfig& c, int seq, int layer,
+                                       int64_t T) {
   const int k = indexer_width(c, T);
   if (s.T != T)
-    throw OverrideError(fmt::format("forced indexer selection for sequence {} layer {}: {} rows, but the sequence has "
-                                    "{} tokens",
-                                    seq, layer, s.T, T));
+    throw OverrideError(
+        fmt::format("forced indexer selection for sequence {} layer {}: {} rows, but the sequence has "
+                    "{} tokens",
+                    seq, layer, s.T, T));
   if (s.k != k)
-    throw OverrideError(fmt::format("forced indexer selection for sequence {} layer {}: width {}, expected "
-                                    "min(index_topk, floor(T/4)) = min({}, {}) = {}",
-                                    seq, layer, s.k, c.index_topk, T / 4, k));
+    throw OverrideError(
+        fmt::format("forced indexer selection for sequence {} layer {}: width {}, expected "
+                    "min(index_topk, floor(T/4)) = min({}, {}) = {}",
+                    seq, layer, s.k, c.index_topk, T / 4, k));
   if (int64_t(s.ids.size()) != T * k)
-    throw OverrideError(fmt::format("forced indexer selection for sequence {} layer {}: {} ids for a [{}, {}] table",
-                                    seq, layer, s.ids.size(), T, k));
+    throw OverrideError(
+        fmt::format("forced indexer selection for sequence {} layer {}: {} ids for a [{}, {}] table", seq,
+                    layer, s.ids.size(), T, k));
   std::vector<int32_t> out(s.ids);
   for (int64_t p = 0; p < T; ++p) {
     int32_t* row = out.data() + p * k;
@@ -61,53 +60,62 @@ std::vector<int32_t> canonical_indexer(const ForcedSelection& s, const ModelConf
       const int32_t g = row[j];
       if (g == -1) continue;
       if (g < 0 || g >= compressor_groups(T, 4))
-        throw OverrideError(fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} is out of "
-                                        "range [0, {})",
-                                        seq, layer, p, g, compressor_groups(T, 4)));
+        throw OverrideError(
+            fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} is out of "
+                        "range [0, {})",
+                        seq, layer, p, g, compressor_groups(T, 4)));
       if (g >= visible)
-        throw OverrideError(fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} is not yet "
-                                        "visible (a token at position {} sees groups < {})",
-                                        seq, layer, p, g, p, visible));
+        throw OverrideError(
+            fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} is not yet "
+                        "visible (a token at position {} sees groups < {})",
+                        seq, layer, p, g, p, visible));
     }
     // -1 sorts last when compared as unsigned.
     std::sort(row, row + k, [](int32_t a, int32_t b) { return uint32_t(a) < uint32_t(b); });
     for (int j = 1; j < k; ++j)
       if (row[j] != -1 && row[j] == row[j - 1])
-        throw OverrideError(fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} appears twice",
-                                        seq, layer, p, row[j]));
+        throw OverrideError(
+            fmt::format("forced indexer selection, sequence {} layer {} token {}: group {} appears twice",
+                        seq, layer, p, row[j]));
   }
   return out;
 }
 
-std::vector<int32_t> canonical_experts(const ForcedSelection& s, const ModelConfig& c, int seq, int layer, int64_t T) {
+std::vector<int32_t> canonical_experts(const ForcedSelection& s, const ModelConfig& c, int seq, int layer,
+                                       int64_t T) {
   const int k = c.num_experts_per_tok;
   if (s.T != T)
-    throw OverrideError(fmt::format("forced experts for sequence {} layer {}: {} rows, but the sequence has {} tokens",
-                                    seq, layer, s.T, T));
+    throw OverrideError(
+        fmt::format("forced experts for sequence {} layer {}: {} rows, but the sequence has {} tokens", seq,
+                    layer, s.T, T));
   if (s.k != k || int64_t(s.ids.size()) != T * k)
-    throw OverrideError(fmt::format("forced experts for sequence {} layer {}: width {}, expected num_experts_per_tok = {}",
-                                    seq, layer, s.k, k));
+    throw OverrideError(
+        fmt::format("forced experts for sequence {} layer {}: width {}, expected num_experts_per_tok = {}",
+                    seq, layer, s.k, k));
   std::vector<int32_t> out(s.ids);
   for (int64_t t = 0; t < T; ++t) {
     int32_t* row = out.data() + t * k;
     for (int j = 0; j < k; ++j)
       if (row[j] < 0 || row[j] >= c.n_routed_experts)
-        throw OverrideError(fmt::format("forced experts, sequence {} layer {} token {}: expert id {} is out of range "
-                                        "[0, {})",
-                                        seq, layer, t, row[j], c.n_routed_experts));
+        throw OverrideError(
+            fmt::format("forced experts, sequence {} layer {} token {}: expert id {} is out of range "
+                        "[0, {})",
+                        seq, layer, t, row[j], c.n_routed_experts));
     std::sort(row, row + k);
     for (int j = 1; j < k; ++j)
       if (row[j] == row[j - 1])
-        throw OverrideError(fmt::format("forced experts, sequence {} layer {} token {}: expert {} appears twice", seq,
-                                        layer, t, row[j]));
+        throw OverrideError(fmt::format(
+            "forced experts, sequence {} layer {} token {}: expert {} appears twice", seq, layer, t, row[j]));
   }
   return out;
 }
 
-void check_override_targets(const Overrides& o, const ModelConfig& c, const std::vector<std::vector<int32_t>>& batch) {
+void check_override_targets(const Overrides& o, const ModelConfig& c,
+                            const std::vector<std::vector<int32_t>>& batch) {
   auto check_key = [&](int seq, int layer, const char* what) {
     if (seq < 0 || seq >= int(batch.size()))
-      throw OverrideError(fmt::format("forced {} for sequence {}: the batch has {} sequences", what, seq, batch.size()));
+      throw OverrideError(
+          fmt::format("forced {} for sequence {}: the batch has {} sequences", what, seq, batch.size()));
     if (layer < 0 || layer >= c.num_hidden_layers)
       throw OverrideError(
           fmt::format("forced {} for layer {}: the model has {} layers", what, layer, c.num_hidden_layers));
@@ -115,42 +123,87 @@ void check_override_targets(const Overrides& o, const ModelConfig& c, const std:
   for (const auto& [key, sel] : o.all_indexer()) {
     check_key(key.first, key.second, "indexer selection");
     if (c.ratio(key.second) != 4)
-      throw OverrideError(fmt::format("forced indexer selection for layer {}: layer {} has compress ratio {} and no "
-                                      "indexer (only ratio-4 layers do)",
-                                      key.second, key.second, c.ratio(key.second)));
+      throw OverrideError(
+          fmt::format("forced indexer selection for layer {}: layer {} has compress ratio {} and no "
+                      "indexer (only ratio-4 layers do)",
+                      key.second, key.second, c.ratio(key.second)));
   }
   for (const auto& [key, sel] : o.all_experts()) {
     check_key(key.first, key.second, "experts");
     if (c.is_hash_layer(key.second))
-      throw OverrideError(fmt::format("forced experts for layer {}: layer {} is hash-routed (layers < num_hash_layers = "
-                                      "{} route by token id) and is never overridden",
-                                      key.second, key.second, c.num_hash_layers));
+      throw OverrideError(
+          fmt::format("forced experts for layer {}: layer {} is hash-routed (layers < num_hash_layers = "
+                      "{} route by token id) and is never overridden",
+                      key.second, key.second, c.num_hash_layers));
   }
 }
 
 // ---- the per-sequence forward -----------------------------------------------------------------
+//
+// The graph is written once against backend::Backend: buffers live in the backend's memory (host for
+// the CPU, device for CUDA) and every step is one backend call taking the kernel's Params struct. What
+// the Observer sees is downloaded only when it is reported: tensors only when the observer wants
+// them, decisions always (they are small).
+
+using backend::Backend;
+using backend::require;
+using FBuf = backend::Buffer<float>;
+using IBuf = backend::Buffer<int32_t>;
 
 class SequenceForward {
  public:
-  SequenceForward(const Weights& w, const RunOptions& opt, int seq, const std::vector<int32_t>& tokens)
-      : w_(w), c_(w.config()), opt_(opt), P_(opt.profile), seq_(seq), tokens_(tokens), T_(int64_t(tokens.size())) {
-    for (int64_t t = 0; t < T_; ++t) pos_.push_back(t);
+  SequenceForward(const Weights& w, const RunOptions& opt, Backend& be, int seq,
+                  const std::vector<int32_t>& tokens)
+      : c_(w.config()),
+        opt_(opt),
+        P_(opt.profile),
+        be_(be),
+        seq_(seq),
+        tokens_(tokens),
+        T_(int64_t(tokens.size())) {
+    std::vector<int64_t> pos(static_cast<size_t>(T_));
+    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
     RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
-    RopeSpec comp{c_.qk_rope_head_dim, c_.compress_rope_theta, c_.rope_scaling.type == "yarn",
-                  c_.rope_scaling.factor, c_.rope_scaling.original_max_position_embeddings,
-                  c_.rope_scaling.beta_fast, c_.rope_scaling.beta_slow};
-    freq_plain_.resize(c_.qk_rope_head_dim / 2);
-    freq_comp_.resize(c_.qk_rope_head_dim / 2);
-    rope_freqs(plain, freq_plain_.data());
-    rope_freqs(comp, freq_comp_.data());
+    RopeSpec comp{c_.qk_rope_head_dim,
+                  c_.compress_rope_theta,
+                  c_.rope_scaling.type == "yarn",
+                  c_.rope_scaling.factor,
+                  c_.rope_scaling.original_max_position_embeddings,
+                  c_.rope_scaling.beta_fast,
+                  c_.rope_scaling.beta_slow};
+    std::vector<float> freq_plain(static_cast<size_t>(c_.qk_rope_head_dim / 2)), freq_comp(freq_plain.size());
+    rope_freqs(plain, freq_plain.data());
+    rope_freqs(comp, freq_comp.data());
+    pos_ = be_.longs(T_);
+    be_.upload(pos_.data(), pos);
+    freq_plain_ = be_.floats(int64_t(freq_plain.size()));
+    be_.upload(freq_plain_.data(), freq_plain);
+    freq_comp_ = be_.floats(int64_t(freq_comp.size()));
+    be_.upload(freq_comp_.data(), freq_comp);
+    tokens_dev_ = be_.ints(T_);
+    be_.upload(tokens_dev_.data(), tokens_);
   }
 
   SequenceResult run();
 
  private:
   bool want_tensors() const { return opt_.observer && opt_.observer->wants_tensors(); }
+  // Reports a tensor held in backend memory (downloaded first when the backend is not the CPU).
   void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data) {
     if (!want_tensors()) return;
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    std::vector<float> fh;
+    std::vector<int32_t> ih;
+    if (be_.device() != Device::cpu) {
+      if (dt == DType::i32) {
+        ih = be_.download(static_cast<const int32_t*>(data), n);
+        data = ih.data();
+      } else {
+        fh = be_.download(static_cast<const float*>(data), n);
+        data = fh.data();
+      }
+    }
     TensorRecord r;
     r.seq = seq_;
     r.layer = layer;
@@ -160,28 +213,36 @@ class SequenceForward {
     r.data = data;
     opt_.observer->on_tensor(r);
   }
+  // A host view of n values in backend memory: the pointer itself on the CPU, else a downloaded copy
+  // kept in `keep`.
+  template <typename T>
+  const T* host_view(const T* data, int64_t n, std::vector<T>& keep) {
+    if (be_.device() == Device::cpu) return data;
+    keep = be_.download(data, n);
+    return keep.data();
+  }
 
-  Buf linear(const Buf& x, int64_t rows, int64_t k, const std::string& wname, int64_t n, OutRound round,
-             int layer) const {
-    Buf y(static_cast<size_t>(rows * n));
+  FBuf linear(const FBuf& x, int64_t rows, int64_t k, const std::string& wname, int64_t n, OutRound round,
+              int layer) {
+    FBuf y = be_.floats(rows * n);
     GemmParams g;
     g.m = rows;
     g.n = n;
     g.k = k;
     g.x = x.data();
     g.ldx = k;
-    g.w = w_.f(wname);
+    g.w = be_.weight(wname);
     g.ldw = k;
     g.y = y.data();
     g.ldy = n;
     g.round = round;
     g.order = P_.order;
     require(gemm_check(g), "gemm", layer);
-    gemm(g);
+    be_.gemm(g);
     return y;
   }
 
-  void norm_rows(Buf& x, int64_t rows, int64_t dim, const float* weight, int layer) const {
+  void norm_rows(FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer) {
     RmsNormParams p;
     p.rows = rows;
     p.dim = dim;
@@ -193,10 +254,10 @@ class SequenceForward {
     p.eps = c_.rms_norm_eps;
     p.order = P_.order;
     require(rmsnorm_check(p), "rmsnorm", layer);
-    rmsnorm(p);
+    be_.rmsnorm(p);
   }
 
-  void rope_rows(Buf& x, int heads, int64_t head_dim, const float* freq, bool inverse, int layer) const {
+  void rope_rows(FBuf& x, int heads, int64_t head_dim, const float* freq, bool inverse, int layer) {
     RopeApplyParams p;
     p.rows = T_;
     p.heads = heads;
@@ -209,10 +270,11 @@ class SequenceForward {
     p.rd = c_.qk_rope_head_dim;
     p.inverse = inverse;
     require(rope_apply_check(p), "rope", layer);
-    rope_apply(p);
+    be_.rope_apply(p);
   }
 
-  void fp8(Buf& x, int64_t rows, int64_t cols, int64_t ld, int block, Fp8KvMode mode, const char* site, int layer) const {
+  void fp8(FBuf& x, int64_t rows, int64_t cols, int64_t ld, int block, Fp8KvMode mode, const char* site,
+           int layer) {
     Fp8SimParams p;
     p.rows = rows;
     p.cols = cols;
@@ -221,17 +283,15 @@ class SequenceForward {
     p.fmt = ScaleFmt::ue8m0;
     p.x = x.data();
     if (const char* why = fp8_sim_check(p))
-      throw InputError(fmt::format("profile '{}': FP8 simulation of {} at layer {} cannot run: {}", P_.name, site, layer,
-                                   why));
-    if (mode == Fp8KvMode::real)
-      fp8_sim(p);
-    else
-      fp8_sim_inplace_bf16_cast(p);
+      throw InputError(fmt::format("profile '{}': FP8 simulation of {} at layer {} cannot run: {}", P_.name,
+                                   site, layer, why));
+    be_.fp8_sim(p, mode);
   }
 
-  Buf compress(const Buf& x, int layer, const std::string& prefix, int64_t d, int ratio, bool hadamard_rot) const {
+  FBuf compress(const FBuf& x, int layer, const std::string& prefix, int64_t d, int ratio,
+                bool hadamard_rot) {
     const int64_t G = compressor_groups(T_, ratio);
-    Buf out(static_cast<size_t>(G * d));
+    FBuf out = be_.floats(G * d);
     CompressorParams p;
     p.T = T_;
     p.D = c_.hidden_size;
@@ -239,56 +299,57 @@ class SequenceForward {
     p.d = d;
     p.rd = c_.qk_rope_head_dim;
     p.x = x.data();
-    p.wkv = w_.f(prefix + "wkv.weight");
-    p.wgate = w_.f(prefix + "wgate.weight");
-    p.ape = w_.f(prefix + "ape");
-    p.norm = w_.f(prefix + "norm.weight");
+    p.wkv = be_.weight(prefix + "wkv.weight");
+    p.wgate = be_.weight(prefix + "wgate.weight");
+    p.ape = be_.weight(prefix + "ape");
+    p.norm = be_.weight(prefix + "norm.weight");
     p.freq = freq_comp_.data();
     p.rms_eps = c_.rms_norm_eps;
     p.hadamard = hadamard_rot;
     p.order = P_.order;
     p.out = out.data();
     require(compressor_check(p), "compressor", layer);
-    compressor(p);
+    be_.compressor(p);
     return out;
   }
 
   struct Mix {
-    Buf y, pre, post, comb;
+    FBuf y, pre, post, comb;
   };
-  Mix hc_pre_sublayer(const Buf& H, int layer, Sublayer sub);
-  Buf hc_post_sublayer(const Buf& f, const Buf& H, const Mix& m) const;
-  Buf attention(const Buf& x, int layer);
-  Buf moe(const Buf& x, int layer);
+  Mix hc_pre_sublayer(const FBuf& H, int layer, Sublayer sub);
+  FBuf hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m);
+  FBuf attention(const FBuf& x, int layer);
+  FBuf moe(const FBuf& x, int layer);
 
-  const Weights& w_;
   const ModelConfig& c_;
   const RunOptions& opt_;
   const NumericsProfile& P_;
+  Backend& be_;
   int seq_;
   const std::vector<int32_t>& tokens_;
   int64_t T_;
-  std::vector<int64_t> pos_;
-  Buf freq_plain_, freq_comp_;
+  backend::Buffer<int64_t> pos_;
+  FBuf freq_plain_, freq_comp_;
+  IBuf tokens_dev_;
 };
 
-SequenceForward::Mix SequenceForward::hc_pre_sublayer(const Buf& H, int layer, Sublayer sub) {
+SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, Sublayer sub) {
   const int hc = c_.hc_mult;
   const int64_t D = c_.hidden_size;
   const std::string p = layer_prefix(layer) + (sub == Sublayer::attn ? "hc_attn_" : "hc_ffn_");
   Mix m;
-  m.y.resize(size_t(T_ * D));
-  m.pre.resize(size_t(T_ * hc));
-  m.post.resize(size_t(T_ * hc));
-  m.comb.resize(size_t(T_ * hc * hc));
+  m.y = be_.floats(T_ * D);
+  m.pre = be_.floats(T_ * hc);
+  m.post = be_.floats(T_ * hc);
+  m.comb = be_.floats(T_ * hc * hc);
   HcPreParams hp;
   hp.T = T_;
   hp.hc = hc;
   hp.D = D;
   hp.X = H.data();
-  hp.fn = w_.f(p + "fn");
-  hp.scale = w_.f(p + "scale");
-  hp.base = w_.f(p + "base");
+  hp.fn = be_.weight(p + "fn");
+  hp.scale = be_.weight(p + "scale");
+  hp.base = be_.weight(p + "base");
   hp.rms_eps = c_.rms_norm_eps;
   hp.hc_eps = c_.hc_eps;
   hp.sinkhorn_iters = c_.hc_sinkhorn_iters;
@@ -298,25 +359,26 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const Buf& H, int layer, S
   hp.post = m.post.data();
   hp.comb = m.comb.data();
   require(hc_pre_check(hp), "hc_pre", layer);
-  hc_pre(hp);
+  be_.hc_pre(hp);
   if (opt_.observer) {
+    std::vector<float> pre, post, comb;
     MhcDecision d;
     d.seq = seq_;
     d.layer = layer;
     d.sublayer = sub;
     d.T = T_;
     d.hc = hc;
-    d.pre = m.pre.data();
-    d.post = m.post.data();
-    d.comb = m.comb.data();
+    d.pre = host_view(m.pre.data(), T_ * hc, pre);
+    d.post = host_view(m.post.data(), T_ * hc, post);
+    d.comb = host_view(m.comb.data(), T_ * hc * hc, comb);
     opt_.observer->on_mhc(d);
   }
   report(layer, sub == Sublayer::attn ? "attn.hc_pre" : "ffn.hc_pre", DType::bf16, {T_, D}, m.y.data());
   return m;
 }
 
-Buf SequenceForward::hc_post_sublayer(const Buf& f, const Buf& H, const Mix& m) const {
-  Buf out(H.size());
+FBuf SequenceForward::hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m) {
+  FBuf out = be_.floats(H.size());
   HcPostParams p;
   p.T = T_;
   p.hc = c_.hc_mult;
@@ -326,11 +388,11 @@ Buf SequenceForward::hc_post_sublayer(const Buf& f, const Buf& H, const Mix& m) 
   p.post = m.post.data();
   p.comb = m.comb.data();
   p.out = out.data();
-  hc_post(p);
+  be_.hc_post(p);
   return out;
 }
 
-Buf SequenceForward::attention(const Buf& x, int L) {
+FBuf SequenceForward::attention(const FBuf& x, int L) {
   const std::string a = layer_prefix(L) + "self_attn.";
   const int64_t D = c_.hidden_size, Dh = c_.head_dim, ql = c_.q_lora_rank, rd = c_.qk_rope_head_dim;
   const int H = c_.num_attention_heads;
@@ -338,23 +400,23 @@ Buf SequenceForward::attention(const Buf& x, int L) {
   const float* freq = ratio ? freq_comp_.data() : freq_plain_.data();
 
   // Query path: qr feeds both the main query and the indexer.
-  Buf qr = linear(x, T_, D, a + "wq_a.weight", ql, OutRound::bf16, L);
-  norm_rows(qr, T_, ql, w_.f(a + "q_norm.weight"), L);
+  FBuf qr = linear(x, T_, D, a + "wq_a.weight", ql, OutRound::bf16, L);
+  norm_rows(qr, T_, ql, be_.weight(a + "q_norm.weight"), L);
   report(L, "attn.qr", DType::bf16, {T_, ql}, qr.data());
-  Buf q = linear(qr, T_, ql, a + "wq_b.weight", H * Dh, OutRound::bf16, L);
+  FBuf q = linear(qr, T_, ql, a + "wq_b.weight", H * Dh, OutRound::bf16, L);
   norm_rows(q, T_ * H, Dh, nullptr, L);  // per-head RMS normalisation, no weight
   rope_rows(q, H, Dh, freq, false, L);
   report(L, "attn.q", DType::bf16, {T_, H * Dh}, q.data());
 
   // Window KV: one shared K=V head.
-  Buf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
-  norm_rows(kv, T_, Dh, w_.f(a + "kv_norm.weight"), L);
+  FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
+  norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
   rope_rows(kv, 1, Dh, freq, false, L);
   if (P_.fp8_kv) fp8(kv, T_, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the window KV", L);
   report(L, "attn.kv", DType::bf16, {T_, Dh}, kv.data());
 
   // Compressed KV (C4 / C128) and the lightning indexer (C4).
-  Buf comp;
+  FBuf comp;
   int64_t G = 0;
   if (ratio > 0) {
     G = compressor_groups(T_, ratio);
@@ -362,30 +424,30 @@ Buf SequenceForward::attention(const Buf& x, int L) {
     if (P_.fp8_kv && G > 0) fp8(comp, G, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
     report(L, "attn.compressed_kv", DType::bf16, {G, Dh}, comp.data());
   }
-  std::vector<int32_t> sel;
+  IBuf sel;
   int k4 = 0;
   if (ratio == 4) {
     const int Hi = c_.index_n_heads;
     const int64_t Di = c_.index_head_dim;
     const std::string ix = a + "indexer.";
-    Buf qi = linear(qr, T_, ql, ix + "wq_b.weight", Hi * Di, OutRound::bf16, L);
+    FBuf qi = linear(qr, T_, ql, ix + "wq_b.weight", Hi * Di, OutRound::bf16, L);
     rope_rows(qi, Hi, Di, freq, false, L);
-    hadamard(qi.data(), T_ * Hi, Di, Di);
+    be_.hadamard(qi.data(), T_ * Hi, Di, Di);
     const int iblock = int(std::min<int64_t>(Di, 128));
     if (P_.fp8_indexer) fp8(qi, T_ * Hi, Di, Di, iblock, Fp8KvMode::real, "the indexer queries", L);
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
-    Buf ki = compress(x, L, ix + "compressor.", Di, 4, true);
+    FBuf ki = compress(x, L, ix + "compressor.", Di, 4, true);
     if (P_.fp8_indexer && G > 0) fp8(ki, G, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
     report(L, "indexer.k", DType::bf16, {G, Di}, ki.data());
-    Buf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L);
+    FBuf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L);
     const float wscale = float(1.0 / std::sqrt(double(Hi) * double(Di)));
-    for (float& v : wt) v = num::bf16_round(v * wscale);
+    be_.scale_bf16(wt.data(), wt.size(), wscale);
     report(L, "indexer.weights", DType::f32, {T_, Hi}, wt.data());
 
     k4 = indexer_width(c_, T_);
-    sel.assign(size_t(T_ * k4), -1);
-    Buf margin(static_cast<size_t>(T_), std::numeric_limits<float>::infinity());
-    Buf score(static_cast<size_t>(T_ * k4));
+    sel = be_.ints(T_ * k4);
+    FBuf margin = be_.floats(T_);
+    FBuf score = be_.floats(T_ * k4);
     IndexerParams ip;
     ip.T = T_;
     ip.Hi = Hi;
@@ -403,34 +465,36 @@ Buf SequenceForward::attention(const Buf& x, int L) {
     require(indexer_check(ip), "indexer", L);
     const ForcedSelection* forced = opt_.overrides ? opt_.overrides->indexer(seq_, L) : nullptr;
     if (forced) {
-      sel = canonical_indexer(*forced, c_, seq_, L, T_);
+      be_.upload(sel.data(), canonical_indexer(*forced, c_, seq_, L, T_));
       // The natural top-k still provides the margins (how close the free choice was).
-      std::vector<int32_t> natural(static_cast<size_t>(T_ * k4));
+      IBuf natural = be_.ints(T_ * k4);
       ip.ids = natural.data();
       ip.score = nullptr;
-      indexer_topk(ip);
-      indexer_score_ids(ip, sel.data(), score.data());
+      be_.indexer_topk(ip);
+      be_.indexer_score_ids(ip, sel.data(), score.data());
     } else {
-      indexer_topk(ip);
+      be_.indexer_topk(ip);
     }
     report(L, "indexer.score", DType::f32, {T_, k4}, score.data());
     if (opt_.observer) {
+      std::vector<int32_t> ids_h;
+      std::vector<float> margin_h;
       IndexerDecision d;
       d.seq = seq_;
       d.layer = L;
       d.T = T_;
       d.k = k4;
       d.forced = forced != nullptr;
-      d.ids = sel.data();
-      d.margin = margin.data();
+      d.ids = host_view(sel.data(), T_ * k4, ids_h);
+      d.margin = host_view(margin.data(), T_, margin_h);
       opt_.observer->on_indexer(d);
     }
   }
 
   // KVcat = window rows then compressed rows; index rows point into it (§3.6).
-  Buf kvcat(static_cast<size_t>((T_ + G) * Dh));
-  std::copy(kv.begin(), kv.end(), kvcat.begin());
-  std::copy(comp.begin(), comp.end(), kvcat.begin() + T_ * Dh);
+  FBuf kvcat = be_.floats((T_ + G) * Dh);
+  be_.copy(kvcat.data(), kv.data(), kv.bytes());
+  be_.copy(kvcat.data() + T_ * Dh, comp.data(), comp.bytes());
   IndexBuildParams bp;
   bp.T = T_;
   bp.W = c_.sliding_window;
@@ -439,11 +503,11 @@ Buf SequenceForward::attention(const Buf& x, int L) {
   bp.k = k4;
   bp.sel = sel.data();
   const int64_t K = index_width(bp);
-  std::vector<int32_t> idx(static_cast<size_t>(T_ * K));
+  IBuf idx = be_.ints(T_ * K);
   bp.idx = idx.data();
-  build_index(bp);
+  be_.build_index(bp);
 
-  Buf o(static_cast<size_t>(T_ * H * Dh));
+  FBuf o = be_.floats(T_ * H * Dh);
   SparseAttnParams sp;
   sp.T = T_;
   sp.H = H;
@@ -453,20 +517,19 @@ Buf SequenceForward::attention(const Buf& x, int L) {
   sp.q = q.data();
   sp.kv = kvcat.data();
   sp.idx = idx.data();
-  sp.sink = w_.f(a + "attn_sink");
+  sp.sink = be_.weight(a + "attn_sink");
   sp.scale = float(1.0 / std::sqrt(double(Dh)));
   sp.order = P_.order;
   sp.o = o.data();
-  require(sparse_attention_check(sp), "sparse_attention", L);
-  sparse_attention(sp);
+  be_.sparse_attention(sp, L);
   rope_rows(o, H, Dh, freq, true, L);
   report(L, "attn.o", DType::bf16, {T_, H * Dh}, o.data());
 
   // Grouped low-rank output: u[t, g] = wo_a[g] · o[t, heads of group g]; out = u · wo_b^T.
   const int Gr = c_.o_groups;
   const int64_t R = c_.o_lora_rank, gw = int64_t(H / Gr) * Dh;
-  Buf u(static_cast<size_t>(T_ * Gr * R));
-  const float* wo_a = w_.f(a + "wo_a.weight");
+  FBuf u = be_.floats(T_ * Gr * R);
+  const float* wo_a = be_.weight(a + "wo_a.weight");
   for (int g = 0; g < Gr; ++g) {
     GemmParams gp;
     gp.m = T_;
@@ -481,38 +544,42 @@ Buf SequenceForward::attention(const Buf& x, int L) {
     gp.round = OutRound::bf16;
     gp.order = P_.order;
     require(gemm_check(gp), "gemm(wo_a)", L);
-    gemm(gp);
+    be_.gemm(gp);
   }
   report(L, "attn.u", DType::bf16, {T_, Gr * R}, u.data());
-  Buf out = linear(u, T_, Gr * R, a + "wo_b.weight", D, OutRound::bf16, L);
+  FBuf out = linear(u, T_, Gr * R, a + "wo_b.weight", D, OutRound::bf16, L);
   report(L, "attn.out", DType::bf16, {T_, D}, out.data());
   return out;
 }
 
-Buf SequenceForward::moe(const Buf& x, int L) {
+FBuf SequenceForward::moe(const FBuf& x, int L) {
   const std::string m = layer_prefix(L) + "mlp.";
   const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
   const int E = c_.n_routed_experts, k = c_.num_experts_per_tok;
   const bool hashed = c_.is_hash_layer(L);
 
-  Buf logits = linear(x, T_, D, m + "gate.weight", E, OutRound::f32, L);
+  FBuf logits = linear(x, T_, D, m + "gate.weight", E, OutRound::f32, L);
   report(L, "moe.router_logits", DType::f32, {T_, E}, logits.data());
 
-  std::vector<int32_t> forced_ids;
+  IBuf forced_ids;
   const ForcedSelection* forced = (!hashed && opt_.overrides) ? opt_.overrides->experts(seq_, L) : nullptr;
-  if (forced) forced_ids = canonical_experts(*forced, c_, seq_, L, T_);
+  if (forced) {
+    const std::vector<int32_t> canon = canonical_experts(*forced, c_, seq_, L, T_);
+    forced_ids = be_.ints(int64_t(canon.size()));
+    be_.upload(forced_ids.data(), canon);
+  }
 
-  std::vector<int32_t> ids(static_cast<size_t>(T_ * k));
-  Buf weights(static_cast<size_t>(T_ * k));
-  Buf margin(static_cast<size_t>(T_));
+  IBuf ids = be_.ints(T_ * k);
+  FBuf weights = be_.floats(T_ * k);
+  FBuf margin = be_.floats(T_);
   RouterParams rp;
   rp.T = T_;
   rp.E = E;
   rp.k = k;
   rp.logits = logits.data();
-  rp.bias = hashed ? nullptr : w_.f(m + "gate.e_score_correction_bias");
-  rp.tid2eid = hashed ? w_.i(m + "topk.tid2eid") : nullptr;
-  rp.tokens = tokens_.data();
+  rp.bias = hashed ? nullptr : be_.weight(m + "gate.e_score_correction_bias");
+  rp.tid2eid = hashed ? be_.weight_i(m + "topk.tid2eid") : nullptr;
+  rp.tokens = tokens_dev_.data();
   rp.forced = forced ? forced_ids.data() : nullptr;
   rp.norm_topk_prob = c_.norm_topk_prob;
   rp.routed_scaling_factor = c_.routed_scaling_factor;
@@ -520,8 +587,10 @@ Buf SequenceForward::moe(const Buf& x, int L) {
   rp.weights = weights.data();
   rp.margin = margin.data();
   require(router_check(rp), "router", L);
-  router(rp);
+  be_.router(rp);
   if (opt_.observer) {
+    std::vector<int32_t> ids_h;
+    std::vector<float> weights_h, margin_h;
     RoutingDecision d;
     d.seq = seq_;
     d.layer = L;
@@ -529,24 +598,24 @@ Buf SequenceForward::moe(const Buf& x, int L) {
     d.k = k;
     d.hashed = hashed;
     d.forced = forced != nullptr;
-    d.ids = ids.data();
-    d.weights = weights.data();
-    d.margin = margin.data();
+    d.ids = host_view(ids.data(), T_ * k, ids_h);
+    d.weights = host_view(weights.data(), T_ * k, weights_h);
+    d.margin = host_view(margin.data(), T_, margin_h);
     opt_.observer->on_routing(d);
   }
 
   std::vector<ExpertWeights> experts(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) {
     const std::string ep = m + fmt::format("experts.{}.", e);
-    experts[e] = ExpertWeights{w_.f(ep + "gate_proj.weight"), w_.f(ep + "up_proj.weight"),
-                               w_.f(ep + "down_proj.weight")};
+    experts[e] = ExpertWeights{be_.weight(ep + "gate_proj.weight"), be_.weight(ep + "up_proj.weight"),
+                               be_.weight(ep + "down_proj.weight")};
   }
   std::vector<ExpertWeights> shared;
   if (c_.n_shared_experts > 0)
-    shared.push_back(ExpertWeights{w_.f(m + "shared_experts.gate_proj.weight"),
-                                   w_.f(m + "shared_experts.up_proj.weight"),
-                                   w_.f(m + "shared_experts.down_proj.weight")});
-  Buf out(static_cast<size_t>(T_ * D));
+    shared.push_back(ExpertWeights{be_.weight(m + "shared_experts.gate_proj.weight"),
+                                   be_.weight(m + "shared_experts.up_proj.weight"),
+                                   be_.weight(m + "shared_experts.down_proj.weight")});
+  FBuf out = be_.floats(T_ * D);
   MoeParams mp;
   mp.T = T_;
   mp.D = D;
@@ -564,8 +633,7 @@ Buf SequenceForward::moe(const Buf& x, int L) {
   mp.clamp_shared = P_.clamp_shared_expert;
   mp.order = P_.order;
   mp.out = out.data();
-  require(moe_check(mp), "moe", L);
-  moe_experts(mp);
+  be_.moe_experts(mp, L);
   report(L, "moe.out", DType::bf16, {T_, D}, out.data());
   return out;
 }
@@ -575,89 +643,91 @@ SequenceResult SequenceForward::run() {
   const int64_t D = c_.hidden_size, V = c_.vocab_size;
 
   // Embedding, copied into the hc residual streams.
-  Buf H(static_cast<size_t>(T_ * hc * D));
-  const float* embed = w_.f("model.embed_tokens.weight");
-  for (int64_t t = 0; t < T_; ++t)
-    for (int j = 0; j < hc; ++j)
-      std::copy(embed + int64_t(tokens_[t]) * D, embed + int64_t(tokens_[t] + 1) * D, H.begin() + (t * hc + j) * D);
+  FBuf H = be_.floats(T_ * hc * D);
+  const float* embed = be_.weight("model.embed_tokens.weight");
+  be_.embed(embed, D, tokens_dev_.data(), T_, hc, H.data());
   if (want_tensors()) {
-    Buf e(static_cast<size_t>(T_ * D));
-    for (int64_t t = 0; t < T_; ++t) std::copy(H.begin() + t * hc * D, H.begin() + t * hc * D + D, e.begin() + t * D);
+    FBuf e = be_.floats(T_ * D);
+    be_.embed(embed, D, tokens_dev_.data(), T_, 1, e.data());
     report(-1, "embed", DType::bf16, {T_, D}, e.data());
   }
 
   for (int L = 0; L < c_.num_hidden_layers; ++L) {
     const std::string p = layer_prefix(L);
     Mix ma = hc_pre_sublayer(H, L, Sublayer::attn);
-    norm_rows(ma.y, T_, D, w_.f(p + "input_layernorm.weight"), L);
+    norm_rows(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L);
     report(L, "attn.norm", DType::bf16, {T_, D}, ma.y.data());
-    Buf a = attention(ma.y, L);
+    FBuf a = attention(ma.y, L);
     H = hc_post_sublayer(a, H, ma);
     report(L, "attn.hc_post", DType::bf16, {T_, hc * D}, H.data());
 
     Mix mf = hc_pre_sublayer(H, L, Sublayer::ffn);
-    norm_rows(mf.y, T_, D, w_.f(p + "post_attention_layernorm.weight"), L);
+    norm_rows(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L);
     report(L, "ffn.norm", DType::bf16, {T_, D}, mf.y.data());
-    Buf f = moe(mf.y, L);
+    FBuf f = moe(mf.y, L);
     H = hc_post_sublayer(f, H, mf);
     report(L, "ffn.hc_post", DType::bf16, {T_, hc * D}, H.data());
   }
 
-  Buf y(static_cast<size_t>(T_ * D));
+  FBuf y = be_.floats(T_ * D);
   HcHeadParams hp;
   hp.T = T_;
   hp.hc = hc;
   hp.D = D;
   hp.X = H.data();
-  hp.fn = w_.f("model.hc_head_fn");
-  hp.scale = w_.f("model.hc_head_scale");
-  hp.base = w_.f("model.hc_head_base");
+  hp.fn = be_.weight("model.hc_head_fn");
+  hp.scale = be_.weight("model.hc_head_scale");
+  hp.base = be_.weight("model.hc_head_base");
   hp.rms_eps = c_.rms_norm_eps;
   hp.hc_eps = c_.hc_eps;
   hp.order = P_.order;
   hp.y = y.data();
-  hc_head(hp);
+  be_.hc_head(hp);
   report(-1, "head.hc", DType::bf16, {T_, D}, y.data());
-  norm_rows(y, T_, D, w_.f("model.norm.weight"), -1);
+  norm_rows(y, T_, D, be_.weight("model.norm.weight"), -1);
   report(-1, "head.norm", DType::bf16, {T_, D}, y.data());
 
-  Buf logits = linear(y, T_, D, "lm_head.weight", V, OutRound::f32, -1);
-  if (opt_.temperature != 1.0f)
-    for (float& v : logits) v = v / opt_.temperature;
+  FBuf logits = linear(y, T_, D, "lm_head.weight", V, OutRound::f32, -1);
+  if (opt_.temperature != 1.0f) be_.divide(logits.data(), logits.size(), opt_.temperature);
   report(-1, "logits", DType::f32, {T_, V}, logits.data());
 
   SequenceResult r;
   r.tokens = tokens_;
-  r.logprobs.resize(size_t(T_ - 1));
-  if (T_ > 1) log_softmax_gather(logits.data(), T_ - 1, V, tokens_.data() + 1, r.logprobs.data());
-  report(-1, "logprobs", DType::f32, {T_ - 1}, r.logprobs.data());
+  FBuf lp = be_.floats(T_ - 1);
+  if (T_ > 1) be_.log_softmax_gather(logits.data(), T_ - 1, V, tokens_dev_.data() + 1, lp.data());
+  r.logprobs = be_.download(lp.data(), T_ - 1);
+  report(-1, "logprobs", DType::f32, {T_ - 1}, lp.data());
   return r;
 }
 
 }  // namespace
 
-ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch, const RunOptions& opt) {
+ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                      const RunOptions& opt) {
   const ModelConfig& c = w.config();
   if (batch.empty()) throw InputError("forward: the batch holds no sequence");
   for (size_t s = 0; s < batch.size(); ++s) {
     if (batch[s].empty()) throw InputError(fmt::format("forward: sequence {} is empty", s));
     for (size_t t = 0; t < batch[s].size(); ++t)
       if (batch[s][t] < 0 || batch[s][t] >= c.vocab_size)
-        throw InputError(fmt::format("forward: sequence {} position {}: token id {} is outside the vocabulary [0, {})",
-                                     s, t, batch[s][t], c.vocab_size));
+        throw InputError(
+            fmt::format("forward: sequence {} position {}: token id {} is outside the vocabulary [0, {})", s,
+                        t, batch[s][t], c.vocab_size));
   }
   if (opt.overrides) check_override_targets(*opt.overrides, c, batch);
   if (opt.temperature <= 0.0f || !std::isfinite(opt.temperature))
     throw InputError(fmt::format("forward: temperature must be positive, got {}", opt.temperature));
 
+  std::unique_ptr<backend::Backend> be = backend::make_backend(opt.device, w);
   const int saved_threads = omp_get_max_threads();
   if (opt.threads > 0) omp_set_num_threads(opt.threads);
   ForwardResult result;
   try {
     for (size_t s = 0; s < batch.size(); ++s) {
-      SequenceForward f(w, opt, int(s), batch[s]);
+      SequenceForward f(w, opt, *be, int(s), batch[s]);
       result.seqs.push_back(f.run());
     }
+    be->synchronize();
   } catch (...) {
     omp_set_num_threads(saved_threads);
     throw;

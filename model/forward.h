@@ -1,8 +1,9 @@
-// The DSV4 forward pass on the CPU (MODEL.md §2-3), prefill over whole sequences.
+// The DSV4 forward pass (MODEL.md §2-3), prefill over whole sequences, on the CPU or a CUDA device.
 //
 // Sequences of a batch are computed one after another with identical code paths, so a sequence's
 // results never depend on the others (batch invariance); inside a sequence the kernels parallelise
-// over independent outputs only, so results do not depend on the thread count.
+// over independent outputs only, so results do not depend on the thread count. The CUDA backend
+// computes every tensor with the CPU's operation order: both devices give the same bits.
 //
 // Named tensors reported to the Observer, per layer L (shape[0] is the row axis):
 //   attn.hc_pre [T,D]  attn.norm [T,D]  attn.qr [T,q_lora]  attn.q [T,H*Dh]  attn.kv [T,Dh]
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/device.h"
 #include "model/observer.h"
 #include "model/overrides.h"
 #include "model/profile.h"
@@ -26,10 +28,14 @@ namespace dsv4 {
 
 struct RunOptions {
   NumericsProfile profile = profile_train();
-  int threads = 0;                    // 0: OpenMP default
+  int threads = 0;  // 0: OpenMP default
   Observer* observer = nullptr;
   const Overrides* overrides = nullptr;
-  float temperature = 1.0f;           // logits / temperature before log_softmax (MODEL.md §3.10)
+  float temperature = 1.0f;  // logits / temperature before log_softmax (MODEL.md §3.10)
+  // cuda: weights are uploaded once per Weights object and activations stay on the device; only what
+  // the Observer is given (tensors when it wants them, decisions always) and the log-probabilities
+  // come back. Throws InputError when this dsv4 was built without CUDA or no device is usable.
+  Device device = Device::cpu;
 };
 
 struct SequenceResult {
@@ -43,6 +49,7 @@ struct ForwardResult {
 
 // Throws InputError for empty sequences or token ids outside [0, vocab_size) (naming sequence and
 // position) and OverrideError for invalid forced decisions (naming sequence, layer and token).
-ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch, const RunOptions& opt);
+ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                      const RunOptions& opt);
 
 }  // namespace dsv4

@@ -15,13 +15,13 @@
 namespace dsv4 {
 
 struct ReplayOptions {
-  std::optional<int> step;        // nullopt: every complete step
-  std::string model_dir;          // empty: the recorded weights path ("init:seed=N" re-creates preset weights)
-  int threads = 0;                // 0: as recorded (the recorded thread count does not change results)
-  bool force_indexer = false;     // indexer replay: feed the recorded indexer selections via Overrides
-  bool force_routing = false;     // routing replay: feed the recorded expert ids (learned layers)
+  std::optional<int> step;     // nullopt: every complete step
+  std::string model_dir;       // empty: the recorded weights path ("init:seed=N" re-creates preset weights)
+  int threads = 0;             // 0: as recorded (the recorded thread count does not change results)
+  bool force_indexer = false;  // indexer replay: feed the recorded indexer selections via Overrides
+  bool force_routing = false;  // routing replay: feed the recorded expert ids (learned layers)
   std::string take_decisions_from;  // counterfactual: force the decisions of this other trace
-  int take_step = -1;             // step of that trace (-1: same index as the replayed step)
+  int take_step = -1;               // step of that trace (-1: same index as the replayed step)
 };
 
 // Where two computations first differ.
@@ -31,16 +31,21 @@ struct Divergence {
   int64_t row = 0;     // token row (or compressed-group row)
   // Element level, when both values are available (recorded full tensor, or a recorded decision):
   bool has_elements = false;
-  int64_t first_index = -1;      // within the row
+  int64_t first_index = -1;  // within the row
   double recorded = 0, replayed = 0;
   int64_t ulp = 0;
   double max_abs = 0, max_rel = 0;  // over the row
   std::vector<float> replayed_row;  // the recomputed row (always available: replay computes it fully)
+  // Why this is a divergence: "digest differs", or "record order differs: ..." / "extra record ..." /
+  // "missing record ..." when the replay's sequence of named tensors does not follow the recorded one
+  // (the comparison of that sequence stops there: alignment is lost).
+  std::string reason;
 };
 
 struct DecisionChange {
+  int seq = 0;
   int layer = 0;
-  std::string kind;         // "indexer" | "routing"
+  std::string kind;  // "indexer" | "routing"
   int64_t rows_changed = 0;
   int64_t first_row = -1;
 };
@@ -52,14 +57,23 @@ struct EnvDifference {
 
 struct StepReplay {
   int step = 0;
+  int threads = 0;  // OpenMP threads the replay ran with (0: the OpenMP default)
+  // No digest differs and no recomputed decision differs from the recorded one.
   bool identical = true;
   int64_t records_compared = 0, rows_compared = 0;
+  int64_t records_differing = 0, rows_differing = 0;
   std::optional<Divergence> first;
-  std::vector<DecisionChange> decision_changes;  // recomputed vs recorded, per layer (free replay)
+  // Recomputed vs recorded decisions of this trace, per (sequence, layer, kind), only those that
+  // differ. Under a counterfactual these are the places where the other trace decided differently.
+  std::vector<DecisionChange> decision_changes;
   double seconds = 0;
   // Counterfactual (take_decisions_from): log-prob mismatch between the two traces before and after
-  // forcing A's decisions into B.
+  // forcing A's decisions into B. k1 = mean(logp_A - logp_B) over every predicted token.
   std::optional<double> mean_abs_dlogprob_before, mean_abs_dlogprob_after, kl_before, kl_after;
+  // Counterfactual: whether the forced run's decisions equal A's recorded ones (as sets, every layer
+  // including hash layers), and where they do not.
+  std::optional<bool> counterfactual_decisions_equal;
+  std::vector<DecisionChange> counterfactual_mismatches;
 };
 
 struct ReplayReport {
@@ -68,6 +82,9 @@ struct ReplayReport {
   std::vector<StepReplay> steps;
   std::vector<EnvDifference> env_differences;  // sorted by rank
   std::vector<std::string> weight_mismatches;  // tensor names whose digest differs from the recorded
+  std::vector<int> skipped_steps;              // incomplete steps (status 0), not replayed
+  std::vector<std::string> notes;              // remarks for the reader (skipped steps, model mismatch, ...)
+  // Every step identical and the weights equal to the recorded ones.
   bool identical() const;
 };
 
@@ -75,11 +92,26 @@ struct ReplayReport {
 // counterfactual trace of other tokens). A weights digest mismatch is reported, not thrown.
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt);
 // Weights for a recorded trace: --model dir, or the recorded path, or "init:seed=N".
+// A relative recorded path is looked up beside the trace first, then in the working directory (a
+// bundle records "model", see bundle_trace). Throws InputError when no weights can be found, or when
+// the checkpoint's config differs from the recorded one (naming the field).
 Weights weights_for_trace(const TraceReader& r, const std::string& model_dir);
+// Names of the weight tensors whose digest differs from the recorded one (or that exist on one side
+// only), sorted.
+std::vector<std::string> weight_mismatches(const TraceReader& r, const Weights& w);
+// Every key whose value differs (absent on one side reads "(absent)"), sorted by rank then key:
+// compile_flags 0, compiler 1, cpu_flags 2, build_id 3, threads 4 (never changes results),
+// gpu/gpu_driver/cuda/cupti/nccl 5, hdf5/os/cpu_model 6, other keys 7, host 8 (expected to differ).
 std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const EnvFingerprint& here);
 
 // `dsv4 trace bundle`: copies the trace and its weights directory into `out_dir` with a manifest
 // (MANIFEST.json: file names, sizes and XXH3 digests; the model digest) so both move together.
+// Layout: out_dir/<trace file name>, out_dir/model/{config.json, *.safetensors, index}, and
+// out_dir/MANIFEST.json. The copied trace records weights_path "model" (the original is kept in the
+// attribute weights_path_recorded), so `dsv4 replay out_dir/TRACE` finds the weights by itself and
+// `--model out_dir/model` works too. An empty model_dir takes the recorded weights; "init:seed=N"
+// weights are written out as a checkpoint. Throws InputError when out_dir exists and is not empty,
+// or when the weights do not match the trace's recorded digests.
 void bundle_trace(const std::string& trace, const std::string& model_dir, const std::string& out_dir);
 
 }  // namespace dsv4

@@ -10,7 +10,7 @@ mkdir -p "$out"
 rm -f "$out"/tiny-*.h5 "$out"/tiny-*.txt
 for profile in train rollout; do
   "$dsv4" record --preset tiny --seed 7 --random 96 --token-seed 3 --profile "$profile" \
-    --capture 'attn.o@1,moe.out@3,logits' --threads 1 --out "$out/tiny-$profile.h5"
+    --capture 'attn.kv@1,moe.out@3' --threads 1 --out "$out/tiny-$profile.h5"
   scripts/sample-golden.sh "$dsv4" "$out/tiny-$profile.h5" >"$out/tiny-$profile.golden.txt"
 done
 ls -l "$out"

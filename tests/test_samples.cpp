@@ -54,7 +54,7 @@ TEST_P(Samples, FreshRecordingMatchesGolden) {
   const std::string trace = dir + "/tiny-" + GetParam() + ".h5";
   fs::remove(trace);
   const auto r = run_cli("record --preset tiny --seed 7 --random 96 --token-seed 3 --profile " + GetParam() +
-                         " --capture 'attn.o@1,moe.out@3,logits' --threads 2 --out " + trace);
+                         " --capture 'attn.kv@1,moe.out@3' --threads 2 --out " + trace);
   ASSERT_EQ(r.code, 0) << r.out;
   expect_golden(kSamples + "tiny-" + GetParam() + ".golden.txt", golden_dump(trace));
   fs::remove_all(dir);

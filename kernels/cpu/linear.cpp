@@ -1,12 +1,13 @@
 // Dense GEMM with the canonical per-element reduction order of kernels/reduce.h.
 //
 // gemm() is a cache-blocked, register-blocked version of gemm_reference(): every output element
-// keeps its own 8 lane accumulators (lane l takes the k indices = l mod 8, updated with an explicit
-// fma in increasing k), which is exactly detail::dot_chain; a micro-kernel simply updates MR x NR
-// such lane vectors at once. The k range is cut into tiles that never straddle a ReduceOrder block
-// boundary, so the lane accumulators restart at zero exactly where dot() restarts a chain, and the
-// block results are added left to right as in dot(). Threads own disjoint output tiles and never
-// split a reduction, so results are bit-identical for any thread count and any batch composition.
+// keeps its own 8 lane accumulators (lane l takes the k indices = l mod 8 of the current chain,
+// updated with an explicit fma in increasing k), which is exactly detail::dot_chain; a micro-kernel
+// updates MR x NR such lane vectors at once. The k range is cut into tiles that hold either whole
+// ReduceOrder blocks or a multiple-of-8 part of one chain, so the lane accumulators restart at zero
+// exactly where dot() starts a chain, and the chain results are added left to right as in dot().
+// Threads own disjoint output tiles and never split a reduction, so results are bit-identical for
+// any thread count, tiling and batch composition.
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -65,6 +66,38 @@ struct BlockState {
   float* sum;  // [mr * nr]
 };
 
+#if defined(__AVX2__) && defined(__FMA__)
+// c[j] = combine_lanes8(lanes of a[j]) for nr <= 4 vectors: the same additions in the same order,
+// with four outputs sharing each vector add. With v_i = l_i + l_(i+4): t0 = v0 + v2,
+// t1 = v1 + v3, c = t0 + t1.
+template <int nr>
+inline void combine4(const __m256* a, float* c) {
+  if constexpr (nr == 4) {
+    const __m256 b01 =
+        _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 b23 =
+        _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    // Per 128-bit half: [v0, v1 of a0 | a1] [v0, v1 of a2 | a3] and the same for v2, v3.
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_add_ps(_mm256_shuffle_ps(t, t, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(t, t, _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(32) float out[8];  // [c0, c2, c0, c2, c1, c3, c1, c3]
+    _mm256_store_ps(out, h);
+    c[0] = out[0];
+    c[1] = out[4];
+    c[2] = out[1];
+    c[3] = out[5];
+  } else {
+    for (int j = 0; j < nr; ++j) {
+      const __m128 v = _mm_add_ps(_mm256_castps256_ps128(a[j]), _mm256_extractf128_ps(a[j], 1));
+      const __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));
+      c[j] = _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+    }
+  }
+}
+#endif
+
 // Continues the reductions of x rows [0, mr) . w rows [0, nr) over k in [k0, k1). Per output this is
 // exactly dot(): lane l of a chain takes the indices i with (i - chain start) mod 8 == l, each
 // updated with one fma in increasing i; the scalar tail (only at the end of the range) is
@@ -76,8 +109,9 @@ void micro(const float* x, int64_t ldx, const float* w, int64_t ldw, const Chain
            BlockState st) {
   float sum[mr * nr];
   for (int q = 0; q < mr * nr; ++q) sum[q] = st.sum[q];
-  for (int64_t i = k0; i < k1;) {
-    const int64_t cs = ch.start(i), ce = ch.end(i), se = std::min(k1, ce);
+  // Chain [cs, ce), of which [i, se) lies in this k tile; every path below ends with i == se.
+  for (int64_t i = k0, cs = ch.start(k0); i < k1; cs = i) {
+    const int64_t ce = std::min(cs + ch.len, ch.k), se = std::min(k1, ce);
     alignas(32) float lanes[mr * nr][8];
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 a[mr][nr];
@@ -98,14 +132,14 @@ void micro(const float* x, int64_t ldx, const float* w, int64_t ldw, const Chain
       continue;
     }
     if (i == se) {  // no tail: combine in registers, ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
-      for (int r = 0; r < mr; ++r)
+      for (int r = 0; r < mr; ++r) {
+        float c[nr];
+        combine4<nr>(a[r], c);
         for (int j = 0; j < nr; ++j) {
-          const __m128 v = _mm_add_ps(_mm256_castps256_ps128(a[r][j]), _mm256_extractf128_ps(a[r][j], 1));
-          const __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));
-          const float c = _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
           float& s = sum[r * nr + j];
-          s = cs == 0 ? c : s + c;
+          s = cs == 0 ? c[j] : s + c[j];
         }
+      }
       continue;
     }
     for (int r = 0; r < mr; ++r)

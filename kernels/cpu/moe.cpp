@@ -93,8 +93,10 @@ const char* moe_check(const MoeParams& p) {
   if (p.T == 0) return nullptr;
   if (!p.x || !p.ids || !p.weights || !p.experts || !p.out) return "moe: null pointer";
   if (p.n_shared > 0 && !p.shared) return "moe: null shared experts";
-  for (int64_t i = 0; i < p.T * p.k; ++i)
+  for (int64_t i = 0; i < p.T * p.k; ++i) {
     if (p.ids[i] < 0 || p.ids[i] >= p.E) return "moe: expert id out of range";
+    if (i % p.k != 0 && p.ids[i] < p.ids[i - 1]) return "moe: the ids of a token must be ascending";
+  }
   for (int e = 0; e < p.E; ++e)
     if (!p.experts[e].w1 || !p.experts[e].w3 || !p.experts[e].w2) return "moe: null expert weights";
   for (int e = 0; e < p.n_shared; ++e)
@@ -152,49 +154,53 @@ void moe_experts(const MoeParams& p) {
   const int64_t T = p.T, D = p.D, I = p.I, k = p.k, TK = T * k;
   const int E = p.E;
 
-  // Group the (token, slot) pairs per expert, tokens ascending within a group.
+  // Group the (token, slot) pairs q = t * k + i per expert, in increasing q.
   std::vector<int64_t> start(size_t(E) + 1, 0);
   for (int64_t q = 0; q < TK; ++q) ++start[size_t(p.ids[q]) + 1];
-  for (int e = 0; e < E; ++e) start[size_t(e) + 1] += start[size_t(e)];
-  std::vector<int64_t> fill(start.begin(), start.end() - 1), pos(static_cast<size_t>(TK)),
-      src(static_cast<size_t>(TK));
-  for (int64_t q = 0; q < TK; ++q) {
-    const int64_t at = fill[size_t(p.ids[q])]++;
-    pos[size_t(q)] = at;  // (token, slot) q = t * k + i -> row `at` of the grouped buffers
-    src[size_t(at)] = q;
-  }
-
-  const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
-  const int64_t gu_size = std::max(TK * I, p.n_shared > 0 ? T * Is : 0);
-  std::vector<float> xs(size_t(TK * D)), wgt(static_cast<size_t>(TK)), gu(size_t(2 * gu_size)),
-      y(size_t(TK * D));
-#pragma omp parallel for schedule(static) if (TK * D >= kParallelMin)
-  for (int64_t at = 0; at < TK; ++at) {
-    const int64_t q = src[size_t(at)];
-    std::copy(p.x + (q / k) * D, p.x + (q / k + 1) * D, xs.begin() + at * D);
-    wgt[size_t(at)] = p.weights[q];
-  }
+  int64_t mmax = 0;
   for (int e = 0; e < E; ++e) {
-    const int64_t m = start[size_t(e) + 1] - start[size_t(e)];
-    if (m == 0) continue;
-    const int64_t a = start[size_t(e)];
-    swiglu_expert(p.experts[e], m, D, I, xs.data() + a * D, wgt.data() + a, true, p.swiglu_limit, p.order,
-                  gu.data(), y.data() + a * D);
+    mmax = std::max(mmax, start[size_t(e) + 1]);
+    start[size_t(e) + 1] += start[size_t(e)];
   }
-  std::vector<float> ysh(size_t(p.n_shared) * size_t(T * D));
-  for (int sidx = 0; sidx < p.n_shared; ++sidx)
-    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu.data(),
-                  ysh.data() + sidx * T * D);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), src(static_cast<size_t>(TK));
+  for (int64_t q = 0; q < TK; ++q) src[size_t(fill[size_t(p.ids[q])]++)] = q;
 
-#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t d = 0; d < D; ++d) {
-      float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc += y[size_t(pos[size_t(t * k + i)] * D + d)];
-      for (int sidx = 0; sidx < p.n_shared; ++sidx) acc += ysh[size_t((sidx * T + t) * D + d)];
-      p.out[t * D + d] = num::bf16_round(acc);
+  // A token's ids are ascending, so visiting the experts in increasing id adds its routed outputs
+  // to its accumulator in slot order, as the contract asks, without keeping them all.
+  const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
+  const int64_t rows = std::max(mmax, p.n_shared > 0 ? T : int64_t(0));
+  std::vector<float> acc(size_t(T * D), 0.0f), xs(size_t(mmax * D)), wgt(static_cast<size_t>(mmax)),
+      gu(size_t(2 * std::max(mmax * I, p.n_shared > 0 ? T * Is : int64_t(0)))), y(size_t(rows * D));
+  for (int e = 0; e < E; ++e) {
+    const int64_t a = start[size_t(e)], m = start[size_t(e) + 1] - a;
+    if (m == 0) continue;
+    const int64_t* q = src.data() + a;
+#pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy(p.x + (q[r] / k) * D, p.x + (q[r] / k + 1) * D, xs.begin() + r * D);
+      wgt[size_t(r)] = p.weights[q[r]];
+    }
+    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order, gu.data(),
+                  y.data());
+    // Split over dims, rows in order: a token listed twice (repeated id) still adds in slot order.
+#pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int64_t d1 = std::min(D, d0 + 64);
+      for (int64_t r = 0; r < m; ++r) {
+        float* dst = acc.data() + (q[r] / k) * D;
+        const float* ys = y.data() + r * D;
+        for (int64_t d = d0; d < d1; ++d) dst[d] += ys[d];
+      }
     }
   }
+  for (int sidx = 0; sidx < p.n_shared; ++sidx) {
+    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu.data(),
+                  y.data());
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+    for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[size_t(i)];
+  }
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+  for (int64_t i = 0; i < T * D; ++i) p.out[i] = num::bf16_round(acc[size_t(i)]);
 }
 
 }  // namespace dsv4

@@ -31,9 +31,13 @@ float fp8_scale(float amax, ScaleFmt fmt) {
 }
 
 // FP4 block scale: amax floored at 6 * 2^-126, s = 2^ceil(log2(amax * fp32(1/6))).
-float fp4_scale(float amax) { return num::ceil_pow2(std::fmax(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f)); }
+float fp4_scale(float amax) {
+  return num::ceil_pow2(std::fmax(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+}
 
-float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+float clampf(float v, float lo, float hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 const char* block_params_check(int64_t rows, int64_t cols, int block, const char* what_block) {
   if (rows < 0) return "rows is negative";

@@ -47,7 +47,8 @@ DSV4_HD uint8_t e4m3_bits(float x);
 DSV4_HD float e4m3_to_f32(uint8_t b);
 
 // ---- fp4 e2m1 (grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf/NaN) ----------------------------------
-// fp32 -> e2m1 code (sign in bit 3), round to nearest with ties to the even code, saturating to +-6.
+// fp32 -> e2m1 code (sign in bit 3), round to nearest with ties to the even code, saturating to +-6
+// (+-inf and NaN, which the format cannot hold, become +-6).
 DSV4_HD uint8_t e2m1_bits(float x);
 DSV4_HD float e2m1_to_f32(uint8_t b);
 

@@ -5,6 +5,11 @@
 // (given -ffp-contract=off, which the build enforces). Integer rounding of a float uses the
 // "add and subtract 1.5 * 2^23" idiom, which rounds to nearest even in the default rounding mode
 // and is exact for |t| < 2^22.
+//
+// NaN inputs are returned unchanged, with no arithmetic on them: x86 arithmetic keeps a NaN's sign
+// and payload while CUDA arithmetic returns a canonical NaN, so only the untouched input is the same
+// bits on both. NaNs created here (log of a negative number, sin/cos of inf) are 0x7fc00000.
+// CUDA builds must keep IEEE semantics: --fmad=false, no --use_fast_math (no ftz, IEEE div/sqrt).
 #pragma once
 
 #include "kernels/numerics/numerics.h"
@@ -18,12 +23,18 @@ constexpr float kNaN = __builtin_nanf("");
 constexpr float kRoundMagic = 0x1.8p23f;  // 1.5 * 2^23
 
 // Round to nearest integer, ties to even; exact for |t| < 2^22.
-DSV4_HD float round_even(float t) { return (t + kRoundMagic) - kRoundMagic; }
+DSV4_HD float round_even(float t) {
+  return (t + kRoundMagic) - kRoundMagic;
+}
 
 // 2^n as a float for n in [-126, 127].
-DSV4_HD float pow2i(int n) { return f32_from_bits(uint32_t(n + 127) << 23); }
+DSV4_HD float pow2i(int n) {
+  return f32_from_bits(uint32_t(n + 127) << 23);
+}
 
-DSV4_HD bool is_nan(float x) { return !(x == x); }
+DSV4_HD bool is_nan(float x) {
+  return !(x == x);
+}
 
 // ln 2 split: LN2_HI = fp32(ln 2), LN2_LO = fp32(ln 2 - LN2_HI); the remainder is 8.8e-17.
 constexpr float kLn2Hi = 0x1.62e430p-1f;
@@ -38,7 +49,7 @@ constexpr float kLog2e = 0x1.715476p+0f;
 DSV4_HD float log1p_reduced(float f, float dk, float c) {
   const float s = f / (2.0f + f);
   const float z = s * s;
-  float R = 0x1.3b13b2p-3f;  // 2/13
+  float R = 0x1.3b13b2p-3f;            // 2/13
   R = std::fma(R, z, 0x1.745d18p-3f);  // 2/11
   R = std::fma(R, z, 0x1.c71c72p-3f);  // 2/9
   R = std::fma(R, z, 0x1.24924ap-2f);  // 2/7
@@ -81,12 +92,12 @@ constexpr float kTwoOverPi = 0x1.45f306p-1f;
 // sin(r + rl) for |r| <= pi/4 + tiny, |rl| <= ulp(r). Taylor series to r^13 (tail < 1e-11 rel).
 DSV4_HD float sin_kernel(float r, float rl) {
   const float z = r * r;
-  float p = 0x1.612462p-33f;  // 1/13!
+  float p = 0x1.612462p-33f;             // 1/13!
   p = std::fma(p, z, -0x1.ae6456p-26f);  // -1/11!
-  p = std::fma(p, z, 0x1.71de3ap-19f);  // 1/9!
+  p = std::fma(p, z, 0x1.71de3ap-19f);   // 1/9!
   p = std::fma(p, z, -0x1.a01a02p-13f);  // -1/7!
-  p = std::fma(p, z, 0x1.111112p-7f);  // 1/5!
-  p = std::fma(p, z, -0x1.555556p-3f);  // -1/3!
+  p = std::fma(p, z, 0x1.111112p-7f);    // 1/5!
+  p = std::fma(p, z, -0x1.555556p-3f);   // -1/3!
   // sin(r + rl) = sin r + rl cos r,  cos r ~= 1 - z/2 is plenty for a term of size ulp(r).
   const float tail = rl * std::fma(-0.5f, z, 1.0f);
   return r + std::fma(r * z, p, tail);
@@ -97,12 +108,12 @@ DSV4_HD float sin_kernel(float r, float rl) {
 // and that of z (from an fma) are added back with the small terms.
 DSV4_HD float cos_kernel(float r, float rl) {
   const float z = r * r;
-  const float zl = std::fma(r, r, -z);  // exact: r*r = z + zl
-  float q = 0x1.1eed8ep-29f;  // 1/12!
+  const float zl = std::fma(r, r, -z);   // exact: r*r = z + zl
+  float q = 0x1.1eed8ep-29f;             // 1/12!
   q = std::fma(q, z, -0x1.27e4fcp-22f);  // -1/10!
-  q = std::fma(q, z, 0x1.a01a02p-16f);  // 1/8!
+  q = std::fma(q, z, 0x1.a01a02p-16f);   // 1/8!
   q = std::fma(q, z, -0x1.6c16c2p-10f);  // -1/6!
-  q = std::fma(q, z, 0x1.555556p-5f);  // 1/4!
+  q = std::fma(q, z, 0x1.555556p-5f);    // 1/4!
   const float hz = 0.5f * z;
   const float w = 1.0f - hz;
   const float werr = ((1.0f - w) - hz) - 0.5f * zl;
@@ -141,7 +152,7 @@ DSV4_HD float reduce_huge(float x) {
 }
 
 DSV4_HD float sincos_impl(float x, bool want_cos) {
-  if (is_nan(x)) return x + x;
+  if (is_nan(x)) return x;
   const float ax = std::fabs(x);
   if (ax == kInf) return kNaN;
   if (!want_cos && ax < 0x1p-12f) return x;  // sin x = x (1 - x^2/6), |x^2/6| < 2^-25: exact-rounded
@@ -171,12 +182,12 @@ DSV4_HD int exp_core(float x, float& ph, float& pl) {
   const float r1 = std::fma(-kf, kLn2Hi, x);  // exact
   const float r = std::fma(-kf, kLn2Lo, r1);
   const float rl = std::fma(-kf, kLn2Lo, r1 - r);
-  float u = 0x1.a01a02p-16f;  // 1/8!
+  float u = 0x1.a01a02p-16f;            // 1/8!
   u = std::fma(u, r, 0x1.a01a02p-13f);  // 1/7!
   u = std::fma(u, r, 0x1.6c16c2p-10f);  // 1/6!
-  u = std::fma(u, r, 0x1.111112p-7f);  // 1/5!
-  u = std::fma(u, r, 0x1.555556p-5f);  // 1/4!
-  u = std::fma(u, r, 0x1.555556p-3f);  // 1/3!
+  u = std::fma(u, r, 0x1.111112p-7f);   // 1/5!
+  u = std::fma(u, r, 0x1.555556p-5f);   // 1/4!
+  u = std::fma(u, r, 0x1.555556p-3f);   // 1/3!
   u = std::fma(u, r, 0.5f);
   const float t = std::fma(u, r * r, rl);
   const float h1 = 1.0f + r;
@@ -288,20 +299,20 @@ DSV4_HD float ceil_pow2(float v) {
 
 // ---- exp ----------------------------------------------------------------------------------------
 DSV4_HD float exp_f(float x) {
-  if (detail::is_nan(x)) return x + x;
+  if (detail::is_nan(x)) return x;
   if (x > 89.0f) return detail::kInf;
   if (x < -104.0f) return 0.0f;
   float ph, pl;
   const int k = detail::exp_core(x, ph, pl);
   const float p = ph;
-  if (k > 127) return (p * 2.0f) * detail::pow2i(k - 1);  // k == 128: may overflow to inf (correct)
+  if (k > 127) return (p * 2.0f) * detail::pow2i(k - 1);        // k == 128: may overflow to inf (correct)
   if (k < -126) return (p * detail::pow2i(k + 64)) * 0x1p-64f;  // one rounding into the subnormals
   return p * detail::pow2i(k);
 }
 
 // ---- log ----------------------------------------------------------------------------------------
 DSV4_HD float log_f(float x) {
-  if (detail::is_nan(x)) return x + x;
+  if (detail::is_nan(x)) return x;
   if (x < 0.0f) return detail::kNaN;
   if (x == 0.0f) return -detail::kInf;
   if (x == detail::kInf) return x;
@@ -316,7 +327,7 @@ DSV4_HD float log_f(float x) {
 }
 
 DSV4_HD float log1p_f(float x) {
-  if (detail::is_nan(x)) return x + x;
+  if (detail::is_nan(x)) return x;
   if (x < -1.0f) return detail::kNaN;
   if (x == -1.0f) return -detail::kInf;
   if (x == detail::kInf) return x;
@@ -325,8 +336,12 @@ DSV4_HD float log1p_f(float x) {
 }
 
 // ---- sin / cos ---------------------------------------------------------------------------------
-DSV4_HD float sin_f(float x) { return detail::sincos_impl(x, false); }
-DSV4_HD float cos_f(float x) { return detail::sincos_impl(x, true); }
+DSV4_HD float sin_f(float x) {
+  return detail::sincos_impl(x, false);
+}
+DSV4_HD float cos_f(float x) {
+  return detail::sincos_impl(x, true);
+}
 
 // ---- sigmoid / softplus ------------------------------------------------------------------------
 // sigmoid: e = exp(-|x|) <= 1 is taken as a double-float (exp_core), so 1 + e and the quotient are
@@ -334,7 +349,7 @@ DSV4_HD float cos_f(float x) { return detail::sincos_impl(x, true); }
 // remainder is computed exactly with an fma and folded back in. Below x = -80, 1 + e == 1 and the
 // result is exp(x) itself (relative difference < 2^-115), and above 80 it is 1.
 DSV4_HD float sigmoid_f(float x) {
-  if (detail::is_nan(x)) return x + x;
+  if (detail::is_nan(x)) return x;
   if (x < -80.0f) return exp_f(x);
   if (x > 80.0f) return 1.0f;  // 1 / (1 + e), e < 2^-115
   float ph, pl;
@@ -354,7 +369,7 @@ DSV4_HD float sigmoid_f(float x) {
 // (exp_core): x + log1p(e) for 0 < x <= 20, log1p(e) for -17 <= x <= 0, and exp(x) below -17 where
 // log1p(e) = e to within e/2 < 2^-25.
 DSV4_HD float softplus_f(float x) {
-  if (detail::is_nan(x)) return x + x;
+  if (detail::is_nan(x)) return x;
   if (x > 20.0f) return x;
   if (x < -17.0f) return exp_f(x);
   float ph, pl;

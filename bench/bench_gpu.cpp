@@ -1,0 +1,384 @@
+// GPU benchmarks of the CUDA backend (exact mode): whole-model tokens/s on the GPU vs the CPU for the
+// "mid" preset, per-op times of one layer (a mid-preset C4 layer and a Flash-shaped attention layer:
+// hidden 4096, 64 heads, head dim 512, window 128, C4 with indexer top-512, fewer experts), and the
+// card's measured copy bandwidth and exact-GEMM rate as the roofline references. A plain timer
+// program (CUDA events around the ops; wall clock around whole forwards), so it needs no benchmark
+// library. Lines starting with "RESULT" are meant for scripts (scripts/gpu-check.sh).
+//
+// Usage: bench_gpu [--quick] [--cpu-long] [--no-flash]
+//   --quick     small sizes (a smoke run)      --cpu-long  also time the CPU at T = 16384
+//   --no-flash  skip the Flash-shaped layer
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "model/device.h"
+#include "model/forward.h"
+#include "model/tokens.h"
+#include "model/weights.h"
+
+#if defined(DSV4_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace {
+
+using namespace dsv4;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- device buffers filled with deterministic pseudo-random bf16-ish values ---------------------------
+struct Dev {
+  std::vector<void*> owned;
+  ~Dev() {
+    for (void* p : owned) cudaFree(p);
+  }
+  float* floats(int64_t n, float scale = 1.0f) {
+    float* p = nullptr;
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), size_t(std::max<int64_t>(n, 1)) * sizeof(float)));
+    owned.push_back(p);
+    // A 1M-value random tile, copied over the buffer.
+    static std::vector<float> tile = [] {
+      std::vector<float> t(size_t(1) << 20);
+      uint64_t s = 0x9e3779b97f4a7c15ull;
+      for (float& v : t) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v = float(int((s >> 40) & 0xffff) - 32768) / 32768.0f;
+      }
+      return t;
+    }();
+    std::vector<float> scaled(tile.size());
+    for (size_t i = 0; i < tile.size(); ++i) scaled[i] = tile[i] * scale;
+    for (int64_t off = 0; off < n; off += int64_t(tile.size())) {
+      const int64_t len = std::min<int64_t>(int64_t(tile.size()), n - off);
+      CUDA_CHECK(cudaMemcpy(p + off, scaled.data(), size_t(len) * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    cuda::bf16_round(p, n, nullptr);
+    return p;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& h) {
+    T* p = nullptr;
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(h.size(), 1) * sizeof(T)));
+    owned.push_back(p);
+    if (!h.empty()) CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+  }
+};
+
+// Median time of `reps` runs of fn (after one warm-up), in milliseconds, with CUDA events.
+double time_ms(const std::function<void()>& fn, int reps = 3) {
+  fn();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, nullptr));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b, nullptr));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct Roofline {
+  double copy_gbs = 0;     // device-to-device copy bandwidth (read + write bytes / s)
+  double gemm_gflops = 0;  // exact fp32 GEMM rate at a large square shape
+};
+
+Roofline measure_roofline(bool quick) {
+  Roofline r;
+  const int64_t n = quick ? (int64_t(1) << 24) : (int64_t(1) << 28);
+  void *a = nullptr, *b = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, size_t(n) * 4));
+  CUDA_CHECK(cudaMalloc(&b, size_t(n) * 4));
+  const double ms =
+      time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(b, a, size_t(n) * 4, cudaMemcpyDeviceToDevice)); });
+  r.copy_gbs = 2.0 * double(n) * 4 / (ms * 1e-3) / 1e9;
+  cudaFree(a);
+  cudaFree(b);
+  Dev d;
+  const int64_t m = quick ? 1024 : 4096;
+  GemmParams g;
+  g.m = g.n = g.k = m;
+  g.ldx = g.ldw = g.ldy = m;
+  g.x = d.floats(m * m), g.w = d.floats(m * m, 0.02f), g.y = d.floats(m * m);
+  const double gms = time_ms([&] { cuda::gemm(g, nullptr); });
+  r.gemm_gflops = 2.0 * double(m) * m * m / (gms * 1e-3) / 1e9;
+  return r;
+}
+
+// ---- one layer, op by op -------------------------------------------------------------------------
+struct LayerShape {
+  std::string name;
+  int64_t T, D, ql, Dh, Di, I;
+  int H, Hi, topk, W, E, k, groups;
+  int64_t R;
+  ReduceOrder order;
+};
+
+struct OpTime {
+  std::string op;
+  double ms, flops, bytes;
+};
+
+void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const Roofline& rf) {
+  std::printf("\nPer-op times, %s layer at T=%ld (exact mode, %s order)\n", s.name.c_str(), long(s.T),
+              s.order.block ? "blocked" : "chain");
+  std::printf("%-26s %10s %10s %10s %12s %8s\n", "op", "ms", "GFLOP/s", "GB/s", "roofline ms", "x roof");
+  double total = 0;
+  for (const OpTime& o : ops) {
+    const double roof = std::max(o.bytes / (rf.copy_gbs * 1e9), o.flops / (rf.gemm_gflops * 1e9)) * 1e3;
+    std::printf("%-26s %10.3f %10.1f %10.1f %12.3f %8.1f\n", o.op.c_str(), o.ms, o.flops / (o.ms * 1e6),
+                o.bytes / (o.ms * 1e6), roof, roof > 0 ? o.ms / roof : 0.0);
+    std::printf("RESULT op %s %s T=%ld %.4f ms\n", s.name.c_str(), o.op.c_str(), long(s.T), o.ms);
+    total += o.ms;
+  }
+  std::printf("%-26s %10.3f\n", "total", total);
+}
+
+std::vector<OpTime> bench_layer(const LayerShape& s) {
+  Dev d;
+  std::vector<OpTime> out;
+  const int64_t T = s.T, D = s.D, hc = 4, hcD = hc * D, rd = 64;
+  const int64_t G = T / 4, k4 = std::min<int64_t>(s.topk, G), K = std::min<int64_t>(T, s.W) + k4;
+  auto add = [&](const std::string& op, double flops, double bytes, const std::function<void()>& fn) {
+    out.push_back({op, time_ms(fn), flops, bytes});
+  };
+  auto gemm_op = [&](const std::string& op, int64_t m, int64_t n, int64_t k, OutRound r) {
+    GemmParams g;
+    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.order;
+    g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
+    add(op, 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n), [=] { cuda::gemm(g, nullptr); });
+  };
+  // mHC pre (attention sublayer)
+  {
+    HcPreParams p;
+    p.T = T, p.hc = hc, p.D = D, p.order = s.order;
+    const int64_t rows = (2 + hc) * hc;
+    p.X = d.floats(T * hcD), p.fn = d.floats(rows * hcD, 0.01f), p.scale = d.floats(3),
+    p.base = d.floats(rows);
+    p.y = d.floats(T * D), p.pre = d.floats(T * hc), p.post = d.floats(T * hc),
+    p.comb = d.floats(T * hc * hc);
+    add("hc_pre", 2.0 * T * rows * hcD + 2.0 * T * hcD, 4.0 * (T * hcD + T * D),
+        [=] { cuda::hc_pre(p, nullptr); });
+  }
+  {
+    RmsNormParams p;
+    p.rows = T, p.dim = D, p.ldx = p.ldy = D, p.order = s.order;
+    p.x = d.floats(T * D), p.w = d.floats(D), p.y = d.floats(T * D);
+    add("rmsnorm", 4.0 * T * D, 8.0 * T * D, [=] { cuda::rmsnorm(p, nullptr); });
+  }
+  gemm_op("gemm wq_a", T, s.ql, D, OutRound::bf16);
+  gemm_op("gemm wq_b", T, s.H * s.Dh, s.ql, OutRound::bf16);
+  float* q = d.floats(T * s.H * s.Dh);
+  {
+    RmsNormParams p;
+    p.rows = T * s.H, p.dim = s.Dh, p.ldx = p.ldy = s.Dh, p.order = s.order, p.x = q, p.y = q;
+    add("rmsnorm q heads", 4.0 * T * s.H * s.Dh, 8.0 * T * s.H * s.Dh, [=] { cuda::rmsnorm(p, nullptr); });
+  }
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = t;
+  std::vector<float> freq(size_t(rd / 2));
+  rope_freqs(RopeSpec{int(rd), 160000.0f, true}, freq.data());
+  const int64_t* dpos = d.upload(pos);
+  const float* dfreq = d.upload(freq);
+  {
+    RopeApplyParams p;
+    p.rows = T, p.heads = s.H, p.x = q, p.ld = s.H * s.Dh, p.head_stride = s.Dh, p.offset = s.Dh - rd;
+    p.pos = dpos, p.freq = dfreq, p.rd = int(rd);
+    add("rope q", 6.0 * T * s.H * rd, 8.0 * T * s.H * rd, [=] { cuda::rope_apply(p, nullptr); });
+  }
+  gemm_op("gemm wkv", T, s.Dh, D, OutRound::bf16);
+  float* x = d.floats(T * D);
+  auto compressor_op = [&](const std::string& op, int64_t dd, bool had) -> float* {
+    CompressorParams p;
+    p.T = T, p.D = D, p.ratio = 4, p.d = dd, p.rd = int(rd), p.hadamard = had, p.order = s.order;
+    p.x = x, p.wkv = d.floats(2 * dd * D, 0.02f), p.wgate = d.floats(2 * dd * D, 0.02f),
+    p.ape = d.floats(4 * 2 * dd);
+    p.norm = d.floats(dd), p.freq = dfreq, p.out = d.floats(G * dd);
+    add(op, 2.0 * 2 * (G * 4) * (2 * dd) * D, 4.0 * (T * D + 2 * 2 * dd * D),
+        [=] { cuda::compressor(p, nullptr); });
+    return p.out;
+  };
+  float* comp = compressor_op("compressor (C4 kv)", s.Dh, false);
+  (void)comp;
+  gemm_op("gemm indexer wq_b", T, s.Hi * s.Di, s.ql, OutRound::bf16);
+  float* qi = d.floats(T * s.Hi * s.Di);
+  add("hadamard indexer q", 2.0 * T * s.Hi * s.Di * 7, 8.0 * T * s.Hi * s.Di,
+      [=] { cuda::hadamard(qi, T * s.Hi, s.Di, s.Di, nullptr); });
+  float* ki = compressor_op("compressor (indexer k)", s.Di, true);
+  gemm_op("gemm indexer weights", T, s.Hi, D, OutRound::bf16);
+  int32_t* sel = nullptr;
+  {
+    IndexerParams p;
+    p.T = T, p.Hi = s.Hi, p.Di = s.Di, p.G = G, p.k = int(k4), p.ratio = 4, p.order = s.order;
+    p.qi = qi, p.ki = ki, p.wt = d.floats(T * s.Hi, 0.05f);
+    p.ids = d.upload(std::vector<int32_t>(size_t(T * k4))), p.margin = d.floats(T),
+    p.score = d.floats(T * k4);
+    sel = p.ids;
+    add("indexer_topk", 2.0 * T * (G / 2) * s.Hi * s.Di, 4.0 * (T * s.Hi * s.Di + T * (G / 2) * s.Di),
+        [=] { cuda::indexer_topk(p, nullptr); });
+  }
+  int32_t* idx = d.upload(std::vector<int32_t>(size_t(T * K)));
+  {
+    IndexBuildParams p;
+    p.T = T, p.W = s.W, p.kind = CompressedKind::c4, p.ratio = 4, p.k = int(k4), p.sel = sel, p.idx = idx;
+    add("build_index", 0, 8.0 * T * K, [=] { cuda::build_index(p, nullptr); });
+  }
+  float* o = d.floats(T * s.H * s.Dh);
+  {
+    SparseAttnParams p;
+    p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.order;
+    p.q = q, p.kv = d.floats((T + G) * s.Dh), p.idx = idx, p.sink = d.floats(s.H), p.o = o,
+    p.lse = d.floats(T * s.H);
+    add("sparse_attention", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
+        [=] { cuda::sparse_attention(p, nullptr); });
+  }
+  {
+    const int64_t gw = (s.H / s.groups) * s.Dh;
+    GemmParams g;
+    g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.order;
+    float* w = d.floats(s.groups * s.R * gw, 0.02f);
+    float* u = d.floats(T * s.groups * s.R);
+    add("gemm wo_a (groups)", 2.0 * T * s.R * gw * s.groups, 4.0 * (T * s.H * s.Dh + s.groups * s.R * gw),
+        [=]() mutable {
+          for (int gi = 0; gi < s.groups; ++gi) {
+            g.x = o + gi * gw, g.w = w + gi * s.R * gw, g.y = u + gi * s.R;
+            cuda::gemm(g, nullptr);
+          }
+        });
+  }
+  gemm_op("gemm wo_b", T, D, s.groups * s.R, OutRound::bf16);
+  {
+    HcPostParams p;
+    p.T = T, p.hc = hc, p.D = D;
+    p.f = d.floats(T * D), p.R = d.floats(T * hcD), p.post = d.floats(T * hc), p.comb = d.floats(T * hc * hc);
+    p.out = d.floats(T * hcD);
+    add("hc_post", 2.0 * T * hcD * hc, 4.0 * (2 * T * hcD + T * D), [=] { cuda::hc_post(p, nullptr); });
+  }
+  gemm_op("gemm router", T, s.E, D, OutRound::f32);
+  int32_t* ids = d.upload(std::vector<int32_t>(size_t(T * s.k)));
+  float* wts = d.floats(T * s.k);
+  {
+    RouterParams p;
+    p.T = T, p.E = s.E, p.k = s.k, p.logits = d.floats(T * s.E), p.bias = d.floats(s.E, 0.01f);
+    p.ids = ids, p.weights = wts, p.margin = d.floats(T);
+    add("router", 0, 4.0 * T * s.E, [=] { cuda::router(p, nullptr); });
+  }
+  {
+    std::vector<ExpertWeights> ex(static_cast<size_t>(s.E)), sh(1);
+    for (auto& e : ex) e = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
+    sh[0] = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
+    MoeParams p;
+    p.T = T, p.D = D, p.I = s.I, p.I_shared = s.I, p.E = s.E, p.k = s.k, p.n_shared = 1, p.order = s.order;
+    p.x = x, p.ids = ids, p.weights = wts, p.out = d.floats(T * D);
+    add("moe_experts", 2.0 * 3 * T * (s.k + 1) * s.I * D, 4.0 * 3 * (s.E + 1) * s.I * D, [=] {
+      MoeParams q = p;
+      q.experts = ex.data();
+      q.shared = sh.data();
+      cuda::moe_experts(q, nullptr);
+    });
+  }
+  return out;
+}
+
+void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick) {
+  std::printf("\nWhole model, preset mid (train profile): tokens/s\n");
+  const Weights w = Weights::init(preset("mid"), 7);
+  std::printf("%-8s %-6s %12s %12s\n", "device", "T", "seconds", "tokens/s");
+  for (int64_t T : lengths) {
+    const auto toks = random_tokens(T, w.config().vocab_size, 1);
+    for (Device dev : {Device::cuda, Device::cpu}) {
+      if (dev == Device::cpu && T > (quick ? 256 : 4096) && !cpu_long) continue;
+      RunOptions o;
+      o.device = dev;
+      if (dev == Device::cuda) forward(w, {toks}, o);  // warm-up: weight upload, allocator pool
+      const int reps = dev == Device::cuda ? 3 : 1;
+      double best = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        const double t0 = now_s();
+        forward(w, {toks}, o);
+        best = std::min(best, now_s() - t0);
+      }
+      std::printf("%-8s %-6ld %12.3f %12.1f\n", to_string(dev), long(T), best, double(T) / best);
+      std::printf("RESULT tokens_per_s %s mid T=%ld %.1f\n", to_string(dev), long(T), double(T) / best);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, cpu_long = false, flash = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--cpu-long")
+      cpu_long = true;
+    else if (a == "--no-flash")
+      flash = false;
+    else {
+      std::fprintf(stderr, "usage: bench_gpu [--quick] [--cpu-long] [--no-flash]\n");
+      return 2;
+    }
+  }
+  if (!dsv4::cuda_device_available()) {
+    std::printf("bench_gpu: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  try {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+                double(prop.totalGlobalMem) / (1 << 30));
+    const Roofline rf = measure_roofline(quick);
+    std::printf("roofline references: device copy %.0f GB/s, exact fp32 GEMM %.0f GFLOP/s\n", rf.copy_gbs,
+                rf.gemm_gflops);
+    std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\n", rf.copy_gbs, rf.gemm_gflops);
+
+    const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
+                         128,   ReduceOrder{}};
+    print_op_table(mid, bench_layer(mid), rf);
+    if (flash) {
+      const LayerShape fl{
+          "flash-attn", quick ? 1024 : 8192, 4096, 1024, 512, 128, 2048, 64, 64, 512, 128, 16, 6, 8,
+          1024,         ReduceOrder{}};
+      print_op_table(fl, bench_layer(fl), rf);
+    }
+    bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+#else  // !DSV4_HAVE_CUDA
+
+int main() {
+  std::printf("bench_gpu: this dsv4 was built without CUDA; nothing to measure\n");
+  return 0;
+}
+
+#endif

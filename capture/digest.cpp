@@ -1,0 +1,131 @@
+#include "capture/digest.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "kernels/numerics/numerics.h"
+
+namespace dsv4 {
+
+// The trace stores and hashes little-endian bytes; on a little-endian host the in-memory float32 and
+// int32 values already are those bytes and are hashed in place.
+static_assert(std::endian::native == std::endian::little, "digests assume a little-endian host");
+
+namespace {
+
+// bf16 patterns of bf16-exact fp32 values (exact: the rounding in bf16_bits is a no-op on them).
+void to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = num::bf16_bits(src[i]);
+}
+
+constexpr int64_t kParallelBytes = int64_t(1) << 20;  // below this, threads cost more than they save
+
+}  // namespace
+
+uint64_t xxh3_64(const void* data, size_t bytes) {
+  return XXH3_64bits(data, bytes);
+}
+
+std::vector<uint64_t> digest_rows(const TensorRecord& t) {
+  const int64_t rows = t.rows(), elems = t.row_elems();
+  std::vector<uint64_t> out(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  if (rows <= 0) return out;
+  const int64_t total_bytes = rows * elems * (t.dtype == DType::bf16 ? 2 : 4);
+  if (t.dtype == DType::bf16) {
+    const float* src = static_cast<const float*>(t.data);
+#pragma omp parallel if (total_bytes > kParallelBytes)
+    {
+      std::vector<uint16_t> row(static_cast<size_t>(elems));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        to_bf16(src + r * elems, elems, row.data());
+        out[size_t(r)] = XXH3_64bits(row.data(), size_t(elems) * 2);
+      }
+    }
+  } else {
+    const uint8_t* src = static_cast<const uint8_t*>(t.data);
+    const size_t row_bytes = size_t(elems) * 4;
+#pragma omp parallel for schedule(static) if (total_bytes > kParallelBytes)
+    for (int64_t r = 0; r < rows; ++r) out[size_t(r)] = XXH3_64bits(src + size_t(r) * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+std::vector<uint8_t> storage_bytes(const TensorRecord& t) {
+  const int64_t n = std::max<int64_t>(t.rows(), 0) * t.row_elems();
+  if (t.dtype == DType::bf16) {
+    std::vector<uint8_t> out(size_t(n) * 2);
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    to_bf16(static_cast<const float*>(t.data), n, bits.data());
+    if (n > 0) std::memcpy(out.data(), bits.data(), out.size());
+    return out;
+  }
+  std::vector<uint8_t> out(size_t(n) * 4);
+  if (n > 0) std::memcpy(out.data(), t.data, out.size());
+  return out;
+}
+
+namespace {
+
+// XXH3-64 of one weight's values in its storage dtype: BF16 as bf16 patterns; F32 and F16 as float32
+// (F16 is widened exactly on load and the model keeps no F16 copy; hashing the widened value keeps the
+// digest independent of how this code would re-narrow it); I32 and I64 as int32 (I64 is range-checked
+// to int32 on load). BF16 tensors are converted in chunks so memory stays flat for large checkpoints.
+uint64_t weight_digest(const WeightTensor& w) {
+  switch (w.dtype) {
+    case StDType::I32:
+    case StDType::I64:
+      return XXH3_64bits(w.i.data(), w.i.size() * sizeof(int32_t));
+    case StDType::BF16: {
+      XXH3_state_t* st = XXH3_createState();
+      XXH3_64bits_reset(st);
+      constexpr size_t kChunk = size_t(1) << 16;
+      std::vector<uint16_t> buf(std::min(kChunk, w.f.size()));
+      for (size_t i = 0; i < w.f.size(); i += kChunk) {
+        const size_t n = std::min(kChunk, w.f.size() - i);
+        to_bf16(w.f.data() + i, int64_t(n), buf.data());
+        XXH3_64bits_update(st, buf.data(), n * 2);
+      }
+      const uint64_t h = XXH3_64bits_digest(st);
+      XXH3_freeState(st);
+      return h;
+    }
+    default:
+      return XXH3_64bits(w.f.data(), w.f.size() * sizeof(float));
+  }
+}
+
+}  // namespace
+
+ModelDigest model_digest(const Weights& w) {
+  ModelDigest d;
+  std::vector<const WeightTensor*> ts;
+  for (const auto& [name, t] : w.tensors()) {  // std::map: sorted by name
+    d.names.push_back(name);
+    ts.push_back(&t);
+  }
+  d.digests.resize(ts.size());
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < ts.size(); ++i) d.digests[i] = weight_digest(*ts[i]);
+
+  std::vector<uint8_t> all;
+  for (size_t i = 0; i < d.names.size(); ++i) {
+    all.insert(all.end(), d.names[i].begin(), d.names[i].end());
+    all.push_back(0);
+    uint8_t le[8];
+    std::memcpy(le, &d.digests[i], 8);
+    all.insert(all.end(), le, le + 8);
+  }
+  d.whole = XXH3_64bits(all.data(), all.size());
+  return d;
+}
+
+std::string hex16(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
+}  // namespace dsv4

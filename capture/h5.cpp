@@ -1,0 +1,573 @@
+#include "capture/h5.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "capture/errors.h"
+
+namespace dsv4::h5 {
+namespace {
+
+template <typename T>
+struct TypeOf;
+template <>
+struct TypeOf<uint8_t> {
+  static constexpr Type value = Type::u8;
+};
+template <>
+struct TypeOf<uint16_t> {
+  static constexpr Type value = Type::u16;
+};
+template <>
+struct TypeOf<uint32_t> {
+  static constexpr Type value = Type::u32;
+};
+template <>
+struct TypeOf<uint64_t> {
+  static constexpr Type value = Type::u64;
+};
+template <>
+struct TypeOf<int32_t> {
+  static constexpr Type value = Type::i32;
+};
+template <>
+struct TypeOf<int64_t> {
+  static constexpr Type value = Type::i64;
+};
+template <>
+struct TypeOf<float> {
+  static constexpr Type value = Type::f32;
+};
+
+// The in-memory type for `t`: native values, or (le_bytes) the little-endian storage type for
+// buffers that already hold little-endian bytes (digest.h storage_bytes()).
+hid_t mem_type(Type t, bool le_bytes = false) {
+  if (le_bytes) return file_type(t);
+  switch (t) {
+    case Type::u8:
+      return H5T_NATIVE_UINT8;
+    case Type::u16:
+      return H5T_NATIVE_UINT16;
+    case Type::u32:
+      return H5T_NATIVE_UINT32;
+    case Type::u64:
+      return H5T_NATIVE_UINT64;
+    case Type::i32:
+      return H5T_NATIVE_INT32;
+    case Type::i64:
+      return H5T_NATIVE_INT64;
+    case Type::f32:
+      return H5T_NATIVE_FLOAT;
+    case Type::str:
+      break;
+  }
+  return H5I_INVALID_HID;
+}
+
+// Variable-length UTF-8 string type (owned).
+Id vlen_string_type(const Object& at) {
+  Id t(check(H5Tcopy(H5T_C_S1), at, "cannot copy the string type"));
+  check(H5Tset_size(t.get(), H5T_VARIABLE), at, "cannot make a variable-length string type");
+  check(H5Tset_cset(t.get(), H5T_CSET_UTF8), at, "cannot set the string type's character set");
+  return t;
+}
+
+Id scalar_space(const Object& at) {
+  return Id(check(H5Screate(H5S_SCALAR), at, "cannot create a dataspace"));
+}
+
+hsize_t npoints(hid_t space) {
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  return n < 0 ? 0 : hsize_t(n);
+}
+
+// Type conversion on read: abort (the read fails) instead of clipping a value that does not fit.
+H5T_conv_ret_t abort_on_range(H5T_conv_except_t except, hid_t, hid_t, void*, void*, void*) {
+  if (except == H5T_CONV_EXCEPT_RANGE_HI || except == H5T_CONV_EXCEPT_RANGE_LOW) return H5T_CONV_ABORT;
+  return H5T_CONV_UNHANDLED;
+}
+
+herr_t collect_error(unsigned n, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::string*>(data);
+  char maj[128] = "", min[128] = "";
+  H5Eget_msg(e->maj_num, nullptr, maj, sizeof(maj));
+  H5Eget_msg(e->min_num, nullptr, min, sizeof(min));
+  if (!out->empty()) *out += "; ";
+  *out += fmt::format("#{:03} {}(): {} ({}; {})", n, e->func_name ? e->func_name : "?",
+                      e->desc ? e->desc : "", maj, min);
+  return 0;
+}
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+Object open_attr(const Object& o, const std::string& name) {
+  Object a{Id(H5Aopen(o.get(), name.c_str(), H5P_DEFAULT)), o.file, o.path + "@" + name};
+  if (!a.id.valid()) o.fail(fmt::format("cannot open attribute '{}'", name));
+  return a;
+}
+
+void write_numeric_attr(const Object& o, const std::string& name, hid_t ftype, hid_t mtype, const void* v) {
+  quiet();
+  if (H5Aexists(o.get(), name.c_str()) > 0)
+    check(H5Adelete(o.get(), name.c_str()), o, "cannot replace attribute " + name);
+  Id space = scalar_space(o);
+  Id a(check(H5Acreate2(o.get(), name.c_str(), ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT), o,
+             "cannot create attribute " + name));
+  check(H5Awrite(a.get(), mtype, v), o, "cannot write attribute " + name);
+}
+
+void check_scalar_attr(const Object& a) {
+  Id space(check(H5Aget_space(a.get()), a, "cannot read the dataspace"));
+  if (npoints(space.get()) != 1) a.fail("expected a single value");
+}
+
+}  // namespace
+
+void Id::reset() {
+  if (id_ >= 0) {
+    quiet();
+    H5Idec_ref(id_);
+    id_ = H5I_INVALID_HID;
+  }
+}
+
+void quiet() {
+  thread_local bool done = false;
+  if (!done) {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    done = true;
+  }
+}
+
+std::string error_stack() {
+  // Walk a copy: H5Eget_msg is itself an API call and must not clear the stack being walked.
+  hid_t stack = H5Eget_current_stack();
+  if (stack < 0) return "";
+  std::string out;
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, collect_error, &out);
+  H5Eclose_stack(stack);
+  return out;
+}
+
+void fail(const std::string& file, const std::string& path, const std::string& what) {
+  const std::string stack = error_stack();
+  std::string msg = file;
+  if (!path.empty()) msg += ": " + path;
+  msg += ": " + what;
+  if (!stack.empty()) msg += " (HDF5: " + stack + ")";
+  throw TraceError(msg);
+}
+
+// ---- files and groups ------------------------------------------------------------------------
+
+Id file_access(bool latest, bool lock) {
+  quiet();
+  const Object at{Id(), "", ""};
+  Id fapl(check(H5Pcreate(H5P_FILE_ACCESS), at, "cannot create a file access property list"));
+  if (latest)
+    check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), at,
+          "cannot set libver bounds");
+  // ignore_when_disabled: file systems without flock() support still open.
+  check(H5Pset_file_locking(fapl.get(), lock, true), at, "cannot set file locking");
+  return fapl;
+}
+
+Object create_file(const std::string& path, hid_t fapl) {
+  quiet();
+  Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)), path, "/"};
+  if (!f.id.valid()) fail(path, "", "cannot create the file");
+  return f;
+}
+
+Object open_file(const std::string& path, unsigned flags, hid_t fapl) {
+  quiet();
+  Object f{Id(H5Fopen(path.c_str(), flags, fapl)), path, "/"};
+  if (!f.id.valid()) fail(path, "", "cannot open the file as HDF5");
+  return f;
+}
+
+void close_file(Object& f) {
+  quiet();
+  if (!f.id.valid()) return;
+  if (H5Fclose(f.id.release()) < 0) f.fail("cannot close the file");
+}
+
+Object open(const Object& parent, const std::string& name) {
+  quiet();
+  Object o{Id(H5Oopen(parent.get(), name.c_str(), H5P_DEFAULT)), parent.file, parent.child(name)};
+  if (!o.id.valid()) o.fail("missing or unreadable");
+  return o;
+}
+
+Object create_group(const Object& parent, const std::string& name) {
+  quiet();
+  Object g{Id(H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), parent.file,
+           parent.child(name)};
+  if (!g.id.valid()) g.fail("cannot create the group");
+  return g;
+}
+
+bool exists(const Object& parent, const std::string& path) {
+  quiet();
+  // H5Lexists fails (rather than answering false) when an intermediate component is missing.
+  size_t pos = 0;
+  while (true) {
+    const size_t slash = path.find('/', pos);
+    const std::string prefix = path.substr(0, slash);
+    if (H5Lexists(parent.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) break;
+    pos = slash + 1;
+  }
+  return H5Oexists_by_name(parent.get(), path.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<std::string> children(const Object& group) {
+  quiet();
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  check(H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &names), group,
+        "cannot list the group");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// ---- attributes --------------------------------------------------------------------------------
+
+bool has_attr(const Object& o, const std::string& name) {
+  quiet();
+  return H5Aexists(o.get(), name.c_str()) > 0;
+}
+
+void write_attr(const Object& o, const std::string& name, const std::string& value) {
+  quiet();
+  if (H5Aexists(o.get(), name.c_str()) > 0)
+    check(H5Adelete(o.get(), name.c_str()), o, "cannot replace attribute " + name);
+  Id type = vlen_string_type(o);
+  Id space = scalar_space(o);
+  Id a(check(H5Acreate2(o.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), o,
+             "cannot create attribute " + name));
+  const char* p = value.c_str();
+  check(H5Awrite(a.get(), type.get(), &p), o, "cannot write attribute " + name);
+}
+
+void write_attr(const Object& o, const std::string& name, int32_t value) {
+  write_numeric_attr(o, name, H5T_STD_I32LE, H5T_NATIVE_INT32, &value);
+}
+void write_attr(const Object& o, const std::string& name, uint64_t value) {
+  write_numeric_attr(o, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
+}
+void write_attr(const Object& o, const std::string& name, uint8_t value) {
+  write_numeric_attr(o, name, H5T_STD_U8LE, H5T_NATIVE_UINT8, &value);
+}
+
+std::string read_attr_string(const Object& o, const std::string& name) {
+  Object a = open_attr(o, name);
+  check_scalar_attr(a);
+  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
+  if (H5Tget_class(type.get()) != H5T_STRING) a.fail("expected a string");
+  const htri_t vlen = H5Tis_variable_str(type.get());
+  if (vlen > 0) {
+    Id mt = vlen_string_type(a);
+    check(H5Tset_cset(mt.get(), H5Tget_cset(type.get())), a, "cannot set the character set");
+    char* p = nullptr;
+    check(H5Aread(a.get(), mt.get(), &p), a, "cannot read");
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  const size_t n = H5Tget_size(type.get());
+  std::string s(n, '\0');
+  Id mt(check(H5Tcopy(H5T_C_S1), a, "cannot copy the string type"));
+  check(H5Tset_size(mt.get(), n), a, "cannot size the string type");
+  if (n > 0) check(H5Aread(a.get(), mt.get(), s.data()), a, "cannot read");
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+int64_t read_attr_int(const Object& o, const std::string& name) {
+  Object a = open_attr(o, name);
+  check_scalar_attr(a);
+  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
+  if (H5Tget_class(type.get()) != H5T_INTEGER) a.fail("expected an integer");
+  int64_t v = 0;
+  check(H5Aread(a.get(), H5T_NATIVE_INT64, &v), a, "cannot read");
+  return v;
+}
+
+uint64_t read_attr_u64(const Object& o, const std::string& name) {
+  Object a = open_attr(o, name);
+  check_scalar_attr(a);
+  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
+  if (H5Tget_class(type.get()) != H5T_INTEGER) a.fail("expected an integer");
+  uint64_t v = 0;
+  check(H5Aread(a.get(), H5T_NATIVE_UINT64, &v), a, "cannot read");
+  return v;
+}
+
+std::vector<std::string> attr_names(const Object& o) {
+  quiet();
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  check(H5Aiterate2(o.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &names), o,
+        "cannot list attributes");
+  return names;
+}
+
+// ---- datasets ---------------------------------------------------------------------------------
+
+hid_t file_type(Type t) {
+  switch (t) {
+    case Type::u8:
+      return H5T_STD_U8LE;
+    case Type::u16:
+      return H5T_STD_U16LE;
+    case Type::u32:
+      return H5T_STD_U32LE;
+    case Type::u64:
+      return H5T_STD_U64LE;
+    case Type::i32:
+      return H5T_STD_I32LE;
+    case Type::i64:
+      return H5T_STD_I64LE;
+    case Type::f32:
+      return H5T_IEEE_F32LE;
+    case Type::str:
+      break;
+  }
+  return H5I_INVALID_HID;
+}
+
+size_t type_size(Type t) {
+  switch (t) {
+    case Type::u8:
+      return 1;
+    case Type::u16:
+      return 2;
+    case Type::u32:
+    case Type::i32:
+    case Type::f32:
+      return 4;
+    case Type::u64:
+    case Type::i64:
+      return 8;
+    case Type::str:
+      return sizeof(hvl_t);
+  }
+  return 0;
+}
+
+std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem) {
+  constexpr hsize_t kChunkBytes = 64 << 10;
+  hsize_t row = elem;
+  for (size_t i = 1; i < dims.size(); ++i) row *= std::max<hsize_t>(dims[i], 1);
+  std::vector<hsize_t> c = dims;
+  for (size_t i = 1; i < c.size(); ++i) c[i] = std::max<hsize_t>(c[i], 1);
+  c[0] = std::max<hsize_t>(1, kChunkBytes / row);
+  return c;
+}
+
+Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
+                      bool extendible, hsize_t expected_rows) {
+  quiet();
+  Object at{Id(), parent.file, parent.child(name)};
+  if (dims.empty()) at.fail("datasets of the trace have at least one dimension");
+  std::vector<hsize_t> maxdims = dims;
+  if (extendible) {
+    if (dims.size() != 1) at.fail("only 1-D datasets are extendible");
+    maxdims[0] = H5S_UNLIMITED;
+  }
+  Id space(check(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()), at,
+                 "cannot create the dataspace"));
+  Id dcpl(check(H5Pcreate(H5P_DATASET_CREATE), at, "cannot create a dataset property list"));
+  const bool empty = std::any_of(dims.begin(), dims.end(), [](hsize_t d) { return d == 0; });
+  // HDF5 filters cannot apply to variable-length data: string datasets are contiguous.
+  if (extendible && t == Type::str) at.fail("string datasets are not extendible");
+  if (extendible || (!empty && t != Type::str)) {
+    std::vector<hsize_t> chunk = chunk_for(dims, type_size(t));
+    // A fixed dimension bounds its chunk size (only axis 0 of an extendible dataset is unbounded).
+    if (!extendible) chunk[0] = std::min(chunk[0], dims[0]);
+    if (extendible && expected_rows > 0) chunk[0] = std::min(chunk[0], expected_rows);
+    check(H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()), at, "cannot set the chunk size");
+    check(H5Pset_shuffle(dcpl.get()), at, "cannot add the shuffle filter");
+    check(H5Pset_deflate(dcpl.get(), 4), at, "cannot add the deflate filter");
+    check(H5Pset_fletcher32(dcpl.get()), at, "cannot add the fletcher32 filter");
+  }
+  Id str_type;
+  hid_t type = file_type(t);
+  if (t == Type::str) {
+    str_type = vlen_string_type(at);
+    type = str_type.get();
+  }
+  at.id = Id(H5Dcreate2(parent.get(), name.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!at.id.valid()) at.fail("cannot create the dataset");
+  return at;
+}
+
+std::vector<hsize_t> shape(const Object& ds) {
+  quiet();
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) ds.fail("cannot read the rank");
+  std::vector<hsize_t> d(static_cast<size_t>(rank));
+  if (rank > 0) check(H5Sget_simple_extent_dims(space.get(), d.data(), nullptr), ds, "cannot read the shape");
+  return d;
+}
+
+std::optional<Type> stored_type(const Object& ds) {
+  quiet();
+  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
+  const size_t size = H5Tget_size(type.get());
+  switch (H5Tget_class(type.get())) {
+    case H5T_INTEGER: {
+      const bool sign = H5Tget_sign(type.get()) == H5T_SGN_2;
+      if (!sign && size == 1) return Type::u8;
+      if (!sign && size == 2) return Type::u16;
+      if (!sign && size == 4) return Type::u32;
+      if (!sign && size == 8) return Type::u64;
+      if (sign && size == 4) return Type::i32;
+      if (sign && size == 8) return Type::i64;
+      return std::nullopt;
+    }
+    case H5T_FLOAT:
+      return size == 4 ? std::optional<Type>(Type::f32) : std::nullopt;
+    case H5T_STRING:
+      return Type::str;
+    default:
+      return std::nullopt;
+  }
+}
+
+void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
+  quiet();
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  const hsize_t want = npoints(space.get());
+  if (want != n) ds.fail(fmt::format("writing {} values into a dataset of {}", n, want));
+  if (n == 0) return;
+  check(H5Dwrite(ds.get(), mem_type(t, le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), ds, "cannot write");
+}
+
+void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes) {
+  const size_t elem = type_size(t);
+  if (bytes.size() % elem)
+    ds.fail(fmt::format("{} bytes are not whole values of {} bytes", bytes.size(), elem));
+  write(ds, t, bytes.data(), bytes.size() / elem, true);
+}
+
+void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n) {
+  quiet();
+  if (n == 0) return;
+  Id fspace(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  if (H5Sget_simple_extent_ndims(fspace.get()) != 1) ds.fail("write_range needs a 1-D dataset");
+  if (offset + n > npoints(fspace.get()))
+    ds.fail(fmt::format("writing [{}, {}) past the end ({})", offset, offset + n, npoints(fspace.get())));
+  check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &offset, nullptr, &n, nullptr), ds,
+        "cannot select");
+  Id mspace(check(H5Screate_simple(1, &n, nullptr), ds, "cannot create the dataspace"));
+  check(H5Dwrite(ds.get(), mem_type(t), mspace.get(), fspace.get(), H5P_DEFAULT, data), ds, "cannot write");
+}
+
+void set_extent(const Object& ds, const std::vector<hsize_t>& dims) {
+  quiet();
+  check(H5Dset_extent(ds.get(), dims.data()), ds, "cannot extend");
+}
+
+template <typename T>
+void write(const Object& ds, const std::vector<T>& v) {
+  write(ds, TypeOf<T>::value, v.data(), v.size());
+}
+
+void write_strings(const Object& ds, const std::vector<std::string>& v) {
+  quiet();
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  if (npoints(space.get()) != v.size())
+    ds.fail(fmt::format("writing {} strings into a dataset of {}", v.size(), npoints(space.get())));
+  if (v.empty()) return;
+  std::vector<const char*> p(v.size());
+  for (size_t i = 0; i < v.size(); ++i) p[i] = v[i].c_str();
+  Id type = vlen_string_type(ds);
+  check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()), ds, "cannot write");
+}
+
+template <typename T>
+std::vector<T> read(const Object& ds) {
+  quiet();
+  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const bool want_int = std::numeric_limits<T>::is_integer;
+  if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
+    ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  std::vector<T> v(npoints(space.get()));
+  if (v.empty()) return v;
+  Id dxpl(check(H5Pcreate(H5P_DATASET_XFER), ds, "cannot create a transfer property list"));
+  check(H5Pset_type_conv_cb(dxpl.get(), abort_on_range, nullptr), ds, "cannot set the conversion callback");
+  check(H5Dread(ds.get(), mem_type(TypeOf<T>::value), H5S_ALL, H5S_ALL, dxpl.get(), v.data()), ds,
+        "cannot read");
+  return v;
+}
+
+std::vector<std::string> read_strings(const Object& ds) {
+  quiet();
+  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
+  if (H5Tget_class(type.get()) != H5T_STRING) ds.fail("expected a string dataset");
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  const size_t n = npoints(space.get());
+  std::vector<std::string> out(n);
+  if (n == 0) return out;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Id mt = vlen_string_type(ds);
+    check(H5Tset_cset(mt.get(), H5Tget_cset(type.get())), ds, "cannot set the character set");
+    std::vector<char*> p(n, nullptr);
+    check(H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()), ds, "cannot read");
+    for (size_t i = 0; i < n; ++i) out[i] = p[i] ? p[i] : "";
+    H5Dvlen_reclaim(mt.get(), space.get(), H5P_DEFAULT, p.data());
+    return out;
+  }
+  const size_t size = H5Tget_size(type.get());
+  Id mt(check(H5Tcopy(H5T_C_S1), ds, "cannot copy the string type"));
+  check(H5Tset_size(mt.get(), size), ds, "cannot size the string type");
+  std::vector<char> buf(n * size + 1, '\0');
+  check(H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), ds, "cannot read");
+  for (size_t i = 0; i < n; ++i) {
+    const char* s = buf.data() + i * size;
+    out[i] = std::string(s, strnlen(s, size));
+  }
+  return out;
+}
+
+int64_t storage_bytes(const Object& ds) {
+  quiet();
+  return int64_t(H5Dget_storage_size(ds.get()));
+}
+
+int64_t logical_bytes(const Object& ds) {
+  quiet();
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
+  return int64_t(npoints(space.get()) * H5Tget_size(type.get()));
+}
+
+#define DSV4_H5_INSTANTIATE(T)                                  \
+  template void write<T>(const Object&, const std::vector<T>&); \
+  template std::vector<T> read<T>(const Object&);
+DSV4_H5_INSTANTIATE(uint8_t)
+DSV4_H5_INSTANTIATE(uint16_t)
+DSV4_H5_INSTANTIATE(uint32_t)
+DSV4_H5_INSTANTIATE(uint64_t)
+DSV4_H5_INSTANTIATE(int32_t)
+DSV4_H5_INSTANTIATE(int64_t)
+DSV4_H5_INSTANTIATE(float)
+#undef DSV4_H5_INSTANTIATE
+
+}  // namespace dsv4::h5

@@ -1,0 +1,473 @@
+// TraceReader: traces/FORMAT.md, read back. Every accessor opens what it needs by path and checks
+// shapes against the step's sequence lengths, so a damaged or hand-edited trace fails with a
+// TraceError naming the dataset rather than with wrong data.
+#include "capture/trace_reader.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "capture/errors.h"
+#include "capture/h5.h"
+
+namespace dsv4 {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string seq_name(int s) {
+  return fmt::format("seq_{:03}", s);
+}
+std::string layer_name(int L) {
+  return L < 0 ? "model" : fmt::format("layer_{:03}", L);
+}
+
+std::string shape_str(const std::vector<hsize_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Parses the digits of "000012" / "layer_012"; -1 if `s` is not `prefix` followed by digits.
+int parse_index(const std::string& s, const std::string& prefix) {
+  if (s.size() <= prefix.size() || s.compare(0, prefix.size(), prefix) != 0) return -1;
+  int v = 0;
+  for (size_t i = prefix.size(); i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9' || v > 100000000) return -1;
+    v = v * 10 + (s[i] - '0');
+  }
+  return v;
+}
+
+// Opens `path` as HDF5: SWMR-read first (a trace being written, or whose writer was killed while in
+// SWMR mode, only opens that way), then plain read-only (files without SWMR support). Without POSIX
+// locks, like the writer: HDF5 refuses to open one file twice in a process with different locking
+// settings, and SWMR plus the superblock's "open for writing" flags already keep readers and the
+// writer apart.
+h5::Object open_hdf5(const std::string& path) {
+  h5::quiet();
+  h5::Id fapl = h5::file_access(false, false);
+  {
+    h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get())), path, "/"};
+    if (f.id.valid()) return f;
+  }
+  h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
+  if (!f.id.valid())
+    h5::fail(path, "", "cannot open the file as HDF5 (truncated, damaged, or open for writing)");
+  return f;
+}
+
+bool is_dataset(const h5::Object& o) {
+  return H5Iget_type(o.get()) == H5I_DATASET;
+}
+bool is_group(const h5::Object& o) {
+  return H5Iget_type(o.get()) == H5I_GROUP;
+}
+
+void sum_sizes(const h5::Object& g, int64_t& stored, int64_t& logical) {
+  for (const auto& name : h5::children(g)) {
+    h5::Object o = h5::open(g, name);
+    if (is_dataset(o)) {
+      stored += h5::storage_bytes(o);
+      logical += h5::logical_bytes(o);
+    } else if (is_group(o)) {
+      sum_sizes(o, stored, logical);
+    }
+  }
+}
+
+GroupSize group_size(const h5::Object& g) {
+  GroupSize s;
+  s.group = g.path;
+  sum_sizes(g, s.stored_bytes, s.logical_bytes);
+  return s;
+}
+
+}  // namespace
+
+struct TraceReader::Impl {
+  std::string path;
+  h5::Object file;
+  int version = 0;
+  std::string producer;
+  std::vector<TraceStepInfo> steps;
+
+  const h5::Object& f() const {
+    if (!file.id.valid())
+      throw TraceError(fmt::format("{}: the trace could not be reopened; call refresh() again", path));
+    return file;
+  }
+
+  void load_steps() {
+    std::vector<TraceStepInfo> out;
+    if (!h5::exists(f(), "steps")) throw TraceError(fmt::format("{}: /steps: missing", path));
+    h5::Object g = h5::open(f(), "steps");
+    for (const auto& name : h5::children(g)) {
+      TraceStepInfo s;
+      s.index = parse_index(name, "");
+      if (s.index < 0 || name.size() != 6)
+        throw TraceError(fmt::format("{}: /steps/{}: not a step name (NNNNNN)", path, name));
+      s.group = "/steps/" + name;
+      // A step whose recorder died may lack parts; it is listed as incomplete with what it has.
+      try {
+        h5::Object sg = h5::open(g, name);
+        s.kind = h5::read_attr_string(sg, "kind");
+        s.profile = h5::read_attr_string(sg, "profile");
+        s.capture = h5::read_attr_string(sg, "capture");
+        s.seed = h5::read_attr_u64(sg, "seed");
+        s.threads = int(h5::read_attr_int(sg, "threads"));
+        s.seq_lengths = h5::read<int64_t>(h5::open(sg, "seq_lengths"));
+        const auto status = h5::read<uint8_t>(h5::open(sg, "status"));
+        s.complete = status.size() == 1 && status[0] == 1;
+      } catch (const TraceError&) {
+        s.complete = false;
+      }
+      out.push_back(std::move(s));
+    }
+    steps = std::move(out);
+  }
+
+  const TraceStepInfo& step(int index) const {
+    for (const auto& s : steps)
+      if (s.index == index) return s;
+    throw TraceError(fmt::format("{}: no step {} (the trace has {} steps)", path, index, steps.size()));
+  }
+
+  // The sequence group of a complete step, and its token count.
+  h5::Object seq(int step_index, int s, int64_t* T = nullptr) const {
+    const TraceStepInfo& st = step(step_index);
+    if (!st.complete)
+      throw TraceIncomplete(fmt::format(
+          "{}: step {} is incomplete (status 0): its recorder did not finish it", path, step_index));
+    if (s < 0 || size_t(s) >= st.seq_lengths.size())
+      throw TraceError(fmt::format("{}: step {} has {} sequences, no sequence {}", path, step_index,
+                                   st.seq_lengths.size(), s));
+    if (T) *T = st.seq_lengths[size_t(s)];
+    return h5::open(f(), st.group.substr(1) + "/" + seq_name(s));
+  }
+
+  // Opens dataset `rel` of `g` and checks its shape.
+  static h5::Object dataset(const h5::Object& g, const std::string& rel, const std::vector<hsize_t>& shape) {
+    if (!h5::exists(g, rel)) throw TraceError(fmt::format("{}: {}: missing", g.file, g.child(rel)));
+    h5::Object d = h5::open(g, rel);
+    if (!is_dataset(d)) d.fail("not a dataset");
+    const auto s = h5::shape(d);
+    if (s != shape) d.fail(fmt::format("expected shape {}, found {}", shape_str(shape), shape_str(s)));
+    return d;
+  }
+  // Opens dataset `rel` of `g`, of any shape with `rank` dimensions.
+  static h5::Object dataset_any(const h5::Object& g, const std::string& rel, size_t rank) {
+    if (!h5::exists(g, rel)) throw TraceError(fmt::format("{}: {}: missing", g.file, g.child(rel)));
+    h5::Object d = h5::open(g, rel);
+    if (!is_dataset(d)) d.fail("not a dataset");
+    if (h5::shape(d).size() != rank)
+      d.fail(fmt::format("expected {} dimensions, found {}", rank, h5::shape(d).size()));
+    return d;
+  }
+};
+
+TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TraceReader::TraceReader(TraceReader&&) noexcept = default;
+TraceReader& TraceReader::operator=(TraceReader&&) noexcept = default;
+TraceReader::~TraceReader() = default;
+
+TraceReader TraceReader::open(const std::string& path) {
+  h5::quiet();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw TraceError(fmt::format("{}: no such file", path));
+  if (fs::is_directory(path, ec)) throw NotATrace(fmt::format("{}: a directory, not a trace", path));
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 == 0) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
+  if (is_h5 < 0) h5::fail(path, "", "cannot read the file");
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->file = open_hdf5(path);
+  const h5::Object& f = impl->file;
+  if (!h5::has_attr(f, "format"))
+    throw NotATrace(fmt::format("{}: an HDF5 file but not a dsv4 trace (no format attribute)", path));
+  std::string format;
+  try {
+    format = h5::read_attr_string(f, "format");
+  } catch (const TraceError&) {
+    throw NotATrace(
+        fmt::format("{}: an HDF5 file but not a dsv4 trace (its format attribute is not a string)", path));
+  }
+  if (format != "dsv4-trace")
+    throw NotATrace(fmt::format("{}: an HDF5 file but not a dsv4 trace (format = '{}')", path, format));
+  impl->producer = h5::has_attr(f, "producer") ? h5::read_attr_string(f, "producer") : "an unknown producer";
+  if (!h5::has_attr(f, "format_version"))
+    throw TraceError(fmt::format("{}: no format_version attribute", path));
+  const int64_t v = h5::read_attr_int(f, "format_version");
+  if (v > kTraceFormatVersion)
+    throw UnsupportedTraceVersion(
+        fmt::format("{}: format_version {} is newer than this dsv4 reads ({}); upgrade "
+                    "dsv4 — the file was written by {}",
+                    path, v, kTraceFormatVersion, impl->producer));
+  if (v < 1) throw TraceError(fmt::format("{}: format_version {} is not a dsv4 trace version", path, v));
+  // Version 1 is the only one so far; readers of later versions branch on impl->version here.
+  impl->version = int(v);
+  impl->load_steps();
+  return TraceReader(std::move(impl));
+}
+
+const std::string& TraceReader::path() const {
+  return impl_->path;
+}
+int TraceReader::format_version() const {
+  return impl_->version;
+}
+std::string TraceReader::producer() const {
+  return impl_->producer;
+}
+std::string TraceReader::created() const {
+  return h5::read_attr_string(impl_->f(), "created");
+}
+
+EnvFingerprint TraceReader::env() const {
+  EnvFingerprint e;
+  h5::Object g = h5::open(impl_->f(), "meta/env");
+  for (const auto& k : h5::attr_names(g)) e[k] = h5::read_attr_string(g, k);
+  return e;
+}
+
+TraceModelMeta TraceReader::model() const {
+  TraceModelMeta m;
+  h5::Object g = h5::open(impl_->f(), "meta/model");
+  m.config_json = h5::read_attr_string(g, "config_json");
+  m.weights_path = h5::read_attr_string(g, "weights_path");
+  m.model_digest = h5::read_attr_string(g, "model_digest");
+  m.tensor_names = h5::read_strings(Impl::dataset_any(g, "tensor_names", 1));
+  m.tensor_digests = h5::read<uint64_t>(Impl::dataset(g, "tensor_digests", {hsize_t(m.tensor_names.size())}));
+  return m;
+}
+
+ModelConfig TraceReader::config() const {
+  return config_from_json(h5::read_attr_string(h5::open(impl_->f(), "meta/model"), "config_json"),
+                          impl_->path + " /meta/model config_json");
+}
+
+std::vector<std::string> TraceReader::tensor_names() const {
+  return h5::read_strings(Impl::dataset_any(impl_->f(), "meta/tensor_names", 1));
+}
+
+std::vector<TraceStepInfo> TraceReader::steps() const {
+  return impl_->steps;
+}
+
+void TraceReader::refresh() {
+  // Close first: while this process holds the file, HDF5 would hand back the same cached state.
+  impl_->file = h5::Object{};
+  // A writer holds the file (non-SWMR) for a moment while it lays out a step; retry briefly.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      impl_->file = open_hdf5(impl_->path);
+      break;
+    } catch (const TraceError&) {
+      if (attempt >= 20) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  impl_->load_steps();
+}
+
+std::vector<int32_t> TraceReader::tokens(int step, int seq) const {
+  int64_t T = 0;
+  h5::Object g = impl_->seq(step, seq, &T);
+  return h5::read<int32_t>(Impl::dataset(g, "tokens", {hsize_t(T)}));
+}
+
+std::vector<float> TraceReader::logprobs(int step, int seq) const {
+  int64_t T = 0;
+  h5::Object g = impl_->seq(step, seq, &T);
+  return h5::read<float>(Impl::dataset(g, "logprobs", {hsize_t(std::max<int64_t>(T - 1, 0))}));
+}
+
+std::vector<int> TraceReader::decision_layers(int step, int seq) const {
+  h5::Object g = impl_->seq(step, seq);
+  std::vector<int> layers;
+  if (!h5::exists(g, "decisions")) return layers;
+  for (const auto& name : h5::children(h5::open(g, "decisions"))) {
+    const int L = parse_index(name, "layer_");
+    if (L < 0)
+      throw TraceError(fmt::format("{}: {}/decisions/{}: not a layer name", impl_->path, g.path, name));
+    layers.push_back(L);
+  }
+  return layers;
+}
+
+std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) const {
+  int64_t T = 0;
+  h5::Object g = impl_->seq(step, seq, &T);
+  const std::string rel = "decisions/" + layer_name(layer);
+  if (!h5::exists(g, rel + "/indexer_count")) return std::nullopt;
+  h5::Object d = h5::open(g, rel);
+  const int64_t width = h5::read_attr_int(d, "indexer_width");
+  if (width < 0 || width > T) d.fail(fmt::format("indexer_width {} is out of range for {} tokens", width, T));
+  const auto count = h5::read<int64_t>(Impl::dataset(d, "indexer_count", {hsize_t(T)}));
+  h5::Object gd = Impl::dataset_any(d, "indexer_gaps", 1);
+  const auto gaps = h5::read<int64_t>(gd);
+  IndexerRecord r;
+  r.T = T;
+  r.k = int(width);
+  r.margin = h5::read<float>(Impl::dataset(d, "indexer_margin", {hsize_t(T)}));
+  r.ids.assign(size_t(T * width), -1);
+  size_t at = 0;
+  for (int64_t p = 0; p < T; ++p) {
+    const int64_t n = count[size_t(p)];
+    if (n > width) d.fail(fmt::format("indexer_count[{}] = {} exceeds indexer_width {}", p, n, width));
+    if (at + size_t(n) > gaps.size())
+      gd.fail(fmt::format("holds {} gaps, indexer_count needs more (at token {})", gaps.size(), p));
+    int64_t id = -1;
+    for (int64_t j = 0; j < n; ++j) {
+      id += gaps[at++] + 1;
+      if (id > INT32_MAX) gd.fail(fmt::format("decodes to id {} at token {}", id, p));
+      r.ids[size_t(p * width + j)] = int32_t(id);
+    }
+  }
+  if (at != gaps.size()) gd.fail(fmt::format("holds {} gaps, indexer_count sums to {}", gaps.size(), at));
+  return r;
+}
+
+std::optional<RoutingRecord> TraceReader::routing(int step, int seq, int layer) const {
+  int64_t T = 0;
+  h5::Object g = impl_->seq(step, seq, &T);
+  const std::string rel = "decisions/" + layer_name(layer);
+  if (!h5::exists(g, rel + "/experts")) return std::nullopt;
+  h5::Object d = h5::open(g, rel);
+  h5::Object ex = Impl::dataset_any(d, "experts", 2);
+  const auto shape = h5::shape(ex);
+  if (shape[0] != hsize_t(T)) ex.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
+  RoutingRecord r;
+  r.T = T;
+  r.k = int(shape[1]);
+  r.hashed = h5::read_attr_int(d, "hashed") != 0;
+  r.ids = h5::read<int32_t>(ex);
+  r.weights = h5::read<float>(Impl::dataset(d, "expert_weights", shape));
+  r.margin = h5::read<float>(Impl::dataset(d, "router_margin", {hsize_t(T)}));
+  return r;
+}
+
+std::optional<MhcRecord> TraceReader::mhc(int step, int seq, int layer, Sublayer s) const {
+  int64_t T = 0;
+  h5::Object g = impl_->seq(step, seq, &T);
+  const std::string rel = "decisions/" + layer_name(layer);
+  const std::string base = std::string("mhc_") + to_string(s);
+  if (!h5::exists(g, rel + "/" + base + "_pre")) return std::nullopt;
+  h5::Object d = h5::open(g, rel);
+  h5::Object pre = Impl::dataset_any(d, base + "_pre", 2);
+  const auto shape = h5::shape(pre);
+  if (shape[0] != hsize_t(T)) pre.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
+  MhcRecord r;
+  r.T = T;
+  r.hc = int(shape[1]);
+  r.pre = h5::read<float>(pre);
+  r.post = h5::read<float>(Impl::dataset(d, base + "_post", shape));
+  r.comb = h5::read<float>(Impl::dataset(d, base + "_comb", {shape[0], shape[1], shape[1]}));
+  return r;
+}
+
+DigestTable TraceReader::digests(int step, int seq) const {
+  h5::Object g = impl_->seq(step, seq);
+  if (!h5::exists(g, "digests"))
+    throw TraceError(fmt::format("{}: {}/digests: missing", impl_->path, g.path));
+  h5::Object d = h5::open(g, "digests");
+  h5::Object t = Impl::dataset_any(d, "tensor", 1);
+  const auto M = h5::shape(t);
+  const auto tensor = h5::read<int32_t>(t);
+  const auto layer = h5::read<int32_t>(Impl::dataset(d, "layer", M));
+  h5::Object rd = Impl::dataset(d, "rows", M);
+  const auto rows = h5::read<int64_t>(rd);
+  const auto names = tensor_names();
+  DigestTable out;
+  out.values = h5::read<uint64_t>(Impl::dataset_any(d, "value", 1));
+  int64_t first = 0;
+  for (size_t i = 0; i < tensor.size(); ++i) {
+    if (tensor[i] < 0 || size_t(tensor[i]) >= names.size())
+      t.fail(fmt::format("record {} names tensor {}, /meta/tensor_names has {}", i, tensor[i], names.size()));
+    if (rows[i] < 0) rd.fail(fmt::format("record {} has {} rows", i, rows[i]));
+    out.records.push_back(DigestRecord{names[size_t(tensor[i])], layer[i], rows[i], first});
+    first += rows[i];
+  }
+  if (first != int64_t(out.values.size()))
+    rd.fail(fmt::format("the records cover {} rows, digests/value holds {}", first, out.values.size()));
+  return out;
+}
+
+std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int seq) const {
+  h5::Object g = impl_->seq(step, seq);
+  std::vector<std::pair<std::string, int>> out;
+  if (!h5::exists(g, "tensors")) return out;
+  h5::Object t = h5::open(g, "tensors");
+  for (const auto& name : h5::children(t)) {
+    for (const auto& ln : h5::children(h5::open(t, name))) {
+      const int L = ln == "model" ? -1 : parse_index(ln, "layer_");
+      if (ln != "model" && L < 0)
+        throw TraceError(fmt::format("{}: {}/{}/{}: not a layer name", impl_->path, t.path, name, ln));
+      out.emplace_back(name, L);
+    }
+  }
+  return out;
+}
+
+std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, const std::string& name) const {
+  h5::Object g = impl_->seq(step, seq);
+  const std::string rel = "tensors/" + name + "/" + layer_name(layer);
+  if (!h5::exists(g, rel)) return std::nullopt;
+  h5::Object d = h5::open(g, rel);
+  if (!is_dataset(d)) d.fail("not a dataset");
+  const std::string dtype = h5::read_attr_string(d, "dtype");
+  TensorCopy c;
+  for (hsize_t x : h5::shape(d)) c.shape.push_back(int64_t(x));
+  if (dtype == "bfloat16") {
+    if (h5::stored_type(d) != h5::Type::u16) d.fail("dtype bfloat16 needs uint16 storage");
+    c.dtype = DType::bf16;
+    const auto u = h5::read<uint16_t>(d);
+    c.f.resize(u.size());
+    for (size_t i = 0; i < u.size(); ++i) {
+      const uint32_t bits = uint32_t(u[i]) << 16;
+      std::memcpy(&c.f[i], &bits, 4);
+    }
+  } else if (dtype == "float32") {
+    c.dtype = DType::f32;
+    c.f = h5::read<float>(d);
+  } else if (dtype == "int32") {
+    c.dtype = DType::i32;
+    c.i = h5::read<int32_t>(d);
+  } else {
+    d.fail(fmt::format("unknown dtype attribute '{}'", dtype));
+  }
+  return c;
+}
+
+std::vector<GroupSize> TraceReader::sizes() const {
+  std::vector<GroupSize> out;
+  const h5::Object& f = impl_->f();
+  if (h5::exists(f, "meta")) out.push_back(group_size(h5::open(f, "meta")));
+  for (const auto& st : impl_->steps) {
+    h5::Object sg = h5::open(f, st.group.substr(1));
+    out.push_back(group_size(sg));
+    for (const auto& name : h5::children(sg)) {
+      if (parse_index(name, "seq_") < 0) continue;
+      h5::Object q = h5::open(sg, name);
+      out.push_back(group_size(q));
+      for (const auto& sub : h5::children(q)) {
+        h5::Object o = h5::open(q, sub);
+        if (is_group(o)) out.push_back(group_size(o));
+      }
+    }
+  }
+  return out;
+}
+
+int64_t TraceReader::file_bytes() const {
+  std::error_code ec;
+  const auto n = fs::file_size(impl_->path, ec);
+  if (ec) throw TraceError(fmt::format("{}: cannot read the file size: {}", impl_->path, ec.message()));
+  return int64_t(n);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,983 @@
+#include "capture/validate.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "capture/digest.h"
+#include "capture/errors.h"
+#include "capture/h5.h"
+#include "capture/policy.h"
+#include "capture/trace_reader.h"
+#include "model/config.h"
+#include "model/manifest.h"
+#include "model/profile.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+namespace {
+
+// A dataset with many bad rows reports the first few and then how many more there were.
+constexpr int kFindingsPerDataset = 5;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string step_name(int i) {
+  return fmt::format("{:06}", i);
+}
+std::string seq_name(int s) {
+  return fmt::format("seq_{:03}", s);
+}
+std::string layer_name(int layer) {
+  return layer < 0 ? "model" : fmt::format("layer_{:03}", layer);
+}
+
+const char* type_name(h5::Type t) {
+  switch (t) {
+    case h5::Type::u8:
+      return "uint8";
+    case h5::Type::u16:
+      return "uint16";
+    case h5::Type::u32:
+      return "uint32";
+    case h5::Type::u64:
+      return "uint64";
+    case h5::Type::i32:
+      return "int32";
+    case h5::Type::i64:
+      return "int64";
+    case h5::Type::f32:
+      return "float32";
+    case h5::Type::str:
+      return "string";
+  }
+  return "?";
+}
+
+// An open trace file and how it had to be opened.
+struct OpenedTrace {
+  h5::Object file;
+  bool writer_flag = false;  // the superblock still says "open for writing" (opened with clear_status_flags)
+};
+
+// Opens a trace read-only, most permissive last:
+//  1. SWMR read: a closed file, or one whose writer is (or died) in SWMR-write mode;
+//  2. plain read: an HDF5 file written without the latest format (not one of ours, but readable);
+//  3. read with HDF5's "clear_status_flags" file-access property: a file whose writer died while it
+//     held the file outside SWMR mode (creating a step's groups and datasets). Its superblock still
+//     marks it open for writing and HDF5 refuses it otherwise. Read-only, the flags are ignored for
+//     this open and nothing is written to the file (`h5clear -s` would rewrite the superblock).
+// Throws TraceError with the first attempt's error when none works.
+OpenedTrace open_for_reading(const std::string& path) {
+  h5::quiet();
+  std::string first_error;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    h5::Id fapl = h5::file_access(false, false);
+    if (attempt == 2) {
+      hbool_t yes = true;
+      if (H5Pset(fapl.get(), "clear_status_flags", &yes) < 0) break;  // a library without the property
+    }
+    const unsigned flags = H5F_ACC_RDONLY | (attempt == 0 ? H5F_ACC_SWMR_READ : 0u);
+    try {
+      return OpenedTrace{h5::open_file(path, flags, fapl.get()), attempt == 2};
+    } catch (const TraceError& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  throw TraceError(first_error);
+}
+
+// The reader's refusals for files that are not traces or are newer than this build: rethrown, so
+// validate and salvage word them as every other command does. Other failures are left to the
+// detailed checks below (the reader may refuse a damaged trace that still has whole steps).
+void classify_with_reader(const std::string& path) {
+  try {
+    TraceReader::open(path);
+  } catch (const NotATrace&) {
+    throw;
+  } catch (const UnsupportedTraceVersion&) {
+    throw;
+  } catch (const std::exception&) {
+  }
+}
+
+// Root attributes that make a file a trace of a version this build reads.
+void check_root_identity(const h5::Object& root, const std::string& path) {
+  if (!h5::has_attr(root, "format") || h5::read_attr_string(root, "format") != "dsv4-trace")
+    throw NotATrace(
+        fmt::format("{}: not a dsv4 trace (the root has no format = \"dsv4-trace\" attribute)", path));
+  if (!h5::has_attr(root, "format_version"))
+    throw TraceError(fmt::format("{}: the root has no format_version attribute", path));
+  const int64_t version = h5::read_attr_int(root, "format_version");
+  if (version > kTraceFormatVersion)
+    throw UnsupportedTraceVersion(fmt::format(
+        "{}: trace format version {} (written by {}) is newer than this dsv4 reads (version {}); upgrade "
+        "dsv4",
+        path, version,
+        h5::has_attr(root, "producer") ? h5::read_attr_string(root, "producer") : "an unknown producer",
+        kTraceFormatVersion));
+}
+
+// Status of a step group: 1 complete, 0 incomplete, nullopt when unreadable.
+std::optional<int> step_status(const h5::Object& step) {
+  try {
+    if (!h5::exists(step, "status")) return std::nullopt;
+    const auto v = h5::read<uint8_t>(h5::open(step, "status"));
+    if (v.size() != 1) return std::nullopt;
+    return int(v[0]);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// A step group's name: six digits (000000, 000001, ...).
+bool is_step_name(const std::string& name) {
+  return name.size() == 6 &&
+         std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+class Validator {
+ public:
+  explicit Validator(ValidateReport& rep) : rep_(rep) {}
+
+  void run(const std::string& path) {
+    path_ = path;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      unreadable(fmt::format("{}: no such file", path));
+      return;
+    }
+    try {
+      classify_with_reader(path);
+    } catch (const TraceError& e) {
+      unreadable(e.what());
+      return;
+    }
+    OpenedTrace t;
+    try {
+      t = open_for_reading(path);
+      check_root_identity(t.file, path);
+    } catch (const std::exception& e) {
+      unreadable(e.what());
+      return;
+    }
+    rep_.readable = true;
+    const h5::Object& root = t.file;
+    if (t.writer_flag)
+      problem(
+          "file",
+          "the file is marked as open for writing: its writer is still running or died while creating a step "
+          "(outside SWMR mode); `dsv4 trace salvage` copies the complete steps into a new trace");
+    guarded("/", [&] {
+      if (h5::read_attr_int(root, "format_version") < 1) problem("/", "format_version is below 1");
+      for (const char* a : {"producer", "created"})
+        if (!h5::has_attr(root, a)) problem("/", fmt::format("attribute '{}' is missing", a));
+    });
+    check_meta(root);
+    check_steps(root);
+  }
+
+ private:
+  // ---- reporting --------------------------------------------------------------------------------
+  void problem(const std::string& where, const std::string& what) {
+    rep_.problems.push_back(TraceProblem{where, what});
+    if (step_) ++step_->problems;
+  }
+  void unreadable(const std::string& why) {
+    rep_.readable = false;
+    problem("file", why);
+  }
+  // Runs `f`; an exception (an HDF5 failure, a checksum error) becomes a problem at `where`. The
+  // "FILE: PATH: " prefix of h5 errors is dropped when it repeats what the problem already names.
+  template <typename F>
+  bool guarded(const std::string& where, F&& f) {
+    try {
+      f();
+      return true;
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (what.rfind(path_ + ": ", 0) == 0) {
+        const std::string rest = what.substr(path_.size() + 2);
+        what = rest.rfind(where + ": ", 0) == 0 ? rest.substr(where.size() + 2) : rest;
+      }
+      problem(where, what);
+      return false;
+    }
+  }
+
+  // Findings about the rows of one dataset, capped at kFindingsPerDataset.
+  class Findings {
+   public:
+    Findings(Validator& v, std::string where) : v_(v), where_(std::move(where)) {}
+    ~Findings() {
+      if (n_ > kFindingsPerDataset)
+        v_.problem(where_, fmt::format("... and {} more like these", n_ - kFindingsPerDataset));
+    }
+    void add(const std::string& what) {
+      if (n_++ < kFindingsPerDataset) v_.problem(where_, what);
+    }
+
+   private:
+    Validator& v_;
+    std::string where_;
+    int n_ = 0;
+  };
+
+  // A dataset `name` of `parent` stored as one of `types` with shape `dims` (-1: any extent). Reports
+  // a problem and returns nullopt when it is missing, not a dataset, or of another type or shape.
+  std::optional<h5::Object> dataset(const h5::Object& parent, const std::string& name,
+                                    const std::vector<h5::Type>& types, const std::vector<int64_t>& dims) {
+    const std::string where = parent.child(name);
+    std::optional<h5::Object> out;
+    guarded(where, [&] {
+      if (!h5::exists(parent, name)) {
+        problem(where, "missing");
+        return;
+      }
+      h5::Object ds = h5::open(parent, name);
+      if (H5Iget_type(ds.get()) != H5I_DATASET) {
+        problem(where, "is a group, expected a dataset");
+        return;
+      }
+      const std::optional<h5::Type> t = h5::stored_type(ds);
+      if (!t || std::find(types.begin(), types.end(), *t) == types.end()) {
+        std::vector<std::string> want;
+        for (h5::Type w : types) want.push_back(type_name(w));
+        problem(where, fmt::format("stored as {}, expected {}", t ? type_name(*t) : "an unsupported type",
+                                   fmt::join(want, " or ")));
+        return;
+      }
+      const std::vector<hsize_t> shape = h5::shape(ds);
+      bool same = shape.size() == dims.size();
+      for (size_t i = 0; same && i < dims.size(); ++i) same = dims[i] < 0 || int64_t(shape[i]) == dims[i];
+      if (!same) {
+        std::vector<std::string> want;
+        for (int64_t d : dims) want.push_back(d < 0 ? "*" : std::to_string(d));
+        problem(where,
+                fmt::format("shape [{}], expected [{}]", fmt::join(shape, ", "), fmt::join(want, ", ")));
+        return;
+      }
+      out = std::move(ds);
+    });
+    return out;
+  }
+
+  // The values of a dataset checked by dataset(); nullopt (after a problem) when reading fails.
+  template <typename T>
+  std::optional<std::vector<T>> values(const std::optional<h5::Object>& ds) {
+    if (!ds) return std::nullopt;
+    std::optional<std::vector<T>> out;
+    guarded(ds->path, [&] { out = h5::read<T>(*ds); });
+    return out;
+  }
+  template <typename T>
+  std::optional<std::vector<T>> read(const h5::Object& parent, const std::string& name,
+                                     const std::vector<h5::Type>& types, const std::vector<int64_t>& dims) {
+    return values<T>(dataset(parent, name, types, dims));
+  }
+
+  // Every value finite; `row` elements per reported row (token).
+  void check_finite(const std::string& where, const std::vector<float>& v, int64_t row, const char* what) {
+    Findings f(*this, where);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        f.add(fmt::format("{} {} at token {} (element {}) is not finite", what, v[i], int64_t(i) / row,
+                          int64_t(i) % row));
+  }
+
+  // ---- /meta ------------------------------------------------------------------------------------
+  void check_meta(const h5::Object& root) {
+    guarded("/meta", [&] {
+      if (!h5::exists(root, "meta")) {
+        problem("/meta", "missing");
+        return;
+      }
+      const h5::Object meta = h5::open(root, "meta");
+      guarded("/meta/env", [&] {
+        if (!h5::exists(meta, "env")) {
+          problem("/meta/env", "missing");
+          return;
+        }
+        const h5::Object env = h5::open(meta, "env");
+        for (const char* k : {"host", "os", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
+                              "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5"})
+          if (!h5::has_attr(env, k)) problem("/meta/env", fmt::format("attribute '{}' is missing", k));
+      });
+      guarded("/meta/model", [&] {
+        if (!h5::exists(meta, "model")) {
+          problem("/meta/model", "missing");
+          return;
+        }
+        check_model(h5::open(meta, "model"));
+      });
+      if (auto names = read_strings(meta, "tensor_names")) tensor_names_ = *names;
+    });
+  }
+
+  std::optional<std::vector<std::string>> read_strings(const h5::Object& parent, const std::string& name) {
+    auto ds = dataset(parent, name, {h5::Type::str}, {-1});
+    if (!ds) return std::nullopt;
+    std::optional<std::vector<std::string>> out;
+    guarded(ds->path, [&] { out = h5::read_strings(*ds); });
+    return out;
+  }
+
+  void check_model(const h5::Object& model) {
+    const std::string where = "/meta/model";
+    for (const char* a : {"config_json", "weights_path", "model_digest"})
+      if (!h5::has_attr(model, a)) problem(where, fmt::format("attribute '{}' is missing", a));
+    if (h5::has_attr(model, "config_json")) {
+      try {
+        cfg_ = config_from_json(h5::read_attr_string(model, "config_json"), "config_json");
+      } catch (const std::exception& e) {
+        problem(
+            where,
+            fmt::format("the recorded config cannot be used ({}); per-step checks that need it are skipped",
+                        e.what()));
+      }
+    }
+    auto names = read_strings(model, "tensor_names");
+    auto digests = names ? read<uint64_t>(model, "tensor_digests", {h5::Type::u64}, {int64_t(names->size())})
+                         : std::nullopt;
+    if (!names || !digests) return;
+    const std::string nwhere = model.child("tensor_names");
+    if (!std::is_sorted(names->begin(), names->end())) problem(nwhere, "the names are not sorted");
+    if (cfg_) {
+      std::vector<std::string> want;
+      for (const WeightSpec& s : weight_specs(*cfg_)) want.push_back(s.name);
+      std::sort(want.begin(), want.end());
+      if (*names != want) {
+        size_t i = 0;
+        while (i < names->size() && i < want.size() && (*names)[i] == want[i]) ++i;
+        problem(nwhere,
+                fmt::format("{} names, the config's weights are {}; first difference at {}: '{}' vs '{}'",
+                            names->size(), want.size(), i, i < names->size() ? (*names)[i] : "(end)",
+                            i < want.size() ? want[i] : "(end)"));
+      }
+    }
+    // The whole-model digest is a function of the per-tensor digests (capture/digest.h).
+    if (h5::has_attr(model, "model_digest")) {
+      std::vector<uint8_t> all;
+      for (size_t i = 0; i < names->size(); ++i) {
+        all.insert(all.end(), (*names)[i].begin(), (*names)[i].end());
+        all.push_back(0);
+        for (int b = 0; b < 8; ++b) all.push_back(uint8_t((*digests)[i] >> (8 * b)));
+      }
+      const std::string recorded = h5::read_attr_string(model, "model_digest");
+      const std::string computed = hex16(xxh3_64(all.data(), all.size()));
+      if (recorded != computed)
+        problem(where, fmt::format("model_digest {} does not match the tensor digests (they give {})",
+                                   recorded, computed));
+    }
+  }
+
+  // ---- /steps -----------------------------------------------------------------------------------
+  void check_steps(const h5::Object& root) {
+    guarded("/steps", [&] {
+      if (!h5::exists(root, "steps")) {
+        problem("/steps", "missing");
+        return;
+      }
+      const h5::Object steps = h5::open(root, "steps");
+      const std::vector<std::string> names = h5::children(steps);
+      int expected = 0;
+      for (const std::string& name : names) {
+        if (!is_step_name(name)) {
+          problem("/steps", fmt::format("'{}' is not a step group (names are NNNNNN)", name));
+          continue;
+        }
+        const int index = std::stoi(name);
+        if (index != expected)
+          problem("/steps", fmt::format("step {} follows step {} (steps are numbered from 0 without gaps)",
+                                        name, expected - 1));
+        expected = index + 1;
+        rep_.steps.push_back(StepState{index, false, 0});
+      }
+      size_t k = 0;
+      for (const std::string& name : names) {
+        if (!is_step_name(name)) continue;
+        step_ = &rep_.steps[k++];
+        guarded(steps.child(name), [&] { check_step(h5::open(steps, name)); });
+        step_ = nullptr;
+      }
+    });
+  }
+
+  void check_step(const h5::Object& step) {
+    const std::optional<int> status = step_status(step);
+    if (!status) {
+      problem(step.child("status"), "missing or unreadable: the step cannot be told complete");
+      return;
+    }
+    if (*status == 0) {
+      problem(step.child("status"),
+              fmt::format(
+                  "step {} is incomplete (status 0): its recorder stopped during the step; readers skip it "
+                  "and `dsv4 trace salvage` keeps the complete steps",
+                  step_->index));
+      return;
+    }
+    if (*status != 1) {
+      problem(step.child("status"), fmt::format("status is {}, expected 0 or 1", *status));
+      return;
+    }
+    step_->complete = true;
+
+    std::optional<CapturePolicy> policy;
+    int64_t n_seqs = -1;
+    guarded(step.path, [&] {
+      for (const char* a : {"kind", "profile", "seed", "threads", "capture", "n_seqs"})
+        if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
+      if (h5::has_attr(step, "kind")) {
+        const std::string kind = h5::read_attr_string(step, "kind");
+        if (kind != "train" && kind != "rollout")
+          problem(step.path, fmt::format("kind '{}', expected 'train' or 'rollout'", kind));
+      }
+      if (h5::has_attr(step, "profile")) {
+        const std::string profile = h5::read_attr_string(step, "profile");
+        const auto known = profile_names();
+        if (std::find(known.begin(), known.end(), profile) == known.end())
+          problem(step.path, fmt::format("profile '{}' is not one of {}", profile, fmt::join(known, ", ")));
+      }
+      if (h5::has_attr(step, "seed")) h5::read_attr_u64(step, "seed");
+      if (h5::has_attr(step, "threads") && h5::read_attr_int(step, "threads") < 0)
+        problem(step.path, "threads is negative");
+      if (h5::has_attr(step, "capture")) {
+        try {
+          policy = CapturePolicy::parse(h5::read_attr_string(step, "capture"));
+        } catch (const InputError& e) {
+          problem(step.path, e.what());
+        }
+      }
+      if (h5::has_attr(step, "n_seqs")) {
+        n_seqs = h5::read_attr_int(step, "n_seqs");
+        if (n_seqs < 0) problem(step.path, fmt::format("n_seqs is {}", n_seqs));
+      }
+    });
+    if (n_seqs < 0) return;
+    const auto lengths = read<int64_t>(step, "seq_lengths", {h5::Type::i32}, {n_seqs});
+    if (!lengths) return;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const std::string name = seq_name(int(s));
+      const std::string where = step.child(name);
+      const int64_t T = (*lengths)[size_t(s)];
+      if (T < 1) {
+        problem(step.child("seq_lengths"), fmt::format("sequence {} has length {}", s, T));
+        continue;
+      }
+      guarded(where, [&] {
+        if (!h5::exists(step, name)) {
+          problem(where, "missing");
+          return;
+        }
+        check_sequence(h5::open(step, name), T, policy ? &*policy : nullptr);
+      });
+    }
+    // Sequence groups beyond n_seqs (other names are left alone: readers ignore what they do not know).
+    guarded(step.path, [&] {
+      for (const std::string& child : h5::children(step))
+        if (child.size() == 7 && child.rfind("seq_", 0) == 0 &&
+            std::all_of(child.begin() + 4, child.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+            std::stoll(child.substr(4)) >= n_seqs)
+          problem(step.child(child), fmt::format("unexpected: the step has n_seqs = {}", n_seqs));
+    });
+  }
+
+  // ---- one sequence -----------------------------------------------------------------------------
+  void check_sequence(const h5::Object& seq, int64_t T, const CapturePolicy* policy) {
+    if (auto tokens = read<int32_t>(seq, "tokens", {h5::Type::i32}, {T}); tokens && cfg_) {
+      Findings f(*this, seq.child("tokens"));
+      for (size_t t = 0; t < tokens->size(); ++t)
+        if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
+          f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
+                            cfg_->vocab_size));
+    }
+    if (auto lp = read<float>(seq, "logprobs", {h5::Type::f32}, {T - 1})) {
+      Findings f(*this, seq.child("logprobs"));
+      for (size_t t = 0; t < lp->size(); ++t)
+        if (!std::isfinite((*lp)[t]) || (*lp)[t] > 0.0f)
+          f.add(fmt::format("log-prob {} at token {} is {}", (*lp)[t], t,
+                            std::isfinite((*lp)[t]) ? "positive" : "not finite"));
+    }
+    if (!cfg_) return;
+    guarded(seq.child("decisions"), [&] {
+      if (!h5::exists(seq, "decisions")) {
+        problem(seq.child("decisions"), "missing");
+        return;
+      }
+      const h5::Object dec = h5::open(seq, "decisions");
+      std::set<std::string> expected;
+      for (int L = 0; L < cfg_->num_hidden_layers; ++L) {
+        const std::string name = layer_name(L);
+        expected.insert(name);
+        guarded(dec.child(name), [&] {
+          if (!h5::exists(dec, name)) {
+            problem(dec.child(name), "missing");
+            return;
+          }
+          check_layer(h5::open(dec, name), L, T);
+        });
+      }
+      for (const std::string& child : h5::children(dec))
+        if (!expected.count(child))
+          problem(dec.child(child),
+                  fmt::format("unexpected: the config has {} layers (layer_000 .. layer_{:03})",
+                              cfg_->num_hidden_layers, cfg_->num_hidden_layers - 1));
+    });
+    const std::vector<TensorSpecT> manifest = tensor_manifest(*cfg_, T);
+    std::vector<int64_t> first;  // per manifest entry: offset of its rows in `value`; empty if unusable
+    std::vector<uint64_t> digest_values;
+    guarded(seq.child("digests"), [&] {
+      if (!h5::exists(seq, "digests")) {
+        problem(seq.child("digests"), "missing");
+        return;
+      }
+      check_digests(h5::open(seq, "digests"), manifest, first, digest_values);
+    });
+    guarded(seq.child("tensors"), [&] { check_tensors(seq, manifest, first, digest_values, policy); });
+  }
+
+  // Decisions of one layer (traces/FORMAT.md "decisions/layer_LLL").
+  void check_layer(const h5::Object& g, int L, int64_t T) {
+    const ModelConfig& c = *cfg_;
+    // Indexer: only on ratio-4 layers.
+    const bool indexed = c.ratio(L) == 4;
+    if (indexed) {
+      check_indexer(g, T);
+    } else {
+      for (const char* n : {"indexer_count", "indexer_gaps", "indexer_margin"})
+        if (h5::exists(g, n))
+          problem(g.child(n),
+                  fmt::format("unexpected on a layer with compress ratio {} (only ratio-4 layers have an "
+                              "indexer)",
+                              c.ratio(L)));
+    }
+    // Routing.
+    const int k = c.num_experts_per_tok;
+    const h5::Type id_type = c.n_routed_experts - 1 <= 0xff ? h5::Type::u8 : h5::Type::u16;
+    if (auto ids = read<int32_t>(g, "experts", {id_type}, {T, k})) {
+      Findings f(*this, g.child("experts"));
+      for (int64_t t = 0; t < T; ++t)
+        for (int j = 0; j < k; ++j) {
+          const int32_t e = (*ids)[size_t(t * k + j)];
+          if (e >= c.n_routed_experts)
+            f.add(fmt::format("expert id {} at token {} is >= n_routed_experts ({})", e, t,
+                              c.n_routed_experts));
+          else if (j > 0 && e <= (*ids)[size_t(t * k + j - 1)])
+            f.add(fmt::format("expert ids at token {} are not ascending and distinct ({} after {})", t, e,
+                              (*ids)[size_t(t * k + j - 1)]));
+        }
+    }
+    if (auto w = read<float>(g, "expert_weights", {h5::Type::f32}, {T, k}))
+      check_finite(g.child("expert_weights"), *w, k, "routing weight");
+    const bool hashed = c.is_hash_layer(L);
+    if (auto m = read<float>(g, "router_margin", {h5::Type::f32}, {T})) {
+      Findings f(*this, g.child("router_margin"));
+      for (int64_t t = 0; t < T; ++t) {
+        const float x = (*m)[size_t(t)];
+        if (std::isnan(x))
+          f.add(fmt::format("margin at token {} is NaN", t));
+        else if (hashed && !(std::isinf(x) && x > 0))
+          f.add(fmt::format("margin {} at token {} of a hash-routed layer, expected +inf", x, t));
+      }
+    }
+    check_hashed_attr(g, hashed);
+    // mHC mixing.
+    const int64_t hc = c.hc_mult;
+    for (const char* sub : {"attn", "ffn"}) {
+      for (const char* part : {"pre", "post"}) {
+        const std::string n = fmt::format("mhc_{}_{}", sub, part);
+        if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc}))
+          check_finite(g.child(n), *v, hc, "mHC weight");
+      }
+      const std::string n = fmt::format("mhc_{}_comb", sub);
+      if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc, hc}))
+        check_finite(g.child(n), *v, hc * hc, "mHC weight");
+    }
+  }
+
+  // The `hashed` flag: an attribute of the layer group or of its router_margin dataset.
+  void check_hashed_attr(const h5::Object& g, bool hashed) {
+    guarded(g.path, [&] {
+      std::optional<h5::Object> margin;
+      if (!h5::has_attr(g, "hashed") && h5::exists(g, "router_margin")) margin = h5::open(g, "router_margin");
+      const h5::Object* holder = h5::has_attr(g, "hashed")                   ? &g
+                                 : margin && h5::has_attr(*margin, "hashed") ? &*margin
+                                                                             : nullptr;
+      if (!holder) {
+        problem(g.path, "attribute 'hashed' is missing");
+        return;
+      }
+      const int64_t v = h5::read_attr_int(*holder, "hashed");
+      if (v != (hashed ? 1 : 0))
+        problem(holder->path, fmt::format("hashed = {}, expected {} (num_hash_layers = {})", v,
+                                          hashed ? 1 : 0, cfg_->num_hash_layers));
+    });
+  }
+
+  void check_indexer(const h5::Object& g, int64_t T) {
+    const int64_t width = std::min<int64_t>(cfg_->index_topk, T / 4);
+    // indexer_width: on the layer group or on indexer_margin.
+    guarded(g.path, [&] {
+      std::string holder_path;
+      int64_t recorded = -1;
+      if (h5::has_attr(g, "indexer_width")) {
+        holder_path = g.path;
+        recorded = h5::read_attr_int(g, "indexer_width");
+      } else if (h5::exists(g, "indexer_margin") &&
+                 h5::has_attr(h5::open(g, "indexer_margin"), "indexer_width")) {
+        holder_path = g.child("indexer_margin");
+        recorded = h5::read_attr_int(h5::open(g, "indexer_margin"), "indexer_width");
+      } else {
+        problem(g.path, "attribute 'indexer_width' is missing");
+        return;
+      }
+      if (recorded != width)
+        problem(holder_path,
+                fmt::format("indexer_width = {}, expected min(index_topk = {}, floor(T / 4) = {}) = {}",
+                            recorded, cfg_->index_topk, T / 4, width));
+    });
+    if (auto m = read<float>(g, "indexer_margin", {h5::Type::f32}, {T})) {
+      Findings f(*this, g.child("indexer_margin"));
+      for (int64_t t = 0; t < T; ++t)
+        if (std::isnan((*m)[size_t(t)])) f.add(fmt::format("margin at token {} is NaN", t));
+    }
+    const auto count = read<int64_t>(g, "indexer_count", {h5::Type::u16}, {T});
+    if (!count) return;
+    int64_t total = 0;
+    bool counts_ok = true;
+    {
+      Findings f(*this, g.child("indexer_count"));
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = (*count)[size_t(t)];
+        const int64_t visible = (t + 1) / 4;
+        if (n > width) {
+          f.add(fmt::format("{} ids at token {}, more than indexer_width = {}", n, t, width));
+          counts_ok = false;
+        } else if (n > visible) {
+          f.add(fmt::format("{} ids at token {}, which sees only {} compressed groups", n, t, visible));
+          counts_ok = false;
+        }
+        total += n;
+      }
+    }
+    const auto gaps = read<int64_t>(g, "indexer_gaps", {h5::Type::u8, h5::Type::u16, h5::Type::u32}, {total});
+    if (!gaps || !counts_ok) return;
+    // Decoding makes the ids ascending and distinct by construction; what can be wrong is visibility.
+    Findings f(*this, g.child("indexer_gaps"));
+    size_t pos = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t visible = (t + 1) / 4;
+      int64_t id = -1;
+      for (int64_t j = 0; j < (*count)[size_t(t)]; ++j) {
+        id += (*gaps)[pos++] + 1;
+        if (id >= visible)
+          f.add(fmt::format("indexer id {} at token {} (gaps[{}]) is not visible: token {} sees groups < {}",
+                            id, t, pos - 1, t, visible));
+      }
+    }
+  }
+
+  // Digest records against the manifest of the config and the sequence length. On success `first`
+  // holds each record's offset into `values`.
+  void check_digests(const h5::Object& d, const std::vector<TensorSpecT>& manifest,
+                     std::vector<int64_t>& first, std::vector<uint64_t>& values_out) {
+    const auto tensor = read<int32_t>(d, "tensor", {h5::Type::i32}, {-1});
+    const int64_t M = tensor ? int64_t(tensor->size()) : -1;
+    const auto layer = tensor ? read<int32_t>(d, "layer", {h5::Type::i32}, {M}) : std::nullopt;
+    const auto rows = tensor ? read<int64_t>(d, "rows", {h5::Type::i64}, {M}) : std::nullopt;
+    const auto value = read<uint64_t>(d, "value", {h5::Type::u64}, {-1});
+    if (!tensor || !layer || !rows || !value) return;
+    bool ok = true;
+    {
+      Findings f(*this, d.child("tensor"));
+      for (int64_t i = 0; i < M; ++i)
+        if ((*tensor)[size_t(i)] < 0 || size_t((*tensor)[size_t(i)]) >= tensor_names_.size()) {
+          f.add(fmt::format("record {} names tensor {}, /meta/tensor_names has {}", i, (*tensor)[size_t(i)],
+                            tensor_names_.size()));
+          ok = false;
+        }
+    }
+    if (!ok) return;
+    auto describe = [](const std::string& name, int l, int64_t r) {
+      return fmt::format("{} of {} ({} rows)", name, l < 0 ? "the model" : fmt::format("layer {}", l), r);
+    };
+    const int64_t n = std::min<int64_t>(M, int64_t(manifest.size()));
+    for (int64_t i = 0; i < n && ok; ++i) {
+      const TensorSpecT& m = manifest[size_t(i)];
+      const std::string& name = tensor_names_[size_t((*tensor)[size_t(i)])];
+      if (name != m.name || (*layer)[size_t(i)] != m.layer || (*rows)[size_t(i)] != m.rows()) {
+        const std::string which = name != m.name                   ? "tensor"
+                                  : (*layer)[size_t(i)] != m.layer ? "layer"
+                                                                   : "rows";
+        problem(d.child(which), fmt::format("record {} is {}, expected {} (the tensor manifest)", i,
+                                            describe(name, (*layer)[size_t(i)], (*rows)[size_t(i)]),
+                                            describe(m.name, m.layer, m.rows())));
+        ok = false;
+      }
+    }
+    if (ok && M != int64_t(manifest.size())) {
+      problem(
+          d.child("tensor"),
+          M < int64_t(manifest.size())
+              ? fmt::format(
+                    "{} records, the manifest has {}: the first missing is {}", M, manifest.size(),
+                    describe(manifest[size_t(M)].name, manifest[size_t(M)].layer, manifest[size_t(M)].rows()))
+              : fmt::format("{} records, the manifest has {}: record {} is extra", M, manifest.size(),
+                            manifest.size()));
+      ok = false;
+    }
+    int64_t sum = 0;
+    for (int64_t r : *rows) sum += r;
+    if (sum != int64_t(value->size())) {
+      problem(d.child("value"),
+              fmt::format("{} digests, the records' rows add up to {}", value->size(), sum));
+      ok = false;
+    }
+    if (!ok) return;
+    first.resize(size_t(M));
+    int64_t off = 0;
+    for (int64_t i = 0; i < M; ++i) {
+      first[size_t(i)] = off;
+      off += (*rows)[size_t(i)];
+    }
+    values_out = std::move(*value);
+  }
+
+  // Full tensors kept by the capture policy: each must be a manifest entry of the right dtype and
+  // shape whose row digests equal the recorded ones, and every tensor the policy wants must be there.
+  void check_tensors(const h5::Object& seq, const std::vector<TensorSpecT>& manifest,
+                     const std::vector<int64_t>& first, const std::vector<uint64_t>& values,
+                     const CapturePolicy* policy) {
+    const bool present = h5::exists(seq, "tensors");
+    std::optional<h5::Object> tg;
+    if (present) tg = h5::open(seq, "tensors");
+    std::set<std::pair<std::string, int>> found;
+    if (tg) {
+      for (const std::string& name : h5::children(*tg)) {
+        const std::string nwhere = tg->child(name);
+        guarded(nwhere, [&] {
+          const h5::Object ng = h5::open(*tg, name);
+          for (const std::string& lname : h5::children(ng)) {
+            const std::string where = ng.child(lname);
+            auto it = std::find_if(manifest.begin(), manifest.end(), [&](const TensorSpecT& m) {
+              return m.name == name && layer_name(m.layer) == lname;
+            });
+            if (it == manifest.end()) {
+              problem(where, "not a tensor of the manifest for this config and sequence length");
+              continue;
+            }
+            found.insert({name, it->layer});
+            const size_t idx = size_t(it - manifest.begin());
+            check_full_tensor(ng, lname, *it, first.empty() ? -1 : first[idx], values);
+          }
+        });
+      }
+    }
+    if (!policy) return;
+    Findings f(*this, seq.child("tensors"));
+    for (const TensorSpecT& m : manifest)
+      if (policy->wants_tensor(m.name, m.layer) && !found.count({m.name, m.layer}))
+        f.add(fmt::format("the capture policy '{}' keeps {} of {}, which is missing", policy->text(), m.name,
+                          m.layer < 0 ? "the model" : fmt::format("layer {}", m.layer)));
+  }
+
+  void check_full_tensor(const h5::Object& parent, const std::string& lname, const TensorSpecT& m,
+                         int64_t first, const std::vector<uint64_t>& values) {
+    const h5::Type type = m.dtype == DType::bf16  ? h5::Type::u16
+                          : m.dtype == DType::f32 ? h5::Type::f32
+                                                  : h5::Type::i32;
+    const char* dtype_attr = m.dtype == DType::bf16  ? "bfloat16"
+                             : m.dtype == DType::f32 ? "float32"
+                                                     : "int32";
+    const auto ds = dataset(parent, lname, {type}, m.shape);
+    if (!ds) return;
+    guarded(ds->path, [&] {
+      if (!h5::has_attr(*ds, "dtype"))
+        problem(ds->path, "attribute 'dtype' is missing");
+      else if (const std::string a = h5::read_attr_string(*ds, "dtype"); a != dtype_attr)
+        problem(ds->path, fmt::format("dtype = '{}', expected '{}'", a, dtype_attr));
+      if (first < 0) return;  // the digest table is unusable (reported there)
+      const int64_t rows = m.rows(), elems = m.row_elems();
+      std::vector<uint64_t> got;
+      if (type == h5::Type::u16) {
+        const auto v = h5::read<uint16_t>(*ds);
+        for (int64_t r = 0; r < rows; ++r) got.push_back(xxh3_64(v.data() + r * elems, size_t(elems) * 2));
+      } else if (type == h5::Type::f32) {
+        const auto v = h5::read<float>(*ds);
+        for (int64_t r = 0; r < rows; ++r) got.push_back(xxh3_64(v.data() + r * elems, size_t(elems) * 4));
+      } else {
+        const auto v = h5::read<int32_t>(*ds);
+        for (int64_t r = 0; r < rows; ++r) got.push_back(xxh3_64(v.data() + r * elems, size_t(elems) * 4));
+      }
+      Findings f(*this, ds->path);
+      for (int64_t r = 0; r < rows; ++r)
+        if (got[size_t(r)] != values[size_t(first + r)])
+          f.add(fmt::format("row {} hashes to {}, its recorded digest is {}", r, hex16(got[size_t(r)]),
+                            hex16(values[size_t(first + r)])));
+    });
+  }
+
+  ValidateReport& rep_;
+  std::string path_;
+  StepState* step_ = nullptr;
+  std::optional<ModelConfig> cfg_;
+  std::vector<std::string> tensor_names_;
+};
+
+std::string now_iso8601_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Copies every attribute of `src` onto `dst` by value (same file type and dataspace).
+void copy_attributes(const h5::Object& src, const h5::Object& dst) {
+  struct Ctx {
+    hid_t dst;
+    std::string failed;
+  } ctx{dst.get(), ""};
+  auto copy_one = [](hid_t loc, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    auto& c = *static_cast<Ctx*>(data);
+    h5::Id a(H5Aopen(loc, name, H5P_DEFAULT));
+    h5::Id ftype(a.valid() ? H5Aget_type(a.get()) : H5I_INVALID_HID);
+    h5::Id space(a.valid() ? H5Aget_space(a.get()) : H5I_INVALID_HID);
+    h5::Id mtype(ftype.valid() ? H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND) : H5I_INVALID_HID);
+    const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    if (!mtype.valid() || n < 0) {
+      c.failed = name;
+      return -1;
+    }
+    std::vector<uint8_t> buf(size_t(std::max<hssize_t>(n, 1)) * H5Tget_size(mtype.get()));
+    if (H5Aread(a.get(), mtype.get(), buf.data()) < 0) {
+      c.failed = name;
+      return -1;
+    }
+    h5::Id b(H5Acreate2(c.dst, name, ftype.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+    const bool ok = b.valid() && H5Awrite(b.get(), mtype.get(), buf.data()) >= 0;
+    H5Dvlen_reclaim(mtype.get(), space.get(), H5P_DEFAULT, buf.data());  // variable-length strings
+    if (!ok) c.failed = name;
+    return ok ? 0 : -1;
+  };
+  hsize_t idx = 0;
+  if (H5Aiterate2(src.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, copy_one, &ctx) < 0)
+    h5::fail(dst.file, dst.path,
+             fmt::format("cannot copy attribute '{}' from {}:{}", ctx.failed, src.file, src.path));
+}
+
+// Copies the object `name` of `src` (a group with everything below it) to `dst_parent/dst_name`.
+// Datasets keep their filters and stored chunks. Attributes are copied one by one rather than by
+// H5Ocopy: HDF5 1.10 crashes copying an object whose attributes are in dense storage (more than 8,
+// as /meta/env has) when they include variable-length strings.
+void copy_tree(const h5::Object& src, const std::string& name, const h5::Object& dst_parent,
+               const std::string& dst_name) {
+  h5::Id ocpypl(
+      h5::check(H5Pcreate(H5P_OBJECT_COPY), dst_parent, "cannot create an object-copy property list"));
+  h5::check(H5Pset_copy_object(ocpypl.get(), H5O_COPY_WITHOUT_ATTR_FLAG), dst_parent,
+            "cannot set the object-copy flags");
+  h5::check(H5Ocopy(src.get(), name.c_str(), dst_parent.get(), dst_name.c_str(), ocpypl.get(), H5P_DEFAULT),
+            dst_parent, fmt::format("cannot copy {} from {}", src.child(name), src.file));
+  const h5::Object from = h5::open(src, name), to = h5::open(dst_parent, dst_name);
+  std::vector<std::string> below;
+  auto collect = [](hid_t, const char* n, const H5O_info_t*, void* data) -> herr_t {
+    if (std::string(n) != ".") static_cast<std::vector<std::string>*>(data)->emplace_back(n);
+    return 0;
+  };
+  h5::check(H5Ovisit2(from.get(), H5_INDEX_NAME, H5_ITER_INC, collect, &below, H5O_INFO_BASIC), from,
+            "cannot list the objects");
+  copy_attributes(from, to);
+  for (const std::string& rel : below) copy_attributes(h5::open(from, rel), h5::open(to, rel));
+}
+
+}  // namespace
+
+ValidateReport validate_trace(const std::string& path) {
+  ValidateReport rep;
+  rep.path = path;
+  rep.incomplete_file = ends_with(path, ".incomplete");
+  try {
+    Validator(rep).run(path);
+  } catch (const std::exception& e) {  // a failure outside every guarded check: report, never throw
+    rep.problems.push_back(TraceProblem{"file", e.what()});
+  }
+  return rep;
+}
+
+int salvage_trace(const std::string& in, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out, ec))
+    throw InputError(fmt::format(
+        "{}: already exists; salvage writes a new trace (remove it or choose another name)", out));
+  if (!fs::exists(in, ec)) throw TraceError(fmt::format("{}: no such file", in));
+  classify_with_reader(in);
+  OpenedTrace src = open_for_reading(in);
+  check_root_identity(src.file, in);
+
+  // The complete steps, in order.
+  std::vector<std::string> complete;
+  int groups = 0;
+  if (h5::exists(src.file, "steps")) {
+    const h5::Object steps = h5::open(src.file, "steps");
+    for (const std::string& name : h5::children(steps)) {
+      if (!is_step_name(name)) continue;
+      ++groups;
+      std::optional<int> status;
+      try {
+        status = step_status(h5::open(steps, name));
+      } catch (const std::exception&) {
+      }
+      if (status == 1) complete.push_back(name);
+    }
+  }
+  if (complete.empty())
+    throw TraceIncomplete(fmt::format("{}: no complete step to salvage ({} step group{}, none with status 1)",
+                                      in, groups, groups == 1 ? "" : "s"));
+  if (!h5::exists(src.file, "meta"))
+    throw TraceError(fmt::format("{}: /meta is missing; nothing to salvage", in));
+
+  // Written under NAME.incomplete and renamed at the end, as the recorder does: a file named `out`
+  // is whole.
+  const std::string tmp = out + ".incomplete";
+  try {
+    h5::Id fapl = h5::file_access(true, false);
+    h5::Object dst = h5::create_file(tmp, fapl.get());
+    h5::write_attr(dst, "format", std::string("dsv4-trace"));
+    h5::write_attr(dst, "format_version", int32_t(kTraceFormatVersion));
+    h5::write_attr(
+        dst, "producer",
+        h5::has_attr(src.file, "producer") ? h5::read_attr_string(src.file, "producer") : "unknown");
+    h5::write_attr(dst, "created", now_iso8601_utc());
+    h5::write_attr(dst, "salvaged_from", in);
+    copy_tree(src.file, "meta", dst, "meta");
+    {
+      const h5::Object steps = h5::create_group(dst, "steps");
+      for (size_t i = 0; i < complete.size(); ++i) {
+        const std::string from = "steps/" + complete[i], to = step_name(int(i));
+        copy_tree(src.file, from, steps, to);
+      }
+    }
+    h5::close_file(dst);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+  h5::close_file(src.file);
+  fs::rename(tmp, out, ec);
+  if (ec) throw Error(fmt::format("{}: cannot rename to {}: {}", tmp, out, ec.message()));
+  return int(complete.size());
+}
+
+}  // namespace dsv4

@@ -1,0 +1,330 @@
+// The CPU and CUDA backends of the forward graph (model/device.h) and the per-Weights device copy
+// of the weights.
+#include "model/device.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kernels/logits.h"
+#include "kernels/numerics/numerics.h"
+#include "model/error.h"
+
+#if defined(DSV4_HAVE_CUDA)
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+#endif
+
+namespace dsv4 {
+
+const char* to_string(Device d) {
+  return d == Device::cuda ? "cuda" : "cpu";
+}
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") return Device::cuda;
+  throw InputError(fmt::format("unknown device '{}': expected 'cpu' or 'cuda'", name));
+}
+
+bool cuda_built() {
+#if defined(DSV4_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_device_available() {
+#if defined(DSV4_HAVE_CUDA)
+  return cuda::device_available();
+#else
+  return false;
+#endif
+}
+
+namespace backend {
+
+void require(const char* why, const char* op, int layer) {
+  if (why) throw Error(fmt::format("internal: {} cannot run at layer {}: {}", op, layer, why));
+}
+
+namespace {
+
+// ---- CPU: the reference kernels on host memory ---------------------------------------------------
+
+template <typename T>
+Buffer<T> host_buffer(int64_t n) {
+  if (n <= 0) return {};
+  return Buffer<T>(new T[size_t(n)](), n, [](void* p) { delete[] static_cast<T*>(p); });
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const Weights& w) : w_(w) {}
+  Device device() const override { return Device::cpu; }
+
+  Buffer<float> floats(int64_t n) override { return host_buffer<float>(n); }
+  Buffer<int32_t> ints(int64_t n) override { return host_buffer<int32_t>(n); }
+  Buffer<int64_t> longs(int64_t n) override { return host_buffer<int64_t>(n); }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    if (bytes) std::memcpy(dst, host, bytes);
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(host, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  const float* weight(const std::string& name) override { return w_.f(name); }
+  const int32_t* weight_i(const std::string& name) override { return w_.i(name); }
+
+  void gemm(const GemmParams& p) override { dsv4::gemm(p); }
+  void rmsnorm(const RmsNormParams& p) override { dsv4::rmsnorm(p); }
+  void rope_apply(const RopeApplyParams& p) override { dsv4::rope_apply(p); }
+  void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) override {
+    if (mode == Fp8KvMode::real)
+      dsv4::fp8_sim(p);
+    else
+      dsv4::fp8_sim_inplace_bf16_cast(p);
+  }
+  void compressor(const CompressorParams& p) override { dsv4::compressor(p); }
+  void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) override { dsv4::hadamard(x, rows, n, ld); }
+  void scale_bf16(float* x, int64_t n, float scale) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = num::bf16_round(x[i] * scale);
+  }
+  void divide(float* x, int64_t n, float d) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] / d;
+  }
+  void embed(const float* table, int64_t D, const int32_t* tokens, int64_t T, int copies,
+             float* out) override {
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < copies; ++j)
+        std::copy(table + int64_t(tokens[t]) * D, table + int64_t(tokens[t] + 1) * D,
+                  out + (t * copies + j) * D);
+  }
+  void indexer_topk(const IndexerParams& p) override { dsv4::indexer_topk(p); }
+  void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score) override {
+    dsv4::indexer_score_ids(p, ids, score);
+  }
+  void build_index(const IndexBuildParams& p) override { dsv4::build_index(p); }
+  void sparse_attention(const SparseAttnParams& p, int layer) override {
+    require(sparse_attention_check(p), "sparse_attention", layer);
+    dsv4::sparse_attention(p);
+  }
+  void hc_pre(const HcPreParams& p) override { dsv4::hc_pre(p); }
+  void hc_post(const HcPostParams& p) override { dsv4::hc_post(p); }
+  void hc_head(const HcHeadParams& p) override { dsv4::hc_head(p); }
+  void router(const RouterParams& p) override { dsv4::router(p); }
+  void moe_experts(const MoeParams& p, int layer) override {
+    require(moe_check(p), "moe", layer);
+    dsv4::moe_experts(p);
+  }
+  void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                          float* logprob) override {
+    dsv4::log_softmax_gather(logits, rows, V, target, logprob);
+  }
+  void synchronize() override {}
+
+ private:
+  const Weights& w_;
+};
+
+#if defined(DSV4_HAVE_CUDA)
+
+// ---- CUDA: weights uploaded once per Weights object -----------------------------------------------
+
+// The device copy of one Weights object: every tensor in one allocation. `host` and `sizes` identify
+// the host data it was copied from (a Weights object later created at the same address has other
+// tensor storage, so it is uploaded afresh).
+struct DeviceWeights {
+  std::vector<const void*> host;
+  std::vector<size_t> sizes;
+  void* arena = nullptr;
+  std::map<std::string, const void*> ptr;
+  DeviceWeights() = default;
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+  ~DeviceWeights() {
+    if (arena) cudaFree(arena);  // errors ignored: this may run while the process exits
+  }
+};
+
+void fingerprint(const Weights& w, std::vector<const void*>& host, std::vector<size_t>& sizes) {
+  host.clear();
+  sizes.clear();
+  for (const auto& [name, t] : w.tensors()) {
+    host.push_back(t.f.empty() ? static_cast<const void*>(t.i.data()) : static_cast<const void*>(t.f.data()));
+    sizes.push_back(t.f.empty() ? t.i.size() * sizeof(int32_t) : t.f.size() * sizeof(float));
+  }
+}
+
+std::unique_ptr<DeviceWeights> upload_weights(const Weights& w) {
+  auto d = std::make_unique<DeviceWeights>();
+  fingerprint(w, d->host, d->sizes);
+  constexpr size_t kAlign = 256;
+  size_t total = 0;
+  for (size_t s : d->sizes) total += (s + kAlign - 1) / kAlign * kAlign;
+  if (total) CUDA_CHECK(cudaMalloc(&d->arena, total));
+  size_t off = 0, i = 0;
+  for (const auto& [name, t] : w.tensors()) {
+    char* dst = static_cast<char*>(d->arena) + off;
+    if (d->sizes[i]) CUDA_CHECK(cudaMemcpy(dst, d->host[i], d->sizes[i], cudaMemcpyHostToDevice));
+    d->ptr[name] = dst;
+    off += (d->sizes[i] + kAlign - 1) / kAlign * kAlign;
+    ++i;
+  }
+  return d;
+}
+
+std::mutex& cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// The cache lives until exit. It is created after the CUDA runtime is initialised, so it is
+// destroyed (and frees the device memory) before the runtime shuts down.
+std::map<const Weights*, std::unique_ptr<DeviceWeights>>& weight_cache() {
+  static const bool runtime_ready = (cudaFree(nullptr), true);
+  (void)runtime_ready;
+  static std::map<const Weights*, std::unique_ptr<DeviceWeights>> cache;
+  return cache;
+}
+
+const DeviceWeights& device_weights(const Weights& w) {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  auto& cache = weight_cache();
+  auto& entry = cache[&w];
+  if (entry) {
+    std::vector<const void*> host;
+    std::vector<size_t> sizes;
+    fingerprint(w, host, sizes);
+    if (host == entry->host && sizes == entry->sizes) return *entry;
+    entry.reset();
+  }
+  entry = upload_weights(w);
+  return *entry;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const Weights& w) : w_(w), dw_(device_weights(w)) {
+    static const bool pool_kept = [] {
+      // Keep freed blocks in the stream-ordered pool between forward calls instead of returning them
+      // to the driver at every synchronisation.
+      int dev = 0;
+      cudaMemPool_t pool;
+      CUDA_CHECK(cudaGetDevice(&dev));
+      CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+      uint64_t threshold = UINT64_MAX;
+      CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+      return true;
+    }();
+    (void)pool_kept;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  Device device() const override { return Device::cuda; }
+
+  Buffer<float> floats(int64_t n) override { return alloc<float>(n); }
+  Buffer<int32_t> ints(int64_t n) override { return alloc<int32_t>(n); }
+  Buffer<int64_t> longs(int64_t n) override { return alloc<int64_t>(n); }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s_));
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
+  }
+  const float* weight(const std::string& name) override {
+    w_.get(name);  // throws WeightsError naming an unknown tensor
+    return static_cast<const float*>(dw_.ptr.at(name));
+  }
+  const int32_t* weight_i(const std::string& name) override {
+    w_.get(name);
+    return static_cast<const int32_t*>(dw_.ptr.at(name));
+  }
+
+  void gemm(const GemmParams& p) override { cuda::gemm(p, s_); }
+  void rmsnorm(const RmsNormParams& p) override { cuda::rmsnorm(p, s_); }
+  void rope_apply(const RopeApplyParams& p) override { cuda::rope_apply(p, s_); }
+  void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) override {
+    if (mode == Fp8KvMode::real)
+      cuda::fp8_sim(p, s_);
+    else
+      cuda::fp8_sim_inplace_bf16_cast(p, s_);
+  }
+  void compressor(const CompressorParams& p) override { cuda::compressor(p, s_); }
+  void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) override {
+    cuda::hadamard(x, rows, n, ld, s_);
+  }
+  void scale_bf16(float* x, int64_t n, float scale) override { cuda::scale_bf16(x, n, scale, s_); }
+  void divide(float* x, int64_t n, float d) override { cuda::divide(x, n, d, s_); }
+  void embed(const float* table, int64_t D, const int32_t* tokens, int64_t T, int copies,
+             float* out) override {
+    cuda::embed_streams(table, D, tokens, T, copies, out, s_);
+  }
+  void indexer_topk(const IndexerParams& p) override { cuda::indexer_topk(p, s_); }
+  void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score) override {
+    cuda::indexer_score_ids(p, ids, score, s_);
+  }
+  void build_index(const IndexBuildParams& p) override { cuda::build_index(p, s_); }
+  void sparse_attention(const SparseAttnParams& p, int layer) override {
+    require(cuda::sparse_attention_check(p), "sparse_attention", layer);
+    cuda::sparse_attention(p, s_);
+  }
+  void hc_pre(const HcPreParams& p) override { cuda::hc_pre(p, s_); }
+  void hc_post(const HcPostParams& p) override { cuda::hc_post(p, s_); }
+  void hc_head(const HcHeadParams& p) override { cuda::hc_head(p, s_); }
+  void router(const RouterParams& p) override { cuda::router(p, s_); }
+  void moe_experts(const MoeParams& p, int layer) override {
+    require(cuda::moe_check(p), "moe", layer);
+    cuda::moe_experts(p, s_);
+  }
+  void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                          float* logprob) override {
+    cuda::log_softmax_gather(logits, rows, V, target, logprob, s_);
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+ private:
+  template <typename T>
+  Buffer<T> alloc(int64_t n) {
+    if (n <= 0) return {};
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&p, size_t(n) * sizeof(T), s_));
+    const cudaStream_t s = s_;
+    return Buffer<T>(static_cast<T*>(p), n, [s](void* q) { cudaFreeAsync(q, s); });
+  }
+
+  const Weights& w_;
+  const DeviceWeights& dw_;
+  cudaStream_t s_ = nullptr;
+};
+
+#endif  // DSV4_HAVE_CUDA
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(Device d, const Weights& w) {
+  if (d == Device::cpu) return std::make_unique<CpuBackend>(w);
+#if defined(DSV4_HAVE_CUDA)
+  if (!cuda::device_available()) throw InputError("device 'cuda': no usable CUDA device was found");
+  return std::make_unique<CudaBackend>(w);
+#else
+  throw InputError("device 'cuda': this dsv4 was built without CUDA");
+#endif
+}
+
+}  // namespace backend
+}  // namespace dsv4

@@ -1,0 +1,141 @@
+// Where the forward runs (Device) and the backend seam the graph in model/forward.cpp is written
+// against: buffers plus one call per kernel, with the CPU reference (kernels/cpu) and the CUDA
+// backend (kernels/cuda, built with DSV4_CUDA) behind it.
+//
+// A backend takes the same Params structs as the kernels; every pointer in them is backend memory
+// (host memory for the CPU, device memory for CUDA) obtained from Buffer or weight(). Results are
+// bit-identical across backends (docs/NUMERICS.md); only what the graph downloads (reported
+// tensors, decisions, log-probabilities) crosses to the host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/compressor.h"
+#include "kernels/indexer.h"
+#include "kernels/linear.h"
+#include "kernels/mhc.h"
+#include "kernels/moe.h"
+#include "kernels/norm.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+#include "model/profile.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+enum class Device { cpu, cuda };
+const char* to_string(Device d);
+// "cpu" or "cuda"; anything else throws InputError naming the accepted values.
+Device parse_device(const std::string& name);
+// Whether this dsv4 was built with the CUDA backend, and whether a CUDA device is usable now.
+bool cuda_built();
+bool cuda_device_available();
+
+namespace backend {
+
+// An owned array in one backend's memory. Move-only; the contents of a new buffer are zero on the CPU
+// and unspecified on CUDA (every op writes all of its outputs).
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(T* p, int64_t n, std::function<void(void*)> release) : p_(p), n_(n), release_(std::move(release)) {}
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (p_ && release_) release_(p_);
+  }
+  T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  size_t bytes() const { return size_t(n_) * sizeof(T); }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(release_, o.release_);
+  }
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+  std::function<void(void*)> release_;
+};
+
+// Turns a kernel's `*_check` answer into an exception naming the op and the layer.
+void require(const char* why, const char* op, int layer);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // ---- memory
+  virtual Buffer<float> floats(int64_t n) = 0;
+  virtual Buffer<int32_t> ints(int64_t n) = 0;
+  virtual Buffer<int64_t> longs(int64_t n) = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host -> backend
+  virtual void download(void* host, const void* src,
+                        size_t bytes) = 0;                          // backend -> host, complete on return
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within the backend
+  // The weights of the Weights object the backend was made for (uploaded once per object for CUDA).
+  virtual const float* weight(const std::string& name) = 0;
+  virtual const int32_t* weight_i(const std::string& name) = 0;
+
+  // ---- ops (shape checks that read no data are done by the caller; ops that must scan data check it)
+  virtual void gemm(const GemmParams& p) = 0;
+  virtual void rmsnorm(const RmsNormParams& p) = 0;
+  virtual void rope_apply(const RopeApplyParams& p) = 0;
+  virtual void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) = 0;
+  virtual void compressor(const CompressorParams& p) = 0;
+  virtual void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) = 0;
+  virtual void scale_bf16(float* x, int64_t n, float scale) = 0;  // x = bf16(x * scale)
+  virtual void divide(float* x, int64_t n, float d) = 0;          // x = x / d
+  // out[t, j, :] = table[tokens[t], :] for j < copies.
+  virtual void embed(const float* table, int64_t D, const int32_t* tokens, int64_t T, int copies,
+                     float* out) = 0;
+  virtual void indexer_topk(const IndexerParams& p) = 0;
+  virtual void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score) = 0;
+  virtual void build_index(const IndexBuildParams& p) = 0;
+  virtual void sparse_attention(const SparseAttnParams& p, int layer) = 0;
+  virtual void hc_pre(const HcPreParams& p) = 0;
+  virtual void hc_post(const HcPostParams& p) = 0;
+  virtual void hc_head(const HcHeadParams& p) = 0;
+  virtual void router(const RouterParams& p) = 0;
+  // `p.experts` / `p.shared` are host arrays whose pointers come from weight().
+  virtual void moe_experts(const MoeParams& p, int layer) = 0;
+  virtual void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                                  float* logprob) = 0;
+  // Waits for all enqueued work (a no-op on the CPU).
+  virtual void synchronize() = 0;
+
+  // Helpers on top of the interface.
+  template <typename T>
+  void upload(T* dst, const std::vector<T>& host) {
+    if (!host.empty())
+      upload(static_cast<void*>(dst), static_cast<const void*>(host.data()), host.size() * sizeof(T));
+  }
+  template <typename T>
+  std::vector<T> download(const T* src, int64_t n) {
+    std::vector<T> h(static_cast<size_t>(n > 0 ? n : 0));
+    if (n > 0) download(static_cast<void*>(h.data()), static_cast<const void*>(src), h.size() * sizeof(T));
+    return h;
+  }
+};
+
+// The backend for `d` over the weights `w` (which must outlive it). Device::cuda throws InputError
+// when this dsv4 was built without CUDA or no CUDA device is usable.
+std::unique_ptr<Backend> make_backend(Device d, const Weights& w);
+
+}  // namespace backend
+}  // namespace dsv4

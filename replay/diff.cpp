@@ -1,0 +1,791 @@
+// Diff of two traces (replay/diff.h). Reads both steps through TraceReader, one sequence at a time
+// for decisions and full tensors; only the digest tables of every sequence are held at once.
+#include "replay/diff.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "capture/errors.h"
+#include "capture/trace_reader.h"
+#include "model/profile.h"
+
+namespace dsv4 {
+
+namespace {
+
+using Key = std::pair<int, std::string>;  // (layer, tensor name)
+
+// One side of the diff: the reader, the chosen step and what is read from /meta once.
+struct Side {
+  TraceReader r;
+  std::string label;  // "A" or "B", for messages
+  TraceStepInfo step;
+  TraceModelMeta meta;
+  ModelConfig cfg;
+};
+
+Side open_side(const std::string& path, int step, const char* label) {
+  Side s{TraceReader::open(path), label, {}, {}, {}};
+  const std::vector<TraceStepInfo> steps = s.r.steps();
+  if (step < 0 || step >= int(steps.size()))
+    throw TraceError(fmt::format("{}: step {} out of range (trace {} holds {} step{})", path, step, label,
+                                 steps.size(), steps.size() == 1 ? "" : "s"));
+  s.step = steps[step];
+  if (!s.step.complete)
+    throw TraceIncomplete(
+        fmt::format("{}: step {} is incomplete (status 0); `dsv4 trace salvage` keeps the "
+                    "complete steps",
+                    path, step));
+  s.meta = s.r.model();
+  s.cfg = s.r.config();
+  return s;
+}
+
+// The model digests must agree; the message names the first weight tensor that differs.
+std::string model_difference(const Side& a, const Side& b) {
+  if (a.meta.model_digest == b.meta.model_digest) return "";
+  std::map<std::string, uint64_t> db;
+  for (size_t i = 0; i < b.meta.tensor_names.size() && i < b.meta.tensor_digests.size(); ++i)
+    db[b.meta.tensor_names[i]] = b.meta.tensor_digests[i];
+  std::string first;
+  for (size_t i = 0; i < a.meta.tensor_names.size() && i < a.meta.tensor_digests.size(); ++i) {
+    auto it = db.find(a.meta.tensor_names[i]);
+    if (it == db.end()) {
+      first = fmt::format("weight '{}' only in A", a.meta.tensor_names[i]);
+      break;
+    }
+    if (it->second != a.meta.tensor_digests[i]) {
+      first = fmt::format("first differing weight '{}'", a.meta.tensor_names[i]);
+      break;
+    }
+  }
+  if (first.empty()) first = "the weight lists differ";
+  return fmt::format("different models: {} has model_digest {}, {} has {} ({})", a.r.path(),
+                     a.meta.model_digest, b.r.path(), b.meta.model_digest, first);
+}
+
+// The two steps must hold the same batch: sequence count, lengths and tokens.
+void check_batches(const Side& a, const Side& b) {
+  const auto& la = a.step.seq_lengths;
+  const auto& lb = b.step.seq_lengths;
+  if (la.size() != lb.size())
+    throw InputError(
+        fmt::format("traces hold different batches: {} step {} has {} sequences, {} step {} has {}",
+                    a.r.path(), a.step.index, la.size(), b.r.path(), b.step.index, lb.size()));
+  for (size_t s = 0; s < la.size(); ++s) {
+    const std::vector<int32_t> ta = a.r.tokens(a.step.index, int(s));
+    const std::vector<int32_t> tb = b.r.tokens(b.step.index, int(s));
+    const size_t n = std::min(ta.size(), tb.size());
+    for (size_t t = 0; t < n; ++t)
+      if (ta[t] != tb[t])
+        throw InputError(
+            fmt::format("traces hold different tokens: sequence {} differs at position {} (token {} in "
+                        "{}, {} in {})",
+                        s, t, ta[t], a.r.path(), tb[t], b.r.path()));
+    if (ta.size() != tb.size())
+      throw InputError(
+          fmt::format("traces hold different tokens: sequence {} has {} tokens in {} and {} in {} "
+                      "(first differing position {})",
+                      s, ta.size(), a.r.path(), tb.size(), b.r.path(), n));
+  }
+}
+
+// The relative tie factor of the default rule (diff.h): FP8 e4m3 when either profile simulates FP8,
+// else bf16. An unknown profile name (a newer producer) gets the coarser factor.
+double relative_factor(const std::string& pa, const std::string& pb) {
+  auto fp8 = [](const std::string& name) {
+    try {
+      const NumericsProfile p = profile_by_name(name);
+      return p.fp8_kv || p.fp8_indexer;
+    } catch (const InputError&) {
+      return true;
+    }
+  };
+  return (fp8(pa) || fp8(pb)) ? 0.0625 : 0.0078125;  // 2^-4 : 2^-7
+}
+
+// Monotonic integer image of a float's bit pattern: adjacent floats differ by 1.
+int64_t ordered_key(float x) {
+  int32_t i;
+  std::memcpy(&i, &x, 4);
+  return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
+}
+
+// Sums kept per tensor while the sequences are compared; rel_l2 is formed at the end.
+struct Norms {
+  double sum_sq_a = 0, sum_sq_d = 0;
+};
+
+// Element comparison of two full tensors of one sequence into `td`. Returns the per-row squared
+// difference (what attribution weighs), or nothing when the shapes differ.
+std::optional<std::vector<double>> compare_full(const TensorCopy& a, const TensorCopy& b, TensorDiff& td,
+                                                Norms& nm) {
+  if (a.shape != b.shape || a.dtype != b.dtype) return std::nullopt;
+  const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
+  int64_t n = 1;
+  for (int64_t d : a.shape) n *= d;
+  const int64_t row_elems = rows > 0 ? n / rows : 0;
+  std::vector<double> row_sq(size_t(std::max<int64_t>(rows, 0)), 0.0);
+  if (a.dtype == DType::i32) {
+    if (int64_t(a.i.size()) != n || int64_t(b.i.size()) != n) return std::nullopt;
+    for (int64_t e = 0; e < n; ++e) {
+      const double va = a.i[e], d = double(b.i[e]) - va;
+      nm.sum_sq_a += va * va;
+      if (d == 0) continue;
+      nm.sum_sq_d += d * d;
+      row_sq[e / row_elems] += d * d;
+      td.max_abs = std::max(td.max_abs, std::fabs(d));
+      td.max_ulp = std::max(td.max_ulp, int64_t(std::fabs(d)));
+    }
+    return row_sq;
+  }
+  if (int64_t(a.f.size()) != n || int64_t(b.f.size()) != n) return std::nullopt;
+  // bf16 values sit in the upper 16 bits of the fp32 pattern, so their fp32 key distance is an exact
+  // multiple of 2^16.
+  const int64_t ulp_unit = a.dtype == DType::bf16 ? 65536 : 1;
+  for (int64_t e = 0; e < n; ++e) {
+    const float fa = a.f[e], fb = b.f[e];
+    if (std::isfinite(fa)) nm.sum_sq_a += double(fa) * fa;
+    if (std::memcmp(&fa, &fb, 4) == 0) continue;
+    if (!std::isfinite(fa) || !std::isfinite(fb)) {
+      ++td.nonfinite_differing;
+      continue;
+    }
+    const double d = double(fb) - double(fa);
+    nm.sum_sq_d += d * d;
+    row_sq[e / row_elems] += d * d;
+    td.max_abs = std::max(td.max_abs, std::fabs(d));
+    td.max_ulp = std::max<int64_t>(td.max_ulp, std::llabs(ordered_key(fa) - ordered_key(fb)) / ulp_unit);
+  }
+  return row_sq;
+}
+
+// A row's valid ids (−1 padding dropped), ascending.
+std::vector<int32_t> row_set(const int32_t* ids, int k) {
+  std::vector<int32_t> s;
+  s.reserve(size_t(k));
+  for (int j = 0; j < k; ++j)
+    if (ids[j] >= 0) s.push_back(ids[j]);
+  std::sort(s.begin(), s.end());
+  return s;
+}
+
+size_t intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0, i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] < b[j]) {
+      ++i;
+    } else if (b[j] < a[i]) {
+      ++j;
+    } else {
+      ++n, ++i, ++j;
+    }
+  }
+  return n;
+}
+
+// The selections of one layer and decision kind, all sequences concatenated.
+struct SetRows {
+  std::vector<std::vector<int32_t>> a, b;
+  std::vector<float> ma, mb;
+  std::vector<std::pair<int, int64_t>> where;  // (sequence, position)
+
+  void add(int seq, int64_t T, const std::vector<int32_t>& ids_a, int ka, const std::vector<float>& marg_a,
+           const std::vector<int32_t>& ids_b, int kb, const std::vector<float>& marg_b) {
+    for (int64_t t = 0; t < T; ++t) {
+      a.push_back(row_set(ids_a.data() + t * ka, ka));
+      b.push_back(row_set(ids_b.data() + t * kb, kb));
+      ma.push_back(marg_a[size_t(t)]);
+      mb.push_back(marg_b[size_t(t)]);
+      where.emplace_back(seq, t);
+    }
+  }
+
+  // The default rule's threshold: factor × the median (element of rank ⌊n/2⌋) of the finite |margin|
+  // of both traces; 0 when no margin is finite (every row chose everything it could see).
+  double threshold(const DiffOptions& opt, double factor) const {
+    if (opt.tie_threshold >= 0) return opt.tie_threshold;
+    std::vector<double> m;
+    m.reserve(ma.size() + mb.size());
+    for (const auto* v : {&ma, &mb})
+      for (float x : *v)
+        if (std::isfinite(x)) m.push_back(std::fabs(double(x)));
+    if (m.empty()) return 0;
+    std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+    return factor * m[m.size() / 2];
+  }
+
+  bool tie(size_t i, double thr) const { return ma[i] < thr || mb[i] < thr; }
+};
+
+void max_abs_into(const std::vector<float>& a, const std::vector<float>& b, double& m) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (!(d <= m)) m = d;  // NaN propagates: a NaN in either trace is worth seeing
+  }
+}
+
+std::string layer_name(int layer) {
+  return layer < 0 ? std::string("model") : fmt::format("layer {}", layer);
+}
+
+}  // namespace
+
+DiffReport diff_traces(const std::string& path_a, const std::string& path_b, const DiffOptions& opt) {
+  Side A = open_side(path_a, opt.step_a, "A");
+  Side B = open_side(path_b, opt.step_b, "B");
+
+  DiffReport rep;
+  rep.trace_a = path_a;
+  rep.trace_b = path_b;
+  rep.step_a = opt.step_a;
+  rep.step_b = opt.step_b;
+  rep.profile_a = A.step.profile;
+  rep.profile_b = B.step.profile;
+  rep.model_digest_a = A.meta.model_digest;
+  rep.model_digest_b = B.meta.model_digest;
+  if (const std::string why = model_difference(A, B); !why.empty()) {
+    if (!opt.allow_model_mismatch) throw InputError(why + "; allow a model mismatch to compare them anyway");
+    rep.model_mismatch = true;
+  }
+  check_batches(A, B);
+  const int S = int(A.step.seq_lengths.size());
+  rep.seq_count = S;
+  if (opt.tie_threshold >= 0) {
+    rep.tie_rule = "absolute";
+    rep.tie_threshold = opt.tie_threshold;
+  } else {
+    rep.tie_rule = "relative";
+    rep.tie_threshold = relative_factor(A.step.profile, B.step.profile);
+  }
+  const int sa = A.step.index, sb = B.step.index;
+
+  // ---- tensors: digests row by row, full tensors element by element, the first divergence -------
+  std::map<Key, size_t> tensor_index;  // into rep.tensors
+  std::vector<Norms> norms;
+  std::map<Key, std::vector<bool>> full_everywhere;             // per tensor: full in each sequence compared
+  std::map<std::pair<int, int>, std::vector<char>> out_diff;    // (seq, layer): ffn.hc_post rows differing
+  std::map<std::pair<int, int>, std::vector<double>> out_mass;  // (seq, layer): ffn.hc_post row |Δ|²
+  for (int s = 0; s < S; ++s) {
+    const DigestTable da = A.r.digests(sa, s);
+    const DigestTable db = B.r.digests(sb, s);
+    std::map<Key, size_t> b_records;
+    for (size_t i = 0; i < db.records.size(); ++i) b_records[{db.records[i].layer, db.records[i].name}] = i;
+    std::set<std::pair<std::string, int>> full_a, full_b;
+    for (const auto& f : A.r.full_tensors(sa, s)) full_a.insert(f);
+    for (const auto& f : B.r.full_tensors(sb, s)) full_b.insert(f);
+    std::vector<bool> b_matched(db.records.size(), false);
+
+    for (const DigestRecord& ra : da.records) {
+      const Key key{ra.layer, ra.name};
+      auto [ti, added] = tensor_index.try_emplace(key, rep.tensors.size());
+      if (added) {
+        TensorDiff td;
+        td.name = ra.name;
+        td.layer = ra.layer;
+        rep.tensors.push_back(td);
+        norms.emplace_back();
+      }
+      TensorDiff& td = rep.tensors[ti->second];
+      auto it = b_records.find(key);
+      if (it == b_records.end()) {
+        rep.unmatched.push_back(fmt::format("seq {} {} {}: only in A", s, layer_name(ra.layer), ra.name));
+        continue;
+      }
+      b_matched[it->second] = true;
+      const DigestRecord& rb = db.records[it->second];
+      if (ra.rows != rb.rows)
+        rep.unmatched.push_back(fmt::format("seq {} {} {}: {} rows in A, {} in B", s, layer_name(ra.layer),
+                                            ra.name, ra.rows, rb.rows));
+      const int64_t rows = std::min(ra.rows, rb.rows);
+      std::vector<char> differing(size_t(std::max<int64_t>(rows, 0)), 0);
+      for (int64_t row = 0; row < rows; ++row) {
+        if (da.values[size_t(ra.first + row)] == db.values[size_t(rb.first + row)]) continue;
+        differing[size_t(row)] = 1;
+        ++td.rows_differing;
+        if (td.first_digest_row < 0) {
+          td.first_digest_seq = s;
+          td.first_digest_row = row;
+        }
+        if (!rep.first_divergence) rep.first_divergence = DiffReport::First{s, ra.layer, ra.name, row};
+      }
+      td.rows += rows;
+
+      const bool full = full_a.count({ra.name, ra.layer}) && full_b.count({ra.name, ra.layer});
+      full_everywhere[key].push_back(full);
+      std::optional<std::vector<double>> mass;
+      if (full) {
+        const auto fa = A.r.tensor(sa, s, ra.layer, ra.name);
+        const auto fb = B.r.tensor(sb, s, ra.layer, ra.name);
+        if (fa && fb) mass = compare_full(*fa, *fb, td, norms[ti->second]);
+        if (!mass) {
+          rep.unmatched.push_back(fmt::format("seq {} {} {}: full tensors of different shapes", s,
+                                              layer_name(ra.layer), ra.name));
+          full_everywhere[key].back() = false;
+        }
+      }
+      if (ra.name == "ffn.hc_post") {
+        out_diff[{s, ra.layer}] = std::move(differing);
+        if (mass) out_mass[{s, ra.layer}] = std::move(*mass);
+      }
+    }
+    for (size_t i = 0; i < db.records.size(); ++i)
+      if (!b_matched[i])
+        rep.unmatched.push_back(
+            fmt::format("seq {} {} {}: only in B", s, layer_name(db.records[i].layer), db.records[i].name));
+  }
+  for (size_t i = 0; i < rep.tensors.size(); ++i) {
+    TensorDiff& td = rep.tensors[i];
+    const auto& fe = full_everywhere[{td.layer, td.name}];
+    td.full = !fe.empty() && std::all_of(fe.begin(), fe.end(), [](bool f) { return f; });
+    const Norms& nm = norms[i];
+    if (nm.sum_sq_d == 0)
+      td.rel_l2 = 0;
+    else if (nm.sum_sq_a == 0)
+      td.rel_l2 = std::numeric_limits<double>::infinity();
+    else
+      td.rel_l2 = std::sqrt(nm.sum_sq_d) / std::sqrt(nm.sum_sq_a);
+  }
+
+  // ---- layers: selections, flips, mHC, attribution ------------------------------------------------
+  const double factor = rep.tie_threshold;
+  for (int layer = 0; layer < A.cfg.num_hidden_layers; ++layer) {
+    LayerDiff L;
+    L.layer = layer;
+    L.compress_ratio = A.cfg.ratio(layer);
+    L.hashed = A.cfg.is_hash_layer(layer);
+    std::vector<std::vector<char>> agree(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) agree[size_t(s)].assign(size_t(A.step.seq_lengths[size_t(s)]), 1);
+    L.rows = 0;
+    for (int s = 0; s < S; ++s) L.rows += A.step.seq_lengths[size_t(s)];
+
+    SetRows idx, rt;
+    for (int s = 0; s < S; ++s) {
+      const auto ia = A.r.indexer(sa, s, layer);
+      const auto ib = B.r.indexer(sb, s, layer);
+      if (ia && ib) {
+        if (ia->T != ib->T) {
+          rep.unmatched.push_back(
+              fmt::format("seq {} layer {} indexer: {} rows in A, {} in B", s, layer, ia->T, ib->T));
+        } else {
+          idx.add(s, ia->T, ia->ids, ia->k, ia->margin, ib->ids, ib->k, ib->margin);
+        }
+      } else if (ia || ib) {
+        rep.unmatched.push_back(
+            fmt::format("seq {} layer {} indexer decisions: only in {}", s, layer, ia ? "A" : "B"));
+      }
+      const auto ra = A.r.routing(sa, s, layer);
+      const auto rb = B.r.routing(sb, s, layer);
+      if (ra && rb) {
+        if (ra->hashed || rb->hashed) L.hashed = true;
+        if (ra->hashed != rb->hashed) {
+          L.hash_disagreement = true;
+          rep.unmatched.push_back(
+              fmt::format("seq {} layer {} routing: hashed in {} only", s, layer, ra->hashed ? "A" : "B"));
+        }
+        if (ra->T != rb->T) {
+          rep.unmatched.push_back(
+              fmt::format("seq {} layer {} routing: {} rows in A, {} in B", s, layer, ra->T, rb->T));
+        } else {
+          rt.add(s, ra->T, ra->ids, ra->k, ra->margin, rb->ids, rb->k, rb->margin);
+        }
+      } else if (ra || rb) {
+        rep.unmatched.push_back(
+            fmt::format("seq {} layer {} routing decisions: only in {}", s, layer, ra ? "A" : "B"));
+      }
+      for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
+        const auto ma = A.r.mhc(sa, s, layer, sub);
+        const auto mb = B.r.mhc(sb, s, layer, sub);
+        if (ma && mb) {
+          max_abs_into(ma->pre, mb->pre, L.mhc_pre_max_abs);
+          max_abs_into(ma->post, mb->post, L.mhc_post_max_abs);
+          max_abs_into(ma->comb, mb->comb, L.mhc_comb_max_abs);
+        } else if (ma || mb) {
+          rep.unmatched.push_back(
+              fmt::format("seq {} layer {} mhc {}: only in {}", s, layer, to_string(sub), ma ? "A" : "B"));
+        }
+      }
+    }
+
+    if (!idx.a.empty()) {
+      L.has_indexer = true;
+      L.indexer_tie_threshold = idx.threshold(opt, factor);
+      double sum = 0, mn = 1;
+      for (size_t i = 0; i < idx.a.size(); ++i) {
+        const auto& a = idx.a[i];
+        const auto& b = idx.b[i];
+        const double ov = (a.empty() && b.empty())
+                              ? 1.0
+                              : double(intersection_size(a, b)) / double(std::max<size_t>(a.size(), 1));
+        sum += ov;
+        mn = std::min(mn, ov);
+        if (a == b) continue;
+        ++L.indexer_rows_differing;
+        agree[size_t(idx.where[i].first)][size_t(idx.where[i].second)] = 0;
+        ++(idx.tie(i, L.indexer_tie_threshold) ? L.indexer_tie_flips : L.indexer_confident_flips);
+      }
+      L.indexer_overlap_mean = sum / double(idx.a.size());
+      L.indexer_overlap_min = mn;
+    }
+    if (!rt.a.empty()) {
+      L.routing_tie_threshold = rt.threshold(opt, factor);
+      double jac = 0;
+      int64_t exact = 0;
+      for (size_t i = 0; i < rt.a.size(); ++i) {
+        const auto& a = rt.a[i];
+        const auto& b = rt.b[i];
+        const size_t inter = intersection_size(a, b);
+        const size_t uni = a.size() + b.size() - inter;
+        jac += uni == 0 ? 1.0 : double(inter) / double(uni);
+        if (a == b) {
+          ++exact;
+          continue;
+        }
+        ++L.routing_rows_differing;
+        agree[size_t(rt.where[i].first)][size_t(rt.where[i].second)] = 0;
+        ++(rt.tie(i, L.routing_tie_threshold) ? L.routing_tie_flips : L.routing_confident_flips);
+      }
+      L.routing_exact = double(exact) / double(rt.a.size());
+      L.routing_jaccard = jac / double(rt.a.size());
+      if (L.hashed && L.routing_rows_differing > 0) L.hash_disagreement = true;
+    }
+
+    // Attribution: weigh by the squared row difference of ffn.hc_post when every sequence holds it in
+    // full, else count the digest-differing rows.
+    bool have_mass = true, have_rows = false;
+    for (int s = 0; s < S; ++s) {
+      if (out_diff.count({s, layer})) have_rows = true;
+      if (!out_mass.count({s, layer})) have_mass = false;
+    }
+    if (have_rows) {
+      double total = 0, same = 0;
+      for (int s = 0; s < S; ++s) {
+        auto it = out_diff.find({s, layer});
+        if (it == out_diff.end()) continue;
+        const auto& ag = agree[size_t(s)];
+        const std::vector<double>* mass = have_mass ? &out_mass.at({s, layer}) : nullptr;
+        for (size_t t = 0; t < it->second.size(); ++t) {
+          if (it->second[t]) ++L.rows_out_differing;
+          const double w = mass ? (*mass)[t] : (it->second[t] ? 1.0 : 0.0);
+          total += w;
+          if (t < ag.size() && ag[t]) same += w;
+        }
+      }
+      L.same_selection_share = total > 0 ? same / total : 0.0;
+    }
+    rep.layers.push_back(L);
+  }
+
+  // ---- tokens: log-prob mismatch and importance ratios -------------------------------------------
+  double sum_k1 = 0, sum_k3 = 0, sum_r = 0, sum_abs = 0;
+  int64_t outside = 0;
+  for (int s = 0; s < S; ++s) {
+    const std::vector<float> la = A.r.logprobs(sa, s);
+    const std::vector<float> lb = B.r.logprobs(sb, s);
+    if (la.size() != lb.size())
+      rep.unmatched.push_back(fmt::format("seq {} logprobs: {} in A, {} in B", s, la.size(), lb.size()));
+    for (size_t t = 0; t < std::min(la.size(), lb.size()); ++t) {
+      TokenDiff tk;
+      tk.seq = s;
+      tk.position = int64_t(t);
+      tk.logprob_a = la[t];
+      tk.logprob_b = lb[t];
+      const double log_r = tk.logprob_b - tk.logprob_a;
+      tk.abs_diff = std::fabs(log_r);
+      tk.ratio = std::exp(log_r);
+      const bool first = rep.tokens.empty();
+      rep.ratio_max = first ? tk.ratio : std::max(rep.ratio_max, tk.ratio);
+      rep.ratio_min = first ? tk.ratio : std::min(rep.ratio_min, tk.ratio);
+      rep.logprob_abs_max = std::max(rep.logprob_abs_max, tk.abs_diff);
+      sum_k1 += -log_r;
+      sum_k3 += (tk.ratio - 1.0) - log_r;
+      sum_r += tk.ratio;
+      sum_abs += tk.abs_diff;
+      if (tk.ratio < 0.8 || tk.ratio > 1.25) ++outside;
+      rep.tokens.push_back(tk);
+    }
+  }
+  if (!rep.tokens.empty()) {
+    const double n = double(rep.tokens.size());
+    rep.k1 = sum_k1 / n;
+    rep.k3 = sum_k3 / n;
+    rep.ratio_mean = sum_r / n;
+    rep.ratio_outside = double(outside) / n;
+    rep.logprob_abs_mean = sum_abs / n;
+  }
+  return rep;
+}
+
+// ---- JSON (docs/DIFF_JSON.md) ------------------------------------------------------------------------
+
+std::string diff_to_json(const DiffReport& r) {
+  using J = nlohmann::ordered_json;
+  J j;
+  j["format"] = "dsv4-diff";
+  j["version"] = 1;
+  j["trace_a"] = {
+      {"path", r.trace_a}, {"step", r.step_a}, {"profile", r.profile_a}, {"model_digest", r.model_digest_a}};
+  j["trace_b"] = {
+      {"path", r.trace_b}, {"step", r.step_b}, {"profile", r.profile_b}, {"model_digest", r.model_digest_b}};
+  j["seq_count"] = r.seq_count;
+  j["model_mismatch"] = r.model_mismatch;
+  j["tie"] = {{"rule", r.tie_rule}, {"threshold", r.tie_threshold}};
+  if (r.first_divergence) {
+    const auto& f = *r.first_divergence;
+    j["first_divergence"] = {{"seq", f.seq}, {"layer", f.layer}, {"tensor", f.tensor}, {"row", f.row}};
+  } else {
+    j["first_divergence"] = nullptr;
+  }
+  j["logprobs"] = {{"tokens", r.tokens.size()},
+                   {"abs_mean", r.logprob_abs_mean},
+                   {"abs_max", r.logprob_abs_max},
+                   {"k1", r.k1},
+                   {"k3", r.k3},
+                   {"ratio_mean", r.ratio_mean},
+                   {"ratio_min", r.ratio_min},
+                   {"ratio_max", r.ratio_max},
+                   {"ratio_outside", r.ratio_outside}};
+  J layers = J::array();
+  for (const LayerDiff& L : r.layers) {
+    J l;
+    l["layer"] = L.layer;
+    l["compress_ratio"] = L.compress_ratio;
+    l["rows"] = L.rows;
+    if (L.has_indexer) {
+      l["indexer"] = {
+          {"overlap_mean", L.indexer_overlap_mean},       {"overlap_min", L.indexer_overlap_min},
+          {"rows_differing", L.indexer_rows_differing},   {"tie_flips", L.indexer_tie_flips},
+          {"confident_flips", L.indexer_confident_flips}, {"tie_threshold", L.indexer_tie_threshold}};
+    } else {
+      l["indexer"] = nullptr;
+    }
+    l["routing"] = {{"hashed", L.hashed},
+                    {"exact", L.routing_exact},
+                    {"jaccard", L.routing_jaccard},
+                    {"rows_differing", L.routing_rows_differing},
+                    {"tie_flips", L.routing_tie_flips},
+                    {"confident_flips", L.routing_confident_flips},
+                    {"tie_threshold", L.routing_tie_threshold},
+                    {"hash_disagreement", L.hash_disagreement}};
+    l["mhc"] = {{"pre_max_abs", L.mhc_pre_max_abs},
+                {"post_max_abs", L.mhc_post_max_abs},
+                {"comb_max_abs", L.mhc_comb_max_abs}};
+    l["attribution"] = {{"rows_out_differing", L.rows_out_differing},
+                        {"same_selection_share", L.same_selection_share}};
+    layers.push_back(std::move(l));
+  }
+  j["layers"] = std::move(layers);
+  J tensors = J::array();
+  for (const TensorDiff& t : r.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"layer", t.layer},
+                       {"rows", t.rows},
+                       {"rows_differing", t.rows_differing},
+                       {"first_digest_seq", t.first_digest_seq},
+                       {"first_digest_row", t.first_digest_row},
+                       {"full", t.full},
+                       {"rel_l2", t.rel_l2},
+                       {"max_abs", t.max_abs},
+                       {"max_ulp", t.max_ulp},
+                       {"nonfinite_differing", t.nonfinite_differing}});
+  }
+  j["tensors"] = std::move(tensors);
+  J tokens = J::array();
+  for (const TokenDiff& t : r.tokens) {
+    tokens.push_back({{"seq", t.seq},
+                      {"position", t.position},
+                      {"logprob_a", t.logprob_a},
+                      {"logprob_b", t.logprob_b},
+                      {"abs_diff", t.abs_diff},
+                      {"ratio", t.ratio}});
+  }
+  j["tokens"] = std::move(tokens);
+  j["unmatched"] = r.unmatched;
+  return j.dump(2) + "\n";
+}
+
+// ---- text table ------------------------------------------------------------------------------------
+
+namespace {
+
+std::string fmt_share(double x) {
+  return fmt::format("{:.4f}", x);
+}
+std::string fmt_sci(double x) {
+  return std::isfinite(x) ? fmt::format("{:.3g}", x) : fmt::format("{}", x);
+}
+
+// The worst tensors first: most digest rows differing (as a share), then largest rel-L2.
+std::vector<const TensorDiff*> worst_tensors(const DiffReport& r, size_t n) {
+  std::vector<const TensorDiff*> v;
+  for (const auto& t : r.tensors)
+    if (t.rows_differing > 0 || t.rel_l2 > 0) v.push_back(&t);
+  auto share = [](const TensorDiff* t) {
+    return t->rows > 0 ? double(t->rows_differing) / double(t->rows) : 0.0;
+  };
+  std::stable_sort(v.begin(), v.end(), [&](const TensorDiff* x, const TensorDiff* y) {
+    if (share(x) != share(y)) return share(x) > share(y);
+    return x->rel_l2 > y->rel_l2;
+  });
+  if (v.size() > n) v.resize(n);
+  return v;
+}
+
+}  // namespace
+
+std::string diff_to_table(const DiffReport& r) {
+  std::string o;
+  o += fmt::format("A: {} step {} (profile {}, model {})\n", r.trace_a, r.step_a, r.profile_a,
+                   r.model_digest_a);
+  o += fmt::format("B: {} step {} (profile {}, model {})\n", r.trace_b, r.step_b, r.profile_b,
+                   r.model_digest_b);
+  o += fmt::format("{} sequence{}", r.seq_count, r.seq_count == 1 ? "" : "s");
+  if (r.model_mismatch) o += "; MODEL MISMATCH (different weights)";
+  o += "\n";
+  if (r.tie_rule == "absolute")
+    o += fmt::format("tie flips: margin < {} (absolute)\n\n", fmt_sci(r.tie_threshold));
+  else
+    o += fmt::format("tie flips: margin < {} x median |margin| of the layer\n\n", fmt_sci(r.tie_threshold));
+
+  o += fmt::format(
+      "{:>5} {:>5} {:>4} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>9} {:>9} {:>9} "
+      "| {:>6} {:>8}\n",
+      "layer", "ratio", "hash", "idx.ovl", "idx.min", "diff", "tie", "conf", "rt.exact", "rt.jacc", "diff",
+      "tie", "conf", "mhc.pre", "mhc.post", "mhc.comb", "out.df", "same.sel");
+  for (const LayerDiff& L : r.layers) {
+    const std::string ia = L.has_indexer ? fmt_share(L.indexer_overlap_mean) : "-";
+    const std::string im = L.has_indexer ? fmt_share(L.indexer_overlap_min) : "-";
+    const std::string id = L.has_indexer ? std::to_string(L.indexer_rows_differing) : "-";
+    const std::string it = L.has_indexer ? std::to_string(L.indexer_tie_flips) : "-";
+    const std::string ic = L.has_indexer ? std::to_string(L.indexer_confident_flips) : "-";
+    o += fmt::format(
+        "{:>5} {:>5} {:>4} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>9} {:>9} "
+        "{:>9} | {:>6} "
+        "{:>8}{}\n",
+        L.layer, L.compress_ratio, L.hashed ? "yes" : "", ia, im, id, it, ic, fmt_share(L.routing_exact),
+        fmt_share(L.routing_jaccard), L.routing_rows_differing, L.routing_tie_flips,
+        L.routing_confident_flips, fmt_sci(L.mhc_pre_max_abs), fmt_sci(L.mhc_post_max_abs),
+        fmt_sci(L.mhc_comb_max_abs), L.rows_out_differing, fmt_share(L.same_selection_share),
+        L.hash_disagreement ? "  HASH-ROUTING DISAGREES (bug)" : "");
+  }
+
+  const auto worst = worst_tensors(r, 12);
+  o += "\n";
+  if (worst.empty()) {
+    o += "tensors: every digest row agrees\n";
+  } else {
+    o += fmt::format("worst tensors ({} of {} differ):\n",
+                     std::count_if(r.tensors.begin(), r.tensors.end(),
+                                   [](const TensorDiff& t) { return t.rows_differing > 0; }),
+                     r.tensors.size());
+    o += fmt::format("  {:<22} {:>5} {:>13} {:>11} {:>10} {:>10} {:>10}\n", "tensor", "layer", "rows differ",
+                     "first", "rel_l2", "max_abs", "max_ulp");
+    for (const TensorDiff* t : worst) {
+      const std::string first =
+          t->first_digest_row < 0 ? "-" : fmt::format("s{}:{}", t->first_digest_seq, t->first_digest_row);
+      o += fmt::format("  {:<22} {:>5} {:>13} {:>11} {:>10} {:>10} {:>10}\n", t->name,
+                       t->layer < 0 ? std::string("model") : std::to_string(t->layer),
+                       fmt::format("{}/{}", t->rows_differing, t->rows), first,
+                       t->full ? fmt_sci(t->rel_l2) : "-", t->full ? fmt_sci(t->max_abs) : "-",
+                       t->full ? std::to_string(t->max_ulp) : "-");
+    }
+  }
+
+  o += fmt::format(
+      "\nlog-probs over {} tokens: |d| mean {} max {}; k1 {} k3 {}; ratio mean {} min {} max {}, outside "
+      "[0.8, 1.25]: {:.2f}%\n",
+      r.tokens.size(), fmt_sci(r.logprob_abs_mean), fmt_sci(r.logprob_abs_max), fmt_sci(r.k1), fmt_sci(r.k3),
+      fmt_sci(r.ratio_mean), fmt_sci(r.ratio_min), fmt_sci(r.ratio_max), 100.0 * r.ratio_outside);
+  if (r.first_divergence) {
+    const auto& f = *r.first_divergence;
+    o += fmt::format("first divergence: seq {}, {}, {}, row {}\n", f.seq, layer_name(f.layer), f.tensor,
+                     f.row);
+  } else {
+    o += "first divergence: none (every digest agrees)\n";
+  }
+  if (!r.unmatched.empty()) {
+    o += fmt::format("unmatched ({}):\n", r.unmatched.size());
+    for (size_t i = 0; i < r.unmatched.size() && i < 20; ++i) o += "  " + r.unmatched[i] + "\n";
+    if (r.unmatched.size() > 20) o += fmt::format("  ... {} more\n", r.unmatched.size() - 20);
+  }
+  return o;
+}
+
+// ---- CSV ------------------------------------------------------------------------------------------
+
+namespace {
+
+// Numbers round-trip (17 significant digits); non-finite values are written as nan/inf/-inf.
+std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return fmt::format("{:.17g}", x);
+}
+
+// Tensor names hold no commas or quotes today; quote anyway so a future name cannot break a row.
+std::string quoted(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) throw InputError(fmt::format("{}: cannot write", p.string()));
+}
+
+}  // namespace
+
+void diff_to_csv(const DiffReport& r, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
+  const std::filesystem::path d(dir);
+
+  std::string l =
+      "layer,compress_ratio,rows,has_indexer,indexer_overlap_mean,indexer_overlap_min,indexer_rows_differing,"
+      "indexer_tie_flips,indexer_confident_flips,indexer_tie_threshold,hashed,routing_exact,routing_jaccard,"
+      "routing_rows_differing,routing_tie_flips,routing_confident_flips,routing_tie_threshold,hash_"
+      "disagreement,"
+      "mhc_pre_max_abs,mhc_post_max_abs,mhc_comb_max_abs,rows_out_differing,same_selection_share\n";
+  for (const LayerDiff& L : r.layers)
+    l += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", L.layer,
+                     L.compress_ratio, L.rows, int(L.has_indexer), num(L.indexer_overlap_mean),
+                     num(L.indexer_overlap_min), L.indexer_rows_differing, L.indexer_tie_flips,
+                     L.indexer_confident_flips, num(L.indexer_tie_threshold), int(L.hashed),
+                     num(L.routing_exact), num(L.routing_jaccard), L.routing_rows_differing,
+                     L.routing_tie_flips, L.routing_confident_flips, num(L.routing_tie_threshold),
+                     int(L.hash_disagreement), num(L.mhc_pre_max_abs), num(L.mhc_post_max_abs),
+                     num(L.mhc_comb_max_abs), L.rows_out_differing, num(L.same_selection_share));
+  write_file(d / "layers.csv", l);
+
+  std::string t =
+      "name,layer,rows,rows_differing,first_digest_seq,first_digest_row,full,rel_l2,max_abs,max_ulp,"
+      "nonfinite_differing\n";
+  for (const TensorDiff& x : r.tensors)
+    t += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", quoted(x.name), x.layer, x.rows, x.rows_differing,
+                     x.first_digest_seq, x.first_digest_row, int(x.full), num(x.rel_l2), num(x.max_abs),
+                     x.max_ulp, x.nonfinite_differing);
+  write_file(d / "tensors.csv", t);
+
+  std::string k = "seq,position,logprob_a,logprob_b,abs_diff,ratio\n";
+  for (const TokenDiff& x : r.tokens)
+    k += fmt::format("{},{},{},{},{},{}\n", x.seq, x.position, num(x.logprob_a), num(x.logprob_b),
+                     num(x.abs_diff), num(x.ratio));
+  write_file(d / "tokens.csv", k);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,721 @@
+// Replay: re-execute recorded steps and verify them against the trace (replay/replay.h).
+//
+// Verification walks each sequence's recorded digest records in execution order while the model
+// reports its named tensors: the n-th tensor the replay computes for a sequence must be the n-th
+// record (same name, layer and row count) and every row's digest must equal the recorded one. The
+// first differing (sequence, layer, tensor, row) in execution order is kept with the recomputed row
+// and, where the trace holds the full tensor, the element-level difference.
+#include "replay/replay.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <hdf5.h>
+#include <omp.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "capture/digest.h"
+#include "capture/errors.h"
+#include "model/checkpoint.h"
+#include "model/collect.h"
+#include "model/forward.h"
+
+namespace dsv4 {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---- element-level comparison ------------------------------------------------------------------
+
+// Position of a value on a line where neighbouring representable values are one apart (sign-magnitude
+// bit patterns mapped to a monotonic integer), so the ulp distance is a difference of two keys.
+int64_t ordered_f32(float x) {
+  const int32_t i = std::bit_cast<int32_t>(x);
+  return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
+}
+int64_t ordered_bf16(float x) {  // x is bf16-exact: its upper 16 bits are the bf16 pattern
+  const int16_t i = int16_t(std::bit_cast<uint32_t>(x) >> 16);
+  return i < 0 ? int64_t(INT16_MIN) - i : int64_t(i);
+}
+
+// Element diff of one row: first index whose stored bits differ, both values, the ulp distance in
+// the storage dtype (bf16 tensors count bf16 ulps), and max abs/rel differences over the row.
+void element_diff(const TensorCopy& rec, const TensorRecord& t, int64_t row, Divergence& d) {
+  const int64_t per = t.row_elems();
+  d.has_elements = true;
+  auto value_rec = [&](int64_t i) {
+    return t.dtype == DType::i32 ? double(rec.i[size_t(row * per + i)])
+                                 : double(rec.f[size_t(row * per + i)]);
+  };
+  auto value_rep = [&](int64_t i) {
+    return t.dtype == DType::i32 ? double(static_cast<const int32_t*>(t.data)[row * per + i])
+                                 : double(static_cast<const float*>(t.data)[row * per + i]);
+  };
+  auto same_bits = [&](int64_t i) {
+    if (t.dtype == DType::i32)
+      return rec.i[size_t(row * per + i)] == static_cast<const int32_t*>(t.data)[row * per + i];
+    const float a = rec.f[size_t(row * per + i)], b = static_cast<const float*>(t.data)[row * per + i];
+    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  };
+  for (int64_t i = 0; i < per; ++i) {
+    if (same_bits(i)) continue;
+    const double a = value_rec(i), b = value_rep(i);
+    double abs = std::fabs(a - b);
+    if (std::isnan(abs)) abs = std::numeric_limits<double>::infinity();  // NaN on one side only
+    const double rel = a != 0 ? abs / std::fabs(a) : std::numeric_limits<double>::infinity();
+    d.max_abs = std::max(d.max_abs, abs);
+    d.max_rel = std::max(d.max_rel, rel);
+    if (d.first_index >= 0) continue;
+    d.first_index = i;
+    d.recorded = a;
+    d.replayed = b;
+    if (t.dtype == DType::i32)
+      d.ulp = int64_t(std::llabs(int64_t(a) - int64_t(b)));
+    else if (t.dtype == DType::bf16)
+      d.ulp = std::llabs(ordered_bf16(float(a)) - ordered_bf16(float(b)));
+    else
+      d.ulp = std::llabs(ordered_f32(float(a)) - ordered_f32(float(b)));
+  }
+}
+
+// ---- the verifying observer ----------------------------------------------------------------------
+
+// Compares every reported tensor with the recorded digests of its sequence and keeps the decisions
+// the replay made (for the comparison with the recorded or the counterfactual ones afterwards).
+class Verifier : public Observer {
+ public:
+  Verifier(const TraceReader& r, int step, std::vector<DigestTable> tables, StepReplay& out)
+      : r_(r), step_(step), out_(out) {
+    for (auto& t : tables) seqs_.push_back(SeqState{std::move(t)});
+  }
+
+  void on_tensor(const TensorRecord& t) override {
+    if (t.seq < 0 || t.seq >= int(seqs_.size()))
+      throw Error(
+          fmt::format("internal: the replay reported sequence {} of a batch of {}", t.seq, seqs_.size()));
+    SeqState& s = seqs_[size_t(t.seq)];
+    if (s.lost) return;
+    if (s.next >= s.table.records.size()) {
+      lose(t, s,
+           fmt::format(
+               "extra record: the trace holds {} records for sequence {}, the replay computed {} layer {} "
+               "after them",
+               s.table.records.size(), t.seq, t.name, t.layer));
+      return;
+    }
+    const DigestRecord& rec = s.table.records[s.next];
+    if (rec.name != t.name || rec.layer != t.layer || rec.rows != t.rows()) {
+      lose(t, s,
+           fmt::format(
+               "record order differs: record {} of sequence {} is {} layer {} ({} rows) in the trace, the "
+               "replay computed {} layer {} ({} rows)",
+               s.next, t.seq, rec.name, rec.layer, rec.rows, t.name, t.layer, t.rows()));
+      return;
+    }
+    if (rec.first < 0 || rec.first + rec.rows > int64_t(s.table.values.size()))
+      throw TraceError(
+          fmt::format("{}: step {} sequence {}: digest record {} ({} layer {}) points past the {} "
+                      "recorded values",
+                      r_.path(), step_, t.seq, s.next, rec.name, rec.layer, s.table.values.size()));
+    ++s.next;
+    const std::vector<uint64_t> rows = digest_rows(t);
+    ++out_.records_compared;
+    out_.rows_compared += rec.rows;
+    int64_t first_bad = -1, bad = 0;
+    for (int64_t i = 0; i < rec.rows; ++i) {
+      if (rows[size_t(i)] == s.table.values[size_t(rec.first + i)]) continue;
+      ++bad;
+      if (first_bad < 0) first_bad = i;
+    }
+    if (bad == 0) return;
+    ++out_.records_differing;
+    out_.rows_differing += bad;
+    if (!out_.first) out_.first = divergence(t, first_bad, "digest differs", true);
+  }
+  void on_indexer(const IndexerDecision& d) override { log.on_indexer(d); }
+  void on_routing(const RoutingDecision& d) override { log.on_routing(d); }
+  bool wants_tensors() const override { return true; }
+
+  // After the forward: a sequence whose replay ended before its recorded records did is a divergence.
+  void finish() {
+    for (size_t q = 0; q < seqs_.size(); ++q) {
+      SeqState& s = seqs_[q];
+      if (s.lost || s.next == s.table.records.size()) continue;
+      const DigestRecord& rec = s.table.records[s.next];
+      ++out_.records_differing;
+      if (out_.first) continue;
+      Divergence d;
+      d.step = step_;
+      d.seq = int(q);
+      d.layer = rec.layer;
+      d.tensor = rec.name;
+      d.reason = fmt::format(
+          "missing record: the trace holds {} records for sequence {}, the replay computed only {}",
+          s.table.records.size(), q, s.next);
+      out_.first = std::move(d);
+    }
+  }
+
+  DecisionLog log;
+
+ private:
+  struct SeqState {
+    DigestTable table;
+    size_t next = 0;
+    bool lost = false;  // an order mismatch: later records cannot be aligned
+  };
+
+  void lose(const TensorRecord& t, SeqState& s, std::string why) {
+    s.lost = true;
+    ++out_.records_differing;
+    if (!out_.first) out_.first = divergence(t, 0, std::move(why), false);
+  }
+
+  Divergence divergence(const TensorRecord& t, int64_t row, std::string reason, bool elements) const {
+    Divergence d;
+    d.step = step_;
+    d.seq = t.seq;
+    d.layer = t.layer;
+    d.tensor = std::string(t.name);
+    d.row = row;
+    d.reason = std::move(reason);
+    const int64_t per = t.row_elems();
+    if (row < t.rows()) {
+      d.replayed_row.resize(size_t(per));
+      for (int64_t i = 0; i < per; ++i)
+        d.replayed_row[size_t(i)] = t.dtype == DType::i32
+                                        ? float(static_cast<const int32_t*>(t.data)[row * per + i])
+                                        : static_cast<const float*>(t.data)[row * per + i];
+    }
+    if (!elements) return d;
+    // Only the first divergence reads the full tensor, so this costs one dataset read per step.
+    const std::optional<TensorCopy> rec = r_.tensor(step_, t.seq, t.layer, std::string(t.name));
+    if (!rec || rec->shape != t.shape || rec->dtype != t.dtype) return d;
+    element_diff(*rec, t, row, d);
+    if (d.first_index < 0)
+      d.reason += " (the recorded full tensor equals the replayed row: the recorded digest itself is wrong)";
+    return d;
+  }
+
+  const TraceReader& r_;
+  int step_;
+  StepReplay& out_;
+  std::vector<SeqState> seqs_;
+};
+
+// ---- decisions -------------------------------------------------------------------------------------
+
+// Row t of an id table as a sorted set (-1 padding dropped): decisions compare as sets (DESIGN.md §4).
+std::vector<int32_t> row_set(const std::vector<int32_t>& ids, int k, int64_t t) {
+  std::vector<int32_t> s;
+  for (int j = 0; j < k; ++j) {
+    const int32_t v = ids[size_t(t * k + j)];
+    if (v >= 0) s.push_back(v);
+  }
+  std::sort(s.begin(), s.end());
+  return s;
+}
+
+// Rows whose sets differ between two [T, k] tables; a shape mismatch counts every row.
+void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const std::vector<int32_t>& a,
+                 int64_t Tb, int kb, const std::vector<int32_t>& b, std::vector<DecisionChange>& out) {
+  DecisionChange c;
+  c.seq = seq;
+  c.layer = layer;
+  c.kind = kind;
+  if (Ta != Tb || ka != kb || int64_t(a.size()) != Ta * ka || int64_t(b.size()) != Tb * kb) {
+    c.rows_changed = std::max(Ta, Tb);
+    c.first_row = 0;
+  } else {
+    for (int64_t t = 0; t < Ta; ++t) {
+      if (row_set(a, ka, t) == row_set(b, kb, t)) continue;
+      ++c.rows_changed;
+      if (c.first_row < 0) c.first_row = t;
+    }
+  }
+  if (c.rows_changed > 0) out.push_back(std::move(c));
+}
+
+// The decisions one sequence of a trace's step holds, by layer.
+struct SeqDecisions {
+  std::map<int, IndexerRecord> indexer;
+  std::map<int, RoutingRecord> routing;
+};
+SeqDecisions read_decisions(const TraceReader& r, int step, int seq) {
+  SeqDecisions d;
+  for (int layer : r.decision_layers(step, seq)) {
+    if (auto x = r.indexer(step, seq, layer)) d.indexer[layer] = std::move(*x);
+    if (auto x = r.routing(step, seq, layer)) d.routing[layer] = std::move(*x);
+  }
+  return d;
+}
+
+// Recomputed (the replay's log) vs expected decisions of every sequence; a layer present on one side
+// only counts every row as changed.
+std::vector<DecisionChange> compare_decisions_with(const DecisionLog& log,
+                                                   const std::vector<SeqDecisions>& expected) {
+  std::vector<DecisionChange> out;
+  for (int seq = 0; seq < int(expected.size()); ++seq) {
+    std::set<int> layers;
+    for (const auto& [l, x] : expected[size_t(seq)].indexer) layers.insert(l);
+    for (const auto& [l, x] : expected[size_t(seq)].routing) layers.insert(l);
+    for (const auto& [key, x] : log.indexer)
+      if (key.first == seq) layers.insert(key.second);
+    for (const auto& [key, x] : log.routing)
+      if (key.first == seq) layers.insert(key.second);
+    for (int layer : layers) {
+      static const IndexerRecord no_indexer;
+      static const RoutingRecord no_routing;
+      const auto ei = expected[size_t(seq)].indexer.find(layer);
+      const auto ri = log.indexer.find({seq, layer});
+      if (ei != expected[size_t(seq)].indexer.end() || ri != log.indexer.end()) {
+        const IndexerRecord& a = ei != expected[size_t(seq)].indexer.end() ? ei->second : no_indexer;
+        const IndexerRecord& b = ri != log.indexer.end() ? ri->second : no_indexer;
+        compare_ids(seq, layer, "indexer", a.T, a.k, a.ids, b.T, b.k, b.ids, out);
+      }
+      const auto er = expected[size_t(seq)].routing.find(layer);
+      const auto rr = log.routing.find({seq, layer});
+      if (er != expected[size_t(seq)].routing.end() || rr != log.routing.end()) {
+        const RoutingRecord& a = er != expected[size_t(seq)].routing.end() ? er->second : no_routing;
+        const RoutingRecord& b = rr != log.routing.end() ? rr->second : no_routing;
+        compare_ids(seq, layer, "routing", a.T, a.k, a.ids, b.T, b.k, b.ids, out);
+      }
+    }
+  }
+  return out;
+}
+
+// Overrides that force recorded decisions: indexer selections of C4 layers and/or the experts of
+// learned layers (hash layers are never overridden; their ids follow from the tokens anyway).
+void add_overrides(const std::vector<SeqDecisions>& d, bool indexer, bool routing, Overrides& o) {
+  for (int seq = 0; seq < int(d.size()); ++seq) {
+    if (indexer)
+      for (const auto& [layer, x] : d[size_t(seq)].indexer)
+        o.force_indexer(seq, layer, ForcedSelection{x.T, x.k, x.ids});
+    if (routing)
+      for (const auto& [layer, x] : d[size_t(seq)].routing)
+        if (!x.hashed) o.force_experts(seq, layer, ForcedSelection{x.T, x.k, x.ids});
+  }
+}
+
+// ---- weights ----------------------------------------------------------------------------------------
+
+constexpr const char* kInitPrefix = "init:seed=";
+
+// The first config.json field whose value differs, or "" when both configs are equal.
+std::string first_config_difference(const ModelConfig& a, const ModelConfig& b) {
+  const nlohmann::json ja = nlohmann::json::parse(config_to_json(a));
+  const nlohmann::json jb = nlohmann::json::parse(config_to_json(b));
+  if (ja == jb) return "";
+  for (const auto& [k, v] : ja.items())
+    if (!jb.contains(k) || jb[k] != v) return k;
+  for (const auto& [k, v] : jb.items())
+    if (!ja.contains(k)) return k;
+  return "?";
+}
+
+// Where a recorded (non-init) weights path is found: absolute paths as they are; relative ones
+// beside the trace first (bundles), then in the working directory. "" when none exists.
+std::string resolve_recorded_path(const TraceReader& r, const std::string& recorded) {
+  std::error_code ec;
+  const fs::path p(recorded);
+  if (p.is_absolute()) return fs::exists(p, ec) ? recorded : "";
+  const fs::path beside = fs::path(r.path()).parent_path() / p;
+  if (fs::exists(beside, ec)) return beside.string();
+  if (fs::exists(p, ec)) return recorded;
+  return "";
+}
+
+std::optional<uint64_t> init_seed(const std::string& source) {
+  if (source.rfind(kInitPrefix, 0) != 0) return std::nullopt;
+  const std::string num = source.substr(std::strlen(kInitPrefix));
+  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoull(num);
+}
+
+// ---- environment --------------------------------------------------------------------------------
+
+int env_rank(const std::string& key) {
+  static const std::map<std::string, int> ranks = {
+      {"compile_flags", 0}, {"compiler", 1},   {"cpu_flags", 2}, {"build_id", 3}, {"threads", 4},
+      {"gpu", 5},           {"gpu_driver", 5}, {"cuda", 5},      {"cupti", 5},    {"nccl", 5},
+      {"hdf5", 6},          {"os", 6},         {"cpu_model", 6}, {"host", 8},
+  };
+  const auto it = ranks.find(key);
+  return it == ranks.end() ? 7 : it->second;
+}
+
+// ---- files ----------------------------------------------------------------------------------------
+
+uint64_t file_xxh3(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot read", p.string()));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(size_t(1) << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    if (f.gcount() > 0) XXH3_64bits_update(st, buf.data(), size_t(f.gcount()));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+// Sets a variable-length UTF-8 string attribute on a group of an HDF5 file (replacing it).
+void set_string_attr(const std::string& file, const std::string& group, const std::string& name,
+                     const std::string& value) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  auto fail = [&](const char* what) {
+    throw TraceError(fmt::format("{}: {}: cannot {} attribute {}", file, group, what, name));
+  };
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) fail("open the file to set");
+  const hid_t g = H5Oopen(f, group.c_str(), H5P_DEFAULT);
+  hid_t type = -1, space = -1, attr = -1;
+  bool ok = g >= 0;
+  if (ok && H5Aexists(g, name.c_str()) > 0) ok = H5Adelete(g, name.c_str()) >= 0;
+  if (ok) {
+    type = H5Tcopy(H5T_C_S1);
+    ok = type >= 0 && H5Tset_size(type, H5T_VARIABLE) >= 0 && H5Tset_cset(type, H5T_CSET_UTF8) >= 0;
+  }
+  if (ok) ok = (space = H5Screate(H5S_SCALAR)) >= 0;
+  if (ok) ok = (attr = H5Acreate2(g, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)) >= 0;
+  const char* v = value.c_str();
+  if (ok) ok = H5Awrite(attr, type, &v) >= 0;
+  if (attr >= 0) H5Aclose(attr);
+  if (space >= 0) H5Sclose(space);
+  if (type >= 0) H5Tclose(type);
+  if (g >= 0) H5Oclose(g);
+  if (H5Fclose(f) < 0) ok = false;
+  if (!ok) fail("write");
+}
+
+// The files that make a checkpoint directory: config.json, *.safetensors and the shard index.
+bool is_checkpoint_file(const fs::path& p) {
+  const std::string n = p.filename().string();
+  auto ends_with = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
+  return n == "config.json" || ends_with(".safetensors") || ends_with(".safetensors.index.json");
+}
+
+double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += std::fabs(double(a[i]) - double(b[i]));
+  return a.empty() ? 0 : s / double(a.size());
+}
+double mean_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) - double(b[i]);
+  return a.empty() ? 0 : s / double(a.size());
+}
+
+// Model shape fields that decisions depend on: forcing decisions of a trace of another shape cannot work.
+bool same_decision_shape(const ModelConfig& a, const ModelConfig& b) {
+  return a.num_hidden_layers == b.num_hidden_layers && a.compress_ratios == b.compress_ratios &&
+         a.index_topk == b.index_topk && a.n_routed_experts == b.n_routed_experts &&
+         a.num_experts_per_tok == b.num_experts_per_tok && a.num_hash_layers == b.num_hash_layers &&
+         a.vocab_size == b.vocab_size;
+}
+
+}  // namespace
+
+// ---- public -----------------------------------------------------------------------------------------
+
+bool ReplayReport::identical() const {
+  if (!weight_mismatches.empty()) return false;
+  for (const auto& s : steps)
+    if (!s.identical) return false;
+  return true;
+}
+
+Weights weights_for_trace(const TraceReader& r, const std::string& model_dir) {
+  const ModelConfig recorded = r.config();
+  const TraceModelMeta meta = r.model();
+  std::string path = model_dir;
+  if (path.empty()) {
+    if (const auto seed = init_seed(meta.weights_path)) return Weights::init(recorded, *seed);
+    if (meta.weights_path.empty())
+      throw InputError(fmt::format("{}: the trace records no weights path; pass --model DIR", r.path()));
+    path = resolve_recorded_path(r, meta.weights_path);
+    if (path.empty())
+      throw InputError(
+          fmt::format("{}: the recorded weights '{}' are not found here (looked beside the trace and in "
+                      "the working directory); pass --model DIR",
+                      r.path(), meta.weights_path));
+  }
+  Weights w = open_checkpoint(path);
+  const std::string field = first_config_difference(recorded, w.config());
+  if (!field.empty())
+    throw InputError(
+        fmt::format("{}: its config.json differs from the one recorded in {} (field '{}'); this is "
+                    "not the recorded model",
+                    path, r.path(), field));
+  return w;
+}
+
+std::vector<std::string> weight_mismatches(const TraceReader& r, const Weights& w) {
+  const TraceModelMeta meta = r.model();
+  if (meta.tensor_names.size() != meta.tensor_digests.size())
+    throw TraceError(fmt::format("{}: /meta/model holds {} tensor names but {} digests", r.path(),
+                                 meta.tensor_names.size(), meta.tensor_digests.size()));
+  const ModelDigest here = model_digest(w);
+  std::map<std::string, uint64_t> recorded, mine;
+  for (size_t i = 0; i < meta.tensor_names.size(); ++i)
+    recorded[meta.tensor_names[i]] = meta.tensor_digests[i];
+  for (size_t i = 0; i < here.names.size(); ++i) mine[here.names[i]] = here.digests[i];
+  std::vector<std::string> out;
+  for (const auto& [name, d] : recorded) {
+    const auto it = mine.find(name);
+    if (it == mine.end() || it->second != d) out.push_back(name);
+  }
+  for (const auto& [name, d] : mine)
+    if (!recorded.count(name)) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const EnvFingerprint& here) {
+  std::set<std::string> keys;
+  for (const auto& [k, v] : recorded) keys.insert(k);
+  for (const auto& [k, v] : here) keys.insert(k);
+  std::vector<EnvDifference> out;
+  for (const std::string& k : keys) {
+    const auto a = recorded.find(k), b = here.find(k);
+    const std::string va = a == recorded.end() ? "(absent)" : a->second;
+    const std::string vb = b == here.end() ? "(absent)" : b->second;
+    if (va != vb) out.push_back(EnvDifference{k, va, vb, env_rank(k)});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const EnvDifference& x, const EnvDifference& y) {
+    return x.rank != y.rank ? x.rank < y.rank : x.key < y.key;
+  });
+  return out;
+}
+
+ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
+  TraceReader r = TraceReader::open(trace);
+  ReplayReport rep;
+  rep.trace = trace;
+  const std::vector<TraceStepInfo> steps = r.steps();
+
+  std::vector<int> selected;
+  if (opt.step) {
+    if (*opt.step < 0 || *opt.step >= int(steps.size()))
+      throw InputError(fmt::format("{}: no step {} (the trace has {} step{}: 0..{})", trace, *opt.step,
+                                   steps.size(), steps.size() == 1 ? "" : "s", int(steps.size()) - 1));
+    if (!steps[size_t(*opt.step)].complete)
+      throw TraceIncomplete(
+          fmt::format("{}: step {} is incomplete (its recorder stopped while writing it); `dsv4 "
+                      "trace validate` lists the complete steps",
+                      trace, *opt.step));
+    selected.push_back(*opt.step);
+  } else {
+    for (const auto& s : steps) {
+      if (s.complete) {
+        selected.push_back(s.index);
+      } else {
+        rep.skipped_steps.push_back(s.index);
+        rep.notes.push_back(fmt::format("step {} is incomplete (status 0) and was not replayed", s.index));
+      }
+    }
+    if (selected.empty())
+      throw TraceIncomplete(
+          fmt::format("{}: no complete step to replay (the trace has {} step{}, none complete)", trace,
+                      steps.size(), steps.size() == 1 ? "" : "s"));
+  }
+
+  std::optional<TraceReader> source;
+  std::vector<TraceStepInfo> source_steps;
+  if (!opt.take_decisions_from.empty()) {
+    source = TraceReader::open(opt.take_decisions_from);
+    source_steps = source->steps();
+    if (!same_decision_shape(source->config(), r.config()))
+      throw InputError(
+          fmt::format("{}: its model config differs from that of {} (layers, compress ratios, indexer or "
+                      "experts): its decisions cannot be forced into this replay",
+                      opt.take_decisions_from, trace));
+    if (source->model().model_digest != r.model().model_digest)
+      rep.notes.push_back(fmt::format("{} was recorded with other weights (model digest {} vs {})",
+                                      opt.take_decisions_from, source->model().model_digest,
+                                      r.model().model_digest));
+  }
+
+  const Weights w = weights_for_trace(r, opt.model_dir);
+  rep.model_source = w.source();
+  rep.weight_mismatches = weight_mismatches(r, w);
+
+  for (int index : selected) {
+    const TraceStepInfo& info = steps[size_t(index)];
+    StepReplay sr;
+    sr.step = index;
+    sr.threads = opt.threads > 0 ? opt.threads : info.threads;
+    const int n_seqs = int(info.seq_lengths.size());
+    std::vector<std::vector<int32_t>> batch;
+    std::vector<DigestTable> tables;
+    std::vector<SeqDecisions> recorded;
+    for (int s = 0; s < n_seqs; ++s) {
+      batch.push_back(r.tokens(index, s));
+      tables.push_back(r.digests(index, s));
+      recorded.push_back(read_decisions(r, index, s));
+    }
+
+    Overrides ov;
+    std::vector<SeqDecisions> forced_from;  // counterfactual: the other trace's decisions
+    std::vector<std::vector<float>> source_logprobs;
+    if (source) {
+      const int k = opt.take_step >= 0 ? opt.take_step : index;
+      if (k >= int(source_steps.size()))
+        throw InputError(fmt::format("{}: no step {} to take decisions from (it has {} step{})",
+                                     opt.take_decisions_from, k, source_steps.size(),
+                                     source_steps.size() == 1 ? "" : "s"));
+      if (!source_steps[size_t(k)].complete)
+        throw TraceIncomplete(fmt::format("{}: step {} is incomplete; its decisions cannot be used",
+                                          opt.take_decisions_from, k));
+      if (int(source_steps[size_t(k)].seq_lengths.size()) != n_seqs)
+        throw InputError(fmt::format(
+            "{} step {} holds {} sequences, {} step {} holds {}: a counterfactual needs the same "
+            "tokens",
+            opt.take_decisions_from, k, source_steps[size_t(k)].seq_lengths.size(), trace, index, n_seqs));
+      for (int s = 0; s < n_seqs; ++s) {
+        const std::vector<int32_t> toks = source->tokens(k, s);
+        if (toks != batch[size_t(s)]) {
+          size_t p = 0;
+          while (p < toks.size() && p < batch[size_t(s)].size() && toks[p] == batch[size_t(s)][p]) ++p;
+          throw InputError(fmt::format(
+              "{} step {} sequence {} holds other tokens than {} step {} ({} vs {} tokens, first "
+              "difference at position {}): a counterfactual needs the same tokens",
+              opt.take_decisions_from, k, s, trace, index, toks.size(), batch[size_t(s)].size(), p));
+        }
+        forced_from.push_back(read_decisions(*source, k, s));
+        source_logprobs.push_back(source->logprobs(k, s));
+      }
+      add_overrides(forced_from, true, true, ov);
+    } else {
+      add_overrides(recorded, opt.force_indexer, opt.force_routing, ov);
+    }
+
+    Verifier v(r, index, std::move(tables), sr);
+    RunOptions ro;
+    ro.profile = profile_by_name(info.profile);
+    ro.threads = sr.threads;
+    ro.observer = &v;
+    ro.overrides = ov.empty() ? nullptr : &ov;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ForwardResult result = forward(w, batch, ro);
+    sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    v.finish();
+
+    sr.decision_changes = compare_decisions_with(v.log, recorded);
+    if (source) {
+      sr.counterfactual_mismatches = compare_decisions_with(v.log, forced_from);
+      sr.counterfactual_decisions_equal = sr.counterfactual_mismatches.empty();
+      std::vector<float> a, b_rec, b_rep;
+      for (int s = 0; s < n_seqs; ++s) {
+        const std::vector<float> rec = r.logprobs(index, s);
+        const std::vector<float>& rep_lp = result.seqs[size_t(s)].logprobs;
+        if (source_logprobs[size_t(s)].size() != rec.size() || rec.size() != rep_lp.size())
+          throw TraceError(
+              fmt::format("{} / {}: sequence {} holds {} and {} log-probs, the replay computed {}",
+                          opt.take_decisions_from, trace, s, source_logprobs[size_t(s)].size(), rec.size(),
+                          rep_lp.size()));
+        a.insert(a.end(), source_logprobs[size_t(s)].begin(), source_logprobs[size_t(s)].end());
+        b_rec.insert(b_rec.end(), rec.begin(), rec.end());
+        b_rep.insert(b_rep.end(), rep_lp.begin(), rep_lp.end());
+      }
+      sr.mean_abs_dlogprob_before = mean_abs_diff(a, b_rec);
+      sr.mean_abs_dlogprob_after = mean_abs_diff(a, b_rep);
+      sr.kl_before = mean_diff(a, b_rec);
+      sr.kl_after = mean_diff(a, b_rep);
+    }
+    sr.identical = !sr.first && sr.decision_changes.empty();
+    rep.steps.push_back(std::move(sr));
+  }
+
+  // The thread count this replay ran with stands in for "threads" of this machine; it is listed when it
+  // differs and ranked where it belongs: the thread count never changes results.
+  EnvFingerprint here = environment_fingerprint();
+  if (!rep.steps.empty())
+    here["threads"] =
+        std::to_string(rep.steps.front().threads > 0 ? rep.steps.front().threads : omp_get_max_threads());
+  rep.env_differences = compare_env(r.env(), here);
+  return rep;
+}
+
+void bundle_trace(const std::string& trace, const std::string& model_dir, const std::string& out_dir) {
+  std::error_code ec;
+  const fs::path out(out_dir);
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    throw InputError(fmt::format(
+        "{}: exists and is not an empty directory; give a new directory for the bundle", out_dir));
+
+  const TraceReader r = TraceReader::open(trace);
+  const TraceModelMeta meta = r.model();
+  const Weights w = weights_for_trace(r, model_dir);
+  const std::vector<std::string> bad = weight_mismatches(r, w);
+  if (!bad.empty())
+    throw InputError(fmt::format("{}: the weights of {} do not match the trace ({} tensor{} differ: {}{})",
+                                 trace, w.source(), bad.size(), bad.size() == 1 ? "" : "s",
+                                 fmt::join(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 5), ", "),
+                                 bad.size() > 5 ? ", ..." : ""));
+
+  const fs::path model_out = out / "model";
+  fs::create_directories(model_out, ec);
+  if (ec) throw InputError(fmt::format("{}: cannot create: {}", model_out.string(), ec.message()));
+  if (init_seed(w.source())) {
+    // Seeded weights have no files: write them out, so the bundle does not depend on this build's
+    // initialisation (the digests recorded in the trace check that the written values are the same).
+    w.save(model_out.string());
+  } else {
+    fs::path src(w.source());
+    if (!fs::is_directory(src, ec)) src = src.parent_path();
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(src, ec))
+      if (e.is_regular_file() && is_checkpoint_file(e.path())) files.push_back(e.path());
+    if (ec) throw InputError(fmt::format("{}: cannot list: {}", src.string(), ec.message()));
+    for (const fs::path& f : files) {
+      fs::copy_file(f, model_out / f.filename(), ec);
+      if (ec)
+        throw InputError(
+            fmt::format("{}: cannot copy to {}: {}", f.string(), model_out.string(), ec.message()));
+    }
+  }
+
+  const fs::path trace_out = out / fs::path(trace).filename();
+  fs::copy_file(trace, trace_out, ec);
+  if (ec) throw InputError(fmt::format("{}: cannot copy to {}: {}", trace, trace_out.string(), ec.message()));
+  // Relative weights paths resolve beside the trace (weights_for_trace), so the bundle replays as it is.
+  set_string_attr(trace_out.string(), "/meta/model", "weights_path_recorded", meta.weights_path);
+  set_string_attr(trace_out.string(), "/meta/model", "weights_path", "model");
+
+  std::vector<fs::path> files{trace_out};
+  std::vector<fs::path> model_files;
+  for (const auto& e : fs::directory_iterator(model_out)) model_files.push_back(e.path());
+  std::sort(model_files.begin(), model_files.end());
+  files.insert(files.end(), model_files.begin(), model_files.end());
+  nlohmann::json manifest;
+  manifest["trace"] = trace_out.filename().string();
+  manifest["model_digest"] = meta.model_digest;
+  manifest["files"] = nlohmann::json::array();
+  for (const fs::path& f : files)
+    manifest["files"].push_back({{"name", fs::relative(f, out).generic_string()},
+                                 {"bytes", int64_t(fs::file_size(f))},
+                                 {"xxh3", hex16(file_xxh3(f))}});
+  std::ofstream m(out / "MANIFEST.json");
+  m << manifest.dump(2) << "\n";
+  if (!m) throw InputError(fmt::format("{}: cannot write MANIFEST.json", out_dir));
+}
+
+}  // namespace dsv4

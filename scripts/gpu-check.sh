@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: builds dsv4 with the CUDA backend, runs the gpu-labelled tests, the
+# compute-sanitizer pass (memcheck and racecheck) over the kernel tests and the GPU benchmark, and
+# prints a short table at the end. Logs go to $OUT when set, else to <build>/logs.
+#
+# The whole project is configured first; when a dependency of the trace/CLI layers is missing there
+# (the GPU machine has no libxxhash dev files, no Qt), it falls back to the GPU-only build of
+# tests/gpu/CMakeLists.txt (kernels, model, GPU tests, bench_gpu).
+#
+# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--gpu-only]
+#   --quick  smaller benchmark sizes      env: BUILD_DIR (default build-gpu; the GPU-only build uses
+#            BUILD_DIR-only), JOBS, CUDA_ARCH (90)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+
+quick=0 bench=1 sanitizer=1 force_gpu_only=0
+for a in "$@"; do
+  case "$a" in
+    --quick) quick=1 ;;
+    --no-bench) bench=0 ;;
+    --no-sanitizer) sanitizer=0 ;;
+    --gpu-only) force_gpu_only=1 ;;
+    *) echo "usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--gpu-only]" >&2; exit 2 ;;
+  esac
+done
+
+build=${BUILD_DIR:-build-gpu}
+logs=${OUT:-$build/logs}
+mkdir -p "$logs"
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+arch=${CUDA_ARCH:-90}
+gen=()
+command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+say() { printf '== %s\n' "$*" | tee -a "$logs/gpu-check.log"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/device.txt" 2>&1 ||
+  echo "nvidia-smi failed" >"$logs/device.txt"
+say "device: $(head -1 "$logs/device.txt")"
+
+# ---- configure ------------------------------------------------------------------------------------
+mode=full
+if [[ $force_gpu_only == 0 ]] &&
+  cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_GUI=OFF \
+    -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$logs/configure.log" 2>&1; then
+  say "configured the whole project (DSV4_CUDA=ON) in $build"
+else
+  mode=gpu-only
+  [[ $force_gpu_only == 0 ]] && say "whole-project configure failed (see configure.log); using the GPU-only build"
+  build=$build-only
+  if ! cmake -S tests/gpu -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$logs/configure-gpu-only.log" 2>&1; then
+    cat "$logs/configure-gpu-only.log"
+    say "configure failed"
+    exit 1
+  fi
+  say "configured the GPU-only build in $build"
+fi
+
+# ---- build ----------------------------------------------------------------------------------------
+targets=(test_backend_ops test_gpu_model bench_gpu)
+build_ok=1
+if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
+  build_ok=0
+  tail -40 "$logs/build.log"
+  say "build failed (see build.log)"
+fi
+find_bin() { find "$build" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; }
+ops_bin=$(find_bin test_backend_ops)
+bench_bin=$(find_bin bench_gpu)
+
+# ---- gpu-labelled tests ---------------------------------------------------------------------------
+tests_total=0 tests_failed=0 tests_skipped=0
+if [[ $build_ok == 1 ]]; then
+  say "ctest -L gpu"
+  ctest --test-dir "$build" -L gpu -j"$jobs" --output-on-failure --timeout 1800 >"$logs/ctest.log" 2>&1
+  summary=$(grep -E "tests passed, [0-9]+ tests failed out of" "$logs/ctest.log" | tail -1)
+  tests_total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
+  tests_failed=$(sed -E 's/.*tests passed, ([0-9]+) tests failed.*/\1/' <<<"$summary")
+  tests_skipped=$(grep -c "\*\*\*Skipped\| Skipped " "$logs/ctest.log" || true)
+  [[ -z "$tests_total" ]] && tests_total=0 && tests_failed=1
+  grep -E "Failed|\*\*\*Timeout|Not Run" "$logs/ctest.log" | head -20
+fi
+
+# ---- compute-sanitizer over the kernel tests --------------------------------------------------------
+declare -A san
+for tool in memcheck racecheck; do san[$tool]="not run"; done
+if [[ $sanitizer == 1 && -n "$ops_bin" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
+  for tool in memcheck racecheck; do
+    say "compute-sanitizer --tool $tool $(basename "$ops_bin")"
+    extra=()
+    [[ $tool == memcheck ]] && extra=(--leak-check full)
+    compute-sanitizer --tool "$tool" "${extra[@]}" "$ops_bin" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1
+    rc=$?
+    n=$(grep -E "ERROR SUMMARY: [0-9]+ error" "$logs/sanitizer-$tool.log" | tail -1 | sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/')
+    if [[ -n "$n" ]]; then
+      san[$tool]="$n errors"
+    else
+      san[$tool]="no summary (rc $rc)"
+    fi
+    grep -qE "FAILED" "$logs/sanitizer-$tool.log" && san[$tool]+=", test failures under the tool"
+  done
+fi
+
+# ---- benchmark ----------------------------------------------------------------------------------------
+if [[ $bench == 1 && -n "$bench_bin" ]]; then
+  say "bench_gpu"
+  bargs=()
+  [[ $quick == 1 ]] && bargs=(--quick)
+  "$bench_bin" "${bargs[@]}" >"$logs/bench_gpu.log" 2>&1 || say "bench_gpu failed (see bench_gpu.log)"
+  grep -vE "^RESULT" "$logs/bench_gpu.log"
+fi
+
+# ---- summary --------------------------------------------------------------------------------------------
+{
+  echo
+  echo "================ dsv4 GPU check ($mode build) ================"
+  printf '%-34s %s\n' "device" "$(head -1 "$logs/device.txt")"
+  printf '%-34s %s\n' "build" "$([[ $build_ok == 1 ]] && echo ok || echo FAILED)"
+  printf '%-34s %s\n' "gpu tests (ctest -L gpu)" \
+    "$((tests_total - tests_failed)) passed, $tests_failed failed of $tests_total ($tests_skipped skipped)"
+  printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
+  printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
+  if [[ -f "$logs/bench_gpu.log" ]]; then
+    grep -E "^RESULT (tokens_per_s|copy_gbs|exact_gemm_gflops)" "$logs/bench_gpu.log" |
+      sed -E 's/^RESULT //' | while read -r key rest; do
+        case "$key" in
+          tokens_per_s) set -- $rest; printf '%-34s %s tokens/s\n' "tokens/s $1 $2 $3" "$4" ;;
+          copy_gbs) printf '%-34s %s GB/s\n' "device copy bandwidth" "$rest" ;;
+          exact_gemm_gflops) printf '%-34s %s GFLOP/s\n' "exact fp32 GEMM" "$rest" ;;
+        esac
+      done
+  fi
+  echo "logs: $logs"
+} | tee "$logs/summary.txt"
+
+[[ $build_ok == 1 && $tests_failed == 0 ]]
