@@ -56,9 +56,11 @@ void BM_Forward(benchmark::State& state, const char* policy) {
     state.counters["trace_B_per_token"] = double(fs::file_size(path)) / double(T);
     fs::remove(path);
   }
-  state.counters["tokens/s"] = benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
-  if (bytes) state.counters["payload_MB/s"] = benchmark::Counter(double(bytes) * state.iterations(),
-                                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["tokens/s"] =
+      benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
+  if (bytes)
+    state.counters["payload_MB/s"] = benchmark::Counter(
+        double(bytes) * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
 // A plain sequential write (fwrite + fsync) of `bytes`, the ceiling for a trace writer on this disk.
@@ -68,19 +70,32 @@ void BM_PlainWrite(benchmark::State& state) {
   for (auto _ : state) {
     const std::string path = scratch("plain.bin");
     FILE* f = std::fopen(path.c_str(), "wb");
-    for (int64_t done = 0; done < bytes; done += int64_t(buf.size())) std::fwrite(buf.data(), 1, buf.size(), f);
+    for (int64_t done = 0; done < bytes; done += int64_t(buf.size()))
+      std::fwrite(buf.data(), 1, buf.size(), f);
     std::fflush(f);
     fsync(fileno(f));
     std::fclose(f);
     fs::remove(path);
   }
-  state.counters["MB/s"] =
-      benchmark::Counter(double(bytes) * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["MB/s"] = benchmark::Counter(double(bytes) * state.iterations(), benchmark::Counter::kIsRate,
+                                              benchmark::Counter::kIs1000);
 }
 
-BENCHMARK_CAPTURE(BM_Forward, none, nullptr)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
-BENCHMARK_CAPTURE(BM_Forward, decisions, "decisions")->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
-BENCHMARK_CAPTURE(BM_Forward, full, "full")->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
+BENCHMARK_CAPTURE(BM_Forward, none, nullptr)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
+BENCHMARK_CAPTURE(BM_Forward, decisions, "decisions")
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
+BENCHMARK_CAPTURE(BM_Forward, full, "full")
+    ->Arg(512)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
 BENCHMARK(BM_PlainWrite)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 
 }  // namespace

@@ -28,17 +28,28 @@ void run(benchmark::State& state, const std::string& preset, const dsv4::Numeric
     auto r = dsv4::forward(w, {tokens}, opt);
     benchmark::DoNotOptimize(r.seqs[0].logprobs.data());
   }
-  state.counters["tokens/s"] = benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["threads"] = threads;
 }
 
-void BM_TinyTrain(benchmark::State& s) { run(s, "tiny", dsv4::profile_train()); }
-void BM_TinyRollout(benchmark::State& s) { run(s, "tiny", dsv4::profile_rollout()); }
-void BM_MidTrain(benchmark::State& s) { run(s, "mid", dsv4::profile_train()); }
+void BM_TinyTrain(benchmark::State& s) {
+  run(s, "tiny", dsv4::profile_train());
+}
+void BM_TinyRollout(benchmark::State& s) {
+  run(s, "tiny", dsv4::profile_rollout());
+}
+void BM_MidTrain(benchmark::State& s) {
+  run(s, "mid", dsv4::profile_train());
+}
 
 BENCHMARK(BM_TinyTrain)->ArgsProduct({{512, 4096}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TinyRollout)->ArgsProduct({{512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_MidTrain)->ArgsProduct({{1024}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_MidTrain)
+    ->ArgsProduct({{1024}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 

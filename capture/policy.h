@@ -15,7 +15,7 @@ namespace dsv4 {
 
 class CapturePolicy {
  public:
-  static CapturePolicy parse(const std::string& text);  // throws InputError naming the bad item
+  static CapturePolicy parse(const std::string& text);        // throws InputError naming the bad item
   bool wants_tensor(std::string_view name, int layer) const;  // layer -1: model-level
   const std::string& text() const { return text_; }
   bool full() const { return full_; }

@@ -47,9 +47,9 @@ struct DigestTable {
 };
 
 struct GroupSize {
-  std::string group;       // e.g. "/steps/000000/seq_000/decisions"
-  int64_t stored_bytes = 0;    // on disk (after filters)
-  int64_t logical_bytes = 0;   // in memory
+  std::string group;          // e.g. "/steps/000000/seq_000/decisions"
+  int64_t stored_bytes = 0;   // on disk (after filters)
+  int64_t logical_bytes = 0;  // in memory
 };
 
 class TraceReader {
@@ -70,7 +70,7 @@ class TraceReader {
   std::vector<std::string> tensor_names() const;
 
   std::vector<TraceStepInfo> steps() const;  // every step group, complete or not, in order
-  void refresh();                              // re-read the step list (SWMR)
+  void refresh();                            // re-read the step list (SWMR)
 
   // Per (step, sequence). Throws TraceError naming the dataset when something is missing or has the
   // wrong shape/dtype, TraceIncomplete for a step with status 0.

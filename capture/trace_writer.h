@@ -41,10 +41,10 @@ struct StepSpec {
 };
 
 struct WriterStats {
-  int64_t bytes_queued = 0;        // payload handed to the writer thread
-  int64_t queue_high_water = 0;    // largest number of bytes in flight
-  double seconds_blocked = 0;      // time the compute side waited on a full queue
-  double seconds_writing = 0;      // time the writer thread spent in HDF5 calls
+  int64_t bytes_queued = 0;      // payload handed to the writer thread
+  int64_t queue_high_water = 0;  // largest number of bytes in flight
+  double seconds_blocked = 0;    // time the compute side waited on a full queue
+  double seconds_writing = 0;    // time the writer thread spent in HDF5 calls
 };
 
 class TraceWriter {
@@ -56,12 +56,12 @@ class TraceWriter {
 
   // New trace at `path` (must end in .h5): writes path + ".incomplete"; refuses to overwrite an
   // existing `path`.
-  static std::unique_ptr<TraceWriter> create(const std::string& path, const ModelConfig& c, const TraceHeader& h,
-                                             Options opt);
+  static std::unique_ptr<TraceWriter> create(const std::string& path, const ModelConfig& c,
+                                             const TraceHeader& h, Options opt);
   // Adds steps to an existing, complete trace `path`. The model digest must equal the recorded one
   // (InputError naming both digests and the first differing tensor otherwise).
-  static std::unique_ptr<TraceWriter> append(const std::string& path, const ModelConfig& c, const TraceHeader& h,
-                                             Options opt);
+  static std::unique_ptr<TraceWriter> append(const std::string& path, const ModelConfig& c,
+                                             const TraceHeader& h, Options opt);
   ~TraceWriter();  // without close(): the file stays NAME.h5.incomplete (what a crash leaves)
 
   Observer& begin_step(const StepSpec& s);

@@ -20,7 +20,7 @@ struct StepState {
 
 struct ValidateReport {
   std::string path;
-  bool readable = false;  // false: the file could not be opened as a trace at all
+  bool readable = false;         // false: the file could not be opened as a trace at all
   bool incomplete_file = false;  // NAME.h5.incomplete (a recorder did not close it)
   std::vector<StepState> steps;
   std::vector<TraceProblem> problems;

@@ -21,7 +21,9 @@ std::function<int()>& action() {
 }
 }  // namespace
 
-std::string version_string() { return fmt::format("dsv4 {}", DSV4_VERSION); }
+std::string version_string() {
+  return fmt::format("dsv4 {}", DSV4_VERSION);
+}
 
 void add_model_options(CLI::App* cmd, ModelArgs& m) {
   cmd->add_option("--model", m.model, "Checkpoint directory (config.json + safetensors)");
@@ -30,16 +32,20 @@ void add_model_options(CLI::App* cmd, ModelArgs& m) {
 }
 
 Weights open_model(const ModelArgs& m) {
-  if (m.model.empty() == m.preset.empty()) throw InputError("give exactly one of --model DIR or --preset NAME");
+  if (m.model.empty() == m.preset.empty())
+    throw InputError("give exactly one of --model DIR or --preset NAME");
   return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
 }
 
 std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab) {
-  if (spec.empty() == (random <= 0)) throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
+  if (spec.empty() == (random <= 0))
+    throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
   return spec.empty() ? random_tokens(random, vocab, seed) : parse_tokens(spec);
 }
 
-void set_action(std::function<int()> a) { action() = std::move(a); }
+void set_action(std::function<int()> a) {
+  action() = std::move(a);
+}
 
 int run_selected() {
   if (!action()) throw std::logic_error("no command selected");

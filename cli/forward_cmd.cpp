@@ -121,9 +121,11 @@ int run_demo(const DemoArgs& a) {
     const double d = std::fabs(double(rt.logprobs[t]) - double(rr.logprobs[t]));
     max_diff = std::max(max_diff, d);
     sum_diff += d;
-    fmt::print("{:>5} {:>6} {:>13.6f} {:>13.6f} {:>11.3e}\n", t, tokens[t + 1], rt.logprobs[t], rr.logprobs[t], d);
+    fmt::print("{:>5} {:>6} {:>13.6f} {:>13.6f} {:>11.3e}\n", t, tokens[t + 1], rt.logprobs[t],
+               rr.logprobs[t], d);
   }
-  fmt::print("\nlog-prob |train - rollout|: mean {:.3e}, max {:.3e}\n\n", sum_diff / rt.logprobs.size(), max_diff);
+  fmt::print("\nlog-prob |train - rollout|: mean {:.3e}, max {:.3e}\n\n", sum_diff / rt.logprobs.size(),
+             max_diff);
   fmt::print("{:>5} {:>8} {:>10} {:>18}\n", "layer", "decision", "positions", "positions differing");
   int64_t total_rows = 0, total_diff = 0;
   for (const auto& d : compare_decisions(log_train, log_roll, 0)) {
@@ -140,7 +142,8 @@ int run_demo(const DemoArgs& a) {
 
 void register_forward_commands(CLI::App& app) {
   auto fa = std::make_shared<ForwardArgs>();
-  CLI::App* f = app.add_subcommand("forward", "Run the forward pass on one sequence and write log-probs and decisions");
+  CLI::App* f =
+      app.add_subcommand("forward", "Run the forward pass on one sequence and write log-probs and decisions");
   add_model_options(f, fa->model);
   f->add_option("--tokens", fa->tokens, "Token ids: 1,2,3 or @file (commas/whitespace)");
   f->add_option("--random", fa->random, "Use N seeded random token ids instead of --tokens");
@@ -148,8 +151,10 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--profile", fa->profile, "Numerics profile: train or rollout")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "rollout"}));
-  f->add_option("--threads", fa->threads, "CPU threads (0: all); results do not depend on it")->capture_default_str();
-  f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")->capture_default_str();
+  f->add_option("--threads", fa->threads, "CPU threads (0: all); results do not depend on it")
+      ->capture_default_str();
+  f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")
+      ->capture_default_str();
   f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
   f->callback([fa] { set_action([fa] { return run_forward(*fa); }); });
 
@@ -158,7 +163,9 @@ void register_forward_commands(CLI::App& app) {
       "demo", "Make a tiny checkpoint, run both numerics profiles and show where they disagree");
   d->add_option("--preset", da->preset, "Built-in config")->capture_default_str();
   d->add_option("--seed", da->seed, "Seed of the weights and the prompt")->capture_default_str();
-  d->add_option("--length", da->length, "Prompt length in tokens")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  d->add_option("--length", da->length, "Prompt length in tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
   d->add_option("--dir", da->dir, "Where to write the checkpoint (default: a temp directory)");
   d->add_option("--threads", da->threads, "CPU threads (0: all)")->capture_default_str();
   d->callback([da] { set_action([da] { return run_demo(*da); }); });

@@ -1,6 +1,6 @@
 // dsv4: the command-line front end. Argument parsing and printing only; the work is in the libraries.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>

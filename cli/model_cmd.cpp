@@ -42,12 +42,14 @@ int run_init(const InitArgs& a) {
   Weights w = Weights::init(c, a.seed);
   w.save(a.out, a.shard_mb * 1024 * 1024);
   fmt::print("wrote {}/config.json and {} weights ({} tensors, {} parameters, seed {})\n", a.out,
-             a.shard_mb > 0 ? "sharded" : "model.safetensors", w.tensors().size(), human(total_params(c)), a.seed);
+             a.shard_mb > 0 ? "sharded" : "model.safetensors", w.tensors().size(), human(total_params(c)),
+             a.seed);
   return 0;
 }
 
 int run_info(const InfoArgs& a) {
-  if (a.model.empty() == a.preset.empty()) throw InputError("model info: give exactly one of --model DIR or --preset NAME");
+  if (a.model.empty() == a.preset.empty())
+    throw InputError("model info: give exactly one of --model DIR or --preset NAME");
   ModelConfig c;
   std::string source;
   if (!a.model.empty()) {
@@ -69,21 +71,24 @@ int run_info(const InfoArgs& a) {
     for (const auto& pc : counts) j["params"][pc.component] = pc.params;
     j["params_total"] = total_params(c);
     j["layers"] = {{"c1", n_c1}, {"c4", n_c4}, {"c128", n_c128}, {"hash", c.num_hash_layers}};
-    j["trace_bytes_per_token"] = {{"indexer_topk_int32", db.indexer_raw}, {"routing_int32_plus_weights", db.routing_raw},
-                                  {"margins", db.margins},   {"mhc", db.mhc},
+    j["trace_bytes_per_token"] = {{"indexer_topk_int32", db.indexer_raw},
+                                  {"routing_int32_plus_weights", db.routing_raw},
+                                  {"margins", db.margins},
+                                  {"mhc", db.mhc},
                                   {"total_raw", db.total_raw()}};
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
   fmt::print("model: {}\n", source);
-  fmt::print("  hidden {}  layers {} (C1 {}, C4 {}, C128 {}; hash-routed {})  heads {} x {}  vocab {}\n", c.hidden_size,
-             c.num_hidden_layers, n_c1, n_c4, n_c128, c.num_hash_layers, c.num_attention_heads, c.head_dim,
-             c.vocab_size);
+  fmt::print("  hidden {}  layers {} (C1 {}, C4 {}, C128 {}; hash-routed {})  heads {} x {}  vocab {}\n",
+             c.hidden_size, c.num_hidden_layers, n_c1, n_c4, n_c128, c.num_hash_layers, c.num_attention_heads,
+             c.head_dim, c.vocab_size);
   fmt::print("  experts {} (top {}, shared {}, inter {})  indexer {} heads x {} top {}  window {}  hc {}\n",
-             c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size, c.index_n_heads,
-             c.index_head_dim, c.index_topk, c.sliding_window, c.hc_mult);
+             c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.moe_intermediate_size,
+             c.index_n_heads, c.index_head_dim, c.index_topk, c.sliding_window, c.hc_mult);
   fmt::print("\nparameters\n");
-  for (const auto& pc : counts) fmt::print("  {:<16} {:>14}  ({})\n", pc.component, pc.params, human(pc.params));
+  for (const auto& pc : counts)
+    fmt::print("  {:<16} {:>14}  ({})\n", pc.component, pc.params, human(pc.params));
   fmt::print("  {:<16} {:>14}  ({})\n", "total", total_params(c), human(total_params(c)));
   fmt::print("\ntrace bytes per token (decisions, uncompressed)\n");
   fmt::print("  indexer top-k (int32)       {:>10}\n", db.indexer_raw);
@@ -102,11 +107,14 @@ void register_model_commands(CLI::App& app) {
 
   auto init = std::make_shared<InitArgs>();
   CLI::App* ci = model->add_subcommand("init", "Write a seeded checkpoint (config.json + model.safetensors)");
-  ci->add_option("--preset", init->preset, "Built-in config: tiny, tiny-b, mid, flash, pro")->capture_default_str();
-  ci->add_option("--config", init->config, "Use this config.json instead of a preset")->check(CLI::ExistingFile);
+  ci->add_option("--preset", init->preset, "Built-in config: tiny, tiny-b, mid, flash, pro")
+      ->capture_default_str();
+  ci->add_option("--config", init->config, "Use this config.json instead of a preset")
+      ->check(CLI::ExistingFile);
   ci->add_option("--seed", init->seed, "Seed of the weights")->capture_default_str();
   ci->add_option("--out", init->out, "Output directory")->required();
-  ci->add_option("--shard-mb", init->shard_mb, "Write shards of at most this many MiB plus an index (0: one file)")
+  ci->add_option("--shard-mb", init->shard_mb,
+                 "Write shards of at most this many MiB plus an index (0: one file)")
       ->capture_default_str();
   ci->callback([init] { set_action([init] { return run_init(*init); }); });
 
@@ -114,7 +122,8 @@ void register_model_commands(CLI::App& app) {
   CLI::App* cinfo = model->add_subcommand(
       "info", "Print shapes, parameter counts per component and the trace bytes per token");
   cinfo->add_option("--model", info->model, "Checkpoint directory (loads and checks every tensor)");
-  cinfo->add_option("--preset", info->preset, "Built-in config: tiny, tiny-b, mid, flash, pro (shape math only)");
+  cinfo->add_option("--preset", info->preset,
+                    "Built-in config: tiny, tiny-b, mid, flash, pro (shape math only)");
   cinfo->add_flag("--json", info->json, "Print JSON");
   cinfo->callback([info] { set_action([info] { return run_info(*info); }); });
 }

@@ -37,7 +37,8 @@ nlohmann::json to_json(const ReplayReport& r) {
   j["identical"] = r.identical();
   j["weight_mismatches"] = r.weight_mismatches;
   for (const auto& e : r.env_differences)
-    j["env_differences"].push_back({{"key", e.key}, {"recorded", e.recorded}, {"here", e.here}, {"rank", e.rank}});
+    j["env_differences"].push_back(
+        {{"key", e.key}, {"recorded", e.recorded}, {"here", e.here}, {"rank", e.rank}});
   for (const auto& s : r.steps) {
     nlohmann::json js{{"step", s.step},
                       {"identical", s.identical},
@@ -50,11 +51,13 @@ nlohmann::json to_json(const ReplayReport& r) {
       if (d.has_elements)
         js["first_divergence"]["elements"] = {{"index", d.first_index}, {"recorded", d.recorded},
                                               {"replayed", d.replayed}, {"ulp", d.ulp},
-                                              {"max_abs", d.max_abs},       {"max_rel", d.max_rel}};
+                                              {"max_abs", d.max_abs},   {"max_rel", d.max_rel}};
     }
     for (const auto& c : s.decision_changes)
-      js["decision_changes"].push_back(
-          {{"layer", c.layer}, {"kind", c.kind}, {"rows_changed", c.rows_changed}, {"first_row", c.first_row}});
+      js["decision_changes"].push_back({{"layer", c.layer},
+                                        {"kind", c.kind},
+                                        {"rows_changed", c.rows_changed},
+                                        {"first_row", c.first_row}});
     if (s.mean_abs_dlogprob_before)
       js["counterfactual"] = {{"mean_abs_dlogprob_before", *s.mean_abs_dlogprob_before},
                               {"mean_abs_dlogprob_after", *s.mean_abs_dlogprob_after},
@@ -101,16 +104,17 @@ int run_replay(const ReplayArgs& a) {
     fmt::print("WEIGHTS DIFFER from the recorded model: {}\n", fmt::join(r.weight_mismatches, ", "));
   for (const auto& s : r.steps) {
     if (s.identical) {
-      fmt::print("step {}: bit-identical ({} tensors, {} rows compared, {:.2f} s)\n", s.step, s.records_compared,
-                 s.rows_compared, s.seconds);
+      fmt::print("step {}: bit-identical ({} tensors, {} rows compared, {:.2f} s)\n", s.step,
+                 s.records_compared, s.rows_compared, s.seconds);
     } else if (s.first) {
       const Divergence& d = *s.first;
-      fmt::print("step {}: DIVERGES at sequence {} layer {} tensor {} row {}\n", s.step, d.seq, d.layer, d.tensor,
-                 d.row);
+      fmt::print("step {}: DIVERGES at sequence {} layer {} tensor {} row {}\n", s.step, d.seq, d.layer,
+                 d.tensor, d.row);
       if (d.has_elements)
-        fmt::print("  first differing element {}: recorded {:.9g}, replayed {:.9g} ({} ulp); over the row max abs "
-                   "{:.3g}, max rel {:.3g}\n",
-                   d.first_index, d.recorded, d.replayed, d.ulp, d.max_abs, d.max_rel);
+        fmt::print(
+            "  first differing element {}: recorded {:.9g}, replayed {:.9g} ({} ulp); over the row max abs "
+            "{:.3g}, max rel {:.3g}\n",
+            d.first_index, d.recorded, d.replayed, d.ulp, d.max_abs, d.max_rel);
       else if (!d.replayed_row.empty())
         fmt::print("  the trace holds only digests of this tensor; replayed row here: {}\n",
                    row_preview(d.replayed_row));
@@ -119,14 +123,16 @@ int run_replay(const ReplayArgs& a) {
       fmt::print("  {} decisions of layer {} changed at {} positions (first: token {})\n", c.kind, c.layer,
                  c.rows_changed, c.first_row);
     if (s.mean_abs_dlogprob_before)
-      fmt::print("  counterfactual: mean |Δ log-prob| {:.4e} -> {:.4e}, KL {:.4e} -> {:.4e} with the other trace's "
-                 "decisions forced\n",
-                 *s.mean_abs_dlogprob_before, *s.mean_abs_dlogprob_after, *s.kl_before, *s.kl_after);
+      fmt::print(
+          "  counterfactual: mean |Δ log-prob| {:.4e} -> {:.4e}, KL {:.4e} -> {:.4e} with the other trace's "
+          "decisions forced\n",
+          *s.mean_abs_dlogprob_before, *s.mean_abs_dlogprob_after, *s.kl_before, *s.kl_after);
   }
   if (!r.identical() && !r.env_differences.empty()) {
     fmt::print("environment differences (likely culprit first):\n");
     for (const auto& e : r.env_differences)
-      fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80), e.here.substr(0, 80));
+      fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80),
+                 e.here.substr(0, 80));
   }
   return r.identical() ? 0 : 1;
 }
@@ -167,27 +173,31 @@ struct BundleArgs {
 
 void register_replay_commands(CLI::App& app) {
   auto ra = std::make_shared<ReplayArgs>();
-  CLI::App* rp = app.add_subcommand("replay", "Re-execute recorded steps and verify every digest (exit 0 identical, "
-                                              "1 divergence, 2 bad input)");
+  CLI::App* rp = app.add_subcommand("replay",
+                                    "Re-execute recorded steps and verify every digest (exit 0 identical, "
+                                    "1 divergence, 2 bad input)");
   rp->add_option("TRACE", ra->trace, "Trace file")->required();
   rp->add_option("--step", ra->step, "Replay only this step");
   rp->add_flag("--all", ra->all, "Replay every complete step (the default)");
   rp->add_option("--model", ra->model, "Weights directory (default: the recorded weights path)");
   rp->add_option("--threads", ra->threads, "CPU threads (0: all); results do not depend on it")
       ->capture_default_str();
-  rp->add_option("--force-decisions", ra->force, "Feed recorded decisions through Overrides: indexer,routing");
+  rp->add_option("--force-decisions", ra->force,
+                 "Feed recorded decisions through Overrides: indexer,routing");
   rp->add_option("--take-decisions-from", ra->take_from,
                  "Counterfactual: force the decisions of this other trace (same tokens)");
   rp->add_option("--json", ra->json_out, "Also write the report as JSON to this file");
   rp->callback([ra] { set_action([ra] { return run_replay(*ra); }); });
 
   auto da = std::make_shared<DiffArgs>();
-  CLI::App* df = app.add_subcommand("diff", "Compare two traces of the same tokens (e.g. rollout vs training)");
+  CLI::App* df =
+      app.add_subcommand("diff", "Compare two traces of the same tokens (e.g. rollout vs training)");
   df->add_option("A", da->a, "Reference trace")->required();
   df->add_option("B", da->b, "Candidate trace")->required();
   df->add_option("--step", da->steps, "Steps to compare: N M (default 0 0)")->expected(2);
   df->add_flag("--allow-model-mismatch", da->allow_model_mismatch, "Compare traces of different weights");
-  df->add_option("--tie-threshold", da->tie, "Margin below which a flip counts as a tie flip (default: see docs)");
+  df->add_option("--tie-threshold", da->tie,
+                 "Margin below which a flip counts as a tie flip (default: see docs)");
   df->add_option("--json", da->json_out, "Also write the report as JSON to this file");
   df->add_option("--csv", da->csv_dir, "Also write layers.csv, tensors.csv, tokens.csv into this directory");
   df->callback([da] { set_action([da] { return run_diff(*da); }); });
@@ -195,7 +205,8 @@ void register_replay_commands(CLI::App& app) {
 
 void register_bundle_command(CLI::App& trace) {
   auto ba = std::make_shared<BundleArgs>();
-  CLI::App* b = trace.add_subcommand("bundle", "Copy a trace and its weights (with a manifest) to move them together");
+  CLI::App* b =
+      trace.add_subcommand("bundle", "Copy a trace and its weights (with a manifest) to move them together");
   b->add_option("TRACE", ba->trace, "Trace file")->required();
   b->add_option("--model", ba->model, "Weights directory (default: the recorded weights path)");
   b->add_option("--out", ba->out, "Output directory")->required();

@@ -40,7 +40,8 @@ class Progress : public Observer {
   void on_mhc(const MhcDecision& d) override {
     if (d.sublayer != Sublayer::ffn) return;
     if (fault() == "kill-mid-step" && d.layer == layers_ / 2) raise(SIGKILL);
-    if (tty_) fmt::print(stderr, "\rrecord: sequence {}/{} layer {}/{}   ", d.seq + 1, seqs_, d.layer + 1, layers_);
+    if (tty_)
+      fmt::print(stderr, "\rrecord: sequence {}/{} layer {}/{}   ", d.seq + 1, seqs_, d.layer + 1, layers_);
     if (d.layer + 1 == layers_) {
       if (tty_) fmt::print(stderr, "\r");
       fmt::print(stderr, "record: sequence {}/{} done ({} tokens)\n", d.seq + 1, seqs_, d.T);
@@ -104,8 +105,10 @@ int run_record(const RecordArgs& a) {
   for (const auto& s : batch) tokens += int64_t(s.size());
   const WriterStats st = writer->stats();
   fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {}\n",
-             writer->steps_written() - 1, batch.size(), tokens, a.profile, policy.text(), secs, writer->final_path());
-  fmt::print(stderr, "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
+             writer->steps_written() - 1, batch.size(), tokens, a.profile, policy.text(), secs,
+             writer->final_path());
+  fmt::print(stderr,
+             "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
              st.bytes_queued / 1e6, st.seconds_blocked, st.seconds_writing);
   return 0;
 }
@@ -128,30 +131,40 @@ int run_info(const TraceArgs& a) {
     j["format_version"] = r.format_version();
     j["producer"] = r.producer();
     j["created"] = r.created();
-    j["model"] = {{"digest", m.model_digest}, {"weights_path", m.weights_path}, {"layers", c.num_hidden_layers},
+    j["model"] = {{"digest", m.model_digest},
+                  {"weights_path", m.weights_path},
+                  {"layers", c.num_hidden_layers},
                   {"hidden_size", c.hidden_size}};
     for (const auto& s : steps)
-      j["steps"].push_back({{"index", s.index}, {"kind", s.kind}, {"profile", s.profile}, {"complete", s.complete},
-                            {"capture", s.capture}, {"seq_lengths", s.seq_lengths}, {"seed", s.seed}});
-    for (const auto& g : sizes) j["sizes"][g.group] = {{"stored", g.stored_bytes}, {"logical", g.logical_bytes}};
+      j["steps"].push_back({{"index", s.index},
+                            {"kind", s.kind},
+                            {"profile", s.profile},
+                            {"complete", s.complete},
+                            {"capture", s.capture},
+                            {"seq_lengths", s.seq_lengths},
+                            {"seed", s.seed}});
+    for (const auto& g : sizes)
+      j["sizes"][g.group] = {{"stored", g.stored_bytes}, {"logical", g.logical_bytes}};
     j["file_bytes"] = r.file_bytes();
     j["env"] = r.env();
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
-  fmt::print("trace: {} (format {}, {}, created {})\n", a.path, r.format_version(), r.producer(), r.created());
+  fmt::print("trace: {} (format {}, {}, created {})\n", a.path, r.format_version(), r.producer(),
+             r.created());
   fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
              m.model_digest, m.weights_path);
   fmt::print("steps: {}\n", steps.size());
   for (const auto& s : steps)
-    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}\n", s.index, s.kind, s.profile, s.capture,
-               fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE");
+    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}\n", s.index, s.kind, s.profile,
+               s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE");
   fmt::print("sizes (stored / in memory):\n");
   for (const auto& g : sizes)
     fmt::print("  {:<48} {:>12} {:>12}\n", g.group, g.stored_bytes, g.logical_bytes);
   fmt::print("  {:<48} {:>12}\n", "file", r.file_bytes());
   fmt::print("environment:\n");
-  for (const auto& [k, v] : r.env()) fmt::print("  {:<14} {}\n", k, v.size() > 100 ? v.substr(0, 97) + "..." : v);
+  for (const auto& [k, v] : r.env())
+    fmt::print("  {:<14} {}\n", k, v.size() > 100 ? v.substr(0, 97) + "..." : v);
   return 0;
 }
 
@@ -171,9 +184,10 @@ int run_validate(const TraceArgs& a) {
     fmt::print("{}\n", j.dump(2));
   } else {
     if (rep.incomplete_file)
-      fmt::print("{}: the recorder did not close this file (a crash or a kill); `dsv4 trace salvage` recovers the "
-                 "complete steps\n",
-                 a.path);
+      fmt::print(
+          "{}: the recorder did not close this file (a crash or a kill); `dsv4 trace salvage` recovers the "
+          "complete steps\n",
+          a.path);
     for (const auto& s : rep.steps)
       fmt::print("step {}: {}{}\n", s.index, s.complete ? "complete" : "INCOMPLETE",
                  s.problems ? fmt::format(", {} problems", s.problems) : "");
@@ -190,7 +204,9 @@ int run_salvage(const TraceArgs& a) {
   return 0;
 }
 
-std::string fmt_float(float v) { return fmt::format("{:.9g}", v); }
+std::string fmt_float(float v) {
+  return fmt::format("{:.9g}", v);
+}
 
 int run_dump(const TraceArgs& a) {
   TraceReader r = TraceReader::open(a.path);
@@ -203,23 +219,27 @@ int run_dump(const TraceArgs& a) {
   const ModelConfig c = r.config();
   const bool need_layer = a.what == "indexer" || a.what == "experts" || a.what == "mhc";
   if (need_layer && (a.layer < 0 || a.layer >= c.num_hidden_layers))
-    throw InputError(fmt::format("--layer: give a layer in [0, {}) for --what {}", c.num_hidden_layers, a.what));
+    throw InputError(
+        fmt::format("--layer: give a layer in [0, {}) for --what {}", c.num_hidden_layers, a.what));
   nlohmann::json j;
   std::string text;
   if (a.what == "indexer") {
     auto rec = r.indexer(a.step, a.seq, a.layer);
-    if (!rec) throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
+    if (!rec)
+      throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
     for (int64_t t = 0; t < rec->T; ++t) {
       std::vector<int32_t> s;
       for (int i = 0; i < rec->k; ++i)
         if (rec->ids[t * rec->k + i] >= 0) s.push_back(rec->ids[t * rec->k + i]);
       j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", rec->margin[t]}});
-      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]), fmt::join(s, ", "));
+      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]),
+                          fmt::join(s, ", "));
     }
   } else if (a.what == "experts") {
     auto rec = r.routing(a.step, a.seq, a.layer);
-    if (!rec) throw TraceError(fmt::format("{}: step {} sequence {} has no routing for layer {}", a.path, a.step,
-                                           a.seq, a.layer));
+    if (!rec)
+      throw TraceError(
+          fmt::format("{}: step {} sequence {} has no routing for layer {}", a.path, a.step, a.seq, a.layer));
     for (int64_t t = 0; t < rec->T; ++t) {
       std::vector<int32_t> ids(rec->ids.begin() + t * rec->k, rec->ids.begin() + (t + 1) * rec->k);
       std::vector<float> wts(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
@@ -241,8 +261,8 @@ int run_dump(const TraceArgs& a) {
         j[to_string(s)].push_back({{"token", t}, {"pre", pre}, {"post", post}, {"comb", comb}});
         std::vector<std::string> cs;
         for (float v : comb) cs.push_back(fmt_float(v));
-        text += fmt::format("{} token {:>6}  pre [{}]  post [{}]  comb [{}]\n", to_string(s), t, fmt::join(pre, ", "),
-                            fmt::join(post, ", "), fmt::join(cs, ", "));
+        text += fmt::format("{} token {:>6}  pre [{}]  post [{}]  comb [{}]\n", to_string(s), t,
+                            fmt::join(pre, ", "), fmt::join(post, ", "), fmt::join(cs, ", "));
       }
     }
   } else if (a.what == "digests") {
@@ -255,8 +275,8 @@ int run_dump(const TraceArgs& a) {
       std::vector<std::string> hs;
       for (int64_t i = 0; i < rec.rows; ++i) hs.push_back(hex16(d.values[rec.first + i]));
       j["records"].push_back({{"tensor", rec.name}, {"layer", rec.layer}, {"digests", hs}});
-      text += fmt::format("{:<20} layer {:>3}  rows {:>6}  first {}  last {}\n", rec.name, rec.layer, rec.rows,
-                          hs.empty() ? "-" : hs.front(), hs.empty() ? "-" : hs.back());
+      text += fmt::format("{:<20} layer {:>3}  rows {:>6}  first {}  last {}\n", rec.name, rec.layer,
+                          rec.rows, hs.empty() ? "-" : hs.front(), hs.empty() ? "-" : hs.back());
     }
   } else if (a.what == "tensor") {
     if (a.tensor.empty()) throw InputError("--what tensor needs --tensor NAME");
@@ -264,8 +284,8 @@ int run_dump(const TraceArgs& a) {
     if (!t) {
       std::vector<std::string> have;
       for (const auto& [n, l] : r.full_tensors(a.step, a.seq)) have.push_back(fmt::format("{}@{}", n, l));
-      throw InputError(fmt::format("{}: tensor '{}' layer {} is not stored (capture policy '{}'; stored: {})", a.path,
-                                   a.tensor, a.layer, steps[a.step].capture,
+      throw InputError(fmt::format("{}: tensor '{}' layer {} is not stored (capture policy '{}'; stored: {})",
+                                   a.path, a.tensor, a.layer, steps[a.step].capture,
                                    have.empty() ? "none" : fmt::format("{}", fmt::join(have, ", "))));
     }
     j["shape"] = t->shape;
@@ -273,11 +293,13 @@ int run_dump(const TraceArgs& a) {
     const int64_t rows = t->shape.empty() ? 1 : t->shape[0];
     const int64_t n = t->dtype == DType::i32 ? int64_t(t->i.size()) : int64_t(t->f.size());
     const int64_t per = rows ? n / rows : 0;
-    text += fmt::format("{} layer {} {} [{}]\n", a.tensor, a.layer, to_string(t->dtype), fmt::join(t->shape, ", "));
+    text += fmt::format("{} layer {} {} [{}]\n", a.tensor, a.layer, to_string(t->dtype),
+                        fmt::join(t->shape, ", "));
     for (int64_t row = 0; row < rows; ++row) {
       std::vector<std::string> vs;
       for (int64_t i = 0; i < per; ++i)
-        vs.push_back(t->dtype == DType::i32 ? std::to_string(t->i[row * per + i]) : fmt_float(t->f[row * per + i]));
+        vs.push_back(t->dtype == DType::i32 ? std::to_string(t->i[row * per + i])
+                                            : fmt_float(t->f[row * per + i]));
       j["rows"].push_back(vs);
       text += fmt::format("row {:>6}: {}\n", row, fmt::join(vs, " "));
     }
@@ -306,7 +328,8 @@ void register_trace_commands(CLI::App& app) {
       ->check(CLI::IsMember({"train", "rollout"}));
   rec->add_option("--kind", ra->kind, "Step kind recorded in the trace (default: the profile's)")
       ->check(CLI::IsMember({"train", "rollout"}));
-  rec->add_option("--capture", ra->capture, "decisions | full | pattern[@layers],... (e.g. attn.*@3-5,moe.out)")
+  rec->add_option("--capture", ra->capture,
+                  "decisions | full | pattern[@layers],... (e.g. attn.*@3-5,moe.out)")
       ->capture_default_str();
   rec->add_option("--out", ra->out, "Trace file (NAME.h5)")->required();
   rec->add_flag("--append", ra->append, "Add a step to an existing trace (same model required)");
@@ -321,7 +344,8 @@ void register_trace_commands(CLI::App& app) {
   info->add_flag("--json", ta->json, "Print JSON");
   info->callback([ta] { set_action([ta] { return run_info(*ta); }); });
 
-  CLI::App* val = trace->add_subcommand("validate", "Check structure, dtypes, shapes and value ranges (exit 0/1)");
+  CLI::App* val =
+      trace->add_subcommand("validate", "Check structure, dtypes, shapes and value ranges (exit 0/1)");
   val->add_option("TRACE", ta->path, "Trace file (also a leftover NAME.h5.incomplete)")->required();
   val->add_flag("--json", ta->json, "Print JSON");
   val->callback([ta] { set_action([ta] { return run_validate(*ta); }); });
@@ -336,7 +360,8 @@ void register_trace_commands(CLI::App& app) {
   dump->add_flag("--json", ta->json, "Print JSON");
   dump->callback([ta] { set_action([ta] { return run_dump(*ta); }); });
 
-  CLI::App* salv = trace->add_subcommand("salvage", "Copy the complete steps of a damaged trace into a new one");
+  CLI::App* salv =
+      trace->add_subcommand("salvage", "Copy the complete steps of a damaged trace into a new one");
   salv->add_option("TRACE", ta->path, "Trace file (e.g. NAME.h5.incomplete)")->required();
   salv->add_option("--out", ta->out, "New trace file")->required();
   salv->callback([ta] { set_action([ta] { return run_salvage(*ta); }); });

@@ -20,16 +20,16 @@ struct SparseAttnParams {
   int64_t T = 0;
   int H = 0;
   int64_t Dh = 0;
-  int64_t N = 0;                // rows of kv
-  int64_t K = 0;                // idx width
-  const float* q = nullptr;     // [T, H, Dh]
-  const float* kv = nullptr;    // [N, Dh]
-  const int32_t* idx = nullptr; // [T, K], -1 = empty; other values must be in [0, N)
-  const float* sink = nullptr;  // [H]
+  int64_t N = 0;                 // rows of kv
+  int64_t K = 0;                 // idx width
+  const float* q = nullptr;      // [T, H, Dh]
+  const float* kv = nullptr;     // [N, Dh]
+  const int32_t* idx = nullptr;  // [T, K], -1 = empty; other values must be in [0, N)
+  const float* sink = nullptr;   // [H]
   float scale = 0.0f;
   ReduceOrder order{};
-  float* o = nullptr;           // [T, H, Dh]
-  float* lse = nullptr;         // [T, H] (may be nullptr)
+  float* o = nullptr;    // [T, H, Dh]
+  float* lse = nullptr;  // [T, H] (may be nullptr)
 };
 const char* sparse_attention_check(const SparseAttnParams& p);  // also scans idx for out-of-range
 void sparse_attention(const SparseAttnParams& p);

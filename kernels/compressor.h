@@ -35,7 +35,9 @@ struct CompressorParams {
   ReduceOrder order{};
   float* out = nullptr;  // [floor(T/ratio), d]
 };
-inline int64_t compressor_groups(int64_t T, int ratio) { return T / ratio; }
+inline int64_t compressor_groups(int64_t T, int ratio) {
+  return T / ratio;
+}
 const char* compressor_check(const CompressorParams& p);
 void compressor(const CompressorParams& p);
 

@@ -25,9 +25,9 @@ struct IndexerParams {
   const float* ki = nullptr;  // [G, Di]
   const float* wt = nullptr;  // [T, Hi] fp32 head weights (already scaled by Hi^-1/2 Di^-1/2)
   ReduceOrder order{};
-  int32_t* ids = nullptr;     // [T, k] out: chosen groups ascending, then -1 for empty slots
-  float* margin = nullptr;    // [T] out (may be nullptr)
-  float* score = nullptr;     // [T, k] out: score of each chosen id, NaN for -1 slots (may be nullptr)
+  int32_t* ids = nullptr;   // [T, k] out: chosen groups ascending, then -1 for empty slots
+  float* margin = nullptr;  // [T] out (may be nullptr)
+  float* score = nullptr;   // [T, k] out: score of each chosen id, NaN for -1 slots (may be nullptr)
 };
 // score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0, with
 // relu(x) = (x < 0 ? 0 : x) (NaN propagates); only groups
@@ -51,9 +51,9 @@ struct IndexBuildParams {
   int W = 128;
   CompressedKind kind = CompressedKind::none;
   int ratio = 0;
-  int k = 0;                       // c4 width
-  const int32_t* sel = nullptr;    // c4: [T, k]
-  int32_t* idx = nullptr;          // [T, index_width()]
+  int k = 0;                     // c4 width
+  const int32_t* sel = nullptr;  // c4: [T, k]
+  int32_t* idx = nullptr;        // [T, index_width()]
 };
 int64_t index_width(const IndexBuildParams& p);
 void build_index(const IndexBuildParams& p);

@@ -17,18 +17,18 @@ struct HcPreParams {
   int64_t T = 0;
   int hc = 4;
   int64_t D = 0;
-  const float* X = nullptr;     // [T, hc, D]
-  const float* fn = nullptr;    // [(2 + hc) * hc, hc * D] fp32
-  const float* scale = nullptr; // [3]
-  const float* base = nullptr;  // [(2 + hc) * hc]
+  const float* X = nullptr;      // [T, hc, D]
+  const float* fn = nullptr;     // [(2 + hc) * hc, hc * D] fp32
+  const float* scale = nullptr;  // [3]
+  const float* base = nullptr;   // [(2 + hc) * hc]
   float rms_eps = 1e-6f;
   float hc_eps = 1e-6f;
   int sinkhorn_iters = 20;
-  ReduceOrder order{};          // for mean(x²) and each fn row · x
-  float* y = nullptr;           // [T, D] bf16: sum_j pre_j * X[t, j]   (sum over j sequential)
-  float* pre = nullptr;         // [T, hc]
-  float* post = nullptr;        // [T, hc]
-  float* comb = nullptr;        // [T, hc, hc], comb[j][k]: j source (row), k destination (column)
+  ReduceOrder order{};    // for mean(x²) and each fn row · x
+  float* y = nullptr;     // [T, D] bf16: sum_j pre_j * X[t, j]   (sum over j sequential)
+  float* pre = nullptr;   // [T, hc]
+  float* post = nullptr;  // [T, hc]
+  float* comb = nullptr;  // [T, hc, hc], comb[j][k]: j source (row), k destination (column)
 };
 // Per token: x = X[t] flattened; rho = 1/sqrt(sum_squares(x)/(hc*D) + rms_eps);
 // mix_i = rho * dot(fn_i, x); a_i = mix_i * scale[g(i)] + base_i; pre = sigmoid(a) + hc_eps;
@@ -55,14 +55,14 @@ struct HcHeadParams {
   int64_t T = 0;
   int hc = 4;
   int64_t D = 0;
-  const float* X = nullptr;     // [T, hc, D]
-  const float* fn = nullptr;    // [hc, hc * D]
-  const float* scale = nullptr; // [1]
-  const float* base = nullptr;  // [hc]
+  const float* X = nullptr;      // [T, hc, D]
+  const float* fn = nullptr;     // [hc, hc * D]
+  const float* scale = nullptr;  // [1]
+  const float* base = nullptr;   // [hc]
   float rms_eps = 1e-6f, hc_eps = 1e-6f;
   ReduceOrder order{};
-  float* y = nullptr;           // [T, D] bf16
-  float* w = nullptr;           // [T, hc] the mixing weights, may be nullptr
+  float* y = nullptr;  // [T, D] bf16
+  float* w = nullptr;  // [T, hc] the mixing weights, may be nullptr
 };
 // w_j = sigmoid(rho * dot(fn_j, x) * scale[0] + base_j) + hc_eps; y = bf16(sum_j w_j X[t,j]).
 void hc_head(const HcHeadParams& p);

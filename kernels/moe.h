@@ -18,17 +18,17 @@ namespace dsv4 {
 struct RouterParams {
   int64_t T = 0;
   int E = 0, k = 0;
-  const float* logits = nullptr;   // [T, E]
-  const float* bias = nullptr;     // [E] (learned layers)
-  const int32_t* tid2eid = nullptr;// [V, k] (hash layers), else nullptr
-  const int32_t* tokens = nullptr; // [T] (hash layers)
-  const int32_t* forced = nullptr; // [T, k] or nullptr
+  const float* logits = nullptr;     // [T, E]
+  const float* bias = nullptr;       // [E] (learned layers)
+  const int32_t* tid2eid = nullptr;  // [V, k] (hash layers), else nullptr
+  const int32_t* tokens = nullptr;   // [T] (hash layers)
+  const int32_t* forced = nullptr;   // [T, k] or nullptr
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
-  int32_t* ids = nullptr;          // [T, k] out, ascending
-  float* weights = nullptr;        // [T, k] out, matching ids
-  float* margin = nullptr;         // [T] out (may be nullptr)
-  float* scores = nullptr;         // [T, E] out s_e (may be nullptr)
+  int32_t* ids = nullptr;    // [T, k] out, ascending
+  float* weights = nullptr;  // [T, k] out, matching ids
+  float* margin = nullptr;   // [T] out (may be nullptr)
+  float* scores = nullptr;   // [T, E] out s_e (may be nullptr)
 };
 const char* router_check(const RouterParams& p);
 void router(const RouterParams& p);
@@ -52,18 +52,19 @@ struct ExpertWeights {
 // order, a token's result does not depend on which other tokens share its expert.
 struct MoeParams {
   int64_t T = 0, D = 0, I = 0;
-  int64_t I_shared = 0;  // intermediate size of a shared expert (HF fuses n shared experts into one of width n*I); 0: I
+  int64_t I_shared =
+      0;  // intermediate size of a shared expert (HF fuses n shared experts into one of width n*I); 0: I
   int E = 0, k = 0;
-  int n_shared = 1;      // number of entries in `shared` (0 or more), each of width I_shared
-  const float* x = nullptr;            // [T, D] bf16 values
-  const int32_t* ids = nullptr;        // [T, k] ascending
-  const float* weights = nullptr;      // [T, k]
+  int n_shared = 1;                // number of entries in `shared` (0 or more), each of width I_shared
+  const float* x = nullptr;        // [T, D] bf16 values
+  const int32_t* ids = nullptr;    // [T, k] ascending
+  const float* weights = nullptr;  // [T, k]
   const ExpertWeights* experts = nullptr;  // [E]
   const ExpertWeights* shared = nullptr;   // [n_shared]
   float swiglu_limit = 10.0f;
   bool clamp_shared = false;
   ReduceOrder order{};
-  float* out = nullptr;                // [T, D]
+  float* out = nullptr;  // [T, D]
 };
 const char* moe_check(const MoeParams& p);
 void moe_experts(const MoeParams& p);

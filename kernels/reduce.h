@@ -54,6 +54,8 @@ DSV4_HD float dot(const float* a, const float* b, int64_t n, ReduceOrder o) {
 }
 
 // sum_i a[i]^2 in the canonical order.
-DSV4_HD float sum_squares(const float* a, int64_t n, ReduceOrder o) { return dot(a, a, n, o); }
+DSV4_HD float sum_squares(const float* a, int64_t n, ReduceOrder o) {
+  return dot(a, a, n, o);
+}
 
 }  // namespace dsv4

@@ -6,10 +6,10 @@
 namespace dsv4 {
 
 struct RopeSpec {
-  int rd = 64;             // rotary dims (even)
-  float base = 10000.0f;   // theta
-  bool yarn = false;       // YaRN frequency ramp on/off
-  float factor = 16.0f;    // YaRN scaling factor
+  int rd = 64;            // rotary dims (even)
+  float base = 10000.0f;  // theta
+  bool yarn = false;      // YaRN frequency ramp on/off
+  float factor = 16.0f;   // YaRN scaling factor
   int64_t original_max_position = 65536;
   float beta_fast = 32.0f, beta_slow = 1.0f;
 };
@@ -18,7 +18,8 @@ struct RopeSpec {
 //   freq_i = exp_f(-(2i/rd) * log_f(base))
 //   yarn: corr(n) = rd * log_f(L0 / (n * 2π)) / (2 * log_f(base)); low = max(floor(corr(beta_fast)), 0);
 //         high = min(ceil(corr(beta_slow)), rd - 1); high += 0.001 if equal;
-//         ramp_i = clamp((i - low) / (high - low), 0, 1); freq_i = freq_i/factor * ramp_i + freq_i * (1 - ramp_i)
+//         ramp_i = clamp((i - low) / (high - low), 0, 1); freq_i = freq_i/factor * ramp_i + freq_i * (1 -
+//         ramp_i)
 void rope_freqs(const RopeSpec& s, float* freq);
 
 // Rotates, for every row t and head h, the `rd` values starting at

@@ -15,11 +15,14 @@ Weights open_checkpoint(const std::string& path) {
   const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   const fs::path cfg = dir / "config.json";
   if (!fs::exists(cfg, ec))
-    throw InputError(fmt::format("{}: no config.json beside the weights (looked for {})", path, cfg.string()));
+    throw InputError(
+        fmt::format("{}: no config.json beside the weights (looked for {})", path, cfg.string()));
   ModelConfig c = config_from_file(cfg.string());
   return Weights::load(c, path);
 }
 
-Weights open_preset(const std::string& preset_name, uint64_t seed) { return Weights::init(preset(preset_name), seed); }
+Weights open_preset(const std::string& preset_name, uint64_t seed) {
+  return Weights::init(preset(preset_name), seed);
+}
 
 }  // namespace dsv4

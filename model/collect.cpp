@@ -6,14 +6,19 @@ namespace dsv4 {
 
 const char* to_string(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }
 
-const char* to_string(Sublayer s) { return s == Sublayer::attn ? "attn" : "ffn"; }
+const char* to_string(Sublayer s) {
+  return s == Sublayer::attn ? "attn" : "ffn";
+}
 
 void DecisionLog::on_tensor(const TensorRecord& t) {
   if (!keep_tensors_) return;
@@ -62,7 +67,8 @@ void DecisionLog::on_mhc(const MhcDecision& d) {
 
 Overrides DecisionLog::to_overrides() const {
   Overrides o;
-  for (const auto& [key, r] : indexer) o.force_indexer(key.first, key.second, ForcedSelection{r.T, r.k, r.ids});
+  for (const auto& [key, r] : indexer)
+    o.force_indexer(key.first, key.second, ForcedSelection{r.T, r.k, r.ids});
   for (const auto& [key, r] : routing)
     if (!r.hashed) o.force_experts(key.first, key.second, ForcedSelection{r.T, r.k, r.ids});
   return o;

@@ -24,8 +24,8 @@ int64_t missing_from(const int32_t* a, const int32_t* b, int k) {
 template <typename Rec>
 LayerDecisionDiff diff_rows(int layer, const char* kind, const Rec& a, const Rec& b) {
   if (a.T != b.T || a.k != b.k)
-    throw InputError(fmt::format("{} decisions of layer {} have different shapes: [{}, {}] vs [{}, {}]", kind, layer,
-                                 a.T, a.k, b.T, b.k));
+    throw InputError(fmt::format("{} decisions of layer {} have different shapes: [{}, {}] vs [{}, {}]", kind,
+                                 layer, a.T, a.k, b.T, b.k));
   LayerDecisionDiff d;
   d.layer = layer;
   d.kind = kind;

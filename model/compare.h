@@ -12,9 +12,9 @@ namespace dsv4 {
 
 struct LayerDecisionDiff {
   int layer = 0;
-  std::string kind;       // "indexer" or "routing"
-  bool hashed = false;    // routing of a hash layer (must never differ)
-  int64_t rows = 0;       // positions compared
+  std::string kind;            // "indexer" or "routing"
+  bool hashed = false;         // routing of a hash layer (must never differ)
+  int64_t rows = 0;            // positions compared
   int64_t rows_differing = 0;  // positions whose set differs
   int64_t ids_differing = 0;   // ids in A's sets that are not in B's (summed over positions)
 };

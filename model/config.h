@@ -81,10 +81,10 @@ struct ParamCount {
 std::vector<ParamCount> param_counts(const ModelConfig& c);
 int64_t total_params(const ModelConfig& c);
 struct DecisionBytes {
-  int64_t indexer_raw = 0;   // per token: C4 layers x index_topk x 4 bytes (int32)
-  int64_t routing_raw = 0;   // per token: layers x k_e x 4 bytes (ids) + weights
-  int64_t margins = 0;       // per token: fp32 margins (indexer per C4 layer + router per layer)
-  int64_t mhc = 0;           // per token: fp32 pre/post/comb for both sublayers of every layer
+  int64_t indexer_raw = 0;  // per token: C4 layers x index_topk x 4 bytes (int32)
+  int64_t routing_raw = 0;  // per token: layers x k_e x 4 bytes (ids) + weights
+  int64_t margins = 0;      // per token: fp32 margins (indexer per C4 layer + router per layer)
+  int64_t mhc = 0;          // per token: fp32 pre/post/comb for both sublayers of every layer
   int64_t total_raw() const { return indexer_raw + routing_raw + margins + mhc; }
 };
 DecisionBytes decision_bytes_per_token(const ModelConfig& c);

@@ -15,8 +15,8 @@ const char* to_string(DType t);
 // A tensor as the model computed it. Row-major; shape[0] is the token (or compressed-group) axis, so
 // a row is what a per-token digest covers. bf16 tensors hold bf16-exact values in fp32 storage.
 struct TensorRecord {
-  int seq = 0;      // sequence index within the batch
-  int layer = -1;   // -1: model-level (embedding, head)
+  int seq = 0;     // sequence index within the batch
+  int layer = -1;  // -1: model-level (embedding, head)
   std::string_view name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;

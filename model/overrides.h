@@ -12,8 +12,8 @@
 namespace dsv4 {
 
 struct ForcedSelection {
-  int64_t T = 0;  // rows (tokens of the sequence)
-  int k = 0;      // width
+  int64_t T = 0;             // rows (tokens of the sequence)
+  int k = 0;                 // width
   std::vector<int32_t> ids;  // [T, k]; order inside a row does not matter; -1 = empty (indexer only)
 };
 
@@ -32,7 +32,8 @@ class Overrides {
   const std::map<std::pair<int, int>, ForcedSelection>& all_experts() const { return experts_; }
 
  private:
-  static const ForcedSelection* find(const std::map<std::pair<int, int>, ForcedSelection>& m, int seq, int layer) {
+  static const ForcedSelection* find(const std::map<std::pair<int, int>, ForcedSelection>& m, int seq,
+                                     int layer) {
     auto it = m.find({seq, layer});
     return it == m.end() ? nullptr : &it->second;
   }

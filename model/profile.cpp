@@ -23,7 +23,9 @@ NumericsProfile profile_rollout() {
   return p;
 }
 
-std::vector<std::string> profile_names() { return {"train", "rollout"}; }
+std::vector<std::string> profile_names() {
+  return {"train", "rollout"};
+}
 
 NumericsProfile profile_by_name(const std::string& name) {
   if (name == "train") return profile_train();

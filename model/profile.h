@@ -20,10 +20,10 @@ enum class Fp8KvMode { real, inplace_bf16_cast };
 
 struct NumericsProfile {
   std::string name;
-  ReduceOrder order;          // every long reduction (GEMMs, norms, attention/indexer dots, mHC)
-  bool fp8_kv = false;        // window KV + main compressed KV: nope dims, block 64, ue8m0
+  ReduceOrder order;    // every long reduction (GEMMs, norms, attention/indexer dots, mHC)
+  bool fp8_kv = false;  // window KV + main compressed KV: nope dims, block 64, ue8m0
   Fp8KvMode fp8_kv_mode = Fp8KvMode::real;
-  bool fp8_indexer = false;   // indexer q (per head row) and k: block 128, ue8m0
+  bool fp8_indexer = false;          // indexer q (per head row) and k: block 128, ue8m0
   bool clamp_shared_expert = false;  // [U] MODEL.md §3.9.3: default no clamp on the shared expert
 };
 

@@ -20,7 +20,7 @@ struct StTensorInfo {
   std::string name;
   StDType dtype;
   std::vector<int64_t> shape;
-  std::string file;           // the file holding it
+  std::string file;               // the file holding it
   const uint8_t* data = nullptr;  // into the mapping
   int64_t nbytes = 0;
   int64_t numel() const;
@@ -57,7 +57,8 @@ class SafetensorsReader {
 class SafetensorsWriter {
  public:
   void add(const std::string& name, StDType dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes);
-  void add_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values);  // rounds RNE
+  void add_bf16(const std::string& name, std::vector<int64_t> shape,
+                const std::vector<float>& values);  // rounds RNE
   void add_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values);
   void add_i32(const std::string& name, std::vector<int64_t> shape, const std::vector<int32_t>& values);
   void set_metadata(const std::string& key, const std::string& value);

@@ -20,7 +20,9 @@ int64_t WeightSpec::numel() const {
   return n;
 }
 
-std::string layer_prefix(int layer) { return fmt::format("model.layers.{}.", layer); }
+std::string layer_prefix(int layer) {
+  return fmt::format("model.layers.{}.", layer);
+}
 
 namespace {
 
@@ -44,15 +46,18 @@ void add_expert(std::vector<WeightSpec>& out, const std::string& prefix, int64_t
   add(out, prefix + "down_proj.weight", {D, I}, StDType::BF16, InitKind::normal);
 }
 
-bool is_float(StDType t) { return t == StDType::BF16 || t == StDType::F32 || t == StDType::F16; }
+bool is_float(StDType t) {
+  return t == StDType::BF16 || t == StDType::F32 || t == StDType::F16;
+}
 
 }  // namespace
 
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
   const int64_t V = c.vocab_size, D = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads,
-                Dh = c.head_dim, G = c.o_groups, R = c.o_lora_rank, ql = c.q_lora_rank, E = c.n_routed_experts,
-                I = c.moe_intermediate_size, Hi = c.index_n_heads, Di = c.index_head_dim;
+                Dh = c.head_dim, G = c.o_groups, R = c.o_lora_rank, ql = c.q_lora_rank,
+                E = c.n_routed_experts, I = c.moe_intermediate_size, Hi = c.index_n_heads,
+                Di = c.index_head_dim;
   const int64_t mix = (2 + hc) * hc;
   add(s, "model.embed_tokens.weight", {V, D}, StDType::BF16, InitKind::normal);
   add(s, "model.norm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
@@ -166,23 +171,25 @@ Weights Weights::load(const ModelConfig& c, const std::string& path) {
     t.dtype = info.dtype;
     if (spec.dtype == StDType::I32) {
       if (info.dtype != StDType::I32 && info.dtype != StDType::I64)
-        throw WeightsError(fmt::format("{}: tensor '{}': expected an integer dtype (I32 or I64), found {}", info.file,
-                                       spec.name, to_string(info.dtype)));
+        throw WeightsError(fmt::format("{}: tensor '{}': expected an integer dtype (I32 or I64), found {}",
+                                       info.file, spec.name, to_string(info.dtype)));
       t.i = reader.read_i32(spec.name);
       for (size_t k = 0; k < t.i.size(); ++k)
         if (t.i[k] < 0 || t.i[k] >= c.n_routed_experts)
-          throw WeightsError(fmt::format("{}: tensor '{}': entry {} (token {}) is expert {}, outside [0, {})", info.file,
-                                         spec.name, k, k / c.num_experts_per_tok, t.i[k], c.n_routed_experts));
+          throw WeightsError(fmt::format("{}: tensor '{}': entry {} (token {}) is expert {}, outside [0, {})",
+                                         info.file, spec.name, k, k / c.num_experts_per_tok, t.i[k],
+                                         c.n_routed_experts));
     } else if (spec.dtype == StDType::F32 && info.dtype != StDType::F32) {
       throw WeightsError(fmt::format(
-          "{}: tensor '{}': expected F32 (a keep-fp32 tensor: narrowing it corrupts the model), found {}", info.file,
-          spec.name, to_string(info.dtype)));
+          "{}: tensor '{}': expected F32 (a keep-fp32 tensor: narrowing it corrupts the model), found {}",
+          info.file, spec.name, to_string(info.dtype)));
     } else if (!is_float(info.dtype)) {
-      throw WeightsError(fmt::format("{}: tensor '{}': expected BF16, F16 or F32, found {}{}", info.file, spec.name,
-                                     to_string(info.dtype),
-                                     info.dtype == StDType::F8_E4M3
-                                         ? " (block-quantised FP8 checkpoints are not supported; dequantise to BF16)"
-                                         : ""));
+      throw WeightsError(
+          fmt::format("{}: tensor '{}': expected BF16, F16 or F32, found {}{}", info.file, spec.name,
+                      to_string(info.dtype),
+                      info.dtype == StDType::F8_E4M3
+                          ? " (block-quantised FP8 checkpoints are not supported; dequantise to BF16)"
+                          : ""));
     } else {
       t.f = reader.read_f32(spec.name);
     }
@@ -192,9 +199,10 @@ Weights Weights::load(const ModelConfig& c, const std::string& path) {
     if (expected.count(name)) continue;
     // The MTP block is out of scope (MODEL.md §11): its tensors are allowed and not loaded.
     if (name.rfind("mtp.", 0) == 0 || name.rfind("model.mtp.", 0) == 0) continue;
-    throw WeightsError(fmt::format("{}: unexpected tensor '{}' (this config does not use it: check the config's "
-                                   "num_hidden_layers, compress_ratios, num_hash_layers and n_routed_experts)",
-                                   path, name));
+    throw WeightsError(
+        fmt::format("{}: unexpected tensor '{}' (this config does not use it: check the config's "
+                    "num_hidden_layers, compress_ratios, num_hash_layers and n_routed_experts)",
+                    path, name));
   }
   return w;
 }

@@ -18,7 +18,7 @@ enum class InitKind { normal, ones_jitter, ones, zeros, tid2eid };
 struct WeightSpec {
   std::string name;
   std::vector<int64_t> shape;
-  StDType dtype;   // storage dtype in the checkpoint: BF16, F32 (keep-fp32 tensors) or I32 (tid2eid)
+  StDType dtype;  // storage dtype in the checkpoint: BF16, F32 (keep-fp32 tensors) or I32 (tid2eid)
   InitKind init = InitKind::normal;
   float std = 0.02f;
   int64_t numel() const;

@@ -11,8 +11,8 @@
 namespace dsv4::test {
 
 struct CliResult {
-  int code = -1;     // exit code; 128 + signal when killed
-  std::string out;   // stdout and stderr together
+  int code = -1;    // exit code; 128 + signal when killed
+  std::string out;  // stdout and stderr together
 };
 
 inline CliResult run_cli(const std::string& args, const std::string& env = "") {

@@ -14,7 +14,9 @@ namespace {
 namespace fs = std::filesystem;
 
 using Result = dsv4::test::CliResult;
-Result dsv4(const std::string& args) { return dsv4::test::run_cli(args); }
+Result dsv4(const std::string& args) {
+  return dsv4::test::run_cli(args);
+}
 
 class Cli : public ::testing::Test {
  protected:
@@ -39,8 +41,8 @@ class Cli : public ::testing::Test {
 };
 
 TEST_F(Cli, HelpAndVersion) {
-  for (const char* args : {"--help", "model --help", "model init --help", "model info --help", "forward --help",
-                           "demo --help"}) {
+  for (const char* args : {"--help", "model --help", "model init --help", "model info --help",
+                           "forward --help", "demo --help"}) {
     const Result r = dsv4(args);
     EXPECT_EQ(r.code, 0) << args << "\n" << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << args;
@@ -65,10 +67,13 @@ TEST_F(Cli, ModelInfo) {
 
 TEST_F(Cli, ForwardBothModelForms) {
   const std::string out1 = tmp("fwd1.json"), out2 = tmp("fwd2.json");
-  Result r = dsv4("forward --model " + model_dir() + " --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --profile train --out " + out1);
+  Result r = dsv4("forward --model " + model_dir() +
+                  " --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --profile train --out " + out1);
   ASSERT_EQ(r.code, 0) << r.out;
-  r = dsv4("forward --preset tiny --seed 7 --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --profile train --threads 1 --out " +
-           out2);
+  r = dsv4(
+      "forward --preset tiny --seed 7 --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --profile train --threads 1 "
+      "--out " +
+      out2);
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream f1(out1), f2(out2);
   const auto j1 = nlohmann::json::parse(f1), j2 = nlohmann::json::parse(f2);

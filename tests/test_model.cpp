@@ -33,8 +33,8 @@ struct Run {
   DecisionLog log{true};
 };
 
-std::unique_ptr<Run> run(const Weights& w, const std::vector<int32_t>& tokens, const NumericsProfile& p, int threads = 0,
-                         const Overrides* ov = nullptr) {
+std::unique_ptr<Run> run(const Weights& w, const std::vector<int32_t>& tokens, const NumericsProfile& p,
+                         int threads = 0, const Overrides* ov = nullptr) {
   auto r = std::make_unique<Run>();
   RunOptions o;
   o.profile = p;
@@ -54,8 +54,10 @@ void expect_same_run(const Run& a, const Run& b) {
     EXPECT_TRUE(test::bitwise_equal(ta.f, tb.f)) << key.second << " layer " << key.first.second;
     EXPECT_TRUE(test::bitwise_equal(ta.i, tb.i)) << key.second << " layer " << key.first.second;
   }
-  for (const auto& [key, r] : a.log.indexer) EXPECT_EQ(r.ids, b.log.indexer.at(key).ids) << "layer " << key.second;
-  for (const auto& [key, r] : a.log.routing) EXPECT_EQ(r.ids, b.log.routing.at(key).ids) << "layer " << key.second;
+  for (const auto& [key, r] : a.log.indexer)
+    EXPECT_EQ(r.ids, b.log.indexer.at(key).ids) << "layer " << key.second;
+  for (const auto& [key, r] : a.log.routing)
+    EXPECT_EQ(r.ids, b.log.routing.at(key).ids) << "layer " << key.second;
   EXPECT_TRUE(test::bitwise_equal(a.result.logprobs, b.result.logprobs));
 }
 
@@ -147,7 +149,8 @@ TEST(Model, ActivationScaleStaysSane) {
       prev = v;
     }
     // Sublayer outputs are alive, neither vanishing nor exploding.
-    const double a = rms(r->log.tensors.at({{0, L}, "attn.out"}).f), m = rms(r->log.tensors.at({{0, L}, "moe.out"}).f);
+    const double a = rms(r->log.tensors.at({{0, L}, "attn.out"}).f),
+                 m = rms(r->log.tensors.at({{0, L}, "moe.out"}).f);
     EXPECT_GT(a, 1e-3) << L;
     EXPECT_LT(a, 10) << L;
     EXPECT_GT(m, 1e-3) << L;
@@ -403,10 +406,12 @@ TEST_F(CheckpointTest, BadWeightsNameTheTensor) {
     return std::string();
   };
   write_without("model.layers.3.self_attn.wq_b.weight", "", "", false);
-  EXPECT_NE(load_error().find("'model.layers.3.self_attn.wq_b.weight' is missing"), std::string::npos) << load_error();
+  EXPECT_NE(load_error().find("'model.layers.3.self_attn.wq_b.weight' is missing"), std::string::npos)
+      << load_error();
   write_without("", "model.layers.2.mlp.experts.5.down_proj.weight", "", false);
   EXPECT_NE(load_error().find("model.layers.2.mlp.experts.5.down_proj.weight"), std::string::npos);
-  EXPECT_NE(load_error().find("expected shape [256, 128], found [255, 128]"), std::string::npos) << load_error();
+  EXPECT_NE(load_error().find("expected shape [256, 128], found [255, 128]"), std::string::npos)
+      << load_error();
   write_without("", "", "model.layers.1.self_attn.attn_sink", false);
   EXPECT_NE(load_error().find("keep-fp32"), std::string::npos) << load_error();
   write_without("", "", "", true);

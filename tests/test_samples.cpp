@@ -26,7 +26,8 @@ std::string read_file(const std::string& path) {
 }
 
 std::string golden_dump(const std::string& trace) {
-  const auto r = dsv4::test::run_cli_script(std::string(DSV4_SOURCE_DIR) + "/scripts/sample-golden.sh", trace);
+  const auto r =
+      dsv4::test::run_cli_script(std::string(DSV4_SOURCE_DIR) + "/scripts/sample-golden.sh", trace);
   EXPECT_EQ(r.code, 0) << r.out;
   return r.out;
 }

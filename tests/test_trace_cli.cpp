@@ -32,11 +32,11 @@ TEST_F(TraceCli, RecordAppendInfoValidateDump) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(t));
   EXPECT_FALSE(fs::exists(t + ".incomplete"));
-  {
-    std::ofstream(p("batch.jsonl")) << "[1,2,3,4,5,6,7,8,9]\n\n{\"tokens\": [9,8,7]}\n";
-  }
-  r = run_cli("record --preset tiny --seed 7 --batch " + p("batch.jsonl") + " --profile rollout --capture "
-              "'attn.*@1-2,logits' --append --out " + t);
+  { std::ofstream(p("batch.jsonl")) << "[1,2,3,4,5,6,7,8,9]\n\n{\"tokens\": [9,8,7]}\n"; }
+  r = run_cli("record --preset tiny --seed 7 --batch " + p("batch.jsonl") +
+              " --profile rollout --capture "
+              "'attn.*@1-2,logits' --append --out " +
+              t);
   ASSERT_EQ(r.code, 0) << r.out;
   // A different model cannot be appended.
   r = run_cli("record --preset tiny --seed 8 --random 10 --append --out " + t);
@@ -83,7 +83,8 @@ TEST_F(TraceCli, RecordAppendInfoValidateDump) {
 
 TEST_F(TraceCli, KilledBetweenStepsIsSalvaged) {
   const std::string t = p("k.h5");
-  const auto r = run_cli("record --preset tiny --seed 7 --random 30 --out " + t, "DSV4_FAULT=kill-after-step");
+  const auto r =
+      run_cli("record --preset tiny --seed 7 --random 30 --out " + t, "DSV4_FAULT=kill-after-step");
   EXPECT_EQ(r.code, 128 + 9) << r.out;
   ASSERT_FALSE(fs::exists(t));
   ASSERT_TRUE(fs::exists(t + ".incomplete"));
@@ -102,7 +103,8 @@ TEST_F(TraceCli, KilledBetweenStepsIsSalvaged) {
 TEST_F(TraceCli, KilledMidStepLosesOnlyThatStep) {
   const std::string t = p("m.h5");
   ASSERT_EQ(run_cli("record --preset tiny --seed 7 --random 30 --out " + t).code, 0);
-  const auto r = run_cli("record --preset tiny --seed 7 --random 50 --append --out " + t, "DSV4_FAULT=kill-mid-step");
+  const auto r =
+      run_cli("record --preset tiny --seed 7 --random 50 --append --out " + t, "DSV4_FAULT=kill-mid-step");
   EXPECT_EQ(r.code, 128 + 9) << r.out;
   auto v = run_cli("trace validate --json " + t);
   EXPECT_NE(v.code, 0);

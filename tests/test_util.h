@@ -55,8 +55,8 @@ template <typename T>
     return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0)
-      return ::testing::AssertionFailure() << "first difference at index " << i << ": " << +a[i] << " vs "
-                                           << +b[i];
+      return ::testing::AssertionFailure()
+             << "first difference at index " << i << ": " << +a[i] << " vs " << +b[i];
   }
   return ::testing::AssertionSuccess();
 }

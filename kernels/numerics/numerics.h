@@ -33,9 +33,13 @@ DSV4_HD float f32_from_bits(uint32_t u) {
 // fp32 -> bf16 bits, round to nearest even; NaN stays NaN (quiet bit set), +-inf stays inf;
 // overflow rounds to inf as IEEE does.
 DSV4_HD uint16_t bf16_bits(float x);
-DSV4_HD float bf16_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }
+DSV4_HD float bf16_to_f32(uint16_t b) {
+  return f32_from_bits(uint32_t(b) << 16);
+}
 // Round an fp32 value to the nearest bf16 value (returned as fp32, exactly representable in bf16).
-DSV4_HD float bf16_round(float x) { return bf16_to_f32(bf16_bits(x)); }
+DSV4_HD float bf16_round(float x) {
+  return bf16_to_f32(bf16_bits(x));
+}
 
 // ---- fp16 (safetensors F16 weights) -----------------------------------------------------------
 DSV4_HD float f16_to_f32(uint16_t h);
@@ -69,7 +73,9 @@ DSV4_HD float sin_f(float x);
 DSV4_HD float cos_f(float x);
 DSV4_HD float sigmoid_f(float x);   // 1 / (1 + exp(-x))
 DSV4_HD float softplus_f(float x);  // log(1 + exp(x)), x for x > 20
-DSV4_HD float silu_f(float x) { return x * sigmoid_f(x); }
+DSV4_HD float silu_f(float x) {
+  return x * sigmoid_f(x);
+}
 
 // 2^ceil(log2 v) from v's bits (exponent - 127, +1 if any mantissa bit is set): the UE8M0 block scale
 // of MODEL.md §4.1/§4.3. v must be positive and normal.

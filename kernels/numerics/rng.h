@@ -21,7 +21,8 @@ DSV4_HD uint64_t splitmix64(uint64_t x) {
 struct Rng {
   uint64_t key = 0;
   uint64_t counter = 0;
-  DSV4_HD Rng(uint64_t seed, uint64_t stream) : key(splitmix64(seed ^ splitmix64(stream + 0x51ED270B27ull))) {}
+  DSV4_HD Rng(uint64_t seed, uint64_t stream)
+      : key(splitmix64(seed ^ splitmix64(stream + 0x51ED270B27ull))) {}
   DSV4_HD uint64_t next_u64() { return splitmix64(key + 0x2545F4914F6CDD1Dull * ++counter); }
   // Uniform in (0, 1): (k + 0.5) / 2^24 for a 24-bit k, exact in fp32.
   DSV4_HD float uniform() { return (float(next_u64() >> 40) + 0.5f) * (1.0f / 16777216.0f); }
