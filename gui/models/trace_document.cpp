@@ -1,0 +1,115 @@
+#include "gui/models/trace_document.h"
+
+namespace dsv4::gui {
+
+TraceDocument::TraceDocument(QObject* parent) : QObject(parent) {
+  connect(&session_, &TraceSession::summaryReady, this, [this](SummaryPtr s) {
+    data_ = Dataset{};
+    data_.summary = std::move(s);
+    const int seqs = data_.seq_count();
+    data_.seqs.assign(size_t(seqs), nullptr);
+    data_.chunks.assign(size_t(seqs), std::vector<ChunkPtr>(size_t(data_.layers())));
+    emit datasetReset();
+  });
+  connect(&session_, &TraceSession::seqReady, this, [this](SeqPtr s) {
+    const int seq = s->seq;
+    if (seq < 0 || seq >= int(data_.seqs.size())) return;
+    data_.seqs[seq] = std::move(s);
+    emit seqLoaded(seq);
+  });
+  connect(&session_, &TraceSession::chunkReady, this, [this](ChunkPtr c) {
+    const int seq = c->seq, layer = c->layer;
+    if (seq < 0 || seq >= int(data_.chunks.size()) || layer < 0 || layer >= int(data_.chunks[seq].size()))
+      return;
+    data_.chunks[seq][layer] = std::move(c);
+    emit chunkLoaded(seq, layer);
+  });
+  connect(&session_, &TraceSession::reportReady, this, [this](ReportPtr r) {
+    data_.report = std::move(r);
+    emit reportLoaded();
+  });
+  connect(&session_, &TraceSession::progress, this, &TraceDocument::loadProgress);
+  connect(&session_, &TraceSession::finished, this, [this] {
+    data_.complete = true;
+    emit loadFinished();
+  });
+  connect(&session_, &TraceSession::failed, this, &TraceDocument::loadFailed);
+  connect(&session_, &TraceSession::canceled, this, &TraceDocument::loadCanceled);
+  connect(&session_, &TraceSession::detailReady, this,
+          [this](quint64, DetailPtr d) { emit detailReady(std::move(d)); });
+  connect(&session_, &TraceSession::detailFailed, this,
+          [this](quint64, const QString& m) { emit detailFailed(m); });
+  connect(&session_, &TraceSession::exportDone, this, &TraceDocument::exportDone);
+}
+
+void TraceDocument::open(const QString& a, const QString& b, int step_a, int step_b) {
+  request_ = LoadRequest{a, b, step_a, step_b, false};
+  session_.load(request_);
+}
+
+void TraceDocument::reload() {
+  if (request_.path_a.isEmpty()) return;
+  LoadRequest r = request_;
+  r.refresh = true;
+  session_.load(r);
+}
+
+void TraceDocument::adopt(Dataset d) {
+  session_.cancel();
+  data_ = Dataset{};
+  data_.summary = d.summary;
+  const int seqs = data_.seq_count();
+  data_.seqs.assign(size_t(seqs), nullptr);
+  data_.chunks.assign(size_t(seqs), std::vector<ChunkPtr>(size_t(data_.layers())));
+  emit datasetReset();
+  for (int s = 0; s < seqs && s < int(d.seqs.size()); ++s) {
+    data_.seqs[s] = d.seqs[s];
+    if (data_.seqs[s]) emit seqLoaded(s);
+    for (int l = 0; l < data_.layers() && s < int(d.chunks.size()) && l < int(d.chunks[s].size()); ++l) {
+      data_.chunks[s][l] = d.chunks[s][l];
+      if (data_.chunks[s][l]) emit chunkLoaded(s, l);
+    }
+  }
+  if (d.report) {
+    data_.report = d.report;
+    emit reportLoaded();
+  }
+  data_.complete = true;
+  emit loadFinished();
+}
+
+void TraceDocument::cancel() {
+  session_.cancel();
+}
+
+bool TraceDocument::requestDetail(int seq, int layer, int64_t token) {
+  const LayerChunk* c = data_.chunk(seq, layer);
+  const SeqTokens* s = data_.seq_tokens(seq);
+  if (!c || !s || token < 0 || token >= s->T) return false;
+  DetailRequest r;
+  r.summary = data_.summary;
+  r.seq = data_.seqs[seq];
+  r.chunk = data_.chunks[seq][layer];
+  r.report = data_.report;
+  r.token = token;
+  session_.requestDetail(r);
+  return true;
+}
+
+void TraceDocument::exportImage(const QImage& image, const QString& path) {
+  ExportRequest r;
+  r.kind = ExportRequest::Kind::Png;
+  r.path = path;
+  r.image = image;
+  session_.requestExport(r);
+}
+
+void TraceDocument::exportReport(const QString& path, ExportRequest::Kind kind) {
+  ExportRequest r;
+  r.kind = kind;
+  r.path = path;
+  r.report = data_.report;
+  session_.requestExport(r);
+}
+
+}  // namespace dsv4::gui

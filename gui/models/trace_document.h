@@ -1,0 +1,59 @@
+// The UI-thread side of a view: the Dataset of what is open, filled stage by stage from the
+// TraceSession's results, plus the request that produced it (for reload). Models observe it.
+#pragma once
+
+#include <QObject>
+#include <QString>
+
+#include "gui/models/dataset.h"
+#include "gui/models/trace_session.h"
+
+namespace dsv4::gui {
+
+class TraceDocument : public QObject {
+  Q_OBJECT
+ public:
+  explicit TraceDocument(QObject* parent = nullptr);
+
+  // Starts loading; the current dataset stays until the new one's summary arrives.
+  void open(const QString& a, const QString& b = {}, int step_a = 0, int step_b = 0);
+  void reload();  // the same files again, re-reading their step lists (a trace being written)
+  void cancel();
+  bool loading() const { return session_.loading(); }
+  const LoadRequest& lastRequest() const { return request_; }
+
+  const Dataset& data() const { return data_; }
+  // Shows a dataset built elsewhere (synthetic data for benchmarks and tests): replaces the current
+  // one and emits the signals of a load (datasetReset, seqLoaded, chunkLoaded, reportLoaded,
+  // loadFinished). Detail requests for it need its files, so only the overview and tables work.
+  void adopt(Dataset d);
+
+  // Asks the worker for the detail of (seq, layer, token); detailReady follows, unless a newer
+  // request supersedes this one. False when that cell is not loaded yet.
+  bool requestDetail(int seq, int layer, int64_t token);
+  // Saves through the worker thread; exportDone follows.
+  void exportImage(const QImage& image, const QString& path);
+  void exportReport(const QString& path, ExportRequest::Kind kind);
+
+  TraceSession& session() { return session_; }
+
+ signals:
+  void datasetReset();  // a new summary replaced everything
+  void seqLoaded(int seq);
+  void chunkLoaded(int seq, int layer);
+  void reportLoaded();
+  void loadProgress(int done, int total, const QString& stage);
+  void loadFinished();
+  void loadFailed(const dsv4::gui::LoadError& e);
+  void loadCanceled();
+  void detailReady(dsv4::gui::DetailPtr d);
+  void detailFailed(const QString& message);
+  void exportDone(const QString& path, const QString& error);
+
+ private:
+  TraceSession session_;
+  LoadRequest request_;
+  Dataset data_;
+};
+
+}  // namespace dsv4::gui

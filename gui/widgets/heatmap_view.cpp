@@ -1,0 +1,480 @@
+#include "gui/widgets/heatmap_view.h"
+
+#include <QKeyEvent>
+#include <QMouseEvent>
+#include <QPainter>
+#include <QScrollBar>
+#include <QToolTip>
+#include <QWheelEvent>
+#include <algorithm>
+#include <cmath>
+
+namespace dsv4::gui {
+
+namespace {
+
+constexpr int kLegendW = 170;  // colour legend on the right
+constexpr int kStripH = 46;    // per-token strip above the cells
+constexpr int kGap = 4;
+constexpr int kAxisH = 20;  // column axis below the cells
+constexpr double kMaxPpc = 64;
+const QRgb kBackground = qRgb(0xfa, 0xfa, 0xfa);
+const QRgb kGrid = qRgb(0xff, 0xff, 0xff);
+
+double nice_step(double raw) {
+  const double p = std::pow(10.0, std::floor(std::log10(std::max(raw, 1.0))));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+}  // namespace
+
+HeatmapView::HeatmapView(QWidget* parent) : QAbstractScrollArea(parent) {
+  setFocusPolicy(Qt::StrongFocus);
+  setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOn);
+  setVerticalScrollBarPolicy(Qt::ScrollBarAsNeeded);
+  viewport()->setAttribute(Qt::WA_OpaquePaintEvent);
+  viewport()->setMouseTracking(false);
+  setMinimumHeight(160);
+}
+
+void HeatmapView::setModel(HeatmapModel* m) {
+  if (model_) disconnect(model_, nullptr, this, nullptr);
+  model_ = m;
+  auto refresh = [this] {
+    updateScrollBars();
+    viewport()->update();
+  };
+  connect(model_, &QAbstractItemModel::modelReset, this, [this, refresh] {
+    const int cols = model_->columnCount();
+    if (cols != last_cols_) {
+      last_cols_ = cols;
+      fit_pending_ = true;
+      sel_row_ = sel_col_ = -1;
+    }
+    if (sel_row_ >= model_->rowCount() || sel_col_ >= cols) sel_row_ = sel_col_ = -1;
+    if (fit_pending_) fitToWidth();
+    refresh();
+  });
+  connect(model_, &QAbstractItemModel::modelReset, this, &HeatmapView::updateLabelWidth);
+  connect(model_, &QAbstractItemModel::dataChanged, viewport(), qOverload<>(&QWidget::update));
+  connect(model_, &QAbstractItemModel::headerDataChanged, viewport(), qOverload<>(&QWidget::update));
+  last_cols_ = model_->columnCount();
+  updateLabelWidth();
+  fitToWidth();
+}
+
+void HeatmapView::updateLabelWidth() {
+  QFont f = font();
+  f.setPointSizeF(f.pointSizeF() * 0.9);
+  const QFontMetrics fm(f);
+  int w = fm.horizontalAdvance(QStringLiteral("|Δ log-prob|")) / 2;
+  for (int r = 0; model_ && r < model_->rowCount(); ++r)
+    w = std::max(w, fm.horizontalAdvance(model_->rowLabel(r)));
+  label_w_ = std::max(48, w + 14);
+}
+
+QRect HeatmapView::cellRect() const {
+  const int w = std::max(0, viewport()->width() - label_w_ - kLegendW);
+  const int top = kStripH + kGap;
+  const int h = std::max(0, viewport()->height() - top - kAxisH);
+  return {label_w_, top, w, h};
+}
+
+int HeatmapView::rowHeight() const {
+  const int rows = model_ ? model_->rowCount() : 0;
+  if (rows == 0) return 1;
+  return std::clamp(cellRect().height() / rows, 3, 60);
+}
+
+double HeatmapView::columnX(int col) const {
+  return cellRect().left() + col * ppc_ - horizontalScrollBar()->value();
+}
+
+void HeatmapView::fitToWidth() {
+  const int cols = model_ ? model_->columnCount() : 0;
+  const int w = cellRect().width();
+  if (cols <= 0 || w <= 0) {
+    fit_pending_ = true;
+    return;
+  }
+  fit_pending_ = false;
+  ppc_ = std::min(kMaxPpc, double(w) / cols);
+  updateScrollBars();
+  horizontalScrollBar()->setValue(0);
+  viewport()->update();
+}
+
+void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
+  const int cols = model_ ? model_->columnCount() : 0;
+  const int w = cellRect().width();
+  if (cols <= 0 || w <= 0) return;
+  const double fit = double(w) / cols;
+  ppc = std::clamp(ppc, std::min(fit, kMaxPpc), std::max(kMaxPpc, fit));
+  if (anchor_x < 0) anchor_x = w / 2;
+  const double col_at_anchor = (horizontalScrollBar()->value() + anchor_x) / ppc_;
+  ppc_ = ppc;
+  fit_pending_ = false;
+  updateScrollBars();
+  horizontalScrollBar()->setValue(int(std::lround(col_at_anchor * ppc_ - anchor_x)));
+  viewport()->update();
+}
+
+void HeatmapView::updateScrollBars() {
+  const int cols = model_ ? model_->columnCount() : 0;
+  const QRect area = cellRect();
+  const int content_w = int(std::ceil(cols * ppc_));
+  horizontalScrollBar()->setRange(0, std::max(0, content_w - area.width()));
+  horizontalScrollBar()->setPageStep(std::max(1, area.width()));
+  horizontalScrollBar()->setSingleStep(std::max(1, int(ppc_ * 4)));
+  const int rows = model_ ? model_->rowCount() : 0;
+  const int content_h = rows * rowHeight();
+  verticalScrollBar()->setRange(0, std::max(0, content_h - area.height()));
+  verticalScrollBar()->setPageStep(std::max(1, area.height()));
+  verticalScrollBar()->setSingleStep(rowHeight());
+}
+
+void HeatmapView::resizeEvent(QResizeEvent* e) {
+  QAbstractScrollArea::resizeEvent(e);
+  if (fit_pending_) {
+    fitToWidth();
+  } else {
+    // Keep "everything visible" when it was.
+    const int cols = model_ ? model_->columnCount() : 0;
+    if (cols > 0 && ppc_ * cols < cellRect().width())
+      ppc_ = std::min(kMaxPpc, double(cellRect().width()) / cols);
+    updateScrollBars();
+  }
+}
+
+void HeatmapView::scrollContentsBy(int, int) {
+  viewport()->update();
+}
+
+std::pair<int, int> HeatmapView::cellAt(const QPoint& p) const {
+  if (!model_) return {-1, -1};
+  const QRect area = cellRect();
+  const int cols = model_->columnCount(), rows = model_->rowCount();
+  const int col = int(std::floor((p.x() - area.left() + horizontalScrollBar()->value()) / ppc_));
+  if (p.x() < area.left() || p.x() >= area.right() || col < 0 || col >= cols) return {-1, -1};
+  if (p.y() < area.top() || p.y() >= area.bottom()) return {-1, col};  // the strip or the axis: column only
+  const int row = (p.y() - area.top() + verticalScrollBar()->value()) / rowHeight();
+  if (row < 0 || row >= rows) return {-1, col};
+  return {row, col};
+}
+
+void HeatmapView::ensureVisible(int row, int col) {
+  const QRect area = cellRect();
+  const double x = col * ppc_;
+  QScrollBar* h = horizontalScrollBar();
+  if (x < h->value() || x + ppc_ > h->value() + area.width())
+    h->setValue(int(x + ppc_ / 2 - area.width() / 2));
+  const int y = row * rowHeight();
+  QScrollBar* v = verticalScrollBar();
+  if (y < v->value() || y + rowHeight() > v->value() + area.height())
+    v->setValue(y + rowHeight() / 2 - area.height() / 2);
+}
+
+void HeatmapView::select(int row, int col) {
+  if (!model_ || row < 0 || col < 0 || row >= model_->rowCount() || col >= model_->columnCount()) return;
+  sel_row_ = row;
+  sel_col_ = col;
+  ensureVisible(row, col);
+  viewport()->update();
+  emit cellSelected(row, col);
+}
+
+void HeatmapView::clearSelection() {
+  sel_row_ = sel_col_ = -1;
+  viewport()->update();
+}
+
+void HeatmapView::mousePressEvent(QMouseEvent* e) {
+  if (e->button() != Qt::LeftButton) return QAbstractScrollArea::mousePressEvent(e);
+  auto [row, col] = cellAt(e->position().toPoint());
+  if (col < 0) return;
+  if (row < 0) row = sel_row_ >= 0 ? sel_row_ : 0;  // a click on the strip keeps the layer
+  select(row, col);
+}
+
+void HeatmapView::wheelEvent(QWheelEvent* e) {
+  const QPoint d = e->angleDelta();
+  if (e->modifiers() & Qt::ControlModifier) {
+    const double steps = d.y() / 120.0;
+    setPixelsPerColumn(ppc_ * std::pow(1.25, steps), int(e->position().x()) - cellRect().left());
+    e->accept();
+    return;
+  }
+  if ((e->modifiers() & Qt::ShiftModifier) && verticalScrollBar()->maximum() > 0) {
+    verticalScrollBar()->setValue(verticalScrollBar()->value() - d.y() / 2);
+  } else {
+    // The token axis is the long one: the plain wheel scrolls it.
+    const int delta = d.x() != 0 ? d.x() : d.y();
+    horizontalScrollBar()->setValue(horizontalScrollBar()->value() - delta);
+  }
+  e->accept();
+}
+
+void HeatmapView::keyPressEvent(QKeyEvent* e) {
+  if (!model_ || model_->rowCount() == 0) return QAbstractScrollArea::keyPressEvent(e);
+  const int r = std::max(sel_row_, 0), c = std::max(sel_col_, 0);
+  switch (e->key()) {
+    case Qt::Key_Left:
+      return select(r, std::max(c - 1, 0));
+    case Qt::Key_Right:
+      return select(r, std::min(c + 1, model_->columnCount() - 1));
+    case Qt::Key_Up:
+      return select(std::max(r - 1, 0), c);
+    case Qt::Key_Down:
+      return select(std::min(r + 1, model_->rowCount() - 1), c);
+    case Qt::Key_Home:
+      return select(r, 0);
+    case Qt::Key_End:
+      return select(r, model_->columnCount() - 1);
+    case Qt::Key_Plus:
+    case Qt::Key_Equal:
+      return zoomIn();
+    case Qt::Key_Minus:
+      return zoomOut();
+    default:
+      return QAbstractScrollArea::keyPressEvent(e);
+  }
+}
+
+bool HeatmapView::viewportEvent(QEvent* e) {
+  if (e->type() == QEvent::ToolTip && model_) {
+    auto* he = static_cast<QHelpEvent*>(e);
+    const auto [row, col] = cellAt(he->pos());
+    QString text;
+    if (row >= 0) {
+      text = model_->cellToolTip(row, col);
+    } else if (col >= 0 && he->pos().y() < kStripH && model_->isTokenAxis()) {
+      text = QStringLiteral("token %1: %2 = %3")
+                 .arg(col)
+                 .arg(model_->stripLabel())
+                 .arg(double(model_->stripValue(col)), 0, 'g', 5);
+    }
+    if (text.isEmpty()) {
+      QToolTip::hideText();
+    } else {
+      QToolTip::showText(he->globalPos(), text, viewport());
+    }
+    return true;
+  }
+  return QAbstractScrollArea::viewportEvent(e);
+}
+
+void HeatmapView::renderCells(QImage& img, const QRect& area) {
+  const int rows = model_->rowCount(), cols = model_->columnCount();
+  if (rows == 0 || cols == 0) return;
+  const int rh = rowHeight();
+  const int sx = horizontalScrollBar()->value(), sy = verticalScrollBar()->value();
+  const bool col_gaps = ppc_ >= 5, row_gaps = rh >= 6;
+  std::vector<QRgb> line(size_t(area.width()));
+  std::vector<int> c0s(size_t(area.width())), c1s(size_t(area.width()));
+  for (int x = 0; x < area.width(); ++x) {
+    const double px = sx + x;
+    int c0 = int(std::floor(px / ppc_)), c1 = int(std::floor((px + 1) / ppc_));
+    if (c1 <= c0) c1 = c0 + 1;
+    c0s[x] = c0;
+    c1s[x] = std::min(c1, cols);
+  }
+  const int first_row = sy / rh, last_row = std::min(rows - 1, (sy + area.height()) / rh);
+  for (int r = first_row; r <= last_row; ++r) {
+    int prev0 = -1, prev1 = -1;
+    QRgb prev = kBackground;
+    for (int x = 0; x < area.width(); ++x) {
+      const int c0 = c0s[x], c1 = c1s[x];
+      if (c0 >= cols) {
+        line[x] = kBackground;
+        continue;
+      }
+      if (c0 != prev0 || c1 != prev1) {
+        prev = model_->color(model_->aggregate(r, c0, c1));
+        prev0 = c0, prev1 = c1;
+      }
+      // The last pixel of a wide column is a gap, so neighbouring columns stay apart.
+      const bool gap = col_gaps && int(std::floor((sx + x + 1) / ppc_)) != c0;
+      line[x] = gap ? kGrid : prev;
+    }
+    const int y0 = area.top() + r * rh - sy;
+    for (int y = std::max(y0, area.top()); y < std::min(y0 + rh, area.top() + area.height()); ++y) {
+      auto* scan = reinterpret_cast<QRgb*>(img.scanLine(y)) + area.left();
+      if (row_gaps && y == y0 + rh - 1) {
+        std::fill(scan, scan + area.width(), kGrid);
+      } else {
+        std::copy(line.begin(), line.end(), scan);
+      }
+    }
+  }
+}
+
+void HeatmapView::renderStrip(QPainter& p, const QRect& area) {
+  p.setPen(QColor(0x55, 0x55, 0x55));
+  QFont f = font();
+  f.setPointSizeF(f.pointSizeF() * 0.85);
+  p.setFont(f);
+  const QRect strip(area.left(), 2, area.width(), kStripH - 4);
+  p.fillRect(strip, QColor(0xff, 0xff, 0xff));
+  p.drawText(QRect(2, 2, label_w_ - 6, kStripH - 4), Qt::AlignRight | Qt::AlignVCenter | Qt::TextWordWrap,
+             model_->stripLabel());
+  if (!model_->isTokenAxis()) return;
+  const float mx = model_->stripMax(), mn = model_->stripMin();
+  const int sx = horizontalScrollBar()->value();
+  const int cols = model_->columnCount();
+  if (mx > mn) {
+    const QColor bar(0x8c, 0x2d, 0x04);
+    for (int x = 0; x < area.width(); ++x) {
+      const double px = sx + x;
+      const int c0 = int(std::floor(px / ppc_));
+      int c1 = int(std::floor((px + 1) / ppc_));
+      if (c1 <= c0) c1 = c0 + 1;
+      if (c0 >= cols) break;
+      const float v = model_->stripAggregate(c0, c1);
+      if (std::isnan(v) || v <= 0) continue;
+      const double t = (double(v) - mn) / std::max(double(mx) - mn, 1e-30);
+      const int h = std::max(1, int(std::lround(std::clamp(t, 0.0, 1.0) * (strip.height() - 14))));
+      p.fillRect(area.left() + x, strip.bottom() - h + 1, 1, h, bar);
+    }
+  }
+  p.setPen(QColor(0x77, 0x77, 0x77));
+  p.drawText(strip.adjusted(4, 0, -4, 0), Qt::AlignRight | Qt::AlignTop,
+             mn > 0 ? QStringLiteral("%1 … %2").arg(double(mn), 0, 'g', 3).arg(double(mx), 0, 'g', 3)
+                    : QStringLiteral("max %1").arg(double(mx), 0, 'g', 3));
+}
+
+void HeatmapView::renderAxis(QPainter& p, const QRect& area) {
+  const int cols = model_->columnCount();
+  if (cols == 0) return;
+  const int y = area.bottom() + 1;
+  p.setPen(QColor(0x44, 0x44, 0x44));
+  QFont f = font();
+  f.setPointSizeF(f.pointSizeF() * 0.85);
+  p.setFont(f);
+  const double step = nice_step(80.0 / ppc_);
+  const int sx = horizontalScrollBar()->value();
+  const double first_col = std::ceil((sx / ppc_) / step) * step;
+  for (double c = first_col; c < cols; c += step) {
+    const int x = int(std::lround(area.left() + c * ppc_ - sx));
+    if (x > area.right()) break;
+    p.drawLine(x, y, x, y + 4);
+    p.drawText(QRect(x - 40, y + 3, 80, kAxisH - 3), Qt::AlignHCenter | Qt::AlignTop,
+               QString::number(qint64(c)));
+  }
+  p.drawText(QRect(2, y + 1, label_w_ - 6, kAxisH - 1), Qt::AlignRight | Qt::AlignTop,
+             model_->isTokenAxis() ? QStringLiteral("token") : QStringLiteral("expert"));
+}
+
+void HeatmapView::renderLegend(QPainter& p, const QRect& area) {
+  const MetricInfo& mi = model_->info();
+  const int x = area.left() + 12;
+  int y = area.top();
+  QFont f = font();
+  f.setBold(true);
+  p.setFont(f);
+  p.setPen(QColor(0x22, 0x22, 0x22));
+  p.drawText(QRect(x, y, area.width() - 16, 18), Qt::AlignLeft | Qt::AlignVCenter,
+             p.fontMetrics().elidedText(QString::fromUtf8(mi.label), Qt::ElideRight, area.width() - 16));
+  f.setBold(false);
+  f.setPointSizeF(f.pointSizeF() * 0.85);
+  p.setFont(f);
+  y += 18;
+  p.drawText(QRect(x, y, area.width() - 16, 16), Qt::AlignLeft | Qt::AlignVCenter,
+             p.fontMetrics().elidedText(QString::fromUtf8(mi.unit), Qt::ElideRight, area.width() - 16));
+  y += 20;
+  const int bar_h = std::max(40, std::min(area.height() - (y - area.top()) - 70, 200));
+  for (int i = 0; i < bar_h; ++i) {
+    const double t = 1.0 - double(i) / std::max(bar_h - 1, 1);  // worst at the top
+    p.fillRect(x, y + i, 16, 1, QColor(heat_color(t)));
+  }
+  p.setPen(QColor(0x88, 0x88, 0x88));
+  p.drawRect(x, y, 16, bar_h - 1);
+  p.setPen(QColor(0x22, 0x22, 0x22));
+  const QString worst = model_->formatValue(model_->scaleWorst());
+  const QString ideal = model_->formatValue(model_->scaleIdeal());
+  p.drawText(QRect(x + 22, y - 2, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignTop,
+             worst + (mi.log_scale ? QStringLiteral(" (log)") : QString()));
+  p.drawText(QRect(x + 22, y + bar_h - 14, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignBottom, ideal);
+  y += bar_h + 8;
+  auto swatch = [&](QRgb c, const QString& text) {
+    if (y + 14 > area.bottom()) return;
+    p.fillRect(x, y + 1, 16, 11, QColor(c));
+    p.setPen(QColor(0x22, 0x22, 0x22));
+    p.drawText(QRect(x + 22, y - 1, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignVCenter, text);
+    y += 16;
+  };
+  swatch(level_color(kLevelNoData, 0, false), QStringLiteral("no data"));
+  if (model_->metric() == Metric::IndexerMargin || model_->metric() == Metric::RouterMargin)
+    swatch(level_color(0, kNearTie, false), QStringLiteral("near tie"));
+  if (model_->thresholdEnabled())
+    swatch(level_color(kLevelMax / 2, 0, true),
+           QStringLiteral("within %1").arg(model_->formatValue(model_->threshold())));
+}
+
+void HeatmapView::renderCache() {
+  QElapsedTimer timer;
+  timer.start();
+  const QSize size = viewport()->size();
+  if (cache_.size() != size) cache_ = QImage(size, QImage::Format_RGB32);
+  cache_.fill(kBackground);
+  if (model_) {
+    const QRect area = cellRect();
+    renderCells(cache_, area);
+    QPainter p(&cache_);
+    renderStrip(p, area);
+    renderAxis(p, area);
+    // Row labels.
+    const int rh = rowHeight(), sy = verticalScrollBar()->value();
+    QFont f = font();
+    f.setPointSizeF(f.pointSizeF() * (rh < 14 ? 0.75 : 0.9));
+    p.setFont(f);
+    p.setPen(QColor(0x33, 0x33, 0x33));
+    p.setClipRect(QRect(0, area.top(), label_w_, area.height()));
+    const int label_every = std::max(1, int(std::ceil(12.0 / rh)));
+    for (int r = 0; r < model_->rowCount(); ++r) {
+      const int y = area.top() + r * rh - sy;
+      if (y + rh < area.top() || y > area.bottom()) continue;
+      if (r % label_every != 0) continue;
+      p.drawText(QRect(2, y, label_w_ - 8, std::max(rh, 12)), Qt::AlignRight | Qt::AlignVCenter,
+                 model_->rowLabel(r));
+    }
+    p.setClipping(false);
+    renderLegend(p, QRect(area.right() + 1, area.top(), kLegendW, area.height()));
+  }
+  last_render_ms_ = timer.nsecsElapsed() / 1e6;
+  ++renders_;
+}
+
+void HeatmapView::paintEvent(QPaintEvent*) {
+  QElapsedTimer timer;
+  timer.start();
+  const Key k{model_ ? model_->revision() : 0,
+              horizontalScrollBar()->value(),
+              verticalScrollBar()->value(),
+              viewport()->width(),
+              viewport()->height(),
+              ppc_};
+  if (!(k == key_) || cache_.isNull()) {
+    renderCache();
+    key_ = k;
+  }
+  QPainter p(viewport());
+  p.drawImage(0, 0, cache_);
+  if (model_ && sel_row_ >= 0 && sel_col_ >= 0) {
+    const QRect area = cellRect();
+    const int rh = rowHeight();
+    const double x = columnX(sel_col_);
+    const int w = std::max(3, int(std::ceil(ppc_)));
+    const int xi = int(std::floor(x)) - (ppc_ < 3 ? 1 : 0);
+    const int y = area.top() + sel_row_ * rh - verticalScrollBar()->value();
+    p.setClipRect(area.adjusted(-2, -kStripH - kGap, 2, 2));
+    p.setPen(QPen(QColor(0x10, 0x10, 0x10), 2));
+    p.drawRect(QRect(xi - 1, y - 1, w + 2, rh + 2));
+    p.setPen(QPen(QColor(0x10, 0x10, 0x10, 90), 1, Qt::DashLine));
+    p.drawLine(QPointF(x + ppc_ / 2, 2), QPointF(x + ppc_ / 2, area.top()));
+  }
+  emit framePainted(timer.nsecsElapsed() / 1e6);
+}
+
+}  // namespace dsv4::gui

@@ -1,0 +1,86 @@
+// The overview heatmap: layer × token (or × expert) cells of a HeatmapModel, the per-token strip
+// above them, row labels, a token axis and the colour legend. Painting renders only the visible
+// region into a cached QImage (one aggregate per pixel column and row, so zooming out to tens of
+// thousands of tokens costs the same as a screenful); the cache is reused until the model's revision,
+// the scroll position, the zoom or the size changes. Selection is an overlay on the cached image.
+#pragma once
+
+#include <QAbstractScrollArea>
+#include <QElapsedTimer>
+#include <QImage>
+
+#include "gui/models/heatmap_model.h"
+
+namespace dsv4::gui {
+
+class HeatmapView : public QAbstractScrollArea {
+  Q_OBJECT
+ public:
+  explicit HeatmapView(QWidget* parent = nullptr);
+  void setModel(HeatmapModel* m);
+  HeatmapModel* model() const { return model_; }
+
+  // Zoom: pixels per column (below 1 when zoomed out). fitToWidth shows every column.
+  double pixelsPerColumn() const { return ppc_; }
+  void setPixelsPerColumn(double ppc, int anchor_x = -1);
+  void zoomIn() { setPixelsPerColumn(ppc_ * 1.5); }
+  void zoomOut() { setPixelsPerColumn(ppc_ / 1.5); }
+  void fitToWidth();
+
+  // Selection: (row, column) or (−1, −1). select() scrolls it into view and emits cellSelected.
+  void select(int row, int col);
+  void clearSelection();
+  int selectedRow() const { return sel_row_; }
+  int selectedColumn() const { return sel_col_; }
+  // The cell under a viewport position, (−1, −1) outside the cells.
+  std::pair<int, int> cellAt(const QPoint& viewport_pos) const;
+  // The cell area in viewport coordinates.
+  QRect cellRect() const;
+  // Statistics of the last rendering of the cached image (for the frame-time measurement).
+  double lastRenderMs() const { return last_render_ms_; }
+  int renders() const { return renders_; }
+
+ signals:
+  void cellSelected(int row, int col);
+  void framePainted(double ms);  // after each paint event, its duration
+
+ protected:
+  void paintEvent(QPaintEvent* e) override;
+  void resizeEvent(QResizeEvent* e) override;
+  void scrollContentsBy(int dx, int dy) override;
+  void mousePressEvent(QMouseEvent* e) override;
+  void wheelEvent(QWheelEvent* e) override;
+  void keyPressEvent(QKeyEvent* e) override;
+  bool viewportEvent(QEvent* e) override;
+  QSize sizeHint() const override { return {900, 320}; }
+
+ private:
+  void updateScrollBars();
+  void updateLabelWidth();  // fits the row labels
+  void renderCache();
+  void renderCells(QImage& img, const QRect& area);
+  void renderStrip(QPainter& p, const QRect& area);
+  void renderAxis(QPainter& p, const QRect& area);
+  void renderLegend(QPainter& p, const QRect& area);
+  int rowHeight() const;
+  double columnX(int col) const;  // viewport x of a column's left edge
+  void ensureVisible(int row, int col);
+
+  HeatmapModel* model_ = nullptr;
+  double ppc_ = 1;
+  int label_w_ = 64;
+  bool fit_pending_ = true;
+  int sel_row_ = -1, sel_col_ = -1;
+  QImage cache_;
+  struct Key {
+    quint64 revision = ~0ull;
+    int sx = -1, sy = -1, w = -1, h = -1;
+    double ppc = -1;
+    bool operator==(const Key&) const = default;
+  } key_;
+  double last_render_ms_ = 0;
+  int renders_ = 0;
+  int last_cols_ = -1;
+};
+
+}  // namespace dsv4::gui

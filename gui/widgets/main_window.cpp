@@ -1,0 +1,539 @@
+#include "gui/widgets/main_window.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QCheckBox>
+#include <QCloseEvent>
+#include <QComboBox>
+#include <QDoubleValidator>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHeaderView>
+#include <QLabel>
+#include <QLineEdit>
+#include <QMenuBar>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QSettings>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QStatusBar>
+#include <QTabWidget>
+#include <QTableView>
+#include <QToolBar>
+
+#include "gui/models/metrics.h"
+#include "gui/widgets/detail_panel.h"
+#include "gui/widgets/heatmap_view.h"
+#include "gui/widgets/logprob_chart.h"
+
+namespace dsv4::gui {
+
+namespace {
+
+constexpr int kMaxRecent = 10;
+
+QTableView* table(QAbstractItemModel* m) {
+  auto* t = new QTableView;
+  t->setModel(m);
+  t->verticalHeader()->hide();
+  t->horizontalHeader()->setStretchLastSection(true);
+  t->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  t->setSelectionBehavior(QAbstractItemView::SelectRows);
+  t->verticalHeader()->setDefaultSectionSize(t->fontMetrics().height() + 4);
+  t->setWordWrap(false);
+  return t;
+}
+
+QString error_title(LoadErrorKind k) {
+  switch (k) {
+    case LoadErrorKind::NotATrace:
+      return QStringLiteral("Not a dsv4 trace");
+    case LoadErrorKind::UnsupportedVersion:
+      return QStringLiteral("Trace format too new");
+    case LoadErrorKind::Incomplete:
+      return QStringLiteral("Incomplete trace");
+    case LoadErrorKind::Corrupt:
+      return QStringLiteral("Damaged trace");
+    case LoadErrorKind::Mismatch:
+      return QStringLiteral("Traces cannot be compared");
+    case LoadErrorKind::Other:
+      break;
+  }
+  return QStringLiteral("Cannot open the trace");
+}
+
+}  // namespace
+
+MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent), interactive_(interactive) {
+  doc_ = new TraceDocument(this);
+  heatmap_model_ = new HeatmapModel(doc_, this);
+  token_model_ = new TokenModel(doc_, this);
+  summary_model_ = new SummaryModel(doc_, this);
+  layer_model_ = new LayerDiffModel(doc_, this);
+  tensor_model_ = new TensorDiffModel(doc_, this);
+  env_model_ = new EnvModel(doc_, this);
+
+  setWindowTitle(QStringLiteral("dsv4-view"));
+  setAcceptDrops(true);
+  buildCentral();
+  buildActions();
+  buildToolbar();
+
+  status_ = new QLabel(QStringLiteral("Open a trace (File ▸ Open, or drop one or two files here)."));
+  progress_ = new QProgressBar;
+  progress_->setMaximumWidth(240);
+  progress_->setTextVisible(true);
+  cancel_ = new QPushButton(QStringLiteral("Cancel"));
+  statusBar()->addWidget(status_, 1);
+  statusBar()->addPermanentWidget(progress_);
+  statusBar()->addPermanentWidget(cancel_);
+  setLoadingUi(false);
+  connect(cancel_, &QPushButton::clicked, doc_, &TraceDocument::cancel);
+
+  connect(doc_, &TraceDocument::datasetReset, this, &MainWindow::onDatasetReset);
+  connect(doc_, &TraceDocument::loadFinished, this, &MainWindow::onLoadFinished);
+  connect(doc_, &TraceDocument::loadFailed, this, &MainWindow::onLoadFailed);
+  connect(doc_, &TraceDocument::loadCanceled, this, [this] {
+    setLoadingUi(false);
+    status_->setText(QStringLiteral("Loading cancelled."));
+  });
+  connect(doc_, &TraceDocument::loadProgress, this, [this](int done, int total, const QString& stage) {
+    progress_->setRange(0, total);
+    progress_->setValue(done);
+    status_->setText(stage);
+  });
+  connect(doc_, &TraceDocument::reportLoaded, this, [this] {
+    tabs_->setTabText(3, QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows()));
+    if (pending_first_divergence_) {
+      pending_first_divergence_ = false;
+      goToFirstDivergence();
+    }
+    // The report brings the tie thresholds: refresh the shown detail.
+    if (heatmap_->selectedRow() >= 0 && heatmap_model_->isTokenAxis())
+      doc_->requestDetail(seq_, heatmap_->selectedRow(), heatmap_->selectedColumn());
+  });
+  connect(doc_, &TraceDocument::chunkLoaded, this, [this](int seq, int layer) {
+    if (seq == seq_ && layer == heatmap_->selectedRow() && heatmap_model_->isTokenAxis())
+      doc_->requestDetail(seq_, layer, heatmap_->selectedColumn());
+  });
+  connect(doc_, &TraceDocument::detailReady, this, [this](DetailPtr d) {
+    if (d && d->seq == seq_) detail_->setDetail(std::move(d));
+  });
+  connect(doc_, &TraceDocument::detailFailed, this, [this](const QString& m) { detail_->setMessage(m); });
+  connect(doc_, &TraceDocument::exportDone, this, [this](const QString& path, const QString& error) {
+    if (error.isEmpty()) {
+      status_->setText(QStringLiteral("Saved %1").arg(path));
+    } else if (interactive_) {
+      QMessageBox::warning(this, QStringLiteral("Export failed"), error);
+    } else {
+      status_->setText(error);
+    }
+  });
+
+  connect(heatmap_, &HeatmapView::cellSelected, this, [this](int row, int col) {
+    user_selected_ = true;
+    if (!heatmap_model_->isTokenAxis()) return;  // expert columns: the tooltip says it all
+    chart_->setSelectedToken(col);
+    if (!doc_->requestDetail(seq_, row, col))
+      detail_->setMessage(QStringLiteral("loading layer %1…").arg(row));
+    emit cellSelected(seq_, row, col);
+  });
+  connect(heatmap_, &HeatmapView::framePainted, this, [this](double) {
+    if (first_paint_ms_ < 0 && open_timer_.isValid() && heatmap_model_->rowCount() > 0)
+      first_paint_ms_ = open_timer_.nsecsElapsed() / 1e6;
+  });
+  connect(chart_, &LogprobChart::tokenClicked, this, [this](int token) {
+    const int layer = std::max(heatmap_->selectedRow(), 0);
+    selectCell(layer, token);
+  });
+  rebuildRecentMenu();
+  resize(1500, 950);
+}
+
+void MainWindow::buildCentral() {
+  heatmap_ = new HeatmapView;
+  heatmap_->setModel(heatmap_model_);
+  detail_ = new DetailPanel;
+  chart_ = new LogprobChart;
+  chart_->setModel(token_model_);
+  tabs_ = new QTabWidget;
+  auto* summary = table(summary_model_);
+  summary->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
+  tabs_->addTab(summary, QStringLiteral("Summary"));
+  tabs_->addTab(table(layer_model_), QStringLiteral("Layers"));
+  tabs_->addTab(table(tensor_model_), QStringLiteral("Tensors"));
+  auto* env = table(env_model_);
+  env->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
+  tabs_->addTab(env, QStringLiteral("Environment"));
+
+  auto* right = new QSplitter(Qt::Vertical);
+  right->addWidget(chart_);
+  right->addWidget(tabs_);
+  right->setSizes({520, 420});
+  auto* bottom = new QSplitter(Qt::Horizontal);
+  bottom->addWidget(detail_);
+  bottom->addWidget(right);
+  bottom->setSizes({820, 680});
+  auto* main = new QSplitter(Qt::Vertical);
+  main->addWidget(heatmap_);
+  main->addWidget(bottom);
+  main->setSizes({380, 570});
+  setCentralWidget(main);
+}
+
+void MainWindow::buildActions() {
+  QMenu* file = menuBar()->addMenu(QStringLiteral("&File"));
+  QAction* open = file->addAction(QStringLiteral("&Open…"), this, [this] { openDialog(false); });
+  open->setShortcut(QKeySequence::Open);
+  file->addAction(QStringLiteral("Open &candidate (B)…"), this, [this] { openDialog(true); });
+  recent_menu_ = file->addMenu(QStringLiteral("Open &recent"));
+  reload_ = file->addAction(QStringLiteral("&Reload"), this, [this] {
+    if (doc_->lastRequest().path_a.isEmpty()) return;
+    // Keep the selected cell across the reload.
+    if (heatmap_->selectedRow() >= 0 && heatmap_model_->isTokenAxis())
+      selectWhenLoaded(seq_, heatmap_->selectedRow(), heatmap_->selectedColumn());
+    open_timer_.start();
+    first_paint_ms_ = load_ms_ = -1;
+    setLoadingUi(true);
+    doc_->reload();
+  });
+  reload_->setShortcut(QKeySequence::Refresh);
+  reload_->setToolTip(
+      QStringLiteral("Read the files again (a trace still being written shows its new steps)"));
+  file->addSeparator();
+  QMenu* exp = file->addMenu(QStringLiteral("&Export"));
+  exp->addAction(QStringLiteral("Heatmap as PNG…"), this, [this] {
+    const QString p =
+        QFileDialog::getSaveFileName(this, QStringLiteral("Export heatmap"), QStringLiteral("heatmap.png"),
+                                     QStringLiteral("PNG images (*.png)"));
+    if (!p.isEmpty()) exportHeatmapPng(p);
+  });
+  exp->addAction(QStringLiteral("Log-prob chart as PNG…"), this, [this] {
+    const QString p =
+        QFileDialog::getSaveFileName(this, QStringLiteral("Export chart"), QStringLiteral("logprobs.png"),
+                                     QStringLiteral("PNG images (*.png)"));
+    if (!p.isEmpty()) exportChartPng(p);
+  });
+  export_json_ = exp->addAction(QStringLiteral("Diff report as JSON…"), this, [this] {
+    const QString p = QFileDialog::getSaveFileName(
+        this, QStringLiteral("Export report"), QStringLiteral("diff.json"), QStringLiteral("JSON (*.json)"));
+    if (!p.isEmpty()) exportReportJson(p);
+  });
+  export_csv_ = exp->addAction(QStringLiteral("Diff report as CSV (directory)…"), this, [this] {
+    const QString p = QFileDialog::getExistingDirectory(this, QStringLiteral("Export report as CSV into"));
+    if (!p.isEmpty()) exportReportCsv(p);
+  });
+  file->addSeparator();
+  QAction* quit = file->addAction(QStringLiteral("&Quit"), this, &QWidget::close);
+  quit->setShortcut(QKeySequence::Quit);
+
+  QMenu* view = menuBar()->addMenu(QStringLiteral("&View"));
+  QAction* zin = view->addAction(QStringLiteral("Zoom &in"), heatmap_, &HeatmapView::zoomIn);
+  zin->setShortcut(QKeySequence::ZoomIn);
+  QAction* zout = view->addAction(QStringLiteral("Zoom &out"), heatmap_, &HeatmapView::zoomOut);
+  zout->setShortcut(QKeySequence::ZoomOut);
+  QAction* fit = view->addAction(QStringLiteral("&Fit all tokens"), heatmap_, &HeatmapView::fitToWidth);
+  fit->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_0));
+
+  QMenu* go = menuBar()->addMenu(QStringLiteral("&Go"));
+  first_div_ = go->addAction(QStringLiteral("First &divergence"), this, [this] {
+    if (!goToFirstDivergence()) status_->setText(QStringLiteral("No divergence to go to."));
+  });
+  first_div_->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_D));
+  first_div_->setToolTip(QStringLiteral("Select the cell of the first differing tensor (Ctrl+D)"));
+}
+
+void MainWindow::buildToolbar() {
+  QToolBar* tb = addToolBar(QStringLiteral("View"));
+  tb->setObjectName(QStringLiteral("view-toolbar"));
+  tb->setMovable(false);
+  tb->addWidget(new QLabel(QStringLiteral(" Metric ")));
+  metric_combo_ = new QComboBox;
+  metric_combo_->setMinimumWidth(200);
+  tb->addWidget(metric_combo_);
+  connect(metric_combo_, &QComboBox::activated, this,
+          [this](int i) { setMetric(Metric(metric_combo_->itemData(i).toInt())); });
+  tb->addSeparator();
+  threshold_check_ = new QCheckBox(QStringLiteral("Highlight beyond"));
+  tb->addWidget(threshold_check_);
+  threshold_edit_ = new QLineEdit;
+  threshold_edit_->setMaximumWidth(90);
+  auto* validator = new QDoubleValidator(threshold_edit_);
+  validator->setNotation(QDoubleValidator::ScientificNotation);
+  threshold_edit_->setValidator(validator);
+  tb->addWidget(threshold_edit_);
+  connect(threshold_check_, &QCheckBox::toggled, heatmap_model_, &HeatmapModel::setThresholdEnabled);
+  connect(threshold_edit_, &QLineEdit::editingFinished, this, &MainWindow::applyThresholdText);
+  tb->addSeparator();
+  tb->addWidget(new QLabel(QStringLiteral(" Sequence ")));
+  seq_combo_ = new QComboBox;
+  tb->addWidget(seq_combo_);
+  connect(seq_combo_, &QComboBox::activated, this, &MainWindow::setSequence);
+  tb->addWidget(new QLabel(QStringLiteral(" Step A ")));
+  step_a_ = new QSpinBox;
+  tb->addWidget(step_a_);
+  tb->addWidget(new QLabel(QStringLiteral(" B ")));
+  step_b_ = new QSpinBox;
+  tb->addWidget(step_b_);
+  auto reopen = [this] {
+    const LoadRequest& r = doc_->lastRequest();
+    if (r.path_a.isEmpty()) return;
+    if (step_a_->value() == r.step_a && (r.path_b.isEmpty() || step_b_->value() == r.step_b)) return;
+    openTraces(r.path_a, r.path_b, step_a_->value(), step_b_->value());
+  };
+  connect(step_a_, &QSpinBox::editingFinished, this, reopen);
+  connect(step_b_, &QSpinBox::editingFinished, this, reopen);
+  tb->addSeparator();
+  tb->addAction(first_div_);
+  tb->addAction(reload_);
+}
+
+void MainWindow::setLoadingUi(bool loading) {
+  progress_->setVisible(loading);
+  cancel_->setVisible(loading);
+  if (loading) progress_->setRange(0, 0);
+}
+
+void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int step_b) {
+  open_timer_.start();
+  first_paint_ms_ = load_ms_ = -1;
+  setLoadingUi(true);
+  status_->setText(QStringLiteral("Opening %1…").arg(a));
+  doc_->open(a, b, step_a, step_b);
+  if (interactive_) addRecent(a, b);
+  const QString title =
+      b.isEmpty() ? QFileInfo(a).fileName()
+                  : QStringLiteral("%1 vs %2").arg(QFileInfo(a).fileName(), QFileInfo(b).fileName());
+  setWindowTitle(QStringLiteral("%1 — dsv4-view").arg(title));
+}
+
+void MainWindow::openDialog(bool as_candidate) {
+  const QString filter = QStringLiteral("dsv4 traces (*.h5 *.h5.incomplete);;All files (*)");
+  if (as_candidate) {
+    const QString a = doc_->lastRequest().path_a;
+    if (a.isEmpty()) return openDialog(false);
+    const QString b =
+        QFileDialog::getOpenFileName(this, QStringLiteral("Open the candidate trace (B)"), {}, filter);
+    if (!b.isEmpty()) openTraces(a, b);
+    return;
+  }
+  const QStringList files = QFileDialog::getOpenFileNames(
+      this, QStringLiteral("Open one trace, or two to compare (A = reference)"), {}, filter);
+  if (files.size() == 1) openTraces(files[0]);
+  if (files.size() >= 2) openTraces(files[0], files[1]);
+}
+
+void MainWindow::addRecent(const QString& a, const QString& b) {
+  QSettings s;
+  QStringList list = s.value(QStringLiteral("recent")).toStringList();
+  const QString entry = b.isEmpty() ? a : a + '\n' + b;
+  list.removeAll(entry);
+  list.prepend(entry);
+  while (list.size() > kMaxRecent) list.removeLast();
+  s.setValue(QStringLiteral("recent"), list);
+  rebuildRecentMenu();
+}
+
+void MainWindow::rebuildRecentMenu() {
+  recent_menu_->clear();
+  const QStringList list =
+      interactive_ ? QSettings().value(QStringLiteral("recent")).toStringList() : QStringList();
+  for (const QString& entry : list) {
+    const QStringList paths = entry.split('\n');
+    QString text = QFileInfo(paths[0]).fileName();
+    if (paths.size() > 1) text += QStringLiteral(" vs ") + QFileInfo(paths[1]).fileName();
+    QAction* act =
+        recent_menu_->addAction(text, this, [this, paths] { openTraces(paths[0], paths.value(1)); });
+    act->setToolTip(paths.join(QStringLiteral(" vs ")));
+  }
+  recent_menu_->setEnabled(!list.isEmpty());
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* e) {
+  if (e->mimeData()->hasUrls()) e->acceptProposedAction();
+}
+
+void MainWindow::dropEvent(QDropEvent* e) {
+  QStringList files;
+  for (const QUrl& u : e->mimeData()->urls())
+    if (u.isLocalFile()) files << u.toLocalFile();
+  if (files.isEmpty()) return;
+  e->acceptProposedAction();
+  if (files.size() == 1)
+    openTraces(files[0]);
+  else
+    openTraces(files[0], files[1]);
+}
+
+void MainWindow::closeEvent(QCloseEvent* e) {
+  doc_->cancel();
+  e->accept();
+}
+
+void MainWindow::updateMetricControls() {
+  metric_combo_->clear();
+  for (Metric m : heatmap_model_->availableMetrics())
+    metric_combo_->addItem(QString::fromUtf8(metric_info(m).label), int(m));
+  metric_combo_->setCurrentIndex(metric_combo_->findData(int(heatmap_model_->metric())));
+  threshold_edit_->setText(QString::number(heatmap_model_->threshold(), 'g', 4));
+}
+
+void MainWindow::applyThresholdText() {
+  bool ok = false;
+  const double v = threshold_edit_->text().toDouble(&ok);
+  if (ok) heatmap_model_->setThreshold(v);
+}
+
+bool MainWindow::setMetric(Metric m) {
+  if (!doc_->data().summary) {
+    wanted_metric_ = m;
+    return true;
+  }
+  const auto avail = heatmap_model_->availableMetrics();
+  if (std::find(avail.begin(), avail.end(), m) == avail.end()) return false;
+  const int row = heatmap_->selectedRow(), col = heatmap_->selectedColumn();
+  const bool was_tokens = heatmap_model_->isTokenAxis();
+  heatmap_model_->setMetric(m);
+  metric_combo_->setCurrentIndex(metric_combo_->findData(int(m)));
+  threshold_edit_->setText(QString::number(heatmap_model_->threshold(), 'g', 4));
+  if (row >= 0 && was_tokens && heatmap_model_->isTokenAxis()) heatmap_->select(row, col);
+  return true;
+}
+
+void MainWindow::setSequence(int seq) {
+  if (seq < 0 || seq >= doc_->data().seq_count()) return;
+  seq_ = seq;
+  seq_combo_->setCurrentIndex(seq);
+  heatmap_model_->setSeq(seq);
+  token_model_->setSeq(seq);
+  heatmap_->clearSelection();
+  chart_->setSelectedToken(-1);
+  detail_->setDetail(nullptr);
+}
+
+void MainWindow::selectCell(int layer, int64_t token) {
+  if (heatmap_model_->isTokenAxis()) {
+    heatmap_->select(layer, int(token));  // emits cellSelected → detail request
+    return;
+  }
+  user_selected_ = true;
+  chart_->setSelectedToken(int(token));
+  doc_->requestDetail(seq_, layer, token);
+  emit cellSelected(seq_, layer, token);
+}
+
+void MainWindow::selectWhenLoaded(int seq, int layer, int64_t token) {
+  pending_select_ = PendingCell{seq, layer, token};
+}
+
+bool MainWindow::goToFirstDivergence() {
+  const Dataset& d = doc_->data();
+  if (!d.comparison()) return false;
+  if (!d.report) {
+    if (!doc_->loading()) return false;
+    pending_first_divergence_ = true;
+    status_->setText(QStringLiteral("Going to the first divergence once the diff report is computed…"));
+    return true;
+  }
+  const auto cell = first_divergence_cell(
+      *d.report, *d.summary, d.seq_tokens(d.report->first_divergence ? d.report->first_divergence->seq : 0));
+  if (!cell) return false;
+  if (cell->seq != seq_) setSequence(cell->seq);
+  selectCell(cell->layer, cell->token);
+  const auto& f = *d.report->first_divergence;
+  status_->setText(QStringLiteral("First divergence: sequence %1, layer %2, %3, row %4")
+                       .arg(f.seq)
+                       .arg(f.layer)
+                       .arg(QString::fromStdString(f.tensor))
+                       .arg(f.row));
+  return true;
+}
+
+void MainWindow::onDatasetReset() {
+  const Dataset& d = doc_->data();
+  seq_ = heatmap_model_->seq();
+  user_selected_ = false;
+  pending_first_divergence_ = false;
+  if (wanted_metric_) {
+    const auto avail = heatmap_model_->availableMetrics();
+    if (std::find(avail.begin(), avail.end(), *wanted_metric_) != avail.end())
+      heatmap_model_->setMetric(*wanted_metric_);
+    wanted_metric_.reset();
+  }
+  updateMetricControls();
+  seq_combo_->clear();
+  for (int s = 0; s < d.seq_count(); ++s)
+    seq_combo_->addItem(QStringLiteral("%1 (%2 tokens)").arg(s).arg(d.tokens(s)));
+  seq_combo_->setCurrentIndex(seq_);
+  const LoadSummary& s = *d.summary;
+  step_a_->setRange(0, std::max<int>(0, int(s.a.steps.size()) - 1));
+  step_a_->setValue(s.a.step);
+  step_b_->setEnabled(s.comparison());
+  step_b_->setRange(0, s.b ? std::max<int>(0, int(s.b->steps.size()) - 1) : 0);
+  step_b_->setValue(s.b ? s.b->step : 0);
+  first_div_->setEnabled(s.comparison());
+  export_json_->setEnabled(s.comparison());
+  export_csv_->setEnabled(s.comparison());
+  detail_->setDetail(nullptr);
+  chart_->setSelectedToken(-1);
+  tabs_->setTabText(3, s.comparison()
+                           ? QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows())
+                           : QStringLiteral("Environment"));
+}
+
+void MainWindow::onLoadFinished() {
+  load_ms_ = open_timer_.isValid() ? open_timer_.nsecsElapsed() / 1e6 : -1;
+  setLoadingUi(false);
+  const Dataset& d = doc_->data();
+  int64_t tokens = 0;
+  for (int s = 0; s < d.seq_count(); ++s) tokens += d.tokens(s);
+  status_->setText(QStringLiteral("Loaded %1: %2 sequence(s), %3 tokens, %4 layers.")
+                       .arg(d.comparison() ? QStringLiteral("two traces") : QStringLiteral("one trace"))
+                       .arg(d.seq_count())
+                       .arg(tokens)
+                       .arg(d.layers()));
+  if (pending_select_) {
+    const PendingCell c = *pending_select_;
+    pending_select_.reset();
+    if (c.seq < d.seq_count() && c.layer < d.layers() && c.token < d.tokens(c.seq)) {
+      setSequence(c.seq);
+      selectCell(c.layer, c.token);
+      return;
+    }
+  }
+  if (user_selected_ || heatmap_->selectedRow() >= 0) return;
+  if (d.comparison()) {
+    goToFirstDivergence();
+  } else if (const auto [r, c] = heatmap_model_->worstCell(); r >= 0 && heatmap_model_->isTokenAxis()) {
+    selectCell(r, c);
+  }
+}
+
+void MainWindow::onLoadFailed(const LoadError& e) {
+  setLoadingUi(false);
+  status_->setText(e.message);
+  if (!interactive_) return;
+  auto* box = new QMessageBox(QMessageBox::Critical, error_title(e.kind), e.message, QMessageBox::Ok, this);
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->open();
+}
+
+void MainWindow::exportHeatmapPng(const QString& path) {
+  doc_->exportImage(heatmap_->grab().toImage(), path);
+}
+void MainWindow::exportChartPng(const QString& path) {
+  doc_->exportImage(chart_->grab().toImage(), path);
+}
+void MainWindow::exportReportJson(const QString& path) {
+  doc_->exportReport(path, ExportRequest::Kind::Json);
+}
+void MainWindow::exportReportCsv(const QString& dir) {
+  doc_->exportReport(dir, ExportRequest::Kind::Csv);
+}
+
+}  // namespace dsv4::gui

@@ -1,0 +1,134 @@
+// The viewer's main window: the heatmap overview with its metric, threshold and zoom controls, the
+// detail panel of the selected cell, the log-prob chart, the report, layer, tensor and environment
+// tables; File ▸ Open / Recent / drag and drop; loading with progress and cancel on the session's
+// worker thread; exports. Interactive mode reports load errors in a dialog; batch mode (screenshots,
+// tests) leaves them to the document's loadFailed signal.
+#pragma once
+
+#include <QElapsedTimer>
+#include <QMainWindow>
+#include <optional>
+
+#include "gui/models/heatmap_model.h"
+#include "gui/models/table_models.h"
+#include "gui/models/trace_document.h"
+
+class QAction;
+class QCheckBox;
+class QComboBox;
+class QLabel;
+class QLineEdit;
+class QMenu;
+class QProgressBar;
+class QPushButton;
+class QSpinBox;
+class QTabWidget;
+class QTableView;
+
+namespace dsv4::gui {
+
+class DetailPanel;
+class HeatmapView;
+class LogprobChart;
+
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+ public:
+  explicit MainWindow(bool interactive = true, QWidget* parent = nullptr);
+
+  void openTraces(const QString& a, const QString& b = {}, int step_a = 0, int step_b = 0);
+  // Selects (layer, token) of the current sequence: heatmap, chart marker, detail request.
+  void selectCell(int layer, int64_t token);
+  void setSequence(int seq);
+  // The cell to select when the load in progress (or the next one) finishes, instead of the default
+  // (the first divergence; in single-trace mode the worst cell of the metric).
+  void selectWhenLoaded(int seq, int layer, int64_t token);
+  // Selects the cell of the report's first divergence (switching sequence when needed). When the
+  // report is not there yet it is done once it arrives. False when there is nothing to go to.
+  bool goToFirstDivergence();
+  // Applies a metric if the open dataset offers it, else false. Before the first summary arrives
+  // the choice is kept and applied then.
+  bool setMetric(Metric m);
+
+  // Exports without dialogs; the work happens on the worker thread (exportDone reports it).
+  void exportHeatmapPng(const QString& path);
+  void exportChartPng(const QString& path);
+  void exportReportJson(const QString& path);
+  void exportReportCsv(const QString& dir);
+
+  TraceDocument* document() const { return doc_; }
+  HeatmapModel* heatmapModel() const { return heatmap_model_; }
+  HeatmapView* heatmapView() const { return heatmap_; }
+  DetailPanel* detailPanel() const { return detail_; }
+  LogprobChart* chart() const { return chart_; }
+  TokenModel* tokenModel() const { return token_model_; }
+  SummaryModel* summaryModel() const { return summary_model_; }
+  EnvModel* envModel() const { return env_model_; }
+  QProgressBar* progressBar() const { return progress_; }
+  QTabWidget* tabs() const { return tabs_; }
+  int currentSeq() const { return seq_; }
+  // Milliseconds from openTraces to the first painted heatmap frame with data rows, and to the end
+  // of the load; −1 until then.
+  double firstPaintMs() const { return first_paint_ms_; }
+  double loadMs() const { return load_ms_; }
+
+ signals:
+  void cellSelected(int seq, int layer, int64_t token);
+
+ protected:
+  void dragEnterEvent(QDragEnterEvent* e) override;
+  void dropEvent(QDropEvent* e) override;
+  void closeEvent(QCloseEvent* e) override;
+
+ private:
+  void buildActions();
+  void buildToolbar();
+  void buildCentral();
+  void onDatasetReset();
+  void onLoadFinished();
+  void onLoadFailed(const LoadError& e);
+  void updateMetricControls();
+  void applyThresholdText();
+  void addRecent(const QString& a, const QString& b);
+  void rebuildRecentMenu();
+  void openDialog(bool as_candidate);
+  void setLoadingUi(bool loading);
+
+  bool interactive_;
+  TraceDocument* doc_;
+  HeatmapModel* heatmap_model_;
+  TokenModel* token_model_;
+  SummaryModel* summary_model_;
+  LayerDiffModel* layer_model_;
+  TensorDiffModel* tensor_model_;
+  EnvModel* env_model_;
+
+  HeatmapView* heatmap_;
+  DetailPanel* detail_;
+  LogprobChart* chart_;
+  QTabWidget* tabs_;
+  QComboBox* metric_combo_;
+  QComboBox* seq_combo_;
+  QCheckBox* threshold_check_;
+  QLineEdit* threshold_edit_;
+  QSpinBox *step_a_, *step_b_;
+  QLabel* status_;
+  QProgressBar* progress_;
+  QPushButton* cancel_;
+  QMenu* recent_menu_;
+  QAction *reload_, *first_div_, *export_json_, *export_csv_;
+
+  int seq_ = 0;
+  std::optional<Metric> wanted_metric_;
+  bool pending_first_divergence_ = false;
+  struct PendingCell {
+    int seq, layer;
+    int64_t token;
+  };
+  std::optional<PendingCell> pending_select_;
+  bool user_selected_ = false;
+  QElapsedTimer open_timer_;
+  double first_paint_ms_ = -1, load_ms_ = -1;
+};
+
+}  // namespace dsv4::gui

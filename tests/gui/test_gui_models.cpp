@@ -1,0 +1,636 @@
+// The viewer's models library without widgets: the per-position metrics on hand-made records, the
+// staged loader (order, supersession, cancel, reload of a growing trace, typed errors), every model
+// under QAbstractItemModelTester, and the models' values against values computed here directly
+// from TraceReader and diff_traces.
+#include <gtest/gtest.h>
+
+#include <QAbstractItemModelTester>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "capture/trace_reader.h"
+#include "cli_util.h"
+#include "gui/models/heatmap_model.h"
+#include "gui/models/metrics.h"
+#include "gui/models/table_models.h"
+#include "gui/models/trace_document.h"
+#include "gui_test_util.h"
+#include "replay/diff.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace dsv4;
+using namespace dsv4::gui;
+using dsv4::test::gui_traces;
+using dsv4::test::wait_until;
+
+// QAbstractItemModelTester reports through qWarning in Warning mode; collect its complaints.
+QStringList g_tester_failures;
+void capture_messages(QtMsgType type, const QMessageLogContext&, const QString& msg) {
+  if (type != QtDebugMsg && msg.contains(QStringLiteral("FAIL"))) g_tester_failures << msg;
+}
+
+struct TesterGuard {
+  QtMessageHandler previous;
+  TesterGuard() : previous(qInstallMessageHandler(capture_messages)) { g_tester_failures.clear(); }
+  ~TesterGuard() { qInstallMessageHandler(previous); }
+  void expect_clean() const {
+    EXPECT_TRUE(g_tester_failures.isEmpty()) << g_tester_failures.join('\n').toStdString();
+  }
+};
+
+std::unique_ptr<QAbstractItemModelTester> tester(QAbstractItemModel* m) {
+  return std::make_unique<QAbstractItemModelTester>(m,
+                                                    QAbstractItemModelTester::FailureReportingMode::Warning);
+}
+
+// Loads and waits; returns the error message, empty on success.
+struct LoadResult {
+  bool finished = false, failed = false, canceled = false;
+  LoadError error;
+};
+LoadResult load(TraceDocument& doc, const std::string& a, const std::string& b = {}, int step_a = 0,
+                int step_b = 0) {
+  LoadResult r;
+  auto c1 = QObject::connect(&doc, &TraceDocument::loadFinished, [&] { r.finished = true; });
+  auto c2 = QObject::connect(&doc, &TraceDocument::loadFailed, [&](const LoadError& e) {
+    r.failed = true;
+    r.error = e;
+  });
+  auto c3 = QObject::connect(&doc, &TraceDocument::loadCanceled, [&] { r.canceled = true; });
+  doc.open(QString::fromStdString(a), QString::fromStdString(b), step_a, step_b);
+  EXPECT_TRUE(wait_until([&] { return r.finished || r.failed || r.canceled; }));
+  QObject::disconnect(c1);
+  QObject::disconnect(c2);
+  QObject::disconnect(c3);
+  return r;
+}
+
+std::set<int32_t> row_set(const std::vector<int32_t>& ids, int64_t width, int64_t t) {
+  std::set<int32_t> s;
+  for (int64_t j = 0; j < width; ++j)
+    if (ids[t * width + j] >= 0) s.insert(ids[t * width + j]);
+  return s;
+}
+
+size_t common(const std::set<int32_t>& a, const std::set<int32_t>& b) {
+  size_t n = 0;
+  for (int32_t x : a) n += b.count(x);
+  return n;
+}
+
+double heat_value(const HeatmapModel& m, int row, int col) {
+  const QVariant v = m.data(m.index(row, col), HeatmapModel::ValueRole);
+  return v.isValid() ? v.toDouble() : NAN;
+}
+
+// ---- metrics on hand-made records ------------------------------------------------------------
+
+TEST(GuiMetrics, SetMetricsPerPosition) {
+  IndexerRecord a{3, 2, {0, 2, 1, -1, -1, -1}, {0.5f, 0.1f, INFINITY}};
+  IndexerRecord b{3, 2, {0, 1, 1, -1, -1, -1}, {0.4f, 0.2f, INFINITY}};
+  const auto ov = indexer_overlap(a, b);
+  ASSERT_EQ(ov.size(), 3u);
+  EXPECT_FLOAT_EQ(ov[0], 0.5f);  // {0,2} vs {0,1}
+  EXPECT_FLOAT_EQ(ov[1], 1.0f);  // {1} vs {1}
+  EXPECT_FLOAT_EQ(ov[2], 1.0f);  // both empty
+  RoutingRecord ra{2, 2, false, {1, 3, 0, 5}, {0.5f, 0.5f, 0.6f, 0.4f}, {0.1f, 0.2f}};
+  RoutingRecord rb{2, 2, false, {1, 4, 0, 5}, {0.5f, 0.5f, 0.6f, 0.4f}, {0.1f, 0.2f}};
+  const auto ag = routing_agreement(ra, rb);
+  EXPECT_FLOAT_EQ(ag[0], 1.0f / 3);
+  EXPECT_FLOAT_EQ(ag[1], 1.0f);
+  const auto load = expert_load(ra, 6);
+  EXPECT_EQ(load, (std::vector<float>{1, 1, 0, 1, 0, 1}));
+  const auto mm = min_margin(ra.margin, &rb.margin);
+  EXPECT_EQ(mm, (std::vector<float>{0.1f, 0.2f}));
+}
+
+TEST(GuiMetrics, MhcDigestsAndRelL2) {
+  LayerRecords a, b;
+  a.mhc[0] = MhcRecord{2, 1, {1, 2}, {3, 4}, {5, 6}};
+  b.mhc[0] = MhcRecord{2, 1, {1, 2.5f}, {3, 4}, {5, 6}};
+  const auto d = mhc_difference(a, b, 2);
+  EXPECT_FLOAT_EQ(d[0], 0.0f);
+  EXPECT_FLOAT_EQ(d[1], 0.5f);
+  EXPECT_TRUE(std::isnan(mhc_difference(a, LayerRecords{}, 2)[0]));
+
+  DigestTable da, db;
+  da.records = {{"attn.q", 0, 3, 0}, {"attn.compressed_kv", 0, 1, 3}, {"moe.out", 0, 3, 4}};
+  da.values = {1, 2, 3, 9, 4, 5, 6};
+  db = da;
+  db.values[1] = 20;  // attn.q row 1
+  db.values[3] = 90;  // a compressed group: not a token row
+  db.values[6] = 60;  // moe.out row 2
+  const auto frac = digest_difference(da, db, 0, 3);
+  EXPECT_EQ(frac, (std::vector<float>{0.0f, 0.5f, 0.5f}));
+  EXPECT_TRUE(std::isnan(digest_difference(da, db, 1, 3)[0]));
+  EXPECT_EQ(differing_tensors(da, db, 0, 2), std::vector<std::string>{"moe.out"});
+
+  TensorCopy ta{DType::f32, {2, 2}, {3, 4, 1, 0}, {}};
+  TensorCopy tb{DType::f32, {2, 2}, {3, 4, 1, 1}, {}};
+  const auto rel = row_rel_l2(ta, tb);
+  EXPECT_FLOAT_EQ(rel[0], 0.0f);
+  EXPECT_FLOAT_EQ(rel[1], 1.0f);
+  TensorCopy tc{DType::f32, {1, 2}, {0, 0}, {}};
+  TensorCopy td{DType::f32, {1, 2}, {0, 1}, {}};
+  EXPECT_TRUE(std::isinf(row_rel_l2(tc, td)[0]));
+  EXPECT_THROW(row_rel_l2(ta, tc), std::invalid_argument);
+}
+
+TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
+  // Relative rule: f × median |margin| over the finite margins.
+  EXPECT_DOUBLE_EQ(relative_tie_threshold({1, 3, INFINITY, 2}, "train"), 2.0 / 128);
+  EXPECT_DOUBLE_EQ(relative_tie_threshold({1, 3, 2, 4}, "rollout"), 2.5 / 16);
+  EXPECT_TRUE(std::isnan(relative_tie_threshold({INFINITY}, "train")));
+
+  TensorRowPair p{"moe.out", DType::bf16, 7, {1, 2, 3, 4}, {1, 2.5f, 3, 3}};
+  const TensorDetail t = tensor_detail(p);
+  EXPECT_EQ(t.elems, 4);
+  EXPECT_EQ(t.histogram.zeros, 2);
+  int64_t binned = 0;
+  for (auto c : t.histogram.counts) binned += c;
+  EXPECT_EQ(binned, 2);
+  EXPECT_DOUBLE_EQ(t.max_abs, 1.0);
+  ASSERT_EQ(t.worst.size(), 2u);
+  EXPECT_EQ(t.worst[0].index, 3);
+  EXPECT_EQ(t.worst[1].index, 1);
+  EXPECT_NEAR(t.rel_l2, std::sqrt(1.25 / 30), 1e-12);
+
+  for (const auto& m : all_metrics()) EXPECT_EQ(metric_from_name(m.name), m.metric);
+  try {
+    metric_from_name("entropy");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("indexer-overlap"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the loader and the models on recorded traces --------------------------------------------
+
+class GuiModels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { (void)gui_traces(); }
+};
+
+TEST_F(GuiModels, PairLoadsInStagesAndEveryModelPassesTheTester) {
+  TesterGuard guard;
+  TraceDocument doc;
+  HeatmapModel heat(&doc);
+  TokenModel tokens(&doc);
+  SummaryModel summary(&doc);
+  LayerDiffModel layers(&doc);
+  TensorDiffModel tensors(&doc);
+  EnvModel env(&doc);
+  std::vector<std::unique_ptr<QAbstractItemModelTester>> testers;
+  for (QAbstractItemModel* m :
+       std::initializer_list<QAbstractItemModel*>{&heat, &tokens, &summary, &layers, &tensors, &env})
+    testers.push_back(tester(m));
+
+  std::vector<std::string> order;
+  QObject::connect(&doc, &TraceDocument::datasetReset, [&] { order.push_back("summary"); });
+  QObject::connect(&doc, &TraceDocument::seqLoaded, [&](int) { order.push_back("seq"); });
+  QObject::connect(&doc, &TraceDocument::chunkLoaded, [&](int, int) { order.push_back("chunk"); });
+  QObject::connect(&doc, &TraceDocument::reportLoaded, [&] { order.push_back("report"); });
+  const auto r = load(doc, gui_traces().a, gui_traces().b);
+  ASSERT_TRUE(r.finished) << r.error.message.toStdString();
+
+  const int L = doc.data().layers();
+  ASSERT_EQ(L, 6);
+  std::vector<std::string> expected{"summary", "seq"};
+  for (int l = 0; l < L; ++l) expected.push_back("chunk");
+  expected.push_back("report");
+  EXPECT_EQ(order, expected);
+  EXPECT_TRUE(doc.data().comparison());
+  EXPECT_EQ(heat.rowCount(), L);
+  EXPECT_EQ(heat.columnCount(), gui_traces().tokens);
+  EXPECT_EQ(tokens.rowCount(), gui_traces().tokens - 1);
+  EXPECT_EQ(layers.rowCount(), L);
+  EXPECT_GT(tensors.rowCount(), 0);
+  EXPECT_GT(summary.rowCount(), 10);
+  EXPECT_GT(env.rowCount(), 10);
+
+  // Every comparison metric, with and without the threshold highlight.
+  for (Metric m : heat.availableMetrics()) {
+    heat.setMetric(m);
+    EXPECT_EQ(heat.metric(), m);
+    heat.setThresholdEnabled(true);
+    heat.setThreshold(metric_info(m).default_threshold);
+    heat.setThresholdEnabled(false);
+  }
+  const auto avail = heat.availableMetrics();
+  EXPECT_EQ(std::count(avail.begin(), avail.end(), Metric::ExpertLoad), 0);
+  guard.expect_clean();
+}
+
+TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
+  TraceDocument doc;
+  HeatmapModel heat(&doc);
+  ASSERT_TRUE(load(doc, gui_traces().a, gui_traces().b).finished);
+  const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
+  const int64_t T = gui_traces().tokens;
+  const DigestTable da = ra.digests(0, 0), db = rb.digests(0, 0);
+  int indexer_layers = 0, tensor_layers = 0;
+  for (int layer = 0; layer < 6; ++layer) {
+    const auto ia = ra.indexer(0, 0, layer), ib = rb.indexer(0, 0, layer);
+    const auto ga = ra.routing(0, 0, layer), gb = rb.routing(0, 0, layer);
+    heat.setMetric(Metric::IndexerOverlap);
+    for (int64_t t = 0; t < T; ++t) {
+      const double v = heat_value(heat, layer, int(t));
+      if (!ia || !ib) {
+        EXPECT_TRUE(std::isnan(v));
+        continue;
+      }
+      const int64_t w = int64_t(ia->ids.size()) / T;
+      const auto sa = row_set(ia->ids, w, t), sb = row_set(ib->ids, w, t);
+      const double expect =
+          sa.empty() && sb.empty() ? 1.0 : double(common(sa, sb)) / std::max<size_t>(sa.size(), 1);
+      EXPECT_NEAR(v, expect, 1e-6) << "layer " << layer << " token " << t;
+    }
+    indexer_layers += ia.has_value();
+
+    heat.setMetric(Metric::RoutingAgreement);
+    ASSERT_TRUE(ga && gb);
+    for (int64_t t = 0; t < T; ++t) {
+      const auto sa = row_set(ga->ids, ga->k, t), sb = row_set(gb->ids, gb->k, t);
+      const size_t inter = common(sa, sb), uni = sa.size() + sb.size() - inter;
+      EXPECT_NEAR(heat_value(heat, layer, int(t)), uni ? double(inter) / uni : 1.0, 1e-6);
+    }
+
+    heat.setMetric(Metric::MhcDifference);
+    std::vector<double> mhc(T, 0.0);
+    for (Sublayer s : {Sublayer::attn, Sublayer::ffn}) {
+      const auto ma = ra.mhc(0, 0, layer, s), mb = rb.mhc(0, 0, layer, s);
+      ASSERT_TRUE(ma && mb);
+      const int hc = ma->hc;
+      for (int64_t t = 0; t < T; ++t) {
+        for (int j = 0; j < hc; ++j) {
+          mhc[t] = std::max(mhc[t], double(std::fabs(ma->pre[t * hc + j] - mb->pre[t * hc + j])));
+          mhc[t] = std::max(mhc[t], double(std::fabs(ma->post[t * hc + j] - mb->post[t * hc + j])));
+        }
+        for (int j = 0; j < hc * hc; ++j)
+          mhc[t] = std::max(mhc[t], double(std::fabs(ma->comb[t * hc * hc + j] - mb->comb[t * hc * hc + j])));
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(heat_value(heat, layer, int(t)), mhc[t], 1e-7);
+
+    heat.setMetric(Metric::TensorDigest);
+    std::map<std::string, const DigestRecord*> bi;
+    for (const auto& r : db.records)
+      if (r.layer == layer) bi[r.name] = &r;
+    for (int64_t t = 0; t < T; ++t) {
+      int n = 0, differ = 0;
+      for (const auto& r : da.records) {
+        if (r.layer != layer || r.rows != T || !bi.count(r.name)) continue;
+        ++n;
+        differ += da.values[r.first + t] != db.values[bi[r.name]->first + t];
+      }
+      EXPECT_NEAR(heat_value(heat, layer, int(t)), double(differ) / n, 1e-6);
+    }
+
+    heat.setMetric(Metric::TensorRelL2);
+    std::vector<double> rel(T, NAN);
+    for (const auto& [name, l] : ra.full_tensors(0, 0)) {
+      if (l != layer) continue;
+      const auto ta = ra.tensor(0, 0, layer, name), tb = rb.tensor(0, 0, layer, name);
+      ASSERT_TRUE(ta && tb);
+      const int64_t n = int64_t(ta->f.size()) / T;
+      for (int64_t t = 0; t < T; ++t) {
+        double num = 0, den = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const double x = ta->f[t * n + j], y = tb->f[t * n + j];
+          num += (x - y) * (x - y);
+          den += x * x;
+        }
+        const double v = num == 0 ? 0 : std::sqrt(num / den);
+        rel[t] = std::isnan(rel[t]) ? v : std::max(rel[t], v);
+      }
+      ++tensor_layers;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const double v = heat_value(heat, layer, int(t));
+      if (std::isnan(rel[t])) {
+        EXPECT_TRUE(std::isnan(v));
+      } else {
+        EXPECT_NEAR(v, rel[t], 1e-5 * std::max(1.0, rel[t]));
+      }
+    }
+
+    heat.setMetric(Metric::RouterMargin);
+    for (int64_t t = 0; t < T; ++t) {
+      const double expect = std::min(ga->margin[t], gb->margin[t]);
+      const double v = heat_value(heat, layer, int(t));
+      if (std::isinf(expect)) {
+        EXPECT_TRUE(std::isinf(v));
+      } else {
+        EXPECT_FLOAT_EQ(float(v), float(expect));
+      }
+    }
+  }
+  EXPECT_EQ(indexer_layers, 2);
+  EXPECT_EQ(tensor_layers, 2);  // attn.o at layer 1, moe.out at layer 3
+}
+
+TEST_F(GuiModels, TablesMatchTheReaderAndTheDiffEngine) {
+  TraceDocument doc;
+  TokenModel tokens(&doc);
+  LayerDiffModel layers(&doc);
+  TensorDiffModel tensors(&doc);
+  SummaryModel summary(&doc);
+  EnvModel env(&doc);
+  ASSERT_TRUE(load(doc, gui_traces().a, gui_traces().b).finished);
+  const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
+  const auto la = ra.logprobs(0, 0), lb = rb.logprobs(0, 0);
+  const auto tok = ra.tokens(0, 0);
+  ASSERT_EQ(tokens.rowCount(), int(la.size()));
+  for (int t = 0; t < tokens.rowCount(); ++t) {
+    EXPECT_EQ(tokens.data(tokens.index(t, TokenModel::NextToken)).toInt(), tok[t + 1]);
+    EXPECT_FLOAT_EQ(float(tokens.data(tokens.index(t, TokenModel::LogprobA)).toDouble()), la[t]);
+    EXPECT_FLOAT_EQ(float(tokens.data(tokens.index(t, TokenModel::LogprobB)).toDouble()), lb[t]);
+    EXPECT_NEAR(tokens.data(tokens.index(t, TokenModel::AbsDiff)).toDouble(),
+                std::fabs(double(la[t]) - lb[t]), 1e-6);
+  }
+
+  const DiffReport rep = diff_traces(gui_traces().a, gui_traces().b, DiffOptions{});
+  ASSERT_EQ(layers.rowCount(), int(rep.layers.size()));
+  for (int i = 0; i < layers.rowCount(); ++i) {
+    EXPECT_EQ(layers.data(layers.index(i, 0)).toInt(), rep.layers[i].layer);
+    EXPECT_DOUBLE_EQ(layers.data(layers.index(i, 5)).toDouble(), rep.layers[i].routing_exact);
+    EXPECT_DOUBLE_EQ(layers.data(layers.index(i, 8)).toDouble(), rep.layers[i].mhc_comb_max_abs);
+  }
+  ASSERT_EQ(tensors.rowCount(), int(rep.tensors.size()));
+  for (int i = 0; i < tensors.rowCount(); ++i) {
+    EXPECT_EQ(tensors.data(tensors.index(i, 0)).toString().toStdString(), rep.tensors[i].name);
+    EXPECT_EQ(tensors.data(tensors.index(i, 3)).toString(),
+              QStringLiteral("%1 / %2").arg(rep.tensors[i].rows_differing).arg(rep.tensors[i].rows));
+  }
+  ASSERT_TRUE(rep.first_divergence);
+  EXPECT_EQ(summary.value(QStringLiteral("first divergence")),
+            QStringLiteral("seq %1, layer %2, %3, row %4")
+                .arg(rep.first_divergence->seq)
+                .arg(rep.first_divergence->layer)
+                .arg(QString::fromStdString(rep.first_divergence->tensor))
+                .arg(rep.first_divergence->row));
+  EXPECT_EQ(summary.value(QStringLiteral("KL k3")), QString::number(rep.k3, 'g', 6));
+
+  // The environments side by side: every key of both, flagged where they differ.
+  const auto ea = ra.env(), eb = rb.env();
+  int differing = 0;
+  for (const auto& [k, v] : ea) {
+    bool found = false;
+    for (int r = 0; r < env.rowCount(); ++r) {
+      if (env.data(env.index(r, 0)).toString().toStdString() != k) continue;
+      found = true;
+      EXPECT_EQ(env.data(env.index(r, 1)).toString().toStdString(), v);
+      const bool differs = !eb.count(k) || eb.at(k) != v;
+      EXPECT_EQ(env.data(env.index(r, 0), EnvModel::DiffersRole).toBool(), differs) << k;
+      differing += differs;
+    }
+    EXPECT_TRUE(found) << k;
+  }
+  // The step profiles always differ in this pair (train vs rollout).
+  EXPECT_GE(env.differingRows(), differing + 1);
+}
+
+TEST_F(GuiModels, SingleTraceMarginsNearTiesAndExpertLoad) {
+  TesterGuard guard;
+  TraceDocument doc;
+  HeatmapModel heat(&doc);
+  TokenModel tokens(&doc);
+  SummaryModel summary(&doc);
+  EnvModel env(&doc);
+  LayerDiffModel layers(&doc);
+  auto t1 = tester(&heat), t2 = tester(&tokens), t3 = tester(&summary), t4 = tester(&env),
+       t5 = tester(&layers);
+  ASSERT_TRUE(load(doc, gui_traces().a).finished);
+  EXPECT_EQ(tokens.columnCount(), 3);
+  EXPECT_EQ(env.columnCount(), 2);
+  EXPECT_EQ(env.differingRows(), 0);
+  EXPECT_EQ(layers.rowCount(), 0);
+  EXPECT_EQ(summary.value(QStringLiteral("tokens")), QString::number(gui_traces().tokens));
+  EXPECT_FALSE(doc.data().comparison());
+  EXPECT_EQ(heat.metric(), Metric::RouterMargin);
+  const auto avail = heat.availableMetrics();
+  EXPECT_EQ(avail, (std::vector<Metric>{Metric::IndexerMargin, Metric::RouterMargin, Metric::ExpertLoad}));
+  const TraceReader ra = TraceReader::open(gui_traces().a);
+  const ModelConfig cfg = ra.config();
+  int near_ties = 0;
+  for (int layer = 0; layer < 6; ++layer) {
+    const auto g = ra.routing(0, 0, layer);
+    ASSERT_TRUE(g);
+    // The near-tie rule computed here: 2^-7 (train profile) × median of the finite |margins|.
+    std::vector<double> m;
+    for (float x : g->margin)
+      if (std::isfinite(x)) m.push_back(std::fabs(x));
+    double thr = NAN;
+    if (!m.empty()) {
+      std::sort(m.begin(), m.end());
+      const double med = m.size() % 2 ? m[m.size() / 2] : 0.5 * (m[m.size() / 2 - 1] + m[m.size() / 2]);
+      thr = med / 128;
+    }
+    heat.setMetric(Metric::RouterMargin);
+    for (int t = 0; t < gui_traces().tokens; ++t) {
+      const bool tie = !std::isnan(thr) && g->margin[t] < thr;
+      EXPECT_EQ(heat.data(heat.index(layer, t), HeatmapModel::NearTieRole).toBool(), tie)
+          << layer << " " << t;
+      near_ties += tie;
+    }
+    heat.setMetric(Metric::ExpertLoad);
+    ASSERT_EQ(heat.columnCount(), cfg.n_routed_experts);
+    std::vector<int> counts(cfg.n_routed_experts, 0);
+    for (int32_t id : g->ids) counts[id]++;
+    for (int e = 0; e < cfg.n_routed_experts; ++e)
+      EXPECT_EQ(heat.data(heat.index(layer, e), HeatmapModel::ValueRole).toInt(), counts[e]);
+  }
+  EXPECT_GT(near_ties, 0);
+  // Threshold: load above 40 tokens highlighted.
+  heat.setThreshold(40);
+  heat.setThresholdEnabled(true);
+  for (int e = 0; e < cfg.n_routed_experts; ++e)
+    EXPECT_EQ(heat.data(heat.index(4, e), HeatmapModel::BeyondThresholdRole).toBool(),
+              heat.data(heat.index(4, e), HeatmapModel::ValueRole).toDouble() > 40);
+  guard.expect_clean();
+}
+
+TEST_F(GuiModels, DetailOfACellMatchesTheReader) {
+  TesterGuard guard;
+  TraceDocument doc;
+  ASSERT_TRUE(load(doc, gui_traces().a, gui_traces().b).finished);
+  const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
+  const int layer = 3;  // C4, learned routing, moe.out captured in full
+  const auto ia = ra.indexer(0, 0, layer), ib = rb.indexer(0, 0, layer);
+  ASSERT_TRUE(ia && ib);
+  const int64_t T = gui_traces().tokens;
+  const int64_t w = int64_t(ia->ids.size()) / T;
+  int64_t token = -1;
+  for (int64_t t = T - 1; t >= 0 && token < 0; --t)
+    if (row_set(ia->ids, w, t) != row_set(ib->ids, w, t)) token = t;
+  ASSERT_GE(token, 0) << "no differing indexer row at layer 3";
+
+  std::vector<DetailPtr> got;
+  QObject::connect(&doc, &TraceDocument::detailReady, [&](DetailPtr d) { got.push_back(d); });
+  // Three requests in a row: the two older ones are superseded.
+  ASSERT_TRUE(doc.requestDetail(0, layer, 0));
+  ASSERT_TRUE(doc.requestDetail(0, layer, 1));
+  ASSERT_TRUE(doc.requestDetail(0, layer, token));
+  EXPECT_FALSE(doc.requestDetail(0, 99, 0));
+  ASSERT_TRUE(wait_until([&] { return !got.empty(); }));
+  wait_until([] { return false; }, 200);
+  ASSERT_EQ(got.size(), 1u);
+  const CellDetail& d = *got[0];
+  EXPECT_EQ(d.token, token);
+  const auto sa = row_set(ia->ids, w, token), sb = row_set(ib->ids, w, token);
+  EXPECT_EQ(std::set<int32_t>(d.indexer_a.begin(), d.indexer_a.end()), sa);
+  EXPECT_EQ(std::set<int32_t>(d.indexer_b.begin(), d.indexer_b.end()), sb);
+  EXPECT_EQ(d.indexer_common.size(), common(sa, sb));
+  EXPECT_EQ(d.indexer_only_a.size(), sa.size() - common(sa, sb));
+  EXPECT_EQ(d.indexer_only_b.size(), sb.size() - common(sa, sb));
+  EXPECT_TRUE(d.indexer_differs);
+  const LayerDiff* ld = doc.data().layer_diff(layer);
+  ASSERT_NE(ld, nullptr);
+  EXPECT_EQ(d.indexer_tie_threshold, ld->indexer_tie_threshold);
+  EXPECT_EQ(d.indexer_tie_flip,
+            ia->margin[token] < ld->indexer_tie_threshold || ib->margin[token] < ld->indexer_tie_threshold);
+  EXPECT_FLOAT_EQ(d.indexer_margin_a, ia->margin[token]);
+
+  const auto ga = ra.routing(0, 0, layer), gb = rb.routing(0, 0, layer);
+  std::map<int, std::pair<float, float>> experts;
+  for (int j = 0; j < ga->k; ++j) experts[ga->ids[token * ga->k + j]].first = ga->weights[token * ga->k + j];
+  for (int j = 0; j < gb->k; ++j) experts[gb->ids[token * gb->k + j]].second = gb->weights[token * gb->k + j];
+  ASSERT_EQ(d.experts.size(), experts.size());
+  for (const auto& e : d.experts) {
+    EXPECT_FLOAT_EQ(e.weight_a, experts[e.id].first);
+    EXPECT_FLOAT_EQ(e.weight_b, experts[e.id].second);
+  }
+
+  const auto ma = ra.mhc(0, 0, layer, Sublayer::ffn), mb = rb.mhc(0, 0, layer, Sublayer::ffn);
+  ASSERT_EQ(d.hc, ma->hc);
+  for (int j = 0; j < d.hc * d.hc; ++j) {
+    EXPECT_EQ(d.comb_a[1][j], ma->comb[token * d.hc * d.hc + j]);
+    EXPECT_EQ(d.comb_diff[1][j], mb->comb[token * d.hc * d.hc + j] - ma->comb[token * d.hc * d.hc + j]);
+  }
+
+  ASSERT_EQ(d.tensors.size(), 1u);
+  const TensorDetail& td = d.tensors[0];
+  EXPECT_EQ(td.name, "moe.out");
+  EXPECT_EQ(td.row, token);
+  const auto ta = ra.tensor(0, 0, layer, "moe.out"), tb = rb.tensor(0, 0, layer, "moe.out");
+  const int64_t n = int64_t(ta->f.size()) / T;
+  double num = 0, den = 0, mx = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double x = ta->f[token * n + j], y = tb->f[token * n + j];
+    num += (y - x) * (y - x), den += x * x, mx = std::max(mx, std::fabs(y - x));
+  }
+  EXPECT_NEAR(td.rel_l2, std::sqrt(num / den), 1e-9);
+  EXPECT_DOUBLE_EQ(td.max_abs, mx);
+  ASSERT_FALSE(td.worst.empty());
+  EXPECT_DOUBLE_EQ(td.worst[0].abs_diff, mx);
+  int64_t binned = td.histogram.zeros + td.histogram.nonfinite;
+  for (auto c : td.histogram.counts) binned += c;
+  EXPECT_EQ(binned, n);
+
+  // The detail panel's models.
+  IndexerSetModel sets;
+  ExpertModel exps;
+  WorstElementsModel worst;
+  auto t1 = tester(&sets), t2 = tester(&exps), t3 = tester(&worst);
+  sets.setDetail(got[0]);
+  exps.setDetail(got[0]);
+  worst.setDetail(got[0], 0);
+  EXPECT_EQ(sets.rowCount(),
+            int(d.indexer_common.size() + d.indexer_only_a.size() + d.indexer_only_b.size()));
+  for (int r = 0; r < sets.rowCount(); ++r) {
+    const int g = sets.data(sets.index(r, 0)).toInt();
+    const auto side = SetSide(sets.data(sets.index(r, 0), IndexerSetModel::SideRole).toInt());
+    EXPECT_EQ(side == SetSide::Common, sa.count(g) && sb.count(g));
+    EXPECT_EQ(side == SetSide::OnlyA, sa.count(g) && !sb.count(g));
+  }
+  EXPECT_EQ(exps.rowCount(), int(experts.size()));
+  EXPECT_EQ(worst.rowCount(), int(td.worst.size()));
+  worst.setDetail(nullptr, -1);
+  EXPECT_EQ(worst.rowCount(), 0);
+  guard.expect_clean();
+}
+
+TEST_F(GuiModels, NewerLoadsSupersedeAndCancelStops) {
+  TraceDocument doc;
+  // A load replaced before it finishes: only the newer one's data arrives.
+  doc.open(QString::fromStdString(gui_traces().a));
+  const auto r = load(doc, gui_traces().a, gui_traces().b);
+  ASSERT_TRUE(r.finished);
+  EXPECT_TRUE(doc.data().comparison());
+  EXPECT_EQ(doc.data().summary->b->path, gui_traces().b);
+
+  // Cancelling: the canceled signal comes and no load finishes afterwards.
+  bool finished = false, canceled = false;
+  QObject::connect(&doc, &TraceDocument::loadFinished, [&] { finished = true; });
+  QObject::connect(&doc, &TraceDocument::loadCanceled, [&] { canceled = true; });
+  doc.open(QString::fromStdString(gui_traces().a));
+  doc.cancel();
+  ASSERT_TRUE(wait_until([&] { return canceled; }, 10000));
+  wait_until([] { return false; }, 300);
+  EXPECT_FALSE(finished);
+  EXPECT_FALSE(doc.loading());
+}
+
+TEST_F(GuiModels, BadFilesFailWithTypedErrorsNamingTheFile) {
+  const std::string dir = dsv4::test::temp_dir("bad_files");
+  TraceDocument doc;
+  const std::string text = dsv4::test::write_not_a_trace(dir);
+  auto r = load(doc, text);
+  ASSERT_TRUE(r.failed);
+  EXPECT_EQ(r.error.kind, LoadErrorKind::NotATrace);
+  EXPECT_TRUE(r.error.message.contains(QStringLiteral("notes.h5"))) << r.error.message.toStdString();
+
+  r = load(doc, dsv4::test::write_with_version(gui_traces().a, dir, 999));
+  ASSERT_TRUE(r.failed);
+  EXPECT_EQ(r.error.kind, LoadErrorKind::UnsupportedVersion);
+  EXPECT_TRUE(r.error.message.contains(QStringLiteral("999"))) << r.error.message.toStdString();
+
+  r = load(doc, dsv4::test::write_truncated(gui_traces().a, dir));
+  ASSERT_TRUE(r.failed);
+  EXPECT_TRUE(r.error.message.contains(QStringLiteral("truncated.h5"))) << r.error.message.toStdString();
+
+  r = load(doc, dir + "/missing.h5");
+  ASSERT_TRUE(r.failed);
+  EXPECT_TRUE(r.error.message.contains(QStringLiteral("missing.h5"))) << r.error.message.toStdString();
+
+  // A step that does not exist.
+  r = load(doc, gui_traces().a, {}, 5);
+  ASSERT_TRUE(r.failed);
+  EXPECT_TRUE(r.error.message.contains(QStringLiteral("step 5"))) << r.error.message.toStdString();
+  fs::remove_all(dir);
+}
+
+TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
+  const std::string dir = dsv4::test::temp_dir("reload");
+  const std::string path = dir + "/growing.h5";
+  fs::copy_file(gui_traces().a, path);
+  TraceDocument doc;
+  ASSERT_TRUE(load(doc, path).finished);
+  EXPECT_EQ(doc.data().summary->a.steps.size(), 1u);
+  // Another process appends a step while the viewer holds the file open.
+  const auto rec = dsv4::test::run_cli(
+      "record --preset tiny --seed 7 --random 24 --profile rollout --append --out " + path);
+  ASSERT_EQ(rec.code, 0) << rec.out;
+  bool finished = false;
+  QObject::connect(&doc, &TraceDocument::loadFinished, [&] { finished = true; });
+  doc.reload();
+  ASSERT_TRUE(wait_until([&] { return finished; }));
+  ASSERT_EQ(doc.data().summary->a.steps.size(), 2u);
+  EXPECT_TRUE(doc.data().summary->a.steps[1].complete);
+  // The new step can be shown.
+  const auto r = load(doc, path, {}, 1);
+  ASSERT_TRUE(r.finished) << r.error.message.toStdString();
+  EXPECT_EQ(doc.data().tokens(0), 24);
+  // Comparing steps of different lengths is refused with a sentence naming the problem.
+  const auto m = load(doc, path, path, 0, 1);
+  ASSERT_TRUE(m.failed);
+  EXPECT_EQ(m.error.kind, LoadErrorKind::Mismatch);
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,410 @@
+// The viewer's widgets, offscreen: open the pair, click a cell and check the detail panel's sets,
+// "first divergence" (Ctrl+D) selects the cell the diff engine reports, a click on the log-prob chart
+// selects that token's column, drag and drop, exports, the error dialog, responsiveness while
+// loading, and the heatmap's frame time while scrolling 32k tokens.
+#include <gtest/gtest.h>
+
+#include <QAbstractItemModelTester>
+#include <QApplication>
+#include <QChart>
+#include <QDropEvent>
+#include <QElapsedTimer>
+#include <QFile>
+#include <QMessageBox>
+#include <QMimeData>
+#include <QProgressBar>
+#include <QScrollBar>
+#include <QSettings>
+#include <QTest>
+#include <QTimer>
+#include <QUrl>
+#include <QValueAxis>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "capture/trace_reader.h"
+#include "gui/models/metrics.h"
+#include "gui/widgets/detail_panel.h"
+#include "gui/widgets/heatmap_view.h"
+#include "gui/widgets/logprob_chart.h"
+#include "gui/widgets/main_window.h"
+#include "gui_test_util.h"
+#include "replay/diff.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace dsv4;
+using namespace dsv4::gui;
+using dsv4::test::gui_traces;
+using dsv4::test::wait_until;
+
+bool open_and_wait(MainWindow& w, const std::string& a, const std::string& b = {}) {
+  bool finished = false, failed = false;
+  auto c1 = QObject::connect(w.document(), &TraceDocument::loadFinished, [&] { finished = true; });
+  auto c2 =
+      QObject::connect(w.document(), &TraceDocument::loadFailed, [&](const LoadError&) { failed = true; });
+  w.openTraces(QString::fromStdString(a), QString::fromStdString(b));
+  wait_until([&] { return finished || failed; });
+  QObject::disconnect(c1);
+  QObject::disconnect(c2);
+  return finished;
+}
+
+// Waits until the detail panel shows (layer, token).
+bool wait_detail(MainWindow& w, int layer, int64_t token) {
+  return wait_until([&] {
+    const auto d = w.detailPanel()->detail();
+    return d && d->layer == layer && d->token == token;
+  });
+}
+
+QPoint cell_center(HeatmapView* v, int row, int col) {
+  const QRect area = v->cellRect();
+  const int rh = std::clamp(area.height() / v->model()->rowCount(), 3, 60);
+  const double x = area.left() + (col + 0.5) * v->pixelsPerColumn() - v->horizontalScrollBar()->value();
+  return QPoint(int(x), area.top() + row * rh + rh / 2 - v->verticalScrollBar()->value());
+}
+
+std::set<int32_t> row_set(const std::vector<int32_t>& ids, int64_t width, int64_t t) {
+  std::set<int32_t> s;
+  for (int64_t j = 0; j < width; ++j)
+    if (ids[t * width + j] >= 0) s.insert(ids[t * width + j]);
+  return s;
+}
+
+class GuiWidgets : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { (void)gui_traces(); }
+};
+
+TEST_F(GuiWidgets, SelectingACellShowsBothIndexerSetsAndExperts) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
+  const int layer = 3;
+  const auto ia = ra.indexer(0, 0, layer), ib = rb.indexer(0, 0, layer);
+  const int T = int(gui_traces().tokens);
+  const int64_t width = int64_t(ia->ids.size()) / T;
+  int token = -1;
+  for (int t = 0; t < T && token < 0; ++t)
+    if (row_set(ia->ids, width, t) != row_set(ib->ids, width, t)) token = t;
+  ASSERT_GE(token, 0);
+
+  // Zoom so every cell is wide enough to click, bring the cell into view, click it.
+  HeatmapView* hv = w.heatmapView();
+  hv->setPixelsPerColumn(12);
+  hv->select(0, token);
+  QTest::mouseClick(hv->viewport(), Qt::LeftButton, {}, cell_center(hv, layer, token));
+  EXPECT_EQ(hv->selectedRow(), layer);
+  EXPECT_EQ(hv->selectedColumn(), token);
+  ASSERT_TRUE(wait_detail(w, layer, token));
+
+  const auto d = w.detailPanel()->detail();
+  const auto sa = row_set(ia->ids, width, token), sb = row_set(ib->ids, width, token);
+  EXPECT_EQ(std::set<int32_t>(d->indexer_a.begin(), d->indexer_a.end()), sa);
+  EXPECT_EQ(std::set<int32_t>(d->indexer_b.begin(), d->indexer_b.end()), sb);
+  // The panel's set table lists the union with each group's side.
+  IndexerSetModel* sets = w.detailPanel()->indexerModel();
+  std::set<int32_t> uni = sa;
+  uni.insert(sb.begin(), sb.end());
+  ASSERT_EQ(sets->rowCount(), int(uni.size()));
+  for (int r = 0; r < sets->rowCount(); ++r) {
+    const int g = sets->data(sets->index(r, 0)).toInt();
+    const QString side = sets->data(sets->index(r, 3)).toString();
+    EXPECT_EQ(side, sa.count(g) && sb.count(g) ? "common" : sa.count(g) ? "only A" : "only B") << g;
+  }
+  const auto ga = ra.routing(0, 0, layer);
+  std::set<int32_t> experts_a = row_set(ga->ids, ga->k, token);
+  int rows_a = 0;
+  ExpertModel* em = w.detailPanel()->expertModel();
+  for (int r = 0; r < em->rowCount(); ++r)
+    if (em->data(em->index(r, 1)).isValid()) {
+      EXPECT_TRUE(experts_a.count(em->data(em->index(r, 0)).toInt()));
+      ++rows_a;
+    }
+  EXPECT_EQ(rows_a, int(experts_a.size()));
+  EXPECT_TRUE(w.detailPanel()->headline().contains(QStringLiteral("token %1").arg(token)));
+  // The chart marks the selected token.
+  EXPECT_GT(w.chart()->pointsShown(), 0);
+}
+
+TEST_F(GuiWidgets, FirstDivergenceSelectsTheCellOfTheDiffEngine) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  const DiffReport rep = diff_traces(gui_traces().a, gui_traces().b, DiffOptions{});
+  ASSERT_TRUE(rep.first_divergence);
+  const auto& f = *rep.first_divergence;
+  // The trace pair diverges first in a per-token tensor of a layer: the cell is (layer, row).
+  ASSERT_GE(f.layer, 0);
+  // After loading, the window shows the first divergence by default.
+  EXPECT_EQ(w.heatmapView()->selectedRow(), f.layer);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(f.row));
+  // Select something else, then Ctrl+D.
+  w.selectCell(5, 10);
+  EXPECT_EQ(w.heatmapView()->selectedRow(), 5);
+  w.activateWindow();
+  QTest::keyClick(&w, Qt::Key_D, Qt::ControlModifier);
+  EXPECT_EQ(w.heatmapView()->selectedRow(), f.layer);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(f.row));
+  EXPECT_TRUE(wait_detail(w, f.layer, f.row));
+  EXPECT_EQ(w.currentSeq(), f.seq);
+}
+
+TEST_F(GuiWidgets, ChartClickSelectsTheTokenColumnAndMetricsSwitch) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  w.selectCell(2, 5);
+  LogprobChart* chart = w.chart();
+  QApplication::processEvents();
+  const int token = int(gui_traces().tokens * 2 / 3);
+  const auto* y = qobject_cast<QValueAxis*>(chart->chart()->axes(Qt::Vertical).first());
+  ASSERT_NE(y, nullptr);
+  const QPointF pos = chart->chart()->mapToPosition(QPointF(token, (y->min() + y->max()) / 2),
+                                                    chart->chart()->series().first());
+  QTest::mouseClick(chart->viewport(), Qt::LeftButton, {}, chart->mapFromScene(pos));
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), token);
+  EXPECT_EQ(w.heatmapView()->selectedRow(), 2);
+  EXPECT_TRUE(wait_detail(w, 2, token));
+
+  // Every metric renders something other than the background in the cell area.
+  for (Metric m : w.heatmapModel()->availableMetrics()) {
+    ASSERT_TRUE(w.setMetric(m));
+    const QImage img = w.heatmapView()->viewport()->grab().toImage();
+    const QRect cells = w.heatmapView()->cellRect();
+    std::set<QRgb> colours;
+    for (int y = cells.top(); y < cells.bottom(); y += 3)
+      for (int x = cells.left(); x < cells.right(); x += 3) colours.insert(img.pixel(x, y));
+    EXPECT_GT(colours.size(), 2u) << metric_info(m).name;
+  }
+  EXPECT_FALSE(w.setMetric(Metric::ExpertLoad));  // a single-trace metric
+  // The threshold highlight fades the cells within it.
+  ASSERT_TRUE(w.setMetric(Metric::RoutingAgreement));
+  w.heatmapModel()->setThresholdEnabled(true);
+  int beyond = 0;
+  for (int r = 0; r < w.heatmapModel()->rowCount(); ++r)
+    for (int c = 0; c < w.heatmapModel()->columnCount(); ++c)
+      beyond +=
+          w.heatmapModel()->data(w.heatmapModel()->index(r, c), HeatmapModel::BeyondThresholdRole).toBool();
+  EXPECT_GT(beyond, 0);
+  EXPECT_LT(beyond, w.heatmapModel()->rowCount() * w.heatmapModel()->columnCount());
+}
+
+TEST_F(GuiWidgets, ExportsWriteFilesOnTheWorker) {
+  const std::string dir = dsv4::test::temp_dir("exports");
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  QStringList done;
+  QObject::connect(w.document(), &TraceDocument::exportDone, [&](const QString& p, const QString& err) {
+    EXPECT_TRUE(err.isEmpty()) << err.toStdString();
+    done << p;
+  });
+  const QString d = QString::fromStdString(dir);
+  w.exportHeatmapPng(d + "/heatmap.png");
+  w.exportChartPng(d + "/chart.png");
+  w.exportReportJson(d + "/diff.json");
+  w.exportReportCsv(d + "/csv");
+  ASSERT_TRUE(wait_until([&] { return done.size() == 4; }));
+  QImage heat(d + "/heatmap.png");
+  EXPECT_EQ(heat.size(), w.heatmapView()->size());
+  EXPECT_FALSE(QImage(d + "/chart.png").isNull());
+  std::ifstream in(dir + "/diff.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(json, diff_to_json(diff_traces(gui_traces().a, gui_traces().b, DiffOptions{})));
+  for (const char* f : {"layers.csv", "tensors.csv", "tokens.csv"})
+    EXPECT_TRUE(fs::exists(dir + "/csv/" + f)) << f;
+  fs::remove_all(dir);
+}
+
+TEST_F(GuiWidgets, DropOpensThePairAndRecentFilesRemembersIt) {
+  QSettings().remove(QStringLiteral("recent"));
+  MainWindow w(true);
+  w.resize(1200, 800);
+  w.show();
+  bool finished = false;
+  QObject::connect(w.document(), &TraceDocument::loadFinished, [&] { finished = true; });
+  QMimeData mime;
+  mime.setUrls({QUrl::fromLocalFile(QString::fromStdString(gui_traces().a)),
+                QUrl::fromLocalFile(QString::fromStdString(gui_traces().b))});
+  QDragEnterEvent enter(QPoint(100, 100), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QApplication::sendEvent(&w, &enter);
+  EXPECT_TRUE(enter.isAccepted());
+  QDropEvent drop(QPointF(100, 100), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QApplication::sendEvent(&w, &drop);
+  ASSERT_TRUE(wait_until([&] { return finished; }));
+  EXPECT_TRUE(w.document()->data().comparison());
+  const QStringList recent = QSettings().value(QStringLiteral("recent")).toStringList();
+  ASSERT_FALSE(recent.isEmpty());
+  EXPECT_EQ(recent[0], QString::fromStdString(gui_traces().a + "\n" + gui_traces().b));
+}
+
+TEST_F(GuiWidgets, BadFileShowsADialogNamingTheProblem) {
+  const std::string dir = dsv4::test::temp_dir("dialog");
+  MainWindow w(true);
+  w.resize(1000, 700);
+  w.show();
+  bool failed = false;
+  QObject::connect(w.document(), &TraceDocument::loadFailed, [&](const LoadError&) { failed = true; });
+  w.openTraces(QString::fromStdString(dsv4::test::write_with_version(gui_traces().a, dir, 999)));
+  ASSERT_TRUE(wait_until([&] { return failed; }));
+  QMessageBox* box = nullptr;
+  ASSERT_TRUE(wait_until([&] {
+    box = w.findChild<QMessageBox*>();
+    return box && box->isVisible();
+  }));
+  EXPECT_TRUE(box->text().contains(QStringLiteral("version999.h5"))) << box->text().toStdString();
+  EXPECT_TRUE(box->text().contains(QStringLiteral("999"))) << box->text().toStdString();
+  EXPECT_EQ(box->windowTitle(), QStringLiteral("Trace format too new"));
+  box->close();
+  // The window still works afterwards.
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a));
+  fs::remove_all(dir);
+}
+
+TEST_F(GuiWidgets, SingleTraceModeAndResponsivenessWhileLoading) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  // The UI thread keeps serving a 5 ms timer while the worker loads.
+  QElapsedTimer clock;
+  clock.start();
+  qint64 last = 0, worst_gap = 0;
+  QTimer tick;
+  QObject::connect(&tick, &QTimer::timeout, [&] {
+    const qint64 now = clock.elapsed();
+    worst_gap = std::max(worst_gap, now - last);
+    last = now;
+  });
+  tick.start(5);
+  // openTraces only posts the request: it returns at once and the results arrive later through the
+  // event loop.
+  bool finished = false;
+  auto c = QObject::connect(w.document(), &TraceDocument::loadFinished, [&] { finished = true; });
+  QElapsedTimer call;
+  call.start();
+  w.openTraces(QString::fromStdString(gui_traces().a), QString::fromStdString(gui_traces().b));
+  const double call_ms = call.nsecsElapsed() / 1e6;
+  EXPECT_FALSE(finished);
+  EXPECT_TRUE(w.document()->loading());
+  EXPECT_TRUE(w.progressBar()->isVisible());
+  ASSERT_TRUE(wait_until([&] { return finished; }));
+  QObject::disconnect(c);
+  tick.stop();
+  std::printf("[ perf ] openTraces returned in %.2f ms; UI-thread timer: worst gap %lld ms during the load\n",
+              call_ms, (long long)worst_gap);
+  EXPECT_LT(call_ms, 100.0);
+  EXPECT_LT(worst_gap, 1000);
+  EXPECT_FALSE(w.progressBar()->isVisible());
+
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a));
+  EXPECT_FALSE(w.document()->data().comparison());
+  EXPECT_FALSE(w.goToFirstDivergence());
+  // The default selection of single-trace mode is the worst cell (the smallest router margin).
+  EXPECT_GE(w.heatmapView()->selectedRow(), 0);
+  ASSERT_TRUE(w.setMetric(Metric::ExpertLoad));
+  EXPECT_EQ(w.heatmapModel()->columnCount(), w.document()->data().summary->a.config.n_routed_experts);
+  ASSERT_TRUE(w.setMetric(Metric::IndexerMargin));
+  w.selectCell(3, 80);
+  EXPECT_TRUE(wait_detail(w, 3, 80));
+  EXPECT_FALSE(w.detailPanel()->detail()->comparison);
+}
+
+// A synthetic 32k-token comparison of 43 layers (the released models' count): the heatmap's frame
+// time while scrolling programmatically, zoomed in and zoomed out.
+TEST(GuiHeatmapPerf, ScrollingThirtyTwoThousandTokens) {
+  constexpr int kLayers = 43;
+  constexpr int64_t kTokens = 32768;
+  auto summary = std::make_shared<LoadSummary>();
+  summary->a.config = preset("tiny");
+  summary->a.config.num_hidden_layers = kLayers;
+  summary->a.config.compress_ratios.assign(kLayers, 4);
+  summary->a.steps = {TraceStepInfo{}};
+  summary->a.steps[0].complete = true;
+  summary->b = summary->a;
+  summary->layers = kLayers;
+  summary->seq_lengths = {kTokens};
+  Dataset d;
+  d.summary = summary;
+  auto seq = std::make_shared<SeqTokens>();
+  seq->T = kTokens;
+  seq->tokens.assign(kTokens, 1);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (int64_t t = 0; t + 1 < kTokens; ++t) {
+    seq->logprobs_a.push_back(-5 - u(rng));
+    seq->logprobs_b.push_back(seq->logprobs_a.back() + 0.05f * (u(rng) - 0.5f));
+  }
+  d.seqs = {seq};
+  d.chunks.resize(1);
+  for (int l = 0; l < kLayers; ++l) {
+    auto c = std::make_shared<LayerChunk>();
+    c->layer = l;
+    for (const auto& m : all_metrics()) {
+      if (!m.comparison) continue;
+      auto& v = c->values[int(m.metric)];
+      v.resize(kTokens);
+      for (auto& x : v) x = u(rng) < 0.9f ? (m.lower_is_worse ? 1.0f : 0.0f) : u(rng) * 0.01f;
+    }
+    d.chunks[0].push_back(c);
+  }
+  MainWindow w(false);
+  w.resize(1600, 1000);
+  w.show();
+  QElapsedTimer adopt;
+  adopt.start();
+  w.document()->adopt(std::move(d));
+  const double adopt_ms = adopt.nsecsElapsed() / 1e6;
+  ASSERT_TRUE(w.setMetric(Metric::MhcDifference));
+  HeatmapView* hv = w.heatmapView();
+  QApplication::processEvents();
+  ASSERT_EQ(hv->model()->columnCount(), kTokens);
+
+  auto scroll_frames = [&](int frames, int step) {
+    std::vector<double> ms;
+    QScrollBar* h = hv->horizontalScrollBar();
+    for (int i = 0; i < frames; ++i) {
+      h->setValue((h->value() + step) % std::max(h->maximum(), 1));
+      QElapsedTimer t;
+      t.start();
+      hv->viewport()->repaint();  // synchronous: the whole frame, cache rebuild included
+      ms.push_back(t.nsecsElapsed() / 1e6);
+    }
+    std::sort(ms.begin(), ms.end());
+    return std::make_tuple(std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size(), ms[ms.size() * 95 / 100],
+                           ms.back());
+  };
+  hv->setPixelsPerColumn(4);
+  const auto [mean_in, p95_in, max_in] = scroll_frames(200, 37);
+  hv->fitToWidth();
+  // Zoomed out every pixel aggregates ~25 tokens; scroll by changing zoom slightly each frame.
+  std::vector<double> out_ms;
+  for (int i = 0; i < 50; ++i) {
+    hv->setPixelsPerColumn(hv->pixelsPerColumn() * (i % 2 ? 1.01 : 1 / 1.01));
+    QElapsedTimer t;
+    t.start();
+    hv->viewport()->repaint();
+    out_ms.push_back(t.nsecsElapsed() / 1e6);
+  }
+  const double mean_out = std::accumulate(out_ms.begin(), out_ms.end(), 0.0) / out_ms.size();
+  std::printf(
+      "[ perf ] heatmap %d layers x %lld tokens: adopt %.1f ms; frame while scrolling at 4 px/token: "
+      "mean %.2f ms, p95 %.2f ms, max %.2f ms; whole sequence in view: mean %.2f ms\n",
+      kLayers, (long long)kTokens, adopt_ms, mean_in, p95_in, max_in, mean_out);
+  EXPECT_LT(mean_in, 40.0);
+  EXPECT_LT(mean_out, 80.0);
+}
+
+}  // namespace
