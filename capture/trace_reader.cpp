@@ -12,19 +12,18 @@
 #include <thread>
 
 #include "capture/errors.h"
+#include "capture/layout.h"
 #include "capture/h5.h"
 
 namespace dsv4 {
 namespace {
 
+using trace_layout::layer_name;
+using trace_layout::seq_name;
+using trace_layout::step_name;
+
 namespace fs = std::filesystem;
 
-std::string seq_name(int s) {
-  return fmt::format("seq_{:03}", s);
-}
-std::string layer_name(int L) {
-  return L < 0 ? "model" : fmt::format("layer_{:03}", L);
-}
 
 std::string shape_str(const std::vector<hsize_t>& s) {
   std::string out = "[";

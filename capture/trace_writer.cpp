@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "capture/errors.h"
+#include "capture/layout.h"
 #include "capture/h5.h"
 #include "capture/trace_reader.h"
 #include "model/manifest.h"
@@ -41,18 +42,13 @@
 namespace dsv4 {
 namespace {
 
+using trace_layout::layer_name;
+using trace_layout::seq_name;
+using trace_layout::step_name;
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string step_name(int i) {
-  return fmt::format("{:06}", i);
-}
-std::string seq_name(int s) {
-  return fmt::format("seq_{:03}", s);
-}
-std::string layer_name(int L) {
-  return L < 0 ? "model" : fmt::format("layer_{:03}", L);
-}
 
 // The smallest unsigned storage type that holds `max`.
 h5::Type unsigned_for(uint64_t max) {

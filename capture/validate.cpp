@@ -13,6 +13,7 @@
 
 #include "capture/digest.h"
 #include "capture/errors.h"
+#include "capture/layout.h"
 #include "capture/h5.h"
 #include "capture/policy.h"
 #include "capture/trace_reader.h"
@@ -24,6 +25,10 @@
 namespace dsv4 {
 namespace {
 
+using trace_layout::layer_name;
+using trace_layout::seq_name;
+using trace_layout::step_name;
+
 // A dataset with many bad rows reports the first few and then how many more there were.
 constexpr int kFindingsPerDataset = 5;
 
@@ -31,15 +36,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string step_name(int i) {
-  return fmt::format("{:06}", i);
-}
-std::string seq_name(int s) {
-  return fmt::format("seq_{:03}", s);
-}
-std::string layer_name(int layer) {
-  return layer < 0 ? "model" : fmt::format("layer_{:03}", layer);
-}
 
 const char* type_name(h5::Type t) {
   switch (t) {

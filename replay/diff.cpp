@@ -2,6 +2,8 @@
 // for decisions and full tensors; only the digest tables of every sequence are held at once.
 #include "replay/diff.h"
 
+#include "model/compare.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -181,17 +183,7 @@ std::vector<int32_t> row_set(const int32_t* ids, int k) {
 }
 
 size_t intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0, i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++n, ++i, ++j;
-    }
-  }
-  return n;
+  return size_t(sorted_intersection_size(a, b));
 }
 
 // The selections of one layer and decision kind, all sequences concatenated.

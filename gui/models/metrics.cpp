@@ -1,5 +1,7 @@
 #include "gui/models/metrics.h"
 
+#include "model/compare.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -9,21 +11,6 @@ namespace dsv4::gui {
 
 namespace {
 
-// |A ∩ B| of two ascending id lists.
-int64_t intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  int64_t n = 0;
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++n, ++i, ++j;
-    }
-  }
-  return n;
-}
 
 std::vector<int32_t> valid_row(const std::vector<int32_t>& ids, int64_t width, int64_t t) {
   std::vector<int32_t> row;
@@ -75,7 +62,7 @@ std::vector<float> indexer_overlap(const IndexerRecord& a, const IndexerRecord& 
     if (ra.empty() && rb.empty()) {
       out[t] = 1.0f;
     } else {
-      out[t] = float(double(intersection_size(ra, rb)) / double(std::max<size_t>(ra.size(), 1)));
+      out[t] = float(double(sorted_intersection_size(ra, rb)) / double(std::max<size_t>(ra.size(), 1)));
     }
   }
   return out;
@@ -86,7 +73,7 @@ std::vector<float> routing_agreement(const RoutingRecord& a, const RoutingRecord
   std::vector<float> out(size_t(std::max(a.T, b.T)), kNoValue);
   for (int64_t t = 0; t < T; ++t) {
     const auto ra = routing_row(a, t), rb = routing_row(b, t);
-    const int64_t inter = intersection_size(ra, rb);
+    const int64_t inter = sorted_intersection_size(ra, rb);
     const int64_t uni = int64_t(ra.size() + rb.size()) - inter;
     out[t] = uni == 0 ? 1.0f : float(double(inter) / double(uni));
   }
