@@ -3,6 +3,8 @@
 # compute-sanitizer pass (memcheck and racecheck) over the kernel tests and the GPU benchmark, and
 # prints a short table at the end. Logs go to $OUT when set, else to <build>/logs.
 #
+# At most 8 log files are written (gpu-check.log holds the summary table at its end).
+#
 # The whole project is configured first; when a dependency of the trace/CLI layers is missing there
 # (the GPU machine has no libxxhash dev files, no Qt), it falls back to the GPU-only build of
 # tests/gpu/CMakeLists.txt (kernels, model, GPU tests, bench_gpu).
@@ -35,9 +37,10 @@ gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 say() { printf '== %s\n' "$*" | tee -a "$logs/gpu-check.log"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$logs/device.txt" 2>&1 ||
-  echo "nvidia-smi failed" >"$logs/device.txt"
-say "device: $(head -1 "$logs/device.txt")"
+: >"$logs/gpu-check.log"
+device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+device=${device:-"nvidia-smi failed"}
+say "device: $device"
 
 # ---- configure ------------------------------------------------------------------------------------
 mode=full
@@ -50,8 +53,8 @@ else
   [[ $force_gpu_only == 0 ]] && say "whole-project configure failed (see configure.log); using the GPU-only build"
   build=$build-only
   if ! cmake -S tests/gpu -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$logs/configure-gpu-only.log" 2>&1; then
-    cat "$logs/configure-gpu-only.log"
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" >>"$logs/configure.log" 2>&1; then
+    tail -30 "$logs/configure.log"
     say "configure failed"
     exit 1
   fi
@@ -75,11 +78,16 @@ tests_total=0 tests_failed=0 tests_skipped=0
 if [[ $build_ok == 1 ]]; then
   say "ctest -L gpu"
   ctest --test-dir "$build" -L gpu -j"$jobs" --output-on-failure --timeout 1800 >"$logs/ctest.log" 2>&1
-  summary=$(grep -E "tests passed, [0-9]+ tests failed out of" "$logs/ctest.log" | tail -1)
-  tests_total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
-  tests_failed=$(sed -E 's/.*tests passed, ([0-9]+) tests failed.*/\1/' <<<"$summary")
-  tests_skipped=$(grep -c "\*\*\*Skipped\| Skipped " "$logs/ctest.log" || true)
-  [[ -z "$tests_total" ]] && tests_total=0 && tests_failed=1
+  # "100% tests passed out of N" or "P% tests passed, F tests failed out of N"; skipped tests count
+  # as passed there and are listed under "The following tests did not run".
+  summary=$(grep -E "% tests passed" "$logs/ctest.log" | tail -1)
+  tests_total=$(sed -nE 's/.* out of ([0-9]+).*/\1/p' <<<"$summary")
+  tests_failed=$(sed -nE 's/.*, ([0-9]+) tests? failed.*/\1/p' <<<"$summary")
+  tests_failed=${tests_failed:-0}
+  tests_skipped=$(grep -cE "\(Skipped\)$" "$logs/ctest.log" || true)
+  if [[ -z "$tests_total" ]]; then
+    tests_total=0 tests_failed=1
+  fi
   grep -E "Failed|\*\*\*Timeout|Not Run" "$logs/ctest.log" | head -20
 fi
 
@@ -93,9 +101,13 @@ if [[ $sanitizer == 1 && -n "$ops_bin" ]] && command -v compute-sanitizer >/dev/
     [[ $tool == memcheck ]] && extra=(--leak-check full)
     compute-sanitizer --tool "$tool" "${extra[@]}" "$ops_bin" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
-    n=$(grep -E "ERROR SUMMARY: [0-9]+ error" "$logs/sanitizer-$tool.log" | tail -1 | sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/')
-    if [[ -n "$n" ]]; then
-      san[$tool]="$n errors"
+    # memcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H hazards displayed (E errors,
+    # W warnings)".
+    line=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$logs/sanitizer-$tool.log" | tail -1)
+    if [[ $line =~ RACECHECK\ SUMMARY:.*\(([0-9]+)\ errors?,\ ([0-9]+)\ warnings? ]]; then
+      san[$tool]="${BASH_REMATCH[1]} errors, ${BASH_REMATCH[2]} warnings"
+    elif [[ $line =~ ERROR\ SUMMARY:\ ([0-9]+)\ error ]]; then
+      san[$tool]="${BASH_REMATCH[1]} errors"
     else
       san[$tool]="no summary (rc $rc)"
     fi
@@ -116,10 +128,10 @@ fi
 {
   echo
   echo "================ dsv4 GPU check ($mode build) ================"
-  printf '%-34s %s\n' "device" "$(head -1 "$logs/device.txt")"
+  printf '%-34s %s\n' "device" "$device"
   printf '%-34s %s\n' "build" "$([[ $build_ok == 1 ]] && echo ok || echo FAILED)"
   printf '%-34s %s\n' "gpu tests (ctest -L gpu)" \
-    "$((tests_total - tests_failed)) passed, $tests_failed failed of $tests_total ($tests_skipped skipped)"
+    "$((tests_total - tests_failed - tests_skipped)) passed, $tests_failed failed, $tests_skipped skipped of $tests_total"
   printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
   printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
   if [[ -f "$logs/bench_gpu.log" ]]; then
@@ -133,6 +145,6 @@ fi
       done
   fi
   echo "logs: $logs"
-} | tee "$logs/summary.txt"
+} | tee -a "$logs/gpu-check.log"
 
 [[ $build_ok == 1 && $tests_failed == 0 ]]

@@ -1,0 +1,165 @@
+// Sparse attention with an attention sink on the GPU, in the operation order of kernels/attention.h.
+//
+// Kernel contract (sparse_attention_kernel): one block of 256 threads per (row t, tile of HT heads),
+// grid-stride over those pairs.
+//   1. The valid slots of idx[t] (not -1, and inside [0, N): anything else is never loaded) are
+//      compacted in slot order with a block prefix sum over contiguous slot chunks.
+//   2. The tile's q rows are staged in shared memory; 32 groups of 8 threads take one valid slot each
+//      and form z[h][v] = scale * dot(q[t,h], kv[slot v]) for every head of the tile with multi_dot8
+//      (the canonical order per head; each kv element is loaded once for all heads).
+//   3. Thread h of the tile forms M = max(sink, z...) and then Z = (sum of exp_f(z - M) in slot order)
+//      + exp_f(sink - M) sequentially, exactly as the CPU; the exp_f terms and P = bf16(e / Z) are
+//      computed by all threads in between (element-wise, the same bits).
+//   4. Thread d (d = tid, tid + 256, ...) keeps one fp32 accumulator per head of the tile and runs the
+//      fma chain over the valid slots in slot order, loading kv[slot][d] once for all heads of the
+//      tile; o = bf16(acc). An empty row gives o = 0 and lse = sink exactly.
+#include "kernels/cuda/common.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kThreads = 256, kGroups = kThreads / 8, kMaxHeadTile = 8;
+constexpr size_t kMaxShared = 200 * 1024;
+
+__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnParams p, int ht) {
+  extern __shared__ float sh[];
+  float* zs = sh;                                                        // [ht][K]: z, then e, then P
+  float* qs = sh + int64_t(ht) * p.K;                                    // [ht][Dh]: q of the tile
+  int32_t* slots = reinterpret_cast<int32_t*>(qs + int64_t(ht) * p.Dh);  // [K] valid kv rows, slot order
+  __shared__ int red[32];
+  __shared__ float Zs[kMaxHeadTile], Ms[kMaxHeadTile];
+  const int tid = threadIdx.x, lane = tid & 7, group = tid >> 3;
+  const unsigned mask = detail::group8_mask();
+  const int tiles = (p.H + ht - 1) / ht;
+  const int64_t K = p.K;
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * ht;
+    const int nh = p.H - h0 < ht ? p.H - h0 : ht;
+    const int32_t* idx = p.idx + t * K;
+
+    // 1. valid slots in slot order
+    const int64_t chunk = (K + kThreads - 1) / kThreads, lo = tid * chunk,
+                  hi = lo + chunk < K ? lo + chunk : K;
+    int mine = 0;
+    for (int64_t j = lo; j < hi; ++j) mine += idx[j] >= 0 && idx[j] < p.N;
+    int nv = 0;
+    int pos = detail::block_exclusive_scan(mine, red, &nv);
+    for (int64_t j = lo; j < hi; ++j)
+      if (idx[j] >= 0 && idx[j] < p.N) slots[pos++] = idx[j];
+    __syncthreads();
+
+    if (nv == 0) {  // only the sink: o = 0, lse = sink
+      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
+      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
+      __syncthreads();
+      continue;
+    }
+
+    // 2. scores: one group per valid slot, all heads of the tile at once (q staged in shared memory)
+    for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) qs[e] = p.q[(t * p.H + h0) * p.Dh + e];
+    __syncthreads();
+    for (int64_t v = group; v < nv; v += kGroups) {
+      float d[kMaxHeadTile];
+      detail::multi_dot8<kMaxHeadTile>(qs, p.Dh, nh, p.kv + int64_t(slots[v]) * p.Dh, p.Dh, p.order.block,
+                                       lane, mask, d);
+      if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < kMaxHeadTile; ++h)
+          if (h < nh) zs[h * K + v] = p.scale * d[h];
+      }
+    }
+    __syncthreads();
+
+    // 3. softmax with the sink, sequential where the CPU is
+    if (tid < nh) {
+      float M = p.sink[h0 + tid];
+      const float* z = zs + tid * K;
+      for (int v = 0; v < nv; ++v)
+        if (z[v] > M) M = z[v];
+      Ms[tid] = M;
+    }
+    __syncthreads();
+    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+      const int h = int(q / nv);
+      const int64_t v = q % nv;
+      zs[h * K + v] = num::exp_f(zs[h * K + v] - Ms[h]);
+    }
+    __syncthreads();
+    if (tid < nh) {
+      const float* e = zs + tid * K;
+      float Z = 0.0f;
+      for (int v = 0; v < nv; ++v) Z = Z + e[v];
+      Z = Z + num::exp_f(p.sink[h0 + tid] - Ms[tid]);
+      Zs[tid] = Z;
+      if (p.lse) p.lse[t * p.H + h0 + tid] = Ms[tid] + num::log_f(Z);
+    }
+    __syncthreads();
+    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+      const int h = int(q / nv);
+      const int64_t v = q % nv;
+      zs[h * K + v] = num::bf16_round(zs[h * K + v] / Zs[h]);
+    }
+    __syncthreads();
+
+    // 4. o = P . kv, one accumulator per head of the tile
+    for (int64_t d = tid; d < p.Dh; d += kThreads) {
+      float acc[kMaxHeadTile];
+#pragma unroll
+      for (int h = 0; h < kMaxHeadTile; ++h) acc[h] = 0.0f;
+      for (int v = 0; v < nv; ++v) {
+        const float x = p.kv[int64_t(slots[v]) * p.Dh + d];
+#pragma unroll
+        for (int h = 0; h < kMaxHeadTile; ++h)
+          if (h < nh) acc[h] = __fmaf_rn(zs[h * K + v], x, acc[h]);
+      }
+#pragma unroll
+      for (int h = 0; h < kMaxHeadTile; ++h)
+        if (h < nh) p.o[(t * p.H + h0 + h) * p.Dh + d] = num::bf16_round(acc[h]);
+    }
+    __syncthreads();
+  }
+}
+
+// Heads per block: as many as fit (at most 8) next to the slot list in shared memory.
+int head_tile(const SparseAttnParams& p) {
+  const int64_t per_head = sizeof(float) * (p.K + p.Dh), fixed = sizeof(int32_t) * p.K;
+  int ht = kMaxHeadTile < p.H ? kMaxHeadTile : p.H;
+  while (ht > 1 && size_t(fixed + ht * per_head) > kMaxShared) --ht;
+  return ht;
+}
+
+}  // namespace
+
+const char* sparse_attention_check(const SparseAttnParams& p) {
+  if (p.T < 0) return "T";
+  if (p.H < 1) return "H";
+  if (p.Dh < 1) return "Dh";
+  if (p.N < 0) return "N";
+  if (p.K < 0) return "K";
+  if (p.N > INT32_MAX) return "N";
+  if (size_t(p.K) * 8 + size_t(p.Dh) * 4 > kMaxShared) return "K or Dh (too large for one block)";
+  if (p.T == 0) return nullptr;
+  if (p.q == nullptr) return "q";
+  if (p.N > 0 && p.kv == nullptr) return "kv";
+  if (p.K > 0 && p.idx == nullptr) return "idx";
+  if (p.sink == nullptr) return "sink";
+  if (p.o == nullptr) return "o";
+  return nullptr;
+}
+
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
+  require(cuda::sparse_attention_check(p), "sparse_attention");
+  if (p.T <= 0) return;
+  const int ht = head_tile(p);
+  const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh) + sizeof(int32_t) * size_t(p.K);
+  const int64_t items = p.T * ((p.H + ht - 1) / ht);
+  CUDA_CHECK(
+      cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+  sparse_attention_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht);
+  DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,182 @@
+// Device-side building blocks shared by the CUDA kernels, and the internal host entry points that one
+// op uses to launch another's kernel (the compressor runs the GEMM, RMSNorm and RoPE kernels, the
+// MoE runs grouped GEMMs). Included by .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/numerics/numerics.h"
+#include "kernels/reduce.h"
+
+namespace dsv4::cuda::detail {
+
+// ---- launch helpers -----------------------------------------------------------------------------
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+// Grid size for a grid-stride loop over n items with `threads` per block.
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = int64_t(1) << 20) {
+  const int64_t g = ceil_div(n, threads);
+  return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
+}
+#define DSV4_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// Scratch memory from the stream-ordered allocator, released (stream-ordered) when it goes out of scope.
+template <typename T>
+class Scratch {
+ public:
+  Scratch(int64_t n, cudaStream_t s) : s_(s) {
+    if (n > 0) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), size_t(n) * sizeof(T), s));
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, s_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  cudaStream_t s_;
+};
+
+// The chain length of the canonical order for a reduction over n elements (kernels/reduce.h): the
+// block length when the order is blocked and n exceeds it, else n (one chain).
+__host__ __device__ inline int64_t chain_length(int64_t n, ReduceOrder o) {
+  return (o.block > 0 && n > o.block) ? int64_t(o.block) : (n > 0 ? n : 1);
+}
+
+// ---- the canonical dot product, split over an aligned group of 8 threads --------------------------
+// Lane l (= thread index % 8) owns accumulator l of dsv4::dot: within each chain it accumulates the
+// elements i with (i - chain start) % 8 == l, in increasing i, with an explicit fma. The lanes are
+// combined with xor-shuffles over distances 4, 2, 1, which forms ((l0 + l4) + (l2 + l6)) +
+// ((l1 + l5) + (l3 + l7)) in every lane (IEEE addition is commutative); the chain results are added
+// left to right. The result equals dot(a, b, n, o) bit for bit and is returned in all 8 lanes.
+// `mask` names the 8 threads of the group (group8_mask); all of them must make the call.
+__device__ __forceinline__ unsigned group8_mask() {
+  return 0xffu << (threadIdx.x & 24u);
+}
+__device__ __forceinline__ float combine8(float acc, unsigned mask) {
+  const float v = acc + __shfl_xor_sync(mask, acc, 4);
+  const float t = v + __shfl_xor_sync(mask, v, 2);
+  return t + __shfl_xor_sync(mask, t, 1);
+}
+__device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n, int block, int lane,
+                                      unsigned mask) {
+  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
+  float s = 0.0f;
+  for (int64_t cs = 0; cs < n; cs += len) {
+    const int64_t ce = cs + len < n ? cs + len : n;
+    float acc = 0.0f;
+    for (int64_t i = cs + lane; i < ce; i += 8) acc = __fmaf_rn(a[i], b[i], acc);
+    const float c = combine8(acc, mask);
+    s = cs == 0 ? c : s + c;
+  }
+  return s;
+}
+
+// dot(a + h * lda, b, n, order) for the rows h < na (na <= NH) of `a` against one vector b, by an
+// aligned group of 8 threads: the same lane split and combine as dot8 for every row, but each
+// element of b is loaded once for all rows (the rows typically sit in shared memory). out[h] is
+// valid in all 8 lanes for h < na.
+template <int NH>
+__device__ __forceinline__ void multi_dot8(const float* a, int64_t lda, int na, const float* b, int64_t n,
+                                           int block, int lane, unsigned mask, float* out) {
+  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
+  float sum[NH];
+#pragma unroll
+  for (int h = 0; h < NH; ++h) sum[h] = 0.0f;
+  for (int64_t cs = 0; cs < n; cs += len) {
+    const int64_t ce = cs + len < n ? cs + len : n;
+    float acc[NH];
+#pragma unroll
+    for (int h = 0; h < NH; ++h) acc[h] = 0.0f;
+    for (int64_t i = cs + lane; i < ce; i += 8) {
+      const float bv = b[i];
+#pragma unroll
+      for (int h = 0; h < NH; ++h)
+        if (h < na) acc[h] = __fmaf_rn(a[h * lda + i], bv, acc[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < NH; ++h) {
+      if (h < na) {  // uniform over the group
+        const float c = combine8(acc[h], mask);
+        sum[h] = cs == 0 ? c : sum[h] + c;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < NH; ++h) out[h] = sum[h];
+}
+
+// ---- block-wide integer reductions and scans (deterministic, no atomics) ---------------------------
+// All threads of the block must call them; `red` is shared scratch of at least 32 entries.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T>
+__device__ T block_sum(T v, T* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  T s = 0;
+  for (int i = 0; i < nw; ++i) s += red[i];
+  return s;
+}
+// Exclusive prefix sum over the threads of the block in thread order; *total gets the block sum.
+template <typename T>
+__device__ T block_exclusive_scan(T v, T* red, T* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  T inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const T u = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += u;
+  }
+  __syncthreads();
+  if (lane == 31 || threadIdx.x == blockDim.x - 1) red[warp] = inc;
+  __syncthreads();
+  T before = 0, all = 0;
+  for (int i = 0; i < nw; ++i) {
+    if (i < warp) before += red[i];
+    all += red[i];
+  }
+  *total = all;
+  return before + inc - v;
+}
+
+// ---- internal launchers (defined in the op's .cu file) ----------------------------------------------
+
+// One GEMM of a group: y[yrow(r)] = round(x[xrow(r)] . w^T) for r < m; row maps are optional device
+// arrays (gather of x rows, scatter of y rows).
+struct GemmProblem {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const int32_t* xrow = nullptr;
+  const float* w = nullptr;
+  int64_t ldw = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const int32_t* yrow = nullptr;
+  int64_t m = 0;
+};
+struct GemmShape {
+  int64_t n = 0, k = 0;
+  OutRound round = OutRound::bf16;
+  ReduceOrder order{};
+};
+// Launches `count` problems of one shape; `problems` is a host array (copied to the device when
+// count > 1). Problems with m == 0 are allowed.
+void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
+
+// RoPE over rows whose position is pos[r] (pos != nullptr) or r * pos_step.
+void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream);
+
+}  // namespace dsv4::cuda::detail

@@ -1,0 +1,220 @@
+// Manifold hyper-connections on the GPU in the operation order of kernels/mhc.h.
+//
+// hc_pre / hc_head: the fn . x products of all tokens are one GEMM with fp32 out (each element
+// exactly dot(fn_i, x)), as on the CPU; then
+//   - weights_kernel, one group of 8 threads per token: rho from sum_squares(x) over the token's
+//     hc * D values (dot8), then lane 0 forms the mixing weights (and, for hc_pre, post and the
+//     Sinkhorn-normalised comb) with the CPU's scalar code;
+//   - mix_kernel, one thread per (t, d): y = bf16(fma chain over j of w_j * X[t, j, d]).
+// hc_post: one thread per output element (t, k, d) with the CPU's fma chain over j.
+#include "kernels/cuda/common.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kThreads = 256, kMaxHc = 16;
+
+// kernels/cpu/mhc.cpp sinkhorn(), the same operations in the same order (std::max(a, b) is
+// (a < b) ? b : a).
+__device__ void sinkhorn_dev(float* c, int hc, int iters, float eps) {
+  for (int j = 0; j < hc; ++j) {
+    float* r = c + j * hc;
+    float mx = r[0];
+    for (int k = 1; k < hc; ++k) mx = (mx < r[k]) ? r[k] : mx;
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      r[k] = num::exp_f(r[k] - mx);
+      s += r[k];
+    }
+    for (int k = 0; k < hc; ++k) r[k] = r[k] / s + eps;
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {  // row normalisation (the first row step was the softmax above)
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s += c[j * hc + k];
+        const float d = s + eps;
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / d;
+      }
+    }
+    for (int k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
+      const float d = s + eps;
+      for (int j = 0; j < hc; ++j) c[j * hc + k] = c[j * hc + k] / d;
+    }
+  }
+}
+
+struct MixArgs {
+  int64_t T = 0;
+  int hc = 4;
+  int64_t D = 0;
+  const float* X = nullptr;
+  const float* raw = nullptr;  // [T, rows] fn . x
+  int64_t rows = 0;            // (2 + hc) * hc for hc_pre, hc for hc_head
+  const float* scale = nullptr;
+  const float* base = nullptr;
+  float rms_eps = 0, hc_eps = 0;
+  int sinkhorn_iters = 0;
+  int block = 0;  // ReduceOrder block
+  bool head = false;
+  float* y = nullptr;
+  float* post = nullptr;  // hc_pre only
+  float* comb = nullptr;  // hc_pre only
+};
+
+// One aligned group of 8 threads per token (32 tokens per block, grid-stride). The group forms rho
+// with dot8; lane 0 then forms the mixing weights (hc_pre: pre, post and the Sinkhorn-normalised comb)
+// with the CPU's scalar code. `wt` receives the weights of y (pre, or hc_head's w).
+__global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt) {
+  const int lane = threadIdx.x & 7;
+  const unsigned mask = detail::group8_mask();
+  const int64_t hcD = int64_t(a.hc) * a.D;
+  constexpr int kMaxRows = (2 + kMaxHc) * kMaxHc;
+  for (int64_t t = int64_t(blockIdx.x) * (kThreads / 8) + threadIdx.x / 8; t < a.T;
+       t += int64_t(gridDim.x) * (kThreads / 8)) {
+    const float* x = a.X + t * hcD;
+    const float ss = detail::dot8(x, x, hcD, a.block, lane, mask);
+    if (lane != 0) continue;
+    const float rho = 1.0f / sqrtf(ss / float(hcD) + a.rms_eps);
+    const float* raw = a.raw + t * a.rows;
+    const int hc = a.hc;
+    if (a.head) {
+      for (int j = 0; j < hc; ++j) {
+        const float mix = rho * raw[j];
+        wt[t * hc + j] = num::sigmoid_f(mix * a.scale[0] + a.base[j]) + a.hc_eps;
+      }
+    } else {
+      float av[kMaxRows];
+      for (int64_t i = 0; i < a.rows; ++i) {
+        const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
+        const float mix = rho * raw[i];
+        av[i] = mix * a.scale[g] + a.base[i];
+      }
+      for (int j = 0; j < hc; ++j) {
+        wt[t * hc + j] = num::sigmoid_f(av[j]) + a.hc_eps;
+        a.post[t * hc + j] = 2.0f * num::sigmoid_f(av[hc + j]);
+      }
+      float* cm = av + 2 * hc;  // comb, normalised in place
+      sinkhorn_dev(cm, hc, a.sinkhorn_iters, a.hc_eps);
+      for (int j = 0; j < hc * hc; ++j) a.comb[t * hc * hc + j] = cm[j];
+    }
+  }
+}
+
+// One thread per (t, d): y = bf16(fma chain over j of wt[t, j] * X[t, j, d]).
+__global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* wt) {
+  const int hc = a.hc;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < a.T * a.D;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / a.D, d = e % a.D;
+    const float* x = a.X + t * hc * a.D;
+    float acc = 0.0f;
+    for (int j = 0; j < hc; ++j) acc = __fmaf_rn(wt[t * hc + j], x[j * a.D + d], acc);
+    a.y[e] = num::bf16_round(acc);
+  }
+}
+
+// One thread per (t, k, d).
+__global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
+  const int hc = p.hc;
+  const int64_t D = p.D, total = p.T * hc * D;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / (hc * D), d = e % D;
+    const int k = int((e / D) % hc);
+    const float* R = p.R + t * hc * D;
+    const float* comb = p.comb + t * hc * hc;
+    float acc = p.post[t * hc + k] * p.f[t * D + d];
+    for (int j = 0; j < hc; ++j) acc = __fmaf_rn(comb[j * hc + k], R[j * D + d], acc);
+    p.out[e] = num::bf16_round(acc);
+  }
+}
+
+// raw[t, i] = dot(fn_i, X[t]) for all tokens (fp32, canonical order): the CPU's fn_products.
+void fn_products(int64_t T, int64_t hcD, const float* X, const float* fn, int64_t rows, ReduceOrder o,
+                 float* raw, cudaStream_t stream) {
+  GemmParams g;
+  g.m = T;
+  g.n = rows;
+  g.k = hcD;
+  g.x = X;
+  g.ldx = hcD;
+  g.w = fn;
+  g.ldw = hcD;
+  g.y = raw;
+  g.ldy = rows;
+  g.round = OutRound::f32;
+  g.order = o;
+  gemm(g, stream);
+}
+
+// wt: hc_pre's pre output, or hc_head's w (scratch when the caller does not want it).
+void launch_mix(const MixArgs& a, float* wt, cudaStream_t stream) {
+  if (a.hc > kMaxHc) throw Error("cuda hc_pre/hc_head cannot run: hc is larger than 16");
+  weights_kernel<<<detail::grid_for(a.T, kThreads / 8, 65535), kThreads, 0, stream>>>(a, wt);
+  DSV4_LAUNCH_CHECK();
+  mix_kernel<<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
+  DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void hc_pre(const HcPreParams& p, cudaStream_t stream) {
+  require(dsv4::hc_pre_check(p), "hc_pre");
+  if (p.T <= 0) return;
+  const int64_t hcD = int64_t(p.hc) * p.D, rows = int64_t(2 + p.hc) * p.hc;
+  detail::Scratch<float> raw(p.T * rows, stream);
+  fn_products(p.T, hcD, p.X, p.fn, rows, p.order, raw.get(), stream);
+  MixArgs a;
+  a.T = p.T, a.hc = p.hc, a.D = p.D, a.X = p.X, a.raw = raw.get(), a.rows = rows;
+  a.scale = p.scale, a.base = p.base, a.rms_eps = p.rms_eps, a.hc_eps = p.hc_eps;
+  a.sinkhorn_iters = p.sinkhorn_iters, a.block = p.order.block, a.head = false;
+  a.y = p.y, a.post = p.post, a.comb = p.comb;
+  launch_mix(a, p.pre, stream);
+}
+
+const char* hc_post_check(const HcPostParams& p) {
+  if (p.T < 0) return "hc_post: T < 0";
+  if (p.hc < 1) return "hc_post: hc < 1";
+  if (p.D < 1) return "hc_post: D < 1";
+  if (p.T > 0 && (!p.f || !p.R || !p.post || !p.comb || !p.out)) return "hc_post: null pointer";
+  if (p.T > 0 && p.out == p.R) return "hc_post: out must not alias R";
+  return nullptr;
+}
+
+void hc_post(const HcPostParams& p, cudaStream_t stream) {
+  require(cuda::hc_post_check(p), "hc_post");
+  if (p.T <= 0) return;
+  hc_post_kernel<<<detail::grid_for(p.T * p.hc * p.D, kThreads), kThreads, 0, stream>>>(p);
+  DSV4_LAUNCH_CHECK();
+}
+
+const char* hc_head_check(const HcHeadParams& p) {
+  if (p.T < 0) return "hc_head: T < 0";
+  if (p.hc < 1) return "hc_head: hc < 1";
+  if (p.D < 1) return "hc_head: D < 1";
+  if (p.order.block < 0 || p.order.block % 8 != 0)
+    return "hc_head: reduce block must be 0 or a positive multiple of 8";
+  if (p.T > 0 && (!p.X || !p.fn || !p.scale || !p.base || !p.y)) return "hc_head: null pointer";
+  return nullptr;
+}
+
+void hc_head(const HcHeadParams& p, cudaStream_t stream) {
+  require(cuda::hc_head_check(p), "hc_head");
+  if (p.T <= 0) return;
+  const int64_t hcD = int64_t(p.hc) * p.D;
+  detail::Scratch<float> raw(p.T * p.hc, stream);
+  fn_products(p.T, hcD, p.X, p.fn, p.hc, p.order, raw.get(), stream);
+  MixArgs a;
+  a.T = p.T, a.hc = p.hc, a.D = p.D, a.X = p.X, a.raw = raw.get(), a.rows = p.hc;
+  a.scale = p.scale, a.base = p.base, a.rms_eps = p.rms_eps, a.hc_eps = p.hc_eps;
+  a.block = p.order.block, a.head = true;
+  a.y = p.y;
+  detail::Scratch<float> w(p.w ? 0 : p.T * p.hc, stream);
+  launch_mix(a, p.w ? p.w : w.get(), stream);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,309 @@
+// MoE router and experts on the GPU in the operation order of kernels/moe.h.
+//
+// router_kernel: one thread per token (grid-stride). s_e = sqrt(softplus_f(logit_e)); hash, forced and
+// learned routing exactly as kernels/cpu/moe.cpp; the learned top-k picks the best remaining expert
+// k times (k + 1 for the margin) under topk_row's strict total order, which selects the same set and
+// the same worst-chosen / best-unchosen pair as the CPU's nth_element; ids are then sorted ascending.
+//
+// moe_experts: the (token, slot) pairs q = t * k + i are grouped per expert on the device (one block
+// per expert counts and then lists its pairs in increasing q with a block prefix sum: no atomics);
+// the counts come back to the host, which launches grouped GEMMs over the non-empty experts:
+//   G = bf16(x[tok] . w1^T), U = bf16(x[tok] . w3^T)  (gather of token rows),
+//   A = bf16(w * (silu_f(clamp G) * clamp U))          (swiglu_kernel, element-wise),
+//   Y[q] = A . w2^T (fp32)                              (scatter to the pair's row).
+// The shared experts run the same steps over all tokens into Ys. combine_kernel (one thread per
+// (t, d)) then adds, from an fp32 zero, Y[t*k + i] for i ascending (the CPU's expert order, since a
+// token's ids ascend) and each shared expert's Ys in order, and rounds to bf16. Every GEMM element
+// has the canonical order, so a token's result does not depend on which tokens share its expert.
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kThreads = 256, kMaxK = 64;
+
+__device__ __forceinline__ bool ranks_before(float sa, int a, float sb, int b) {
+  const bool na = sa != sa, nb = sb != sb;
+  if (na != nb) return nb;
+  if (!na && sa != sb) return sa > sb;
+  return a < b;
+}
+
+__device__ __forceinline__ void sort_ids(int32_t* ids, int k) {
+  for (int i = 1; i < k; ++i) {
+    const int32_t v = ids[i];
+    int j = i - 1;
+    for (; j >= 0 && ids[j] > v; --j) ids[j + 1] = ids[j];
+    ids[j + 1] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) router_kernel(RouterParams p, float* s_all) {
+  const int E = p.E, k = p.k;
+  const float inf = __int_as_float(0x7f800000);
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.T;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const float* l = p.logits + t * E;
+    float* s = s_all + t * E;
+    for (int e = 0; e < E; ++e) s[e] = sqrtf(num::softplus_f(l[e]));
+    int32_t ids[kMaxK];
+    float margin = inf;
+    if (p.tid2eid) {
+      for (int i = 0; i < k; ++i) ids[i] = p.tid2eid[int64_t(p.tokens[t]) * k + i];
+      sort_ids(ids, k);
+    } else if (p.forced) {
+      for (int i = 0; i < k; ++i) ids[i] = p.forced[t * k + i];
+      sort_ids(ids, k);
+      if (k < E) {
+        float worst = inf, best = -inf;
+        for (int e = 0; e < E; ++e) {
+          const float v = s[e] + p.bias[e];
+          bool forced = false;
+          for (int i = 0; i < k; ++i) forced |= ids[i] == e;
+          if (forced)
+            worst = v < worst ? v : worst;
+          else
+            best = v > best ? v : best;
+        }
+        margin = worst - best;
+      }
+    } else {
+      const int picks = k < E ? k + 1 : k;
+      int32_t extra = -1;
+      for (int n = 0; n < picks; ++n) {
+        int best = -1;
+        float bv = 0.0f;
+        for (int e = 0; e < E; ++e) {
+          bool taken = false;
+          for (int i = 0; i < n && i < k; ++i) taken |= ids[i] == e;
+          if (taken) continue;
+          const float v = s[e] + p.bias[e];
+          if (best < 0 || ranks_before(v, e, bv, best)) best = e, bv = v;
+        }
+        if (n < k)
+          ids[n] = best;
+        else
+          extra = best;
+      }
+      if (k < E) margin = (s[ids[k - 1]] + p.bias[ids[k - 1]]) - (s[extra] + p.bias[extra]);
+      sort_ids(ids, k);
+    }
+    if (p.margin) p.margin[t] = margin;
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += s[ids[i]];
+    for (int i = 0; i < k; ++i) {
+      const float si = s[ids[i]];
+      p.ids[t * k + i] = ids[i];
+      p.weights[t * k + i] = (p.norm_topk_prob ? si / sum : si) * p.routed_scaling_factor;
+    }
+  }
+}
+
+// Grid: one block per expert. count[e] = #{q : ids[q] == e}.
+__global__ void __launch_bounds__(kThreads)
+    expert_count_kernel(const int32_t* ids, int64_t TK, int64_t* count) {
+  __shared__ int64_t red[32];
+  int64_t c = 0;
+  for (int64_t q = threadIdx.x; q < TK; q += kThreads) c += ids[q] == int32_t(blockIdx.x);
+  c = detail::block_sum(c, red);
+  if (threadIdx.x == 0) count[blockIdx.x] = c;
+}
+
+// Grid: one block per expert. Lists the pairs of expert e in increasing q at src_q[start[e]...],
+// with their token rows in src_tok. start[] is the exclusive prefix sum of count[] (sequential).
+__global__ void __launch_bounds__(kThreads)
+    expert_list_kernel(const int32_t* ids, int64_t TK, int k, const int64_t* count, int E, int32_t* src_q,
+                       int32_t* src_tok) {
+  __shared__ int64_t red[32];
+  int64_t start = 0;
+  for (int e = 0; e < int(blockIdx.x); ++e) start += count[e];
+  const int64_t chunk = (TK + kThreads - 1) / kThreads, lo = threadIdx.x * chunk;
+  const int64_t hi = lo + chunk < TK ? lo + chunk : TK;
+  int64_t mine = 0;
+  for (int64_t q = lo; q < hi; ++q) mine += ids[q] == int32_t(blockIdx.x);
+  int64_t total = 0;
+  int64_t pos = start + detail::block_exclusive_scan(mine, red, &total);
+  for (int64_t q = lo; q < hi; ++q)
+    if (ids[q] == int32_t(blockIdx.x)) {
+      src_q[pos] = int32_t(q);
+      src_tok[pos] = int32_t(q / k);
+      ++pos;
+    }
+  (void)E;
+}
+
+// One thread per (row r, i): a = bf16(w * (silu_f(g) * u)) with the clamps, written over g.
+// weight == nullptr: no weight (shared experts); else the pair's routing weight weights[src_q[r]].
+// The clamps apply when do_clamp and L > 0, as on the CPU.
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(float* g, const float* u, int64_t rows, int64_t I, const float* weights,
+                  const int32_t* src_q, bool do_clamp, float L) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * I;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    float gv = g[e], uv = u[e];
+    if (do_clamp && L > 0.0f) {
+      gv = gv > L ? L : gv;
+      uv = uv > L ? L : (uv < -L ? -L : uv);
+    }
+    const float h = num::silu_f(gv) * uv;
+    g[e] = num::bf16_round(weights ? weights[src_q[e / I]] * h : h);
+  }
+}
+
+// One thread per (t, d): out = bf16(((0 + Y[t,0]) + Y[t,1]) ... + Ys[0][t] + ...).
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const float* Y, int64_t T, int k, int64_t D, const float* Ys, int n_shared, float* out) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < T * D;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / D, d = e % D;
+    float acc = 0.0f;
+    for (int i = 0; i < k; ++i) acc = acc + Y[(t * k + i) * D + d];
+    for (int s = 0; s < n_shared; ++s) acc = acc + Ys[(int64_t(s) * T + t) * D + d];
+    out[e] = num::bf16_round(acc);
+  }
+}
+
+}  // namespace
+
+void router(const RouterParams& p, cudaStream_t stream) {
+  require(dsv4::router_check(p), "router");
+  if (p.T <= 0) return;
+  if (p.k > kMaxK) require("k is larger than 64", "router");
+  detail::Scratch<float> s(p.scores ? 0 : p.T * p.E, stream);
+  router_kernel<<<detail::grid_for(p.T, 128), 128, 0, stream>>>(p, p.scores ? p.scores : s.get());
+  DSV4_LAUNCH_CHECK();
+}
+
+const char* moe_check(const MoeParams& p) {
+  if (p.T < 0) return "moe: T < 0";
+  if (p.D < 1 || p.I < 1) return "moe: D and I must be >= 1";
+  if (p.E < 1 || p.k < 1 || p.k > p.E) return "moe: need E >= 1 and 1 <= k <= E";
+  if (p.n_shared < 0) return "moe: n_shared < 0";
+  if (p.I_shared < 0) return "moe: I_shared < 0";
+  if (p.order.block < 0 || p.order.block % 8 != 0)
+    return "moe: reduce block must be 0 or a positive multiple of 8";
+  if (p.T * p.k > INT32_MAX) return "moe: T * k is too large";
+  if (p.T == 0) return nullptr;
+  if (!p.x || !p.ids || !p.weights || !p.experts || !p.out) return "moe: null pointer";
+  if (p.n_shared > 0 && !p.shared) return "moe: null shared experts";
+  for (int e = 0; e < p.E; ++e)
+    if (!p.experts[e].w1 || !p.experts[e].w3 || !p.experts[e].w2) return "moe: null expert weights";
+  for (int e = 0; e < p.n_shared; ++e)
+    if (!p.shared[e].w1 || !p.shared[e].w3 || !p.shared[e].w2) return "moe: null shared expert weights";
+  return nullptr;
+}
+
+void moe_experts(const MoeParams& p, cudaStream_t stream) {
+  require(cuda::moe_check(p), "moe_experts");
+  if (p.T <= 0) return;
+  const int64_t T = p.T, D = p.D, I = p.I, k = p.k, TK = T * k;
+  const int E = p.E;
+  const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
+
+  // Group the pairs per expert.
+  detail::Scratch<int64_t> count(E, stream);
+  detail::Scratch<int32_t> src_q(TK, stream), src_tok(TK, stream);
+  expert_count_kernel<<<E, kThreads, 0, stream>>>(p.ids, TK, count.get());
+  DSV4_LAUNCH_CHECK();
+  expert_list_kernel<<<E, kThreads, 0, stream>>>(p.ids, TK, int(k), count.get(), E, src_q.get(),
+                                                 src_tok.get());
+  DSV4_LAUNCH_CHECK();
+  std::vector<int64_t> host_count(static_cast<size_t>(E));
+  CUDA_CHECK(cudaMemcpyAsync(host_count.data(), count.get(), sizeof(int64_t) * size_t(E),
+                             cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  detail::Scratch<float> gu(2 * TK * I, stream), Y(TK * D, stream);
+  float* G = gu.get();
+  float* U = gu.get() + TK * I;
+  // Pairs whose id is outside [0, E) belong to no expert: their rows of Y stay 0.
+  CUDA_CHECK(cudaMemsetAsync(Y.get(), 0, sizeof(float) * size_t(TK * D), stream));
+
+  std::vector<detail::GemmProblem> g1, g3, g2;
+  int64_t a = 0;
+  for (int e = 0; e < E; ++e) {
+    const int64_t m = host_count[size_t(e)];
+    if (m > 0) {
+      detail::GemmProblem pr;
+      pr.m = m;
+      pr.x = p.x;
+      pr.ldx = D;
+      pr.xrow = src_tok.get() + a;
+      pr.ldw = D;
+      pr.ldy = I;
+      pr.y = G + a * I;
+      pr.w = p.experts[e].w1;
+      g1.push_back(pr);
+      pr.y = U + a * I;
+      pr.w = p.experts[e].w3;
+      g3.push_back(pr);
+      detail::GemmProblem down;
+      down.m = m;
+      down.x = G + a * I;
+      down.ldx = I;
+      down.w = p.experts[e].w2;
+      down.ldw = I;
+      down.y = Y.get();
+      down.ldy = D;
+      down.yrow = src_q.get() + a;
+      g2.push_back(down);
+    }
+    a += m;
+  }
+  const int64_t grouped = a;  // pairs with a valid expert
+  if (!g1.empty()) {
+    detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g1.data(), int(g1.size()), stream);
+    detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g3.data(), int(g3.size()), stream);
+    swiglu_kernel<<<detail::grid_for(grouped * I, kThreads), kThreads, 0, stream>>>(
+        G, U, grouped, I, p.weights, src_q.get(), true, p.swiglu_limit);
+    DSV4_LAUNCH_CHECK();
+    detail::gemm_group(detail::GemmShape{D, I, OutRound::f32, p.order}, g2.data(), int(g2.size()), stream);
+  }
+
+  detail::Scratch<float> gus(p.n_shared > 0 ? 2 * T * Is : 0, stream),
+      Ys(int64_t(p.n_shared) * T * D, stream);
+  for (int s = 0; s < p.n_shared; ++s) {
+    float* Gs = gus.get();
+    float* Us = gus.get() + T * Is;
+    GemmParams gp;
+    gp.m = T;
+    gp.n = Is;
+    gp.k = D;
+    gp.x = p.x;
+    gp.ldx = D;
+    gp.ldw = D;
+    gp.ldy = Is;
+    gp.round = OutRound::bf16;
+    gp.order = p.order;
+    gp.w = p.shared[s].w1;
+    gp.y = Gs;
+    gemm(gp, stream);
+    gp.w = p.shared[s].w3;
+    gp.y = Us;
+    gemm(gp, stream);
+    swiglu_kernel<<<detail::grid_for(T * Is, kThreads), kThreads, 0, stream>>>(
+        Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit);
+    DSV4_LAUNCH_CHECK();
+    GemmParams down;
+    down.m = T;
+    down.n = D;
+    down.k = Is;
+    down.x = Gs;
+    down.ldx = Is;
+    down.w = p.shared[s].w2;
+    down.ldw = Is;
+    down.y = Ys.get() + int64_t(s) * T * D;
+    down.ldy = D;
+    down.round = OutRound::f32;
+    down.order = p.order;
+    gemm(down, stream);
+  }
+  combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(Y.get(), T, int(k), D, Ys.get(),
+                                                                             p.n_shared, p.out);
+  DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,89 @@
+// The CUDA backend: one function per op of kernels/*.h, taking the same Params struct as the CPU
+// reference (every pointer in it is a device pointer unless stated) plus the stream to launch on.
+//
+// Contract shared by all ops ("exact" mode): every output element is computed with the operation
+// order that the op's header documents and the CPU reference (kernels/cpu) implements, with explicit
+// fma (__fmaf_rn) where the CPU calls fma, IEEE division and sqrt, and the shared numerics functions
+// of kernels/numerics; the .cu files are compiled with --fmad=false so no other contraction happens.
+// Results are therefore bit-identical to the CPU for every input (NaN payloads aside: the GPU
+// produces the canonical NaN). Work is split over independent outputs only; no reduction uses
+// atomics, so results are also identical run to run and for any launch configuration.
+//
+// Every function validates its parameters first (the CPU op's *_check where that check reads no
+// data, otherwise a shape-only check below) and throws dsv4::Error naming the bad field before
+// anything is launched; every CUDA call is checked (kernels/cuda/check.h). Functions return once
+// the work is enqueued on `stream`; scratch memory comes from the stream-ordered allocator.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/compressor.h"
+#include "kernels/indexer.h"
+#include "kernels/linear.h"
+#include "kernels/logits.h"
+#include "kernels/mhc.h"
+#include "kernels/moe.h"
+#include "kernels/norm.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+
+namespace dsv4::cuda {
+
+// True when the CUDA runtime reports at least one usable device (any error, e.g. no driver, is false).
+bool device_available();
+
+// ---- dense ----------------------------------------------------------------------------------
+void gemm(const GemmParams& p, cudaStream_t stream);
+void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
+// pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
+void rope_apply(const RopeApplyParams& p, cudaStream_t stream);
+
+// ---- mHC ------------------------------------------------------------------------------------
+void hc_pre(const HcPreParams& p, cudaStream_t stream);
+const char* hc_post_check(const HcPostParams& p);
+void hc_post(const HcPostParams& p, cudaStream_t stream);
+const char* hc_head_check(const HcHeadParams& p);
+void hc_head(const HcHeadParams& p, cudaStream_t stream);
+
+// ---- compressor, indexer, attention ---------------------------------------------------------
+void compressor(const CompressorParams& p, cudaStream_t stream);
+void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream);
+void indexer_topk(const IndexerParams& p, cudaStream_t stream);
+// ids [T, k] and score [T, k] are device arrays.
+void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score, cudaStream_t stream);
+const char* build_index_check(const IndexBuildParams& p);
+void build_index(const IndexBuildParams& p, cudaStream_t stream);
+// Shape-only: the index values live on the device and are not scanned. A slot outside [0, N) is
+// treated like -1 (never loaded), so a bad index cannot read out of bounds.
+const char* sparse_attention_check(const SparseAttnParams& p);
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
+
+// ---- MoE ------------------------------------------------------------------------------------
+void router(const RouterParams& p, cudaStream_t stream);
+// Shape-only (the ids live on the device and are not scanned; ids outside [0, E) contribute
+// nothing). `experts` and `shared` are *host* arrays whose ExpertWeights hold device pointers.
+const char* moe_check(const MoeParams& p);
+void moe_experts(const MoeParams& p, cudaStream_t stream);
+
+// ---- logits ---------------------------------------------------------------------------------
+void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target, float* logprob,
+                        cudaStream_t stream);
+
+// ---- FP8 / FP4 simulation -------------------------------------------------------------------
+void act_quant(const ActQuantParams& p, cudaStream_t stream);
+void fp8_sim(const Fp8SimParams& p, cudaStream_t stream);
+void fp8_sim_inplace_bf16_cast(const Fp8SimParams& p, cudaStream_t stream);
+void fp4_sim(const Fp8SimParams& p, cudaStream_t stream);
+
+// ---- element-wise steps of the graph ----------------------------------------------------------
+void bf16_round(float* x, int64_t n, cudaStream_t stream);               // x = bf16(x)
+void scale_bf16(float* x, int64_t n, float scale, cudaStream_t stream);  // x = bf16(x * scale)
+void divide(float* x, int64_t n, float d, cudaStream_t stream);          // x = x / d
+// H[t, j, :] = table[tokens[t], :] for j < hc (the embedding copied into the hc residual streams).
+void embed_streams(const float* table, int64_t D, const int32_t* tokens, int64_t T, int hc, float* H,
+                   cudaStream_t stream);
+
+}  // namespace dsv4::cuda

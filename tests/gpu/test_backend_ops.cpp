@@ -1,0 +1,822 @@
+// Generic backend-vs-reference test of the CUDA kernels: a registry of op cases, each with seeded
+// inputs (seeded from the case name), run through the CPU reference (kernels/cpu) and the CUDA op
+// (kernels/cuda) on guarded device buffers. A case fails on a corrupted guard region, a NaN/Inf
+// position mismatch, or any other value that differs in a single bit; it also asserts the output is
+// not all zeros. BackendOps.Coverage lists every op of kernels/*.h with its number of cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "kernels/cuda/ops.h"
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using test::DeviceBuffers;
+using test::same_floats;
+using test::same_ints;
+
+struct OpCase {
+  std::string op;    // the op under test (a dsv4::cuda function)
+  std::string name;  // the case, e.g. GEMM(m=37,n=70,k=300,block=64)
+  std::function<void(const std::string& name)> run;
+};
+
+std::vector<OpCase>& registry() {
+  static std::vector<OpCase> r;
+  return r;
+}
+void add_case(std::string op, std::string name, std::function<void(const std::string&)> fn) {
+  registry().push_back({std::move(op), std::move(name), std::move(fn)});
+}
+
+// Every op of kernels/*.h. `host` marks the ones that have no CUDA kernel by design (they run once
+// on the host, e.g. the RoPE frequency table, or are internal helpers of another op).
+struct OpInfo {
+  const char* name;
+  const char* header;
+  bool host;
+};
+const std::vector<OpInfo>& all_ops() {
+  static const std::vector<OpInfo> ops = {
+      {"gemm", "linear.h", false},
+      {"gemm_reference", "linear.h", true},
+      {"rmsnorm", "norm.h", false},
+      {"rope_freqs", "rope.h", true},
+      {"rope_apply", "rope.h", false},
+      {"sinkhorn", "mhc.h", true},
+      {"hc_pre", "mhc.h", false},
+      {"hc_post", "mhc.h", false},
+      {"hc_head", "mhc.h", false},
+      {"compressor", "compressor.h", false},
+      {"hadamard", "compressor.h", false},
+      {"topk_row", "indexer.h", true},
+      {"indexer_topk", "indexer.h", false},
+      {"indexer_score_ids", "indexer.h", false},
+      {"build_index", "indexer.h", false},
+      {"sparse_attention", "attention.h", false},
+      {"router", "moe.h", false},
+      {"moe_experts", "moe.h", false},
+      {"logsumexp_row", "logits.h", true},
+      {"log_softmax_gather", "logits.h", false},
+      {"act_quant", "quant.h", false},
+      {"fp8_sim", "quant.h", false},
+      {"fp8_sim_inplace_bf16_cast", "quant.h", false},
+      {"fp4_sim", "quant.h", false},
+      {"bf16_round", "cuda/ops.h (graph step)", false},
+      {"scale_bf16", "cuda/ops.h (graph step)", false},
+      {"divide", "cuda/ops.h (graph step)", false},
+      {"embed_streams", "cuda/ops.h (graph step)", false},
+  };
+  return ops;
+}
+
+std::string order_name(ReduceOrder o) {
+  return o.block ? "block=" + std::to_string(o.block) : "chain";
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------------
+void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, OutRound round) {
+  const std::string name = "GEMM(m=" + std::to_string(m) + ",n=" + std::to_string(n) +
+                           ",k=" + std::to_string(k) + ",pad=" + std::to_string(pad) + "," +
+                           order_name(order) + (round == OutRound::bf16 ? ",bf16" : ",f32") + ")";
+  add_case("gemm", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t ldx = k + pad, ldw = k + pad, ldy = n + pad;
+    const auto x = test::randn_bf16(g, size_t(m * ldx)), w = test::randn_bf16(g, size_t(n * ldw), 0.05f);
+    std::vector<float> y(size_t(m * ldy), test::fill_value());
+    GemmParams p;
+    p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldw = ldw, p.ldy = ldy, p.round = round, p.order = order;
+    p.x = x.data(), p.w = w.data(), p.y = y.data();
+    gemm(p);
+    DeviceBuffers d;
+    float* dy = d.upload(std::vector<float>(y.size(), test::fill_value()), "y");
+    p.x = d.upload(x, "x"), p.w = d.upload(w, "w"), p.y = dy;
+    cuda::gemm(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    const auto gy = d.download(dy, y.size());
+    EXPECT_TRUE(same_floats(y, gy, "y"));
+    if (k > 0) {
+      EXPECT_FALSE(test::all_zero(gy));
+    }
+  });
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+void rmsnorm_case(int64_t rows, int64_t dim, bool weight, bool in_place, ReduceOrder order) {
+  const std::string name = "RMSNORM(rows=" + std::to_string(rows) + ",dim=" + std::to_string(dim) +
+                           (weight ? ",w" : ",no-w") + (in_place ? ",in-place," : ",") + order_name(order) +
+                           ")";
+  add_case("rmsnorm", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t ld = dim + 3;
+    const auto x = test::randn_bf16(g, size_t(rows * ld), 3.0f);
+    const auto w = test::randn_bf16(g, size_t(dim), 1.0f);
+    std::vector<float> y = in_place ? x : std::vector<float>(size_t(rows * ld), test::fill_value());
+    RmsNormParams p;
+    p.rows = rows, p.dim = dim, p.ldx = ld, p.ldy = ld, p.eps = 1e-6f, p.order = order;
+    p.x = in_place ? y.data() : x.data(), p.w = weight ? w.data() : nullptr, p.y = y.data();
+    rmsnorm(p);
+    DeviceBuffers d;
+    float* dy = d.upload(in_place ? x : std::vector<float>(y.size(), test::fill_value()), "y");
+    p.x = in_place ? dy : d.upload(x, "x");
+    p.w = weight ? d.upload(w, "w") : nullptr;
+    p.y = dy;
+    cuda::rmsnorm(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    const auto gy = d.download(dy, y.size());
+    EXPECT_TRUE(same_floats(y, gy, "y"));
+    EXPECT_FALSE(test::all_zero(gy));
+  });
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------------
+void rope_case(int64_t rows, int heads, int64_t head_dim, int rd, bool yarn, bool inverse, bool round) {
+  const std::string name = "ROPE(rows=" + std::to_string(rows) + ",H=" + std::to_string(heads) +
+                           ",hd=" + std::to_string(head_dim) + ",rd=" + std::to_string(rd) +
+                           (yarn ? ",yarn" : "") + (inverse ? ",inverse" : "") + (round ? ",bf16" : ",f32") +
+                           ")";
+  add_case("rope_apply", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    RopeSpec spec;
+    spec.rd = rd;
+    spec.base = yarn ? 160000.0f : 10000.0f;
+    spec.yarn = yarn;
+    std::vector<float> freq(size_t(rd / 2));
+    rope_freqs(spec, freq.data());
+    std::vector<int64_t> pos(static_cast<size_t>(rows));
+    std::uniform_int_distribution<int64_t> pd(0, 1 << 20);
+    for (auto& v : pos) v = pd(g);
+    if (rows > 0) pos[0] = 0;
+    auto x = test::randn_bf16(g, size_t(rows * heads * head_dim));
+    const auto x0 = x;
+    RopeApplyParams p;
+    p.rows = rows, p.heads = heads, p.ld = heads * head_dim, p.head_stride = head_dim,
+    p.offset = head_dim - rd;
+    p.rd = rd, p.inverse = inverse, p.round_bf16 = round;
+    p.x = x.data(), p.pos = pos.data(), p.freq = freq.data();
+    rope_apply(p);
+    DeviceBuffers d;
+    float* dx = d.upload(x0, "x");
+    p.x = dx, p.pos = d.upload(pos, "pos"), p.freq = d.upload(freq, "freq");
+    cuda::rope_apply(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(x, d.download(dx, x.size()), "x"));
+  });
+}
+
+void register_dense_cases() {
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    gemm_case(1, 1, 1, 0, o, OutRound::bf16);
+    gemm_case(37, 70, 300, 0, o, OutRound::bf16);
+    gemm_case(33, 65, 17, 5, o, OutRound::f32);
+    gemm_case(5, 3, 0, 0, o, OutRound::bf16);
+    gemm_case(64, 64, 1024, 0, o, OutRound::bf16);
+    gemm_case(17, 24, 1024 + 8, 3, o, OutRound::f32);
+    gemm_case(130, 97, 129, 1, o, OutRound::bf16);
+  }
+  gemm_case(3, 5, 200, 0, ReduceOrder{8}, OutRound::f32);
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    rmsnorm_case(1, 7, true, false, o);
+    rmsnorm_case(37, 256, true, false, o);
+    rmsnorm_case(37, 256, true, true, o);
+    rmsnorm_case(70, 192, false, true, o);
+    rmsnorm_case(5, 1000, true, false, o);
+  }
+  rope_case(17, 5, 192, 64, false, false, true);
+  rope_case(17, 5, 192, 64, true, true, true);
+  rope_case(33, 1, 64, 64, true, false, false);
+  rope_case(1, 3, 128, 16, false, true, false);
+}
+
+// ---- mHC ----------------------------------------------------------------------------------------
+void hc_case(const std::string& op, int64_t T, int hc, int64_t D, ReduceOrder order) {
+  const std::string name = "HC(" + op + ",T=" + std::to_string(T) + ",hc=" + std::to_string(hc) +
+                           ",D=" + std::to_string(D) + "," + order_name(order) + ")";
+  add_case(op, name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t hcD = hc * D;
+    const auto X = test::randn_bf16(g, size_t(T * hcD));
+    DeviceBuffers d;
+    if (op == "hc_pre") {
+      const int64_t rows = int64_t(2 + hc) * hc;
+      const auto fn = test::randn_bf16(g, size_t(rows * hcD), 0.05f);
+      const auto scale = test::randn_bf16(g, 3, 0.5f), base = test::randn_bf16(g, size_t(rows), 0.5f);
+      const float fv = test::fill_value();
+      std::vector<float> y(size_t(T * D), fv), pre(size_t(T * hc), fv), post(size_t(T * hc), fv),
+          comb(size_t(T * hc * hc), fv);
+      HcPreParams p;
+      p.T = T, p.hc = hc, p.D = D, p.order = order;
+      p.X = X.data(), p.fn = fn.data(), p.scale = scale.data(), p.base = base.data();
+      p.y = y.data(), p.pre = pre.data(), p.post = post.data(), p.comb = comb.data();
+      hc_pre(p);
+      p.X = d.upload(X, "X"), p.fn = d.upload(fn, "fn"), p.scale = d.upload(scale, "scale");
+      p.base = d.upload(base, "base");
+      p.y = d.upload(std::vector<float>(y.size(), fv), "y");
+      p.pre = d.upload(std::vector<float>(pre.size(), fv), "pre");
+      p.post = d.upload(std::vector<float>(post.size(), fv), "post");
+      p.comb = d.upload(std::vector<float>(comb.size(), fv), "comb");
+      cuda::hc_pre(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_floats(y, d.download(p.y, y.size()), "y"));
+      EXPECT_TRUE(same_floats(pre, d.download(p.pre, pre.size()), "pre"));
+      EXPECT_TRUE(same_floats(post, d.download(p.post, post.size()), "post"));
+      EXPECT_TRUE(same_floats(comb, d.download(p.comb, comb.size()), "comb"));
+      EXPECT_FALSE(test::all_zero(y));
+    } else if (op == "hc_post") {
+      const auto f = test::randn_bf16(g, size_t(T * D)), post = test::randn_bf16(g, size_t(T * hc));
+      const auto comb = test::randn_bf16(g, size_t(T * hc * hc), 0.3f);
+      std::vector<float> out(size_t(T * hcD), test::fill_value());
+      HcPostParams p;
+      p.T = T, p.hc = hc, p.D = D;
+      p.f = f.data(), p.R = X.data(), p.post = post.data(), p.comb = comb.data(), p.out = out.data();
+      hc_post(p);
+      p.f = d.upload(f, "f"), p.R = d.upload(X, "R"), p.post = d.upload(post, "post");
+      p.comb = d.upload(comb, "comb"),
+      p.out = d.upload(std::vector<float>(out.size(), test::fill_value()), "out");
+      cuda::hc_post(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_floats(out, d.download(p.out, out.size()), "out"));
+      EXPECT_FALSE(test::all_zero(out));
+    } else {
+      const auto fn = test::randn_bf16(g, size_t(hc * hcD), 0.05f);
+      const auto scale = test::randn_bf16(g, 1, 0.5f), base = test::randn_bf16(g, size_t(hc), 0.5f);
+      const float fv = test::fill_value();
+      std::vector<float> y(size_t(T * D), fv), w(size_t(T * hc), fv);
+      HcHeadParams p;
+      p.T = T, p.hc = hc, p.D = D, p.order = order;
+      p.X = X.data(), p.fn = fn.data(), p.scale = scale.data(), p.base = base.data(), p.y = y.data(),
+      p.w = w.data();
+      hc_head(p);
+      p.X = d.upload(X, "X"), p.fn = d.upload(fn, "fn"), p.scale = d.upload(scale, "scale");
+      p.base = d.upload(base, "base");
+      p.y = d.upload(std::vector<float>(y.size(), fv), "y"),
+      p.w = d.upload(std::vector<float>(w.size(), fv), "w");
+      cuda::hc_head(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_floats(y, d.download(p.y, y.size()), "y"));
+      EXPECT_TRUE(same_floats(w, d.download(p.w, w.size()), "w"));
+      EXPECT_FALSE(test::all_zero(y));
+    }
+  });
+}
+
+// ---- compressor and Hadamard --------------------------------------------------------------------
+void compressor_case(int64_t T, int64_t D, int ratio, int64_t dd, int rd, bool had, ReduceOrder order) {
+  const std::string name = "COMPRESSOR(T=" + std::to_string(T) + ",D=" + std::to_string(D) +
+                           ",r=" + std::to_string(ratio) + ",d=" + std::to_string(dd) +
+                           ",rd=" + std::to_string(rd) + (had ? ",hadamard," : ",") + order_name(order) + ")";
+  add_case("compressor", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t coff = ratio == 4 ? 2 : 1, cw = coff * dd, G = compressor_groups(T, ratio);
+    const auto x = test::randn_bf16(g, size_t(T * D)), wkv = test::randn_bf16(g, size_t(cw * D), 0.1f),
+               wgate = test::randn_bf16(g, size_t(cw * D), 0.1f),
+               ape = test::randn_bf16(g, size_t(ratio * cw)), norm = test::randn_bf16(g, size_t(dd), 1.0f);
+    RopeSpec spec{rd, 160000.0f, true};
+    std::vector<float> freq(size_t(rd / 2));
+    rope_freqs(spec, freq.data());
+    std::vector<float> out(size_t(G * dd), test::fill_value());
+    CompressorParams p;
+    p.T = T, p.D = D, p.ratio = ratio, p.d = dd, p.rd = rd, p.hadamard = had, p.order = order;
+    p.x = x.data(), p.wkv = wkv.data(), p.wgate = wgate.data(), p.ape = ape.data(), p.norm = norm.data();
+    p.freq = freq.data(), p.out = out.data();
+    compressor(p);
+    DeviceBuffers d;
+    p.x = d.upload(x, "x"), p.wkv = d.upload(wkv, "wkv"), p.wgate = d.upload(wgate, "wgate");
+    p.ape = d.upload(ape, "ape"), p.norm = d.upload(norm, "norm"), p.freq = d.upload(freq, "freq");
+    p.out = d.upload(std::vector<float>(out.size(), test::fill_value()), "out");
+    cuda::compressor(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    const auto go = d.download(p.out, out.size());
+    EXPECT_TRUE(same_floats(out, go, "out"));
+    if (G > 0) {
+      EXPECT_FALSE(test::all_zero(go));
+    }
+  });
+}
+
+void hadamard_case(int64_t rows, int64_t n, int64_t ld) {
+  const std::string name =
+      "HADAMARD(rows=" + std::to_string(rows) + ",n=" + std::to_string(n) + ",ld=" + std::to_string(ld) + ")";
+  add_case("hadamard", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    auto x = test::randn_bf16(g, size_t(rows * ld));
+    DeviceBuffers d;
+    float* dx = d.upload(x, "x");
+    hadamard(x.data(), rows, n, ld);
+    cuda::hadamard(dx, rows, n, ld, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(x, d.download(dx, x.size()), "x"));
+  });
+}
+
+// ---- indexer ------------------------------------------------------------------------------------
+// Values: "randn" (distinct scores), "ties" (dyadic values: many equal scores, many exact zeros
+// after relu), "nan" (randn with NaN in some keys, so whole score columns are NaN).
+void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& values, ReduceOrder order) {
+  const std::string name = "INDEXER(T=" + std::to_string(T) + ",Hi=" + std::to_string(Hi) +
+                           ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," + values +
+                           "," + order_name(order) + ")";
+  add_case("indexer_topk", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t G = T / 4;
+    const int k = int(std::min<int64_t>(topk, G));
+    std::vector<float> qi, ki, wt;
+    if (values == "ties") {
+      qi = test::dyadic(g, size_t(T * Hi * Di)), ki = test::dyadic(g, size_t(G * Di));
+      wt = test::dyadic(g, size_t(T * Hi));
+      for (auto& v : ki) v = v * 0.25f;
+      for (int64_t i = 0; i < G * Di; i += 3) ki[size_t(i)] = 0.0f;
+    } else {
+      qi = test::randn_bf16(g, size_t(T * Hi * Di)), ki = test::randn_bf16(g, size_t(G * Di));
+      wt = test::randn_bf16(g, size_t(T * Hi), 0.1f);
+    }
+    if (values == "nan")
+      for (int64_t grp = 1; grp < G; grp += 7)
+        ki[size_t(grp * Di + 3)] = std::numeric_limits<float>::quiet_NaN();
+    const float fv = test::fill_value();
+    std::vector<int32_t> ids(size_t(T * k), 12345);
+    std::vector<float> margin(static_cast<size_t>(T), fv), score(size_t(T * k), fv);
+    IndexerParams p;
+    p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = 4, p.order = order;
+    p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
+    p.ids = ids.data(), p.margin = margin.data(), p.score = score.data();
+    indexer_topk(p);
+    DeviceBuffers d;
+    p.qi = d.upload(qi, "qi"), p.ki = d.upload(ki, "ki"), p.wt = d.upload(wt, "wt");
+    p.ids = d.upload(std::vector<int32_t>(ids.size(), 12345), "ids");
+    p.margin = d.upload(std::vector<float>(margin.size(), fv), "margin");
+    p.score = d.upload(std::vector<float>(score.size(), fv), "score");
+    cuda::indexer_topk(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_ints(ids, d.download(p.ids, ids.size()), "ids"));
+    EXPECT_TRUE(same_floats(margin, d.download(p.margin, margin.size()), "margin"));
+    EXPECT_TRUE(same_floats(score, d.download(p.score, score.size()), "score"));
+  });
+}
+
+void indexer_score_ids_case(int64_t T, int Hi, int64_t Di, int k) {
+  const std::string name = "INDEXER_SCORE_IDS(T=" + std::to_string(T) + ",Hi=" + std::to_string(Hi) +
+                           ",Di=" + std::to_string(Di) + ",k=" + std::to_string(k) + ")";
+  add_case("indexer_score_ids", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t G = T / 4;
+    const auto qi = test::randn_bf16(g, size_t(T * Hi * Di)), ki = test::randn_bf16(g, size_t(G * Di)),
+               wt = test::randn_bf16(g, size_t(T * Hi), 0.1f);
+    std::vector<int32_t> ids(size_t(T * k));
+    std::uniform_int_distribution<int32_t> gd(-3, int32_t(G) + 2);
+    for (auto& v : ids) v = gd(g);  // -1, other negatives and ids >= G give NaN
+    std::vector<float> score(size_t(T * k), test::fill_value());
+    IndexerParams p;
+    p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = 4;
+    p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
+    indexer_score_ids(p, ids.data(), score.data());
+    DeviceBuffers d;
+    p.qi = d.upload(qi, "qi"), p.ki = d.upload(ki, "ki"), p.wt = d.upload(wt, "wt");
+    const int32_t* dids = d.upload(ids, "ids");
+    float* dscore = d.upload(std::vector<float>(score.size(), test::fill_value()), "score");
+    cuda::indexer_score_ids(p, dids, dscore, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(score, d.download(dscore, score.size()), "score"));
+  });
+}
+
+void build_index_case(int64_t T, int W, CompressedKind kind, int ratio, int k) {
+  const char* kn = kind == CompressedKind::none ? "none" : kind == CompressedKind::c128 ? "c128" : "c4";
+  const std::string name = "BUILD_INDEX(T=" + std::to_string(T) + ",W=" + std::to_string(W) + "," + kn +
+                           ",ratio=" + std::to_string(ratio) + ",k=" + std::to_string(k) + ")";
+  add_case("build_index", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    std::vector<int32_t> sel(size_t(T * k), -1);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t vis = (t + 1) / 4;
+      for (int j = 0; j < k; ++j)
+        if (vis > 0 && g() % 3 != 0) sel[size_t(t * k + j)] = int32_t(g() % uint64_t(vis));
+    }
+    IndexBuildParams p;
+    p.T = T, p.W = W, p.kind = kind, p.ratio = ratio, p.k = k, p.sel = sel.data();
+    const int64_t width = index_width(p);
+    std::vector<int32_t> idx(size_t(T * width), 777);
+    p.idx = idx.data();
+    build_index(p);
+    DeviceBuffers d;
+    p.sel = d.upload(sel, "sel");
+    p.idx = d.upload(std::vector<int32_t>(idx.size(), 777), "idx");
+    cuda::build_index(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_ints(idx, d.download(p.idx, idx.size()), "idx"));
+  });
+}
+
+// ---- sparse attention ---------------------------------------------------------------------------
+void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order) {
+  const std::string name = "ATTN(T=" + std::to_string(T) + ",H=" + std::to_string(H) +
+                           ",K=" + std::to_string(K) + ",Dh=" + std::to_string(Dh) + "," + order_name(order) +
+                           ")";
+  add_case("sparse_attention", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t N = T + T / 4;
+    const auto q = test::randn_bf16(g, size_t(T * H * Dh)), kv = test::randn_bf16(g, size_t(N * Dh)),
+               sink = test::randn_bf16(g, size_t(H));
+    // Row 0: empty; row 1: one valid key at the last slot; others: random with ~1/3 masked.
+    std::vector<int32_t> idx(size_t(T * K));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j)
+        idx[size_t(t * K + j)] =
+            (t == 0 || (t == 1 && j != K - 1) || g() % 3 == 0) ? -1 : int32_t(g() % uint64_t(N));
+    const float fv = test::fill_value();
+    std::vector<float> o(size_t(T * H * Dh), fv), lse(size_t(T * H), fv);
+    SparseAttnParams p;
+    p.T = T, p.H = H, p.Dh = Dh, p.N = N, p.K = K, p.scale = 1.0f / std::sqrt(float(Dh)), p.order = order;
+    p.q = q.data(), p.kv = kv.data(), p.idx = idx.data(), p.sink = sink.data(), p.o = o.data(),
+    p.lse = lse.data();
+    ASSERT_EQ(sparse_attention_check(p), nullptr);
+    sparse_attention(p);
+    DeviceBuffers d;
+    p.q = d.upload(q, "q"), p.kv = d.upload(kv, "kv"), p.idx = d.upload(idx, "idx"),
+    p.sink = d.upload(sink, "sink");
+    p.o = d.upload(std::vector<float>(o.size(), fv), "o"),
+    p.lse = d.upload(std::vector<float>(lse.size(), fv), "lse");
+    cuda::sparse_attention(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    const auto go = d.download(p.o, o.size());
+    EXPECT_TRUE(same_floats(o, go, "o"));
+    EXPECT_TRUE(same_floats(lse, d.download(p.lse, lse.size()), "lse"));
+    if (K > 0) {
+      EXPECT_FALSE(test::all_zero(go));
+    }
+  });
+}
+
+// ---- router and experts -------------------------------------------------------------------------
+void router_case(int64_t T, int E, int k, const std::string& mode, bool ties) {
+  const std::string name = "ROUTER(T=" + std::to_string(T) + ",E=" + std::to_string(E) +
+                           ",k=" + std::to_string(k) + "," + mode + (ties ? ",ties" : "") + ")";
+  add_case("router", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int V = 50;
+    auto logits = ties ? test::dyadic(g, size_t(T * E)) : test::randn_bf16(g, size_t(T * E), 2.0f);
+    if (T > 3) logits[size_t(3 * E + 1)] = std::numeric_limits<float>::quiet_NaN();
+    const auto bias = ties ? std::vector<float>(size_t(E), 0.0f) : test::randn_bf16(g, size_t(E), 0.1f);
+    auto distinct_row = [&](int32_t* row) {
+      std::vector<int32_t> all(static_cast<size_t>(E));
+      for (int e = 0; e < E; ++e) all[size_t(e)] = e;
+      std::shuffle(all.begin(), all.end(), g);
+      std::copy(all.begin(), all.begin() + k, row);
+    };
+    std::vector<int32_t> tid2eid(size_t(V * k)), tokens(static_cast<size_t>(T)), forced(size_t(T * k));
+    for (int v = 0; v < V; ++v) distinct_row(tid2eid.data() + v * k);
+    for (auto& t : tokens) t = int32_t(g() % V);
+    for (int64_t t = 0; t < T; ++t) distinct_row(forced.data() + t * k);
+    const float fv = test::fill_value();
+    std::vector<int32_t> ids(size_t(T * k), 999);
+    std::vector<float> w(size_t(T * k), fv), margin(static_cast<size_t>(T), fv), scores(size_t(T * E), fv);
+    RouterParams p;
+    p.T = T, p.E = E, p.k = k, p.norm_topk_prob = mode != "learned-unnormalised",
+    p.routed_scaling_factor = 1.5f;
+    p.logits = logits.data();
+    p.bias = mode == "hash" ? nullptr : bias.data();
+    p.tid2eid = mode == "hash" ? tid2eid.data() : nullptr;
+    p.tokens = tokens.data();
+    p.forced = mode == "forced" ? forced.data() : nullptr;
+    p.ids = ids.data(), p.weights = w.data(), p.margin = margin.data(), p.scores = scores.data();
+    router(p);
+    DeviceBuffers d;
+    p.logits = d.upload(logits, "logits");
+    p.bias = mode == "hash" ? nullptr : d.upload(bias, "bias");
+    p.tid2eid = mode == "hash" ? d.upload(tid2eid, "tid2eid") : nullptr;
+    p.tokens = d.upload(tokens, "tokens");
+    p.forced = mode == "forced" ? d.upload(forced, "forced") : nullptr;
+    p.ids = d.upload(std::vector<int32_t>(ids.size(), 999), "ids");
+    p.weights = d.upload(std::vector<float>(w.size(), fv), "weights");
+    p.margin = d.upload(std::vector<float>(margin.size(), fv), "margin");
+    p.scores = d.upload(std::vector<float>(scores.size(), fv), "scores");
+    cuda::router(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_ints(ids, d.download(p.ids, ids.size()), "ids"));
+    EXPECT_TRUE(same_floats(w, d.download(p.weights, w.size()), "weights"));
+    EXPECT_TRUE(same_floats(margin, d.download(p.margin, margin.size()), "margin"));
+    EXPECT_TRUE(same_floats(scores, d.download(p.scores, scores.size()), "scores"));
+  });
+}
+
+// `used` experts receive all routed pairs (the others are empty groups).
+void moe_case(int64_t T, int64_t D, int64_t I, int E, int k, int used, int n_shared, int64_t I_shared,
+              float limit, bool clamp_shared, ReduceOrder order) {
+  const std::string name = "MOE(T=" + std::to_string(T) + ",D=" + std::to_string(D) +
+                           ",I=" + std::to_string(I) + ",E=" + std::to_string(E) + ",k=" + std::to_string(k) +
+                           ",used=" + std::to_string(used) + ",shared=" + std::to_string(n_shared) + "x" +
+                           std::to_string(I_shared) + ",L=" + std::to_string(int(limit * 100)) +
+                           (clamp_shared ? ",clamp-shared," : ",") + order_name(order) + ")";
+  add_case("moe_experts", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    const int64_t Is = I_shared > 0 ? I_shared : I;
+    const auto x = test::randn_bf16(g, size_t(T * D));
+    std::vector<int32_t> ids(size_t(T * k));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(used));
+      for (int e = 0; e < used; ++e) all[size_t(e)] = e * E / used;  // spread over [0, E)
+      std::shuffle(all.begin(), all.end(), g);
+      std::sort(all.begin(), all.begin() + k);
+      std::copy(all.begin(), all.begin() + k, ids.begin() + t * k);
+    }
+    const auto weights = test::randn_bf16(g, size_t(T * k), 0.5f);
+    std::vector<std::vector<float>> host_w;
+    std::vector<ExpertWeights> ex(static_cast<size_t>(E)), sh(static_cast<size_t>(n_shared));
+    for (int e = 0; e < E + n_shared; ++e) {
+      const int64_t ii = e < E ? I : Is;
+      host_w.push_back(test::randn_bf16(g, size_t(ii * D), 0.15f));
+      host_w.push_back(test::randn_bf16(g, size_t(ii * D), 0.15f));
+      host_w.push_back(test::randn_bf16(g, size_t(D * ii), 0.15f));
+    }
+    auto weights_of = [&](int e, const std::vector<const float*>& ptrs) {
+      return ExpertWeights{ptrs[size_t(3 * e)], ptrs[size_t(3 * e + 1)], ptrs[size_t(3 * e + 2)]};
+    };
+    std::vector<const float*> hp, dp;
+    DeviceBuffers d;
+    for (size_t i = 0; i < host_w.size(); ++i) {
+      hp.push_back(host_w[i].data());
+      dp.push_back(d.upload(host_w[i], "expert weight " + std::to_string(i)));
+    }
+    for (int e = 0; e < E; ++e) ex[size_t(e)] = weights_of(e, hp);
+    for (int s = 0; s < n_shared; ++s) sh[size_t(s)] = weights_of(E + s, hp);
+    std::vector<float> out(size_t(T * D), test::fill_value());
+    MoeParams p;
+    p.T = T, p.D = D, p.I = I, p.I_shared = I_shared, p.E = E, p.k = k, p.n_shared = n_shared;
+    p.swiglu_limit = limit, p.clamp_shared = clamp_shared, p.order = order;
+    p.x = x.data(), p.ids = ids.data(), p.weights = weights.data(), p.experts = ex.data(),
+    p.shared = sh.data();
+    p.out = out.data();
+    ASSERT_EQ(moe_check(p), nullptr);
+    moe_experts(p);
+    for (int e = 0; e < E; ++e) ex[size_t(e)] = weights_of(e, dp);
+    for (int s = 0; s < n_shared; ++s) sh[size_t(s)] = weights_of(E + s, dp);
+    p.x = d.upload(x, "x"), p.ids = d.upload(ids, "ids"), p.weights = d.upload(weights, "weights");
+    p.out = d.upload(std::vector<float>(out.size(), test::fill_value()), "out");
+    cuda::moe_experts(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    const auto go = d.download(p.out, out.size());
+    EXPECT_TRUE(same_floats(out, go, "out"));
+    EXPECT_FALSE(test::all_zero(go));
+  });
+}
+
+// ---- logits -------------------------------------------------------------------------------------
+void log_softmax_case(int64_t rows, int64_t V) {
+  const std::string name = "LOG_SOFTMAX(rows=" + std::to_string(rows) + ",V=" + std::to_string(V) + ")";
+  add_case("log_softmax_gather", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    auto l = test::randn_bf16(g, size_t(rows * V), 3.0f);
+    const float inf = std::numeric_limits<float>::infinity();
+    // Special rows: a NaN, all -inf, a +inf, some -inf entries, all zeros (+0 and -0).
+    if (rows > 5) {
+      l[size_t(1 * V + V / 2)] = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t v = 0; v < V; ++v) l[size_t(2 * V + v)] = -inf;
+      l[size_t(3 * V + 1)] = inf;
+      for (int64_t v = 0; v < V; v += 5) l[size_t(4 * V + v)] = -inf;
+      for (int64_t v = 0; v < V; ++v) l[size_t(5 * V + v)] = (v % 2) ? -0.0f : 0.0f;
+    }
+    std::vector<int32_t> target(static_cast<size_t>(rows));
+    for (auto& t : target) t = int32_t(g() % uint64_t(V));
+    if (rows > 7) target[6] = -1, target[7] = int32_t(V);  // no target: left unchanged
+    std::vector<float> lp(static_cast<size_t>(rows), test::fill_value());
+    log_softmax_gather(l.data(), rows, V, target.data(), lp.data());
+    DeviceBuffers d;
+    const float* dl = d.upload(l, "logits");
+    const int32_t* dt = d.upload(target, "target");
+    float* dlp = d.upload(std::vector<float>(lp.size(), test::fill_value()), "logprob");
+    cuda::log_softmax_gather(dl, rows, V, dt, dlp, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(lp, d.download(dlp, lp.size()), "logprob"));
+  });
+}
+
+// ---- FP8 / FP4 ----------------------------------------------------------------------------------
+// x spans many binades (and includes zeros and huge values) so every scale and rounding path runs.
+std::vector<float> wide_values(std::mt19937_64& g, size_t n) {
+  std::vector<float> v = test::randn_bf16(g, n);
+  std::uniform_int_distribution<int> e(-20, 12);
+  for (size_t i = 0; i < n; ++i) v[i] = num::bf16_round(std::ldexp(v[i], e(g) / 4));
+  for (size_t i = 0; i < n; i += 37) v[i] = 0.0f;
+  if (n > 50) v[50] = 3.0e5f, v[49] = -7.0e4f;
+  return v;
+}
+
+void quant_case(const std::string& op, int64_t rows, int64_t cols, int64_t ld, int block, ScaleFmt fmt) {
+  const std::string name = "QUANT(" + op + ",rows=" + std::to_string(rows) + ",cols=" + std::to_string(cols) +
+                           ",ld=" + std::to_string(ld) + ",block=" + std::to_string(block) +
+                           (fmt == ScaleFmt::ue8m0 ? ",ue8m0" : ",f32-scale") + ")";
+  add_case(op, name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    DeviceBuffers d;
+    if (op == "act_quant") {
+      const auto x = wide_values(g, size_t(rows * cols));
+      std::vector<uint8_t> q(size_t(rows * cols), 0x55);
+      std::vector<float> scale(size_t(rows * (cols / block)), test::fill_value());
+      ActQuantParams p;
+      p.rows = rows, p.cols = cols, p.block = block, p.fmt = fmt;
+      p.x = x.data(), p.q = q.data(), p.scale = scale.data();
+      act_quant(p);
+      p.x = d.upload(x, "x"), p.q = d.upload(std::vector<uint8_t>(q.size(), 0x55), "q");
+      p.scale = d.upload(std::vector<float>(scale.size(), test::fill_value()), "scale");
+      cuda::act_quant(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_ints(q, d.download(p.q, q.size()), "q"));
+      EXPECT_TRUE(same_floats(scale, d.download(p.scale, scale.size()), "scale"));
+      return;
+    }
+    auto x = wide_values(g, size_t(rows * ld));
+    float* dx = d.upload(x, "x");
+    Fp8SimParams p;
+    p.rows = rows, p.cols = cols, p.ld = ld, p.block = block, p.fmt = fmt, p.x = x.data();
+    if (op == "fp8_sim") fp8_sim(p);
+    if (op == "fp8_sim_inplace_bf16_cast") fp8_sim_inplace_bf16_cast(p);
+    if (op == "fp4_sim") fp4_sim(p);
+    p.x = dx;
+    if (op == "fp8_sim") cuda::fp8_sim(p, nullptr);
+    if (op == "fp8_sim_inplace_bf16_cast") cuda::fp8_sim_inplace_bf16_cast(p, nullptr);
+    if (op == "fp4_sim") cuda::fp4_sim(p, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(x, d.download(dx, x.size()), "x"));
+  });
+}
+
+// ---- element-wise graph steps -------------------------------------------------------------------
+void elementwise_case(const std::string& op, int64_t n) {
+  add_case(op, "ELEMENTWISE(" + op + ",n=" + std::to_string(n) + ")", [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    DeviceBuffers d;
+    if (op == "embed_streams") {
+      const int64_t V = 37, D = n, T = 19;
+      const int hc = 4;
+      const auto table = test::randn_bf16(g, size_t(V * D));
+      std::vector<int32_t> tokens(static_cast<size_t>(T));
+      for (auto& t : tokens) t = int32_t(g() % V);
+      std::vector<float> H(size_t(T * hc * D));
+      for (int64_t t = 0; t < T; ++t)
+        for (int j = 0; j < hc; ++j)
+          std::copy(table.begin() + tokens[size_t(t)] * D, table.begin() + (tokens[size_t(t)] + 1) * D,
+                    H.begin() + (t * hc + j) * D);
+      float* dH = d.upload(std::vector<float>(H.size(), test::fill_value()), "H");
+      cuda::embed_streams(d.upload(table, "table"), D, d.upload(tokens, "tokens"), T, hc, dH, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_floats(H, d.download(dH, H.size()), "H"));
+      return;
+    }
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = nd(g);
+    if (n > 4) x[0] = std::numeric_limits<float>::infinity(), x[1] = -0.0f, x[2] = 3.4e38f, x[3] = 1e-40f;
+    float* dx = d.upload(x, "x");
+    const float s = 0.0883883476f, temp = 0.7f;
+    for (float& v : x) {
+      if (op == "bf16_round") v = num::bf16_round(v);
+      if (op == "scale_bf16") v = num::bf16_round(v * s);
+      if (op == "divide") v = v / temp;
+    }
+    if (op == "bf16_round") cuda::bf16_round(dx, n, nullptr);
+    if (op == "scale_bf16") cuda::scale_bf16(dx, n, s, nullptr);
+    if (op == "divide") cuda::divide(dx, n, temp, nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(x, d.download(dx, x.size()), "x"));
+  });
+}
+
+void register_other_cases() {
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    for (const char* op : {"hc_pre", "hc_head"}) {
+      hc_case(op, 17, 4, 64, o);
+      hc_case(op, 5, 4, 256, o);
+      hc_case(op, 3, 3, 100, o);
+    }
+  }
+  hc_case("hc_post", 17, 4, 100, ReduceOrder{});
+  hc_case("hc_post", 1, 3, 7, ReduceOrder{});
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    compressor_case(129, 64, 4, 128, 64, false, o);
+    compressor_case(129, 64, 4, 128, 64, true, o);
+    compressor_case(300, 48, 128, 192, 64, false, o);
+    compressor_case(3, 64, 4, 64, 64, false, o);
+    compressor_case(4, 32, 4, 64, 16, true, o);
+  }
+  hadamard_case(7, 128, 128);
+  hadamard_case(3, 512, 600);
+  hadamard_case(2, 1, 1);
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    indexer_case(300, 3, 64, 8, "randn", o);
+    indexer_case(300, 3, 64, 8, "ties", o);
+    indexer_case(300, 3, 64, 8, "nan", o);
+  }
+  indexer_case(5, 1, 128, 8, "randn", ReduceOrder{});
+  indexer_case(3, 2, 32, 8, "randn", ReduceOrder{});
+  indexer_case(1200, 5, 128, 64, "randn", ReduceOrder{64});
+  indexer_case(1200, 4, 128, 64, "ties", ReduceOrder{});
+  indexer_case(130, 2, 128, 32, "ties", ReduceOrder{});     // k == G at the end
+  indexer_case(300, 20, 64, 16, "randn", ReduceOrder{64});  // head tiles of 16 with a remainder
+  indexer_case(200, 37, 128, 512, "ties", ReduceOrder{});   // topk > G: k = G, rows choose all they see
+  indexer_score_ids_case(300, 3, 64, 8);
+  indexer_score_ids_case(17, 5, 128, 4);
+  build_index_case(17, 8, CompressedKind::none, 0, 0);
+  build_index_case(300, 128, CompressedKind::c128, 128, 0);
+  build_index_case(300, 16, CompressedKind::c4, 4, 8);
+  build_index_case(5, 16, CompressedKind::c4, 4, 1);
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    attention_case(17, 5, 40, 192, o);
+    attention_case(9, 1, 13, 256, o);
+    attention_case(33, 12, 70, 64, o);
+  }
+  attention_case(4, 3, 0, 64, ReduceOrder{});
+  attention_case(5, 43, 300, 40, ReduceOrder{64});
+  attention_case(7, 16, 640, 512, ReduceOrder{});  // Flash-like: head dim 512, window + top-512
+  for (const char* mode : {"learned", "learned-unnormalised", "hash", "forced"}) {
+    router_case(17, 8, 2, mode, false);
+    router_case(33, 6, 3, mode, true);
+  }
+  router_case(40, 384, 8, "learned", true);
+  router_case(9, 4, 4, "learned", false);
+  router_case(9, 4, 4, "forced", false);
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    moe_case(17, 64, 32, 6, 2, 6, 1, 0, 10.0f, false, o);
+    moe_case(17, 64, 32, 8, 3, 4, 1, 64, 0.5f, true, o);  // four empty experts, clamps active
+  }
+  moe_case(5, 96, 40, 16, 2, 3, 0, 0, 0.0f, false, ReduceOrder{});
+  moe_case(33, 64, 24, 4, 1, 2, 2, 16, 1.0f, false, ReduceOrder{64});
+  log_softmax_case(17, 1000);
+  log_softmax_case(3, 7);
+  log_softmax_case(9, 4096);
+  for (const char* op : {"fp8_sim", "fp8_sim_inplace_bf16_cast", "fp4_sim"}) {
+    quant_case(op, 17, 192, 256, 64, ScaleFmt::ue8m0);
+    quant_case(op, 9, 128, 128, op == std::string("fp4_sim") ? 32 : 128, ScaleFmt::none);
+  }
+  quant_case("act_quant", 17, 256, 256, 128, ScaleFmt::ue8m0);
+  quant_case("act_quant", 5, 192, 192, 64, ScaleFmt::none);
+  for (const char* op : {"bf16_round", "scale_bf16", "divide"}) elementwise_case(op, 1000);
+  elementwise_case("embed_streams", 48);
+}
+
+const std::vector<OpCase>& cases() {
+  static const bool once = [] {
+    register_dense_cases();
+    register_other_cases();
+    return true;
+  }();
+  (void)once;
+  return registry();
+}
+
+std::vector<size_t> case_indices() {
+  std::vector<size_t> v(cases().size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i;
+  return v;
+}
+
+class BackendOps : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(BackendOps, MatchesCpuBitwise) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const OpCase& c = cases()[GetParam()];
+  SCOPED_TRACE(c.name);
+  c.run(c.name);
+}
+
+std::string case_label(const ::testing::TestParamInfo<size_t>& info) {
+  std::string s = cases()[info.param].name;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return std::to_string(info.param) + "_" + s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, BackendOps, ::testing::ValuesIn(case_indices()), case_label);
+
+// Lists every op with its number of cases; a CUDA op without a case fails. Needs no device.
+TEST(BackendOpsCoverage, EveryCudaOpHasCases) {
+  std::map<std::string, int> count;
+  for (const OpCase& c : cases()) ++count[c.op];
+  std::printf("%-28s %-26s %s\n", "op", "header", "cases");
+  std::vector<std::string> missing;
+  for (const OpInfo& op : all_ops()) {
+    const int n = count.count(op.name) ? count[op.name] : 0;
+    std::printf("%-28s %-26s %s\n", op.name, op.header,
+                op.host ? "(host-side or internal: no CUDA kernel)" : std::to_string(n).c_str());
+    if (!op.host && n == 0) missing.push_back(op.name);
+    count.erase(op.name);
+  }
+  for (const auto& [name, n] : count) ADD_FAILURE() << "cases for an op not in the op list: " << name;
+  std::string m;
+  for (const auto& s : missing) m += " " + s;
+  std::printf("ops without a case:%s\n", missing.empty() ? " none" : m.c_str());
+  EXPECT_TRUE(missing.empty()) << "CUDA ops without a case:" << m;
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,203 @@
+// Whole model, CPU vs CUDA: every reported tensor (DecisionLog(true)), every decision and the
+// log-probabilities must be bitwise equal, for both profiles, the tiny and tiny-b presets and several
+// lengths; the GPU must also be bitwise equal run to run, follow Overrides like the CPU, and report
+// decisions to an observer that wants no tensors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "model/collect.h"
+#include "model/error.h"
+#include "model/forward.h"
+#include "model/tokens.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+namespace {
+
+const Weights& model(const std::string& name) {
+  static const Weights tiny = Weights::init(preset("tiny"), 7);
+  static const Weights tiny_b = Weights::init(preset("tiny-b"), 11);
+  return name == "tiny" ? tiny : tiny_b;
+}
+
+struct Run {
+  SequenceResult result;
+  DecisionLog log;
+  explicit Run(bool tensors) : log(tensors) {}
+};
+
+std::unique_ptr<Run> run(const Weights& w, const std::vector<int32_t>& tokens, const NumericsProfile& p,
+                         Device d, const Overrides* ov = nullptr, bool tensors = true) {
+  auto r = std::make_unique<Run>(tensors);
+  RunOptions o;
+  o.profile = p;
+  o.device = d;
+  o.observer = &r->log;
+  o.overrides = ov;
+  r->result = forward(w, {tokens}, o).seqs[0];
+  return r;
+}
+
+// Every tensor and decision of two runs: NaN/Inf positions, then bitwise.
+void expect_same_run(const Run& a, const Run& b) {
+  ASSERT_EQ(a.log.tensor_order, b.log.tensor_order);
+  for (const auto& key : a.log.tensor_order) {
+    const TensorCopy& ta = a.log.tensors.at(key);
+    const TensorCopy& tb = b.log.tensors.at(key);
+    const std::string what = key.second + " (layer " + std::to_string(key.first.second) + ")";
+    EXPECT_EQ(ta.shape, tb.shape) << what;
+    EXPECT_TRUE(test::same_floats(ta.f, tb.f, what));
+    EXPECT_TRUE(test::same_ints(ta.i, tb.i, what));
+  }
+  ASSERT_EQ(a.log.indexer.size(), b.log.indexer.size());
+  for (const auto& [key, r] : a.log.indexer) {
+    const std::string what = "indexer layer " + std::to_string(key.second);
+    EXPECT_TRUE(test::same_ints(r.ids, b.log.indexer.at(key).ids, what + " ids"));
+    EXPECT_TRUE(test::same_floats(r.margin, b.log.indexer.at(key).margin, what + " margin"));
+  }
+  ASSERT_EQ(a.log.routing.size(), b.log.routing.size());
+  for (const auto& [key, r] : a.log.routing) {
+    const std::string what = "routing layer " + std::to_string(key.second);
+    const RoutingRecord& o = b.log.routing.at(key);
+    EXPECT_EQ(r.hashed, o.hashed) << what;
+    EXPECT_TRUE(test::same_ints(r.ids, o.ids, what + " ids"));
+    EXPECT_TRUE(test::same_floats(r.weights, o.weights, what + " weights"));
+    EXPECT_TRUE(test::same_floats(r.margin, o.margin, what + " margin"));
+  }
+  ASSERT_EQ(a.log.mhc.size(), b.log.mhc.size());
+  for (const auto& [key, r] : a.log.mhc) {
+    const std::string what =
+        std::string("mhc ") + to_string(key.second) + " layer " + std::to_string(key.first.second);
+    const MhcRecord& o = b.log.mhc.at(key);
+    EXPECT_TRUE(test::same_floats(r.pre, o.pre, what + " pre"));
+    EXPECT_TRUE(test::same_floats(r.post, o.post, what + " post"));
+    EXPECT_TRUE(test::same_floats(r.comb, o.comb, what + " comb"));
+  }
+  EXPECT_TRUE(test::same_floats(a.result.logprobs, b.result.logprobs, "logprobs"));
+}
+
+using Case = std::tuple<std::string, int64_t, std::string>;  // preset, T, profile
+
+class GpuModel : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
+};
+
+TEST_P(GpuModel, CpuAndCudaBitwiseEqual) {
+  const auto& [preset_name, T, profile] = GetParam();
+  const Weights& w = model(preset_name);
+  const auto toks = random_tokens(T, w.config().vocab_size, uint64_t(T) + 100);
+  const NumericsProfile p = profile_by_name(profile);
+  auto cpu = run(w, toks, p, Device::cpu);
+  auto gpu = run(w, toks, p, Device::cuda);
+  EXPECT_GT(cpu->log.tensor_order.size(), 50u);
+  expect_same_run(*cpu, *gpu);
+}
+
+TEST_P(GpuModel, CudaRunToRunBitwise) {
+  const auto& [preset_name, T, profile] = GetParam();
+  const Weights& w = model(preset_name);
+  const auto toks = random_tokens(T, w.config().vocab_size, uint64_t(T) + 200);
+  const NumericsProfile p = profile_by_name(profile);
+  auto a = run(w, toks, p, Device::cuda), b = run(w, toks, p, Device::cuda);
+  expect_same_run(*a, *b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GpuModel,
+                         ::testing::Combine(::testing::Values("tiny", "tiny-b"),
+                                            ::testing::Values(1, 5, 17, 130, 300),
+                                            ::testing::Values("train", "rollout")),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string s = std::get<0>(info.param) + "_T" +
+                                           std::to_string(std::get<1>(info.param)) + "_" +
+                                           std::get<2>(info.param);
+                           for (char& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+class GpuModelSeams : public ::testing::Test {
+ protected:
+  void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
+};
+
+// Forcing the rollout profile's decisions into a train run: the CUDA run takes them exactly as the
+// CPU run does (and reproduces the CPU's margins for the free choice).
+TEST_F(GpuModelSeams, OverridesBehaveLikeTheCpu) {
+  for (const char* name : {"tiny", "tiny-b"}) {
+    const Weights& w = model(name);
+    const auto toks = random_tokens(150, w.config().vocab_size, 15);
+    auto roll = run(w, toks, profile_rollout(), Device::cpu, nullptr, false);
+    const Overrides ov = roll->log.to_overrides();
+    ASSERT_FALSE(ov.empty());
+    auto cpu = run(w, toks, profile_train(), Device::cpu, &ov);
+    auto gpu = run(w, toks, profile_train(), Device::cuda, &ov);
+    expect_same_run(*cpu, *gpu);
+    for (const auto& [key, rec] : roll->log.indexer) EXPECT_EQ(gpu->log.indexer.at(key).ids, rec.ids);
+    for (const auto& [key, rec] : roll->log.routing) EXPECT_EQ(gpu->log.routing.at(key).ids, rec.ids);
+  }
+}
+
+// An observer that wants no tensors still receives every decision.
+TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
+  const Weights& w = model("tiny");
+  const auto toks = random_tokens(77, 512, 4);
+  auto cpu = run(w, toks, profile_rollout(), Device::cpu, nullptr, false);
+  auto gpu = run(w, toks, profile_rollout(), Device::cuda, nullptr, false);
+  EXPECT_TRUE(gpu->log.tensors.empty());
+  EXPECT_EQ(gpu->log.indexer.size(), 2u);
+  expect_same_run(*cpu, *gpu);
+}
+
+// A batch on the GPU: each sequence equals its single-sequence CPU run (batch invariance holds
+// across devices).
+TEST_F(GpuModelSeams, BatchMatchesSingleCpuRuns) {
+  const Weights& w = model("tiny-b");
+  const auto a = random_tokens(41, 512, 5), b = random_tokens(130, 512, 6), c = random_tokens(7, 512, 8);
+  RunOptions o;
+  o.device = Device::cuda;
+  const auto batch = forward(w, {a, b, c}, o);
+  o.device = Device::cpu;
+  int i = 0;
+  for (const auto& toks : {a, b, c}) {
+    const auto single = forward(w, {toks}, o);
+    EXPECT_TRUE(test::same_floats(single.seqs[0].logprobs, batch.seqs[size_t(i)].logprobs, "logprobs"))
+        << "sequence " << i;
+    ++i;
+  }
+}
+
+// Errors keep their meaning on the device: bad tokens and bad forced decisions are InputErrors.
+TEST_F(GpuModelSeams, InputErrorsOnTheDevice) {
+  RunOptions o;
+  o.device = Device::cuda;
+  EXPECT_THROW(forward(model("tiny"), {{1, 2, 512}}, o), InputError);
+  Overrides ov;
+  ov.force_experts(0, 0, ForcedSelection{3, 2, std::vector<int32_t>(6, 0)});
+  o.overrides = &ov;
+  EXPECT_THROW(forward(model("tiny"), {{1, 2, 3}}, o), OverrideError);
+}
+
+// Needs no device.
+TEST(Device, ParseAndNames) {
+  EXPECT_EQ(parse_device("cpu"), Device::cpu);
+  EXPECT_EQ(parse_device("cuda"), Device::cuda);
+  EXPECT_STREQ(to_string(Device::cuda), "cuda");
+  EXPECT_THROW(parse_device("gpu"), InputError);
+  EXPECT_TRUE(cuda_built());
+}
+
+TEST(Device, CudaWithoutADeviceIsAnInputError) {
+  if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present";
+  RunOptions o;
+  o.device = Device::cuda;
+  EXPECT_THROW(forward(model("tiny"), {{1, 2, 3}}, o), InputError);
+}
+
+}  // namespace
+}  // namespace dsv4
