@@ -7,6 +7,15 @@
 
 #include <fstream>
 
+#include "capture/cupti.h"
+
+#if defined(DSV4_HAVE_CUPTI)
+#include <cuda_runtime_api.h>
+#endif
+#if defined(DSV4_HAVE_NCCL)
+#include <nccl.h>
+#endif
+
 namespace dsv4 {
 namespace {
 
@@ -27,6 +36,38 @@ std::string cpuinfo_field(const std::string& key) {
   return "none";
 }
 
+// "MAJOR.MINOR" of a CUDA version number (1000 * major + 10 * minor).
+[[maybe_unused]] std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// The GPU stack of device 0 when this build has CUDA and a device is usable; otherwise the fields
+// stay "none".
+void gpu_fields([[maybe_unused]] EnvFingerprint& e) {
+#if defined(DSV4_HAVE_CUPTI)
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return;
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+    e["gpu"] = std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+               std::to_string(n) + " device" + (n == 1 ? "" : "s") + ")";
+  int v = 0;
+  if (cudaDriverGetVersion(&v) == cudaSuccess) e["gpu_driver"] = cuda_version(v);
+  if (cudaRuntimeGetVersion(&v) == cudaSuccess) e["cuda"] = cuda_version(v);
+  cudaGetLastError();
+  e["cupti"] = cupti_version_string();
+#if defined(DSV4_HAVE_NCCL)
+  int nv = 0;
+  e["nccl"] = ncclGetVersion(&nv) == ncclSuccess ? std::to_string(nv) : "none";
+#else
+  e["nccl"] = "not linked";
+#endif
+#endif
+}
+
 }  // namespace
 
 EnvFingerprint environment_fingerprint() {
@@ -45,8 +86,9 @@ EnvFingerprint environment_fingerprint() {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   e["hdf5"] = std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
-  // This build runs on the CPU; a GPU backend overwrites these with its device and library versions.
+  // "none" unless this build has CUDA and a device is usable (then the device and library versions).
   for (const char* k : {"gpu", "gpu_driver", "cuda", "cupti", "nccl"}) e[k] = "none";
+  gpu_fields(e);
   e["threads"] = std::to_string(omp_get_max_threads());
   return e;
 }

@@ -285,6 +285,43 @@ std::vector<float> TraceReader::logprobs(int step, int seq) const {
   return h5::read<float>(Impl::dataset(g, "logprobs", {hsize_t(std::max<int64_t>(T - 1, 0))}));
 }
 
+KernelRecords TraceReader::kernels(int step) const {
+  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  const h5::Object sg = h5::open(impl_->f(), impl_->step(step).group.substr(1));
+  KernelRecords k;
+  if (!h5::exists(sg, "kernels")) {
+    k.reason = "not recorded in this trace";
+    return k;
+  }
+  const h5::Object g = h5::open(sg, "kernels");
+  k.available = h5::read_attr_int(g, "available") != 0;
+  k.reason = h5::has_attr(g, "reason") ? h5::read_attr_string(g, "reason") : "";
+  const std::vector<std::string> names = h5::read_strings(Impl::dataset_any(g, "name", 1));
+  const hsize_t n = names.size();
+  const auto grid = h5::read<int32_t>(Impl::dataset(g, "grid", {n, 3}));
+  const auto block = h5::read<int32_t>(Impl::dataset(g, "block", {n, 3}));
+  const auto shared = h5::read<int64_t>(Impl::dataset(g, "shared_bytes", {n}));
+  const auto regs = h5::read<int32_t>(Impl::dataset(g, "registers", {n}));
+  const auto stream = h5::read<int64_t>(Impl::dataset(g, "stream", {n}));
+  const auto start = h5::read<int64_t>(Impl::dataset(g, "start_ns", {n}));
+  const auto end = h5::read<int64_t>(Impl::dataset(g, "end_ns", {n}));
+  const auto corr = h5::read<int64_t>(Impl::dataset(g, "correlation", {n}));
+  for (size_t i = 0; i < n; ++i) {
+    KernelRecord r;
+    r.name = names[i];
+    r.grid = {grid[3 * i], grid[3 * i + 1], grid[3 * i + 2]};
+    r.block = {block[3 * i], block[3 * i + 1], block[3 * i + 2]};
+    r.shared_bytes = shared[i];
+    r.registers = regs[i];
+    r.stream = stream[i];
+    r.start_ns = start[i];
+    r.end_ns = end[i];
+    r.correlation = corr[i];
+    k.kernels.push_back(std::move(r));
+  }
+  return k;
+}
+
 std::vector<int> TraceReader::decision_layers(int step, int seq) const {
   h5::Object g = impl_->seq(step, seq);
   std::vector<int> layers;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/cupti.h"
 #include "capture/env.h"
 #include "model/collect.h"
 #include "model/config.h"
@@ -84,6 +85,10 @@ class TraceReader {
   // Full tensors kept by the capture policy: (name, layer) pairs, and one of them.
   std::vector<std::pair<std::string, int>> full_tensors(int step, int seq) const;
   std::optional<TensorCopy> tensor(int step, int seq, int layer, const std::string& name) const;
+
+  // The GPU kernel records of a complete step (/steps/NNNNNN/kernels). A trace written before kernel
+  // records existed gives available = false, reason "not recorded in this trace".
+  KernelRecords kernels(int step) const;
 
   std::vector<GroupSize> sizes() const;  // per step, per sequence group and its subgroups
   int64_t file_bytes() const;

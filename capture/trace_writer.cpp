@@ -3,9 +3,10 @@
 // HDF5 1.10's SWMR mode allows writing raw data and extending datasets but not creating objects, so a
 // step is written in two phases: begin_step() opens the file read-write (not SWMR), creates every
 // group and dataset the step will receive, closes them and switches to SWMR writing; from then on a
-// reader in another process can follow the step while the forward streams into it. end_step() marks
-// the step complete (status = 1), flushes and closes the file, so between steps the file on disk is
-// whole and closed.
+// reader in another process can follow the step while the forward streams into it. end_step() writes
+// the last raw data, closes the SWMR file and reopens it read-write without SWMR to create the step's
+// `kernels` group (its size is known only once the step ran), then marks the step complete
+// (status = 1), flushes and closes the file, so between steps the file on disk is whole and closed.
 //
 // The writer opens files without POSIX locks: a reader following the trace in SWMR mode holds a
 // shared lock that would otherwise make the next begin_step() fail. Concurrent access is governed by
@@ -194,6 +195,7 @@ struct TraceWriter::Impl {
   bool step_open = false;
   bool closed = false;
   std::unique_ptr<StepObserver> observer;
+  KernelRecords kernels;  // of the open step (set_kernel_records)
 
   // The queue.
   mutable std::mutex mu;
@@ -600,7 +602,44 @@ struct TraceWriter::Impl {
     done_decision(L, m, "mhc_" + sub);
   }
 
-  void finish_step(const ForwardResult& r) {
+  // Creates /steps/NNNNNN/kernels (traces/FORMAT.md) in `f`, which must be open without SWMR.
+  void write_kernels(const h5::Object& f, const KernelRecords& k) {
+    h5::Object g = h5::create_group(h5::open(f, step_group.substr(1)), "kernels");
+    h5::write_attr(g, "available", uint8_t(k.available ? 1 : 0));
+    h5::write_attr(g, "reason", k.available ? std::string() : k.reason);
+    const int64_t n = k.available ? int64_t(k.kernels.size()) : 0;
+    std::vector<std::string> names;
+    std::vector<int32_t> grid, block, regs;
+    std::vector<int64_t> shared, stream, start, end, corr;
+    for (int64_t i = 0; i < n; ++i) {
+      const KernelRecord& r = k.kernels[size_t(i)];
+      names.push_back(r.name);
+      grid.insert(grid.end(), r.grid.begin(), r.grid.end());
+      block.insert(block.end(), r.block.begin(), r.block.end());
+      shared.push_back(r.shared_bytes);
+      regs.push_back(r.registers);
+      stream.push_back(r.stream);
+      start.push_back(r.start_ns);
+      end.push_back(r.end_ns);
+      corr.push_back(r.correlation);
+    }
+    h5::Object ds = h5::create_dataset(g, "name", h5::Type::str, dims({n}));
+    if (n > 0) h5::write_strings(ds, names);
+    const auto put = [&](const char* name, h5::Type t, const std::vector<hsize_t>& shape, const auto& v) {
+      h5::Object d = h5::create_dataset(g, name, t, shape);
+      if (n > 0) h5::write(d, v);
+    };
+    put("grid", h5::Type::i32, dims({n, 3}), grid);
+    put("block", h5::Type::i32, dims({n, 3}), block);
+    put("shared_bytes", h5::Type::i64, dims({n}), shared);
+    put("registers", h5::Type::i32, dims({n}), regs);
+    put("stream", h5::Type::i64, dims({n}), stream);
+    put("start_ns", h5::Type::i64, dims({n}), start);
+    put("end_ns", h5::Type::i64, dims({n}), end);
+    put("correlation", h5::Type::i64, dims({n}), corr);
+  }
+
+  void finish_step(const ForwardResult& r, const KernelRecords& k) {
     if (r.seqs.size() != seqs.size())
       throw Error(
           fmt::format("end_step: the result has {} sequences, the step {}", r.seqs.size(), seqs.size()));
@@ -623,6 +662,17 @@ struct TraceWriter::Impl {
       h5::write(open_in_seq(L, "digests/value"), L.digests);
       h5::write(open_in_seq(L, "logprobs"), r.seqs[s].logprobs);
     }
+    // HDF5 1.10 creates no objects in SWMR mode: close the SWMR file and reopen it without SWMR for the
+    // kernels group. Until status = 1 below the step stays incomplete, so a crash in between loses
+    // only this step, as anywhere else in it.
+    if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) file.fail("cannot flush");
+    h5::close_file(file);
+    file = h5::Object{};
+    {
+      h5::Id fapl = h5::file_access(true, false);
+      file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
+    }
+    write_kernels(file, k);
     h5::Object status = h5::open(file, step_group.substr(1) + "/status");
     h5::write(status, std::vector<uint8_t>{1});
     status = h5::Object{};
@@ -783,15 +833,25 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
   for (size_t i = 0; i < s.seqs.size(); ++i)
     if (s.seqs[i].empty()) throw InputError(fmt::format("begin_step(): sequence {} is empty", i));
   w.run_on_writer([&] { w.create_step(s, w.opt.policy); });
+  w.kernels = KernelRecords{};
+  w.kernels.reason = "not recorded";
   w.step_open = true;
   w.observer = std::make_unique<StepObserver>(w, w.opt.policy);
   return *w.observer;
 }
 
+void TraceWriter::set_kernel_records(KernelRecords k) {
+  Impl& w = *impl_;
+  if (!w.step_open) throw Error("set_kernel_records() without begin_step()");
+  w.kernels = std::move(k);
+}
+
 void TraceWriter::end_step(const ForwardResult& r) {
   Impl& w = *impl_;
   if (!w.step_open) throw Error("end_step() without begin_step()");
-  w.run_on_writer([&] { w.finish_step(r); });
+  w.run_on_writer([&] { w.finish_step(r, w.kernels); });
+  w.kernels = KernelRecords{};
+  w.kernels.reason = "not recorded";
   w.step_open = false;
   ++w.next_step;
   ++w.completed;

@@ -5,7 +5,8 @@
 //
 // Life of a step: begin_step() creates the step's groups and datasets (shapes from the model's
 // tensor manifest) with status 0 and switches the file to SWMR writing; the forward streams into
-// them; end_step() writes the log-probs, sets status 1, flushes and closes the file. close() renames
+// them; end_step() writes the log-probs and the kernel records (set_kernel_records), sets status 1,
+// flushes and closes the file. close() renames
 // NAME.h5.incomplete to NAME.h5.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/cupti.h"
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/policy.h"
@@ -65,6 +67,9 @@ class TraceWriter {
   ~TraceWriter();  // without close(): the file stays NAME.h5.incomplete (what a crash leaves)
 
   Observer& begin_step(const StepSpec& s);
+  // The GPU kernels of the open step (capture/cupti.h), written by end_step() to
+  // /steps/NNNNNN/kernels. Without a call the step records available = 0 with reason "not recorded".
+  void set_kernel_records(KernelRecords k);
   void end_step(const ForwardResult& r);
   void close();
 

@@ -30,6 +30,7 @@ struct ForwardArgs {
   int threads = 0;
   float temperature = 1.0f;
   std::string out;
+  std::string device = "cpu";
 };
 
 nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, const std::string& profile) {
@@ -65,6 +66,7 @@ int run_forward(const ForwardArgs& a) {
   RunOptions opt;
   opt.profile = profile_by_name(a.profile);
   opt.threads = a.threads;
+  opt.device = parse_device(a.device);
   opt.observer = &log;
   opt.temperature = a.temperature;
   const auto t0 = std::chrono::steady_clock::now();
@@ -156,6 +158,8 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")
       ->capture_default_str();
   f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
+  f->add_option("--device", fa->device, "Where the forward runs: cpu or cuda (same bits on both)")
+      ->capture_default_str();
   f->callback([fa] { set_action([fa] { return run_forward(*fa); }); });
 
   auto da = std::make_shared<DemoArgs>();

@@ -22,6 +22,7 @@ struct ReplayArgs {
   int step = -1;
   bool all = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 std::string row_preview(const std::vector<float>& v) {
@@ -58,6 +59,12 @@ nlohmann::json to_json(const ReplayReport& r) {
                                         {"kind", c.kind},
                                         {"rows_changed", c.rows_changed},
                                         {"first_row", c.first_row}});
+    js["kernels"] = {{"compared", s.kernels_equal.has_value()},
+                     {"equal", s.kernels_equal.value_or(false)},
+                     {"recorded", s.kernels_recorded},
+                     {"replayed", s.kernels_replayed},
+                     {"first_difference", s.kernel_first_difference},
+                     {"note", s.kernels_note}};
     if (s.mean_abs_dlogprob_before)
       js["counterfactual"] = {{"mean_abs_dlogprob_before", *s.mean_abs_dlogprob_before},
                               {"mean_abs_dlogprob_after", *s.mean_abs_dlogprob_after},
@@ -74,6 +81,7 @@ int run_replay(const ReplayArgs& a) {
   if (a.step >= 0) o.step = a.step;
   o.model_dir = a.model;
   o.threads = a.threads;
+  o.device = parse_device(a.device);
   for (const std::string& f : [&] {
          std::vector<std::string> v;
          size_t i = 0;
@@ -119,6 +127,11 @@ int run_replay(const ReplayArgs& a) {
         fmt::print("  the trace holds only digests of this tensor; replayed row here: {}\n",
                    row_preview(d.replayed_row));
     }
+    if (s.kernels_equal == true)
+      fmt::print("  GPU kernels: the same {} launches as recorded\n", s.kernels_recorded);
+    else if (s.kernels_equal == false)
+      fmt::print("  GPU kernels differ ({} recorded, {} replayed): {}\n", s.kernels_recorded,
+                 s.kernels_replayed, s.kernels_note);
     for (const auto& c : s.decision_changes)
       fmt::print("  {} decisions of layer {} changed at {} positions (first: token {})\n", c.kind, c.layer,
                  c.rows_changed, c.first_row);
@@ -180,6 +193,8 @@ void register_replay_commands(CLI::App& app) {
   rp->add_option("--step", ra->step, "Replay only this step");
   rp->add_flag("--all", ra->all, "Replay every complete step (the default)");
   rp->add_option("--model", ra->model, "Weights directory (default: the recorded weights path)");
+  rp->add_option("--device", ra->device, "Where the replay runs: cpu or cuda (cuda compares GPU kernels too)")
+      ->capture_default_str();
   rp->add_option("--threads", ra->threads, "CPU threads (0: all); results do not depend on it")
       ->capture_default_str();
   rp->add_option("--force-decisions", ra->force,

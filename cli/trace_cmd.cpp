@@ -65,6 +65,7 @@ struct RecordArgs {
   std::string out;
   bool append = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 int run_record(const RecordArgs& a) {
@@ -94,9 +95,22 @@ int run_record(const RecordArgs& a) {
   RunOptions ro;
   ro.profile = profile_by_name(a.profile);
   ro.threads = a.threads;
+  ro.device = parse_device(a.device);
   ro.observer = &fan;
+  // On CUDA the step's kernel launches are recorded with CUPTI; where CUPTI cannot record, the trace
+  // says why (available = 0) and the recording goes on.
+  KernelRecorder kernels;
+  if (ro.device == Device::cuda && !kernels.start())
+    fmt::print(stderr, "record: no kernel records for this step: {}\n", kernels.reason());
   const auto t0 = std::chrono::steady_clock::now();
   const ForwardResult result = forward(w, batch, ro);
+  if (ro.device == Device::cuda) {
+    writer->set_kernel_records(kernels.stop());
+  } else {
+    KernelRecords none;
+    none.reason = "recorded on the cpu";
+    writer->set_kernel_records(std::move(none));
+  }
   writer->end_step(result);
   if (fault() == "kill-after-step") raise(SIGKILL);
   writer->close();
@@ -334,6 +348,8 @@ void register_trace_commands(CLI::App& app) {
   rec->add_option("--out", ra->out, "Trace file (NAME.h5)")->required();
   rec->add_flag("--append", ra->append, "Add a step to an existing trace (same model required)");
   rec->add_option("--threads", ra->threads, "CPU threads (0: all)")->capture_default_str();
+  rec->add_option("--device", ra->device, "Where the forward runs: cpu or cuda (cuda also records kernels)")
+      ->capture_default_str();
   rec->callback([ra] { set_action([ra] { return run_record(*ra); }); });
 
   CLI::App* trace = app.add_subcommand("trace", "Inspect, check or repair trace files");

@@ -505,6 +505,45 @@ std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const Env
   return out;
 }
 
+namespace {
+
+std::string launch_str(const KernelRecord& k) {
+  return fmt::format("{} grid ({},{},{}) block ({},{},{}) shared {} B", k.name, k.grid[0], k.grid[1],
+                     k.grid[2], k.block[0], k.block[1], k.block[2], k.shared_bytes);
+}
+
+// Recorded vs replayed kernel launches, in launch order: the first index where they differ.
+void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepReplay& sr) {
+  if (!rep.available) {
+    sr.kernels_note = "this replay could not record kernels (" + rep.reason + ")";
+    return;
+  }
+  sr.kernels_recorded = int64_t(rec.kernels.size());
+  sr.kernels_replayed = int64_t(rep.kernels.size());
+  const size_t n = std::min(rec.kernels.size(), rep.kernels.size());
+  for (size_t i = 0; i < n; ++i)
+    if (!same_launch(rec.kernels[i], rep.kernels[i])) {
+      sr.kernels_equal = false;
+      sr.kernel_first_difference = int64_t(i);
+      sr.kernels_note = fmt::format("kernel {}: recorded {}, replayed {}", i, launch_str(rec.kernels[i]),
+                                    launch_str(rep.kernels[i]));
+      return;
+    }
+  if (rec.kernels.size() != rep.kernels.size()) {
+    sr.kernels_equal = false;
+    sr.kernel_first_difference = int64_t(n);
+    sr.kernels_note = rec.kernels.size() > n
+                          ? fmt::format("kernel {}: recorded {}, the replay launched no more kernels", n,
+                                        launch_str(rec.kernels[n]))
+                          : fmt::format("kernel {}: the trace records no more kernels, replayed {}", n,
+                                        launch_str(rep.kernels[n]));
+    return;
+  }
+  sr.kernels_equal = true;
+}
+
+}  // namespace
+
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   TraceReader r = TraceReader::open(trace);
   ReplayReport rep;
@@ -613,10 +652,24 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     ro.threads = sr.threads;
     ro.observer = &v;
     ro.overrides = ov.empty() ? nullptr : &ov;
+    ro.device = opt.device;
+    const KernelRecords recorded_kernels = r.kernels(index);
+    sr.kernels_recorded = int64_t(recorded_kernels.kernels.size());
+    KernelRecorder recorder;
+    const bool record_kernels = recorded_kernels.available && opt.device == Device::cuda && recorder.start();
     const auto t0 = std::chrono::steady_clock::now();
     const ForwardResult result = forward(w, batch, ro);
     sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     v.finish();
+    if (record_kernels)
+      compare_kernels(recorded_kernels, recorder.stop(), sr);
+    else if (!recorded_kernels.available)
+      sr.kernels_note = "the trace holds no kernel records (" + recorded_kernels.reason + ")";
+    else if (opt.device != Device::cuda)
+      sr.kernels_note =
+          "the replay ran on the " + std::string(to_string(opt.device)) + ", no kernels to compare";
+    else
+      sr.kernels_note = "this replay could not record kernels (" + recorder.reason() + ")";
 
     sr.decision_changes = compare_decisions_with(v.log, recorded);
     if (source) {

@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "capture/cupti.h"
 #include "capture/env.h"
 #include "capture/trace_reader.h"
+#include "model/device.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -22,6 +24,9 @@ struct ReplayOptions {
   bool force_routing = false;  // routing replay: feed the recorded expert ids (learned layers)
   std::string take_decisions_from;  // counterfactual: force the decisions of this other trace
   int take_step = -1;               // step of that trace (-1: same index as the replayed step)
+  // Where the replay runs. With cuda, and kernel records in the trace, the replay records its own
+  // kernels (capture/cupti.h) and compares the two launch sequences (StepReplay::kernels_*).
+  Device device = Device::cpu;
 };
 
 // Where two computations first differ.
@@ -74,6 +79,15 @@ struct StepReplay {
   // including hash layers), and where they do not.
   std::optional<bool> counterfactual_decisions_equal;
   std::vector<DecisionChange> counterfactual_mismatches;
+  // GPU kernel sequence, compared when the trace holds kernel records (available = 1) and this replay
+  // recorded its own (device cuda, CUPTI available): names, grid, block and shared memory, in launch
+  // order. nullopt: not compared, kernels_note says why. A kernel difference does not change
+  // `identical` (which is about the computed bits); it tells where the launch plan changed.
+  std::optional<bool> kernels_equal;
+  int64_t kernels_recorded = 0;          // in the trace (0 when it holds none)
+  int64_t kernels_replayed = 0;          // by this replay (0 when it recorded none)
+  int64_t kernel_first_difference = -1;  // launch index of the first difference (-1: none)
+  std::string kernels_note;              // the first difference, or why nothing was compared
 };
 
 struct ReplayReport {

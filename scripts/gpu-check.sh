@@ -7,7 +7,10 @@
 #
 # The whole project is configured first; when a dependency of the trace/CLI layers is missing there
 # (the GPU machine has no libxxhash dev files, no Qt), it falls back to the GPU-only build of
-# tests/gpu/CMakeLists.txt (kernels, model, GPU tests, bench_gpu).
+# tests/gpu/CMakeLists.txt (kernels, model, GPU tests, bench_gpu). Where libxxhash's pkg-config file
+# is missing, a copy of xxhash.h in .carry/xxhash/ (or DSV4_XXHASH_INCLUDE=DIR) is compiled in
+# header-only. The whole-project build also checks "record on GPU -> replay on CPU" through the dsv4
+# binary (the trace must hold CUPTI kernel records and replay bit-identically on the CPU).
 #
 # Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--gpu-only]
 #   --quick  smaller benchmark sizes      env: BUILD_DIR (default build-gpu; the GPU-only build uses
@@ -43,17 +46,22 @@ device=${device:-"nvidia-smi failed"}
 say "device: $device"
 
 # ---- configure ------------------------------------------------------------------------------------
+xxh=()
+xxh_dir=${DSV4_XXHASH_INCLUDE:-}
+[[ -z "$xxh_dir" && -f "$root/.carry/xxhash/xxhash.h" ]] && xxh_dir=$root/.carry/xxhash
+[[ -n "$xxh_dir" ]] && xxh=(-DDSV4_XXHASH_INCLUDE="$xxh_dir")
 mode=full
 if [[ $force_gpu_only == 0 ]] &&
   cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_GUI=OFF \
-    -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$logs/configure.log" 2>&1; then
+    -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" "${xxh[@]}" \
+    >"$logs/configure.log" 2>&1; then
   say "configured the whole project (DSV4_CUDA=ON) in $build"
 else
   mode=gpu-only
   [[ $force_gpu_only == 0 ]] && say "whole-project configure failed (see configure.log); using the GPU-only build"
   build=$build-only
   if ! cmake -S tests/gpu -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" >>"$logs/configure.log" 2>&1; then
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" "${xxh[@]}" >>"$logs/configure.log" 2>&1; then
     tail -30 "$logs/configure.log"
     say "configure failed"
     exit 1
@@ -62,7 +70,8 @@ else
 fi
 
 # ---- build ----------------------------------------------------------------------------------------
-targets=(test_backend_ops test_gpu_model bench_gpu)
+targets=(test_backend_ops test_gpu_model test_xxh3 bench_gpu)
+[[ $mode == full ]] && targets+=(dsv4 test_gpu_record)
 build_ok=1
 if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
   build_ok=0
@@ -72,6 +81,7 @@ fi
 find_bin() { find "$build" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; }
 ops_bin=$(find_bin test_backend_ops)
 bench_bin=$(find_bin bench_gpu)
+cli_bin=$([[ $mode == full ]] && find_bin dsv4)
 
 # ---- gpu-labelled tests ---------------------------------------------------------------------------
 tests_total=0 tests_failed=0 tests_skipped=0
@@ -89,6 +99,28 @@ if [[ $build_ok == 1 ]]; then
     tests_total=0 tests_failed=1
   fi
   grep -E "Failed|\*\*\*Timeout|Not Run" "$logs/ctest.log" | head -20
+fi
+
+# ---- record on the GPU, replay on the CPU (whole-project build) -------------------------------------
+gpu_record="not run (needs the whole-project build)"
+if [[ $build_ok == 1 && -n "$cli_bin" ]]; then
+  say "dsv4 record --device cuda -> dsv4 replay --device cpu"
+  t=$logs/gpu-record.h5
+  rm -f "$t" "$t.incomplete"
+  {
+    "$cli_bin" record --preset tiny --seed 7 --random 64 --device cuda --out "$t" &&
+      "$cli_bin" replay "$t" --device cpu --json "$logs/gpu-record-replay.json"
+  } >"$logs/gpu-record.log" 2>&1
+  rc=$?
+  kernels=$(grep -oE '"recorded": *[0-9]+' "$logs/gpu-record-replay.json" 2>/dev/null | head -1 | grep -oE '[0-9]+$')
+  if [[ $rc == 0 ]]; then
+    gpu_record="replay exit 0, ${kernels:-?} kernel records"
+    [[ "${kernels:-0}" == 0 ]] && gpu_record+=" (NO KERNEL RECORDS)"
+  else
+    gpu_record="FAILED (exit $rc, see gpu-record.log)"
+    tests_failed=$((tests_failed + 1))
+  fi
+  rm -f "$t"
 fi
 
 # ---- compute-sanitizer over the kernel tests --------------------------------------------------------
@@ -132,6 +164,7 @@ fi
   printf '%-34s %s\n' "build" "$([[ $build_ok == 1 ]] && echo ok || echo FAILED)"
   printf '%-34s %s\n' "gpu tests (ctest -L gpu)" \
     "$((tests_total - tests_failed - tests_skipped)) passed, $tests_failed failed, $tests_skipped skipped of $tests_total"
+  printf '%-34s %s\n' "record on GPU -> replay on CPU" "$gpu_record"
   printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
   printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
   if [[ -f "$logs/bench_gpu.log" ]]; then
