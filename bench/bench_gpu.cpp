@@ -5,11 +5,15 @@
 // program (CUDA events around the ops; wall clock around whole forwards), so it needs no benchmark
 // library. Lines starting with "RESULT" are meant for scripts (scripts/gpu-check.sh).
 //
-// Usage: bench_gpu [--quick] [--cpu-long] [--no-flash]
+// Usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR]
 //   --quick     small sizes (a smoke run)      --cpu-long  also time the CPU at T = 16384
-//   --no-flash  skip the Flash-shaped layer
+//   --no-flash  skip the Flash-shaped layer    --flash-T N run the Flash-shaped layer at T = N
+//                                                          (a multiple of 4; default 8192, 1024 quick)
+//   --dump DIR  after the Flash-shaped layer, write its attention-path tensors to DIR (see Dumper;
+//               bench/torch_layer.py reads them). Sizes at T = 8192 add up to several GiB.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -23,8 +27,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
@@ -99,6 +106,53 @@ double time_ms(const std::function<void()>& fn, int reps = 3) {
   return ms[ms.size() / 2];
 }
 
+// ---- tensor dump ------------------------------------------------------------------------------------
+// Writes device tensors to DIR/<name>.bin as raw little-endian float32 or int32 (row-major, no
+// header) and, on finish(), DIR/manifest.json:
+//   {"attrs": {<name>: <number>, ...}, "tensors": [{"name", "file", "dtype", "shape"}, ...]}
+// Every tensor is copied back with a synchronous cudaMemcpy, so it holds the device state at the
+// time of the put() call.
+struct Dumper {
+  std::string dir;
+  std::vector<std::string> tensors, attrs;
+  explicit Dumper(std::string d) : dir(std::move(d)) { std::filesystem::create_directories(dir); }
+  void attr(const std::string& name, double v) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "\"%s\": %.9g", name.c_str(), v);
+    attrs.emplace_back(buf);
+  }
+  template <typename T>
+  void put(const std::string& name, const T* dev, const std::vector<int64_t>& shape) {
+    static_assert(sizeof(T) == 4, "float32 or int32 only");
+    int64_t n = 1;
+    for (int64_t e : shape) n *= e;
+    std::vector<T> h(size_t(std::max<int64_t>(n, 1)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (n > 0) CUDA_CHECK(cudaMemcpy(h.data(), dev, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
+    const std::string file = name + ".bin";
+    FILE* f = std::fopen((dir + "/" + file).c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + dir + "/" + file);
+    const size_t wrote = n > 0 ? std::fwrite(h.data(), sizeof(T), size_t(n), f) : 0;
+    std::fclose(f);
+    if (wrote != size_t(n)) throw std::runtime_error("short write to " + dir + "/" + file);
+    std::string sh;
+    for (int64_t e : shape) sh += (sh.empty() ? "" : ", ") + std::to_string(e);
+    tensors.push_back("{\"name\": \"" + name + "\", \"file\": \"" + file + "\", \"dtype\": \"" +
+                      (std::is_same_v<T, float> ? "float32" : "int32") + "\", \"shape\": [" + sh + "]}");
+  }
+  void finish() {
+    FILE* f = std::fopen((dir + "/manifest.json").c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + dir + "/manifest.json");
+    std::fprintf(f, "{\n  \"attrs\": {");
+    for (size_t i = 0; i < attrs.size(); ++i) std::fprintf(f, "%s%s", i ? ", " : "", attrs[i].c_str());
+    std::fprintf(f, "},\n  \"tensors\": [\n");
+    for (size_t i = 0; i < tensors.size(); ++i)
+      std::fprintf(f, "    %s%s\n", tensors[i].c_str(), i + 1 < tensors.size() ? "," : "");
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+};
+
 struct Roofline {
   double copy_gbs = 0;     // device-to-device copy bandwidth (read + write bytes / s)
   double gemm_gflops = 0;  // exact fp32 GEMM rate at a large square shape
@@ -155,7 +209,10 @@ void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const R
   std::printf("%-26s %10.3f\n", "total", total);
 }
 
-std::vector<OpTime> bench_layer(const LayerShape& s) {
+// Times the ops of one layer. Each op runs on its own pseudo-random inputs, except that the sparse
+// attention reads the q buffer the q-head ops wrote and wo_a reads the attention output. When
+// dump_dir is non-empty, the attention path is also computed once as a chain and dumped (dump_layer).
+std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir = {}) {
   Dev d;
   std::vector<OpTime> out;
   const int64_t T = s.T, D = s.D, hc = 4, hcD = hc * D, rd = 64;
@@ -168,6 +225,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
     g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.order;
     g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
     add(op, 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n), [=] { cuda::gemm(g, nullptr); });
+    return g;
   };
   // mHC pre (attention sublayer)
   {
@@ -187,8 +245,8 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
     p.x = d.floats(T * D), p.w = d.floats(D), p.y = d.floats(T * D);
     add("rmsnorm", 4.0 * T * D, 8.0 * T * D, [=] { cuda::rmsnorm(p, nullptr); });
   }
-  gemm_op("gemm wq_a", T, s.ql, D, OutRound::bf16);
-  gemm_op("gemm wq_b", T, s.H * s.Dh, s.ql, OutRound::bf16);
+  const GemmParams g_wq_a = gemm_op("gemm wq_a", T, s.ql, D, OutRound::bf16);
+  const GemmParams g_wq_b = gemm_op("gemm wq_b", T, s.H * s.Dh, s.ql, OutRound::bf16);
   float* q = d.floats(T * s.H * s.Dh);
   {
     RmsNormParams p;
@@ -207,7 +265,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
     p.pos = dpos, p.freq = dfreq, p.rd = int(rd);
     add("rope q", 6.0 * T * s.H * rd, 8.0 * T * s.H * rd, [=] { cuda::rope_apply(p, nullptr); });
   }
-  gemm_op("gemm wkv", T, s.Dh, D, OutRound::bf16);
+  const GemmParams g_wkv = gemm_op("gemm wkv", T, s.Dh, D, OutRound::bf16);
   float* x = d.floats(T * D);
   auto compressor_op = [&](const std::string& op, int64_t dd, bool had) -> float* {
     CompressorParams p;
@@ -245,20 +303,23 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
     add("build_index", 0, 8.0 * T * K, [=] { cuda::build_index(p, nullptr); });
   }
   float* o = d.floats(T * s.H * s.Dh);
+  SparseAttnParams attn;
   {
-    SparseAttnParams p;
+    SparseAttnParams& p = attn;
     p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.order;
     p.q = q, p.kv = d.floats((T + G) * s.Dh), p.idx = idx, p.sink = d.floats(s.H), p.o = o,
     p.lse = d.floats(T * s.H);
     add("sparse_attention", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
         [=] { cuda::sparse_attention(p, nullptr); });
   }
+  const int64_t gw = (s.H / s.groups) * s.Dh;
+  float* wo_a = d.floats(s.groups * s.R * gw, 0.02f);
+  float* wo_a_out = d.floats(T * s.groups * s.R);
   {
-    const int64_t gw = (s.H / s.groups) * s.Dh;
     GemmParams g;
     g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.order;
-    float* w = d.floats(s.groups * s.R * gw, 0.02f);
-    float* u = d.floats(T * s.groups * s.R);
+    float* w = wo_a;
+    float* u = wo_a_out;
     add("gemm wo_a (groups)", 2.0 * T * s.R * gw * s.groups, 4.0 * (T * s.H * s.Dh + s.groups * s.R * gw),
         [=]() mutable {
           for (int gi = 0; gi < s.groups; ++gi) {
@@ -267,7 +328,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
           }
         });
   }
-  gemm_op("gemm wo_b", T, D, s.groups * s.R, OutRound::bf16);
+  const GemmParams g_wo_b = gemm_op("gemm wo_b", T, D, s.groups * s.R, OutRound::bf16);
   {
     HcPostParams p;
     p.T = T, p.hc = hc, p.D = D;
@@ -297,6 +358,89 @@ std::vector<OpTime> bench_layer(const LayerShape& s) {
       q.shared = sh.data();
       cuda::moe_experts(q, nullptr);
     });
+  }
+  if (!dump_dir.empty()) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Dumper du(dump_dir);
+    for (const auto& [k, v] : std::vector<std::pair<const char*, double>>{
+             {"T", double(T)}, {"D", double(D)}, {"ql", double(s.ql)}, {"H", s.H}, {"Dh", double(s.Dh)},
+             {"Hi", s.Hi}, {"Di", double(s.Di)}, {"W", s.W}, {"G", double(G)}, {"K", double(K)},
+             {"N", double(attn.N)}, {"scale", attn.scale}, {"groups", s.groups}, {"R", double(s.R)},
+             {"E", s.E}, {"eps", 1e-6}})
+      du.attr(k, v);
+    // Query and kv path as one chain on fresh inputs: x = rmsnorm(x_raw, attn_norm);
+    // qa = bf16(x wq_a^T); qr = rmsnorm(qa, q_norm); qb = bf16(qr wq_b^T); q_heads = rmsnorm of each
+    // Dh-row of qb (no weight); kv_a = bf16(x wkv^T); kv = rmsnorm(kv_a, kv_norm).
+    auto norm = [&](const float* in, const float* w, float* y, int64_t rows, int64_t dim) {
+      RmsNormParams p;
+      p.rows = rows, p.dim = dim, p.ldx = p.ldy = dim, p.x = in, p.w = w, p.y = y, p.order = s.order;
+      cuda::rmsnorm(p, nullptr);
+    };
+    auto mm = [&](GemmParams g, const float* in, float* y) {
+      g.x = in, g.y = y;
+      cuda::gemm(g, nullptr);
+    };
+    float* x_raw = d.floats(T * D);
+    float* attn_norm = d.floats(D);
+    float* q_norm = d.floats(s.ql);
+    float* kv_norm = d.floats(s.Dh);
+    float* xn = d.floats(T * D);
+    float* qa = d.floats(T * s.ql);
+    float* qr = d.floats(T * s.ql);
+    float* qb = d.floats(T * s.H * s.Dh);
+    float* qh = d.floats(T * s.H * s.Dh);
+    float* kva = d.floats(T * s.Dh);
+    float* kvn = d.floats(T * s.Dh);
+    norm(x_raw, attn_norm, xn, T, D);
+    mm(g_wq_a, xn, qa);
+    norm(qa, q_norm, qr, T, s.ql);
+    mm(g_wq_b, qr, qb);
+    norm(qb, nullptr, qh, T * s.H, s.Dh);
+    mm(g_wkv, xn, kva);
+    norm(kva, kv_norm, kvn, T, s.Dh);
+    du.put("x_raw", x_raw, {T, D});
+    du.put("attn_norm", attn_norm, {D});
+    du.put("x", xn, {T, D});
+    du.put("wq_a", g_wq_a.w, {s.ql, D});
+    du.put("qa", qa, {T, s.ql});
+    du.put("q_norm", q_norm, {s.ql});
+    du.put("qr", qr, {T, s.ql});
+    du.put("wq_b", g_wq_b.w, {s.H * s.Dh, s.ql});
+    du.put("qb", qb, {T, s.H * s.Dh});
+    du.put("q_heads", qh, {T, s.H, s.Dh});
+    du.put("wkv", g_wkv.w, {s.Dh, D});
+    du.put("kv_a", kva, {T, s.Dh});
+    du.put("kv_norm", kv_norm, {s.Dh});
+    du.put("kv", kvn, {T, s.Dh});
+    // The timed sparse attention (its q is the bench's q buffer after the q-head ops; KVcat holds
+    // the window rows then the compressed rows, idx the row numbers with -1 for empty slots). It is
+    // run once more here so that o and lse come from exactly the dumped inputs.
+    cuda::sparse_attention(attn, nullptr);
+    du.put("attn_q", attn.q, {T, s.H, s.Dh});
+    du.put("KVcat", attn.kv, {attn.N, s.Dh});
+    du.put("idx", attn.idx, {T, K});
+    du.put("sink", attn.sink, {s.H});
+    du.put("o", attn.o, {T, s.H, s.Dh});
+    du.put("lse", attn.lse, {T, s.H});
+    // Output projection of that o: wo_a per group g (o[:, g*gw:(g+1)*gw] wo_a[g]^T, bf16) into
+    // wo_a_out, then attn_out = bf16(wo_a_out wo_b^T), the attention sublayer's output.
+    {
+      GemmParams g;
+      g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.order;
+      for (int gi = 0; gi < s.groups; ++gi) {
+        g.x = o + gi * gw, g.w = wo_a + gi * s.R * gw, g.y = wo_a_out + gi * s.R;
+        cuda::gemm(g, nullptr);
+      }
+    }
+    float* attn_out = d.floats(T * D);
+    mm(g_wo_b, wo_a_out, attn_out);
+    du.put("wo_a", wo_a, {s.groups, s.R, gw});
+    du.put("wo_a_out", wo_a_out, {T, s.groups * s.R});
+    du.put("wo_b", g_wo_b.w, {D, s.groups * s.R});
+    du.put("attn_out", attn_out, {T, D});
+    du.finish();
+    std::printf("dumped the %s layer's attention path (T=%ld) to %s\n", s.name.c_str(), long(T),
+                dump_dir.c_str());
   }
   return out;
 }
@@ -330,16 +474,27 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 
 int main(int argc, char** argv) {
   bool quick = false, cpu_long = false, flash = true;
+  int64_t flash_T = 0;
+  std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick")
+    if (a == "--flash-T" && i + 1 < argc) {
+      flash_T = std::atoll(argv[++i]);
+      if (flash_T < 4 || flash_T % 4 != 0) {
+        std::fprintf(stderr, "bench_gpu: --flash-T needs a positive multiple of 4\n");
+        return 2;
+      }
+    } else if (a == "--dump" && i + 1 < argc)
+      dump_dir = argv[++i];
+    else if (a == "--quick")
       quick = true;
     else if (a == "--cpu-long")
       cpu_long = true;
     else if (a == "--no-flash")
       flash = false;
     else {
-      std::fprintf(stderr, "usage: bench_gpu [--quick] [--cpu-long] [--no-flash]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR]\n");
       return 2;
     }
   }
@@ -362,9 +517,9 @@ int main(int argc, char** argv) {
     print_op_table(mid, bench_layer(mid), rf);
     if (flash) {
       const LayerShape fl{
-          "flash-attn", quick ? 1024 : 8192, 4096, 1024, 512, 128, 2048, 64, 64, 512, 128, 16, 6, 8,
+          "flash-attn", flash_T > 0 ? flash_T : (quick ? 1024 : 8192), 4096, 1024, 512, 128, 2048, 64, 64, 512, 128, 16, 6, 8,
           1024,         ReduceOrder{}};
-      print_op_table(fl, bench_layer(fl), rf);
+      print_op_table(fl, bench_layer(fl, dump_dir), rf);
     }
     bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
   } catch (const std::exception& e) {
