@@ -362,11 +362,22 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   if (!dump_dir.empty()) {
     CUDA_CHECK(cudaDeviceSynchronize());
     Dumper du(dump_dir);
-    for (const auto& [k, v] : std::vector<std::pair<const char*, double>>{
-             {"T", double(T)}, {"D", double(D)}, {"ql", double(s.ql)}, {"H", s.H}, {"Dh", double(s.Dh)},
-             {"Hi", s.Hi}, {"Di", double(s.Di)}, {"W", s.W}, {"G", double(G)}, {"K", double(K)},
-             {"N", double(attn.N)}, {"scale", attn.scale}, {"groups", s.groups}, {"R", double(s.R)},
-             {"E", s.E}, {"eps", 1e-6}})
+    for (const auto& [k, v] : std::vector<std::pair<const char*, double>>{{"T", double(T)},
+                                                                          {"D", double(D)},
+                                                                          {"ql", double(s.ql)},
+                                                                          {"H", s.H},
+                                                                          {"Dh", double(s.Dh)},
+                                                                          {"Hi", s.Hi},
+                                                                          {"Di", double(s.Di)},
+                                                                          {"W", s.W},
+                                                                          {"G", double(G)},
+                                                                          {"K", double(K)},
+                                                                          {"N", double(attn.N)},
+                                                                          {"scale", attn.scale},
+                                                                          {"groups", s.groups},
+                                                                          {"R", double(s.R)},
+                                                                          {"E", s.E},
+                                                                          {"eps", 1e-6}})
       du.attr(k, v);
     // Query and kv path as one chain on fresh inputs: x = rmsnorm(x_raw, attn_norm);
     // qa = bf16(x wq_a^T); qr = rmsnorm(qa, q_norm); qb = bf16(qr wq_b^T); q_heads = rmsnorm of each
@@ -516,9 +527,22 @@ int main(int argc, char** argv) {
                          128,   ReduceOrder{}};
     print_op_table(mid, bench_layer(mid), rf);
     if (flash) {
-      const LayerShape fl{
-          "flash-attn", flash_T > 0 ? flash_T : (quick ? 1024 : 8192), 4096, 1024, 512, 128, 2048, 64, 64, 512, 128, 16, 6, 8,
-          1024,         ReduceOrder{}};
+      const LayerShape fl{"flash-attn",
+                          flash_T > 0 ? flash_T : (quick ? 1024 : 8192),
+                          4096,
+                          1024,
+                          512,
+                          128,
+                          2048,
+                          64,
+                          64,
+                          512,
+                          128,
+                          16,
+                          6,
+                          8,
+                          1024,
+                          ReduceOrder{}};
       print_op_table(fl, bench_layer(fl, dump_dir), rf);
     }
     bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
