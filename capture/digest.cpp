@@ -34,9 +34,13 @@ std::vector<uint64_t> digest_rows(const TensorRecord& t) {
   const int64_t rows = t.rows(), elems = t.row_elems();
   std::vector<uint64_t> out(static_cast<size_t>(std::max<int64_t>(rows, 0)));
   if (rows <= 0) return out;
+  if (t.row_digests) {  // computed by the backend where the tensor lives
+    std::copy(t.row_digests, t.row_digests + rows, out.begin());
+    return out;
+  }
   const int64_t total_bytes = rows * elems * (t.dtype == DType::bf16 ? 2 : 4);
   if (t.dtype == DType::bf16) {
-    const float* src = static_cast<const float*>(t.data);
+    const float* src = static_cast<const float*>(t.data());
 #pragma omp parallel if (total_bytes > kParallelBytes)
     {
       std::vector<uint16_t> row(static_cast<size_t>(elems));
@@ -47,7 +51,7 @@ std::vector<uint64_t> digest_rows(const TensorRecord& t) {
       }
     }
   } else {
-    const uint8_t* src = static_cast<const uint8_t*>(t.data);
+    const uint8_t* src = static_cast<const uint8_t*>(t.data());
     const size_t row_bytes = size_t(elems) * 4;
 #pragma omp parallel for schedule(static) if (total_bytes > kParallelBytes)
     for (int64_t r = 0; r < rows; ++r) out[size_t(r)] = XXH3_64bits(src + size_t(r) * row_bytes, row_bytes);
@@ -60,12 +64,12 @@ std::vector<uint8_t> storage_bytes(const TensorRecord& t) {
   if (t.dtype == DType::bf16) {
     std::vector<uint8_t> out(size_t(n) * 2);
     std::vector<uint16_t> bits(static_cast<size_t>(n));
-    to_bf16(static_cast<const float*>(t.data), n, bits.data());
+    to_bf16(static_cast<const float*>(t.data()), n, bits.data());
     if (n > 0) std::memcpy(out.data(), bits.data(), out.size());
     return out;
   }
   std::vector<uint8_t> out(size_t(n) * 4);
-  if (n > 0) std::memcpy(out.data(), t.data, out.size());
+  if (n > 0) std::memcpy(out.data(), t.data(), out.size());
   return out;
 }
 

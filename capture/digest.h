@@ -14,7 +14,7 @@ namespace dsv4 {
 uint64_t xxh3_64(const void* data, size_t bytes);
 
 // One digest per row of a reported tensor: bf16 rows are hashed as their 2-byte patterns, f32 and
-// i32 rows as 4-byte values.
+// i32 rows as 4-byte values. The backend's digests (TensorRecord::row_digests) are taken as they are.
 std::vector<uint64_t> digest_rows(const TensorRecord& t);
 // The bytes of a tensor in its storage dtype (uint16 bf16 patterns, float32, int32), little endian.
 std::vector<uint8_t> storage_bytes(const TensorRecord& t);

@@ -27,10 +27,10 @@ void DecisionLog::on_tensor(const TensorRecord& t) {
   c.shape = t.shape;
   const int64_t n = t.rows() * t.row_elems();
   if (t.dtype == DType::i32) {
-    const auto* p = static_cast<const int32_t*>(t.data);
+    const auto* p = static_cast<const int32_t*>(t.data());
     c.i.assign(p, p + n);
   } else {
-    const auto* p = static_cast<const float*>(t.data);
+    const auto* p = static_cast<const float*>(t.data());
     c.f.assign(p, p + n);
   }
   Key key{t.seq, t.layer};

@@ -16,6 +16,7 @@
 #if defined(DSV4_HAVE_CUDA)
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/xxh3.h"
 #endif
 
 namespace dsv4 {
@@ -294,6 +295,16 @@ class CudaBackend final : public Backend {
   void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                           float* logprob) override {
     cuda::log_softmax_gather(logits, rows, V, target, logprob, s_);
+  }
+  bool row_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) override {
+    if (rows <= 0) return true;
+    Buffer<uint64_t> d = alloc<uint64_t>(rows);
+    if (dt == DType::bf16)
+      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, d.data(), s_);
+    else
+      cuda::digest_rows(data, rows, row_elems * 4, d.data(), s_);
+    download(out, d.data(), size_t(rows) * sizeof(uint64_t));
+    return true;
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
 

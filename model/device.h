@@ -4,8 +4,8 @@
 //
 // A backend takes the same Params structs as the kernels; every pointer in them is backend memory
 // (host memory for the CPU, device memory for CUDA) obtained from Buffer or weight(). Results are
-// bit-identical across backends (docs/NUMERICS.md); only what the graph downloads (reported
-// tensors, decisions, log-probabilities) crosses to the host.
+// bit-identical across backends (docs/NUMERICS.md); only what the graph downloads (decisions,
+// log-probabilities, row digests, and the reported tensors an Observer asks for) crosses to the host.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,7 @@
 #include "kernels/norm.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
+#include "model/observer.h"
 #include "model/profile.h"
 #include "model/weights.h"
 
@@ -116,6 +117,13 @@ class Backend {
   virtual void moe_experts(const MoeParams& p, int layer) = 0;
   virtual void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                                   float* logprob) = 0;
+  // Per-row XXH3-64 digests of a tensor in backend memory ([rows, row_elems] of `dt`; bf16 hashed as
+  // its 2-byte patterns), written to the host array `out` [rows], computed where the tensor lives.
+  // Returns false when the backend leaves digests to the host (the CPU: the data is there already).
+  virtual bool row_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) {
+    (void)data, (void)dt, (void)rows, (void)row_elems, (void)out;
+    return false;
+  }
   // Waits for all enqueued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 

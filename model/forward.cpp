@@ -188,31 +188,49 @@ class SequenceForward {
 
  private:
   bool want_tensors() const { return opt_.observer && opt_.observer->wants_tensors(); }
-  // Reports a tensor held in backend memory (downloaded first when the backend is not the CPU).
+  // Reports a tensor held in backend memory. With a device backend the row digests are computed on
+  // the device and the values are downloaded only if an observer asks for them (TensorRecord::data).
   void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data) {
     if (!want_tensors()) return;
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    std::vector<float> fh;
-    std::vector<int32_t> ih;
-    if (be_.device() != Device::cpu) {
-      if (dt == DType::i32) {
-        ih = be_.download(static_cast<const int32_t*>(data), n);
-        data = ih.data();
-      } else {
-        fh = be_.download(static_cast<const float*>(data), n);
-        data = fh.data();
-      }
-    }
     TensorRecord r;
     r.seq = seq_;
     r.layer = layer;
     r.name = name;
     r.dtype = dt;
     r.shape = std::move(shape);
-    r.data = data;
+    if (be_.device() == Device::cpu) {
+      r.host = data;
+      opt_.observer->on_tensor(r);
+      return;
+    }
+    const int64_t rows = std::max<int64_t>(r.rows(), 0), elems = r.row_elems();
+    std::vector<uint64_t> digests(static_cast<size_t>(rows));
+    if (be_.row_digests(data, dt, rows, elems, digests.data())) r.row_digests = digests.data();
+    DownloadOnce fetch(be_, data, dt, rows * elems);
+    r.fetch = &fetch;
     opt_.observer->on_tensor(r);
   }
+  // Downloads a reported tensor on the first fetch() and keeps the copy for the rest of the report.
+  class DownloadOnce final : public TensorFetch {
+   public:
+    DownloadOnce(Backend& be, const void* src, DType dt, int64_t n) : be_(be), src_(src), dt_(dt), n_(n) {}
+    const void* fetch() override {
+      if (dt_ == DType::i32) {
+        if (i_.empty() && n_ > 0) i_ = be_.download(static_cast<const int32_t*>(src_), n_);
+        return i_.data();
+      }
+      if (f_.empty() && n_ > 0) f_ = be_.download(static_cast<const float*>(src_), n_);
+      return f_.data();
+    }
+
+   private:
+    Backend& be_;
+    const void* src_;
+    DType dt_;
+    int64_t n_;
+    std::vector<float> f_;
+    std::vector<int32_t> i_;
+  };
   // A host view of n values in backend memory: the pointer itself on the CPU, else a downloaded copy
   // kept in `keep`.
   template <typename T>

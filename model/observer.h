@@ -12,15 +12,33 @@ namespace dsv4 {
 enum class DType { f32, bf16, i32 };
 const char* to_string(DType t);
 
+// Fetches the host copy of a tensor that lives in device memory (downloaded on the first call, kept
+// for the rest of the report).
+class TensorFetch {
+ public:
+  virtual ~TensorFetch() = default;
+  virtual const void* fetch() = 0;
+};
+
 // A tensor as the model computed it. Row-major; shape[0] is the token (or compressed-group) axis, so
 // a row is what a per-token digest covers. bf16 tensors hold bf16-exact values in fp32 storage.
+//
+// On the CPU the values are in host memory already. With a device backend the values stay on the
+// device until an observer asks for them with data(), and `row_digests` carries the per-row XXH3-64
+// digests the backend computed in place (the same values capture/digest.h computes on the host), so
+// observers that only need digests move 8 bytes per row across the bus.
 struct TensorRecord {
   int seq = 0;     // sequence index within the batch
   int layer = -1;  // -1: model-level (embedding, head)
   std::string_view name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
-  const void* data = nullptr;  // float* for f32/bf16, int32_t* for i32
+  const void* host = nullptr;             // host values, or null while they are on a device (see fetch)
+  TensorFetch* fetch = nullptr;           // downloads the values when host is null
+  const uint64_t* row_digests = nullptr;  // rows() digests computed by the backend, or null
+
+  // The host values (float* for f32/bf16, int32_t* for i32), downloaded on first use if needed.
+  const void* data() const { return host ? host : fetch ? fetch->fetch() : nullptr; }
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   int64_t row_elems() const {
     int64_t n = 1;
@@ -70,7 +88,8 @@ struct MhcDecision {
 class Observer {
  public:
   virtual ~Observer() = default;
-  // Called in execution order. The data is only valid during the call.
+  // Called in execution order. The record and its data are only valid during the call; call
+  // TensorRecord::data() only when the values are needed (it may download them).
   virtual void on_tensor(const TensorRecord&) {}
   virtual void on_indexer(const IndexerDecision&) {}
   virtual void on_routing(const RoutingDecision&) {}

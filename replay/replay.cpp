@@ -55,18 +55,18 @@ int64_t ordered_bf16(float x) {  // x is bf16-exact: its upper 16 bits are the b
 void element_diff(const TensorCopy& rec, const TensorRecord& t, int64_t row, Divergence& d) {
   const int64_t per = t.row_elems();
   d.has_elements = true;
+  const auto* rep_i = static_cast<const int32_t*>(t.data());
+  const auto* rep_f = static_cast<const float*>(t.data());
   auto value_rec = [&](int64_t i) {
     return t.dtype == DType::i32 ? double(rec.i[size_t(row * per + i)])
                                  : double(rec.f[size_t(row * per + i)]);
   };
   auto value_rep = [&](int64_t i) {
-    return t.dtype == DType::i32 ? double(static_cast<const int32_t*>(t.data)[row * per + i])
-                                 : double(static_cast<const float*>(t.data)[row * per + i]);
+    return t.dtype == DType::i32 ? double(rep_i[row * per + i]) : double(rep_f[row * per + i]);
   };
   auto same_bits = [&](int64_t i) {
-    if (t.dtype == DType::i32)
-      return rec.i[size_t(row * per + i)] == static_cast<const int32_t*>(t.data)[row * per + i];
-    const float a = rec.f[size_t(row * per + i)], b = static_cast<const float*>(t.data)[row * per + i];
+    if (t.dtype == DType::i32) return rec.i[size_t(row * per + i)] == rep_i[row * per + i];
+    const float a = rec.f[size_t(row * per + i)], b = rep_f[row * per + i];
     return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
   };
   for (int64_t i = 0; i < per; ++i) {
@@ -193,11 +193,12 @@ class Verifier : public Observer {
     d.reason = std::move(reason);
     const int64_t per = t.row_elems();
     if (row < t.rows()) {
+      const void* values = t.data();  // downloaded here when the replay ran on a device
       d.replayed_row.resize(size_t(per));
       for (int64_t i = 0; i < per; ++i)
         d.replayed_row[size_t(i)] = t.dtype == DType::i32
-                                        ? float(static_cast<const int32_t*>(t.data)[row * per + i])
-                                        : static_cast<const float*>(t.data)[row * per + i];
+                                        ? float(static_cast<const int32_t*>(values)[row * per + i])
+                                        : static_cast<const float*>(values)[row * per + i];
     }
     if (!elements) return d;
     // Only the first divergence reads the full tensor, so this costs one dataset read per step.

@@ -71,7 +71,7 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------------
 targets=(test_backend_ops test_gpu_model test_xxh3 bench_gpu)
-[[ $mode == full ]] && targets+=(dsv4 test_gpu_record)
+[[ $mode == full ]] && targets+=(dsv4 test_gpu_record bench_capture)
 build_ok=1
 if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
   build_ok=0
@@ -81,6 +81,7 @@ fi
 find_bin() { find "$build" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; }
 ops_bin=$(find_bin test_backend_ops)
 bench_bin=$(find_bin bench_gpu)
+capture_bin=$([[ $mode == full ]] && find_bin bench_capture)
 cli_bin=$([[ $mode == full ]] && find_bin dsv4)
 
 # ---- gpu-labelled tests ---------------------------------------------------------------------------
@@ -154,6 +155,12 @@ if [[ $bench == 1 && -n "$bench_bin" ]]; then
   [[ $quick == 1 ]] && bargs=(--quick)
   "$bench_bin" "${bargs[@]}" >"$logs/bench_gpu.log" 2>&1 || say "bench_gpu failed (see bench_gpu.log)"
   grep -vE "^RESULT" "$logs/bench_gpu.log"
+  if [[ -n "$capture_bin" ]]; then
+    say "bench_capture (GPU cases: capture cost with device digests)"
+    "$capture_bin" --benchmark_filter=Cuda >"$logs/bench_capture.log" 2>&1 ||
+      say "bench_capture failed (see bench_capture.log)"
+    grep -E "^BM_" "$logs/bench_capture.log"
+  fi
 fi
 
 # ---- summary --------------------------------------------------------------------------------------------
@@ -176,6 +183,13 @@ fi
           exact_gemm_gflops) printf '%-34s %s GFLOP/s\n' "exact fp32 GEMM" "$rest" ;;
         esac
       done
+  fi
+  if [[ -f "$logs/bench_capture.log" ]]; then
+    # "BM_ForwardCuda/decisions/4096   123 ms   ... tokens/s=33.3k/s ..."
+    grep -E "^BM_ForwardCuda/" "$logs/bench_capture.log" | while read -r name ms unit rest; do
+      policy=${name#BM_ForwardCuda/}
+      printf '%-34s %s %s\n' "record mid T=4096 capture ${policy%%/*}" "$ms" "$unit"
+    done
   fi
   echo "logs: $logs"
 } | tee -a "$logs/gpu-check.log"

@@ -167,7 +167,7 @@ TEST(Digest, Bf16RowsAreTwoBytePatterns) {
       TensorRecord t;
       t.dtype = DType::bf16;
       t.shape = {rows, elems};
-      t.data = buf.data() + offset;
+      t.host = buf.data() + offset;
       std::vector<uint8_t> bytes;
       for (int64_t i = 0; i < rows * elems; ++i) put_le(bytes, bits_of(buf[size_t(offset + i)]) >> 16, 2);
       EXPECT_EQ(storage_bytes(t), bytes) << elems << " " << offset;
@@ -190,10 +190,10 @@ TEST(Digest, F32AndI32RowsAreFourByteValues) {
       TensorRecord tf;
       tf.dtype = DType::f32;
       tf.shape = {rows, elems};
-      tf.data = f.data() + offset;
+      tf.host = f.data() + offset;
       TensorRecord ti = tf;
       ti.dtype = DType::i32;
-      ti.data = i.data() + offset;
+      ti.host = i.data() + offset;
       std::vector<uint8_t> bf, bi;
       for (int64_t k = 0; k < rows * elems; ++k) {
         put_le(bf, bits_of(f[size_t(offset + k)]), 4);
@@ -213,7 +213,7 @@ TEST(Digest, RowShapes) {
   std::vector<float> v = test::randn_bf16(g, 2 * 3 * 4);
   TensorRecord t;
   t.dtype = DType::f32;
-  t.data = v.data();
+  t.host = v.data();
   std::vector<uint8_t> bytes;
   for (float x : v) put_le(bytes, bits_of(x), 4);
   t.shape = {2, 3, 4};
@@ -236,7 +236,7 @@ TEST(Digest, LargeTensorsMatchRowByRow) {
     TensorRecord t;
     t.dtype = dt;
     t.shape = {rows, elems};
-    t.data = v.data();
+    t.host = v.data();
     std::vector<uint8_t> bytes;
     for (float x : v)
       put_le(bytes, dt == DType::bf16 ? bits_of(x) >> 16 : bits_of(x), dt == DType::bf16 ? 2 : 4);

@@ -213,7 +213,7 @@ void expect_step_equals(const TraceReader& t, int step, const Recorded& r, bool 
       tr.name = rec.name;
       tr.dtype = tc.dtype;
       tr.shape = tc.shape;
-      tr.data = tc.dtype == DType::i32 ? static_cast<const void*>(tc.i.data()) : tc.f.data();
+      tr.host = tc.dtype == DType::i32 ? static_cast<const void*>(tc.i.data()) : tc.f.data();
       const auto want = digest_rows(tr);
       const std::vector<uint64_t> got(dt.values.begin() + rec.first,
                                       dt.values.begin() + rec.first + rec.rows);

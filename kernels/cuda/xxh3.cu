@@ -1,9 +1,11 @@
 // GPU row digests (XXH3-64, seed 0): see kernels/cuda/xxh3.h.
 #include "kernels/cuda/xxh3.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/numerics/numerics.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -61,6 +63,12 @@ __global__ void digest_rows_kernel(const uint8_t* data, int64_t rows, int64_t ro
   }
 }
 
+__global__ void bf16_bits_kernel(const float* x, int64_t n, uint16_t* bits) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    bits[i] = num::bf16_bits(x[i]);
+}
+
 }  // namespace
 
 void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* out, cudaStream_t stream) {
@@ -74,6 +82,32 @@ void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* ou
   digest_rows_kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, 0, stream>>>(static_cast<const uint8_t*>(data),
                                                                            rows, row_bytes, out);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream) {
+  if (rows < 0 || elems < 0)
+    throw Error("cuda digest_rows_bf16 cannot run: negative rows (" + std::to_string(rows) + ") or elems (" +
+                std::to_string(elems) + ")");
+  if (rows == 0) return;
+  const int64_t n = rows * elems;
+  if (n == 0) return digest_rows(nullptr, rows, 0, out, stream);
+  if (!data) throw Error("cuda digest_rows_bf16 cannot run: null data");
+  void* bits = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&bits, size_t(n) * 2, stream));
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 20);
+  bf16_bits_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(data, n, static_cast<uint16_t*>(bits));
+  cudaError_t launch = cudaGetLastError();
+  if (launch == cudaSuccess) {
+    try {
+      digest_rows(bits, rows, elems * 2, out, stream);
+    } catch (...) {
+      cudaFreeAsync(bits, stream);
+      throw;
+    }
+  }
+  CUDA_CHECK(cudaFreeAsync(bits, stream));
+  CUDA_CHECK(launch);
 }
 
 }  // namespace dsv4::cuda

@@ -192,5 +192,9 @@ namespace dsv4::cuda {
 // sizes and on CUDA errors.
 void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* out, cudaStream_t stream);
 
+// The same for a bf16-exact fp32 matrix [rows, elems] hashed as its 2-byte bf16 patterns (the trace's
+// storage bytes, capture/digest.h): the patterns go to a stream-ordered scratch buffer first.
+void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream);
+
 }  // namespace dsv4::cuda
 #endif
