@@ -12,22 +12,28 @@
 # header-only. The whole-project build also checks "record on GPU -> replay on CPU" through the dsv4
 # binary (the trace must hold CUPTI kernel records and replay bit-identically on the CPU).
 #
-# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--gpu-only]
-#   --quick  smaller benchmark sizes      env: BUILD_DIR (default build-gpu; the GPU-only build uses
+# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-tests] [--no-sanitizer] [--gpu-only] [--cpu-long]
+#   --quick  smaller benchmark sizes; --no-tests skips the tests and the GPU record/replay check;
+#   --cpu-long also times the CPU at T = 16384 (slow)      env: BUILD_DIR (default build-gpu; the GPU-only build uses
 #            BUILD_DIR-only), JOBS, CUDA_ARCH (90)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 
-quick=0 bench=1 sanitizer=1 force_gpu_only=0
+quick=0 bench=1 tests=1 sanitizer=1 force_gpu_only=0 cpu_long=0
 for a in "$@"; do
   case "$a" in
     --quick) quick=1 ;;
     --no-bench) bench=0 ;;
+    --no-tests) tests=0 ;;
+    --cpu-long) cpu_long=1 ;;
     --no-sanitizer) sanitizer=0 ;;
     --gpu-only) force_gpu_only=1 ;;
-    *) echo "usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--gpu-only]" >&2; exit 2 ;;
+    *)
+      echo "usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-tests] [--no-sanitizer] [--gpu-only] [--cpu-long]" >&2
+      exit 2
+      ;;
   esac
 done
 
@@ -86,7 +92,7 @@ cli_bin=$([[ $mode == full ]] && find_bin dsv4)
 
 # ---- gpu-labelled tests ---------------------------------------------------------------------------
 tests_total=0 tests_failed=0 tests_skipped=0
-if [[ $build_ok == 1 ]]; then
+if [[ $build_ok == 1 && $tests == 1 ]]; then
   say "ctest -L gpu"
   ctest --test-dir "$build" -L gpu -j"$jobs" --output-on-failure --timeout 1800 >"$logs/ctest.log" 2>&1
   # "100% tests passed out of N" or "P% tests passed, F tests failed out of N"; skipped tests count
@@ -104,7 +110,8 @@ fi
 
 # ---- record on the GPU, replay on the CPU (whole-project build) -------------------------------------
 gpu_record="not run (needs the whole-project build)"
-if [[ $build_ok == 1 && -n "$cli_bin" ]]; then
+[[ $tests == 0 ]] && gpu_record="not run (--no-tests)"
+if [[ $build_ok == 1 && $tests == 1 && -n "$cli_bin" ]]; then
   say "dsv4 record --device cuda -> dsv4 replay --device cpu"
   t=$logs/gpu-record.h5
   rm -f "$t" "$t.incomplete"
@@ -152,7 +159,8 @@ fi
 if [[ $bench == 1 && -n "$bench_bin" ]]; then
   say "bench_gpu"
   bargs=()
-  [[ $quick == 1 ]] && bargs=(--quick)
+  [[ $quick == 1 ]] && bargs+=(--quick)
+  [[ $cpu_long == 1 ]] && bargs+=(--cpu-long)
   "$bench_bin" "${bargs[@]}" >"$logs/bench_gpu.log" 2>&1 || say "bench_gpu failed (see bench_gpu.log)"
   grep -vE "^RESULT" "$logs/bench_gpu.log"
   if [[ -n "$capture_bin" ]]; then
@@ -169,8 +177,12 @@ fi
   echo "================ dsv4 GPU check ($mode build) ================"
   printf '%-34s %s\n' "device" "$device"
   printf '%-34s %s\n' "build" "$([[ $build_ok == 1 ]] && echo ok || echo FAILED)"
-  printf '%-34s %s\n' "gpu tests (ctest -L gpu)" \
-    "$((tests_total - tests_failed - tests_skipped)) passed, $tests_failed failed, $tests_skipped skipped of $tests_total"
+  if [[ $tests == 1 ]]; then
+    printf '%-34s %s\n' "gpu tests (ctest -L gpu)" \
+      "$((tests_total - tests_failed - tests_skipped)) passed, $tests_failed failed, $tests_skipped skipped of $tests_total"
+  else
+    printf '%-34s %s\n' "gpu tests (ctest -L gpu)" "not run (--no-tests)"
+  fi
   printf '%-34s %s\n' "record on GPU -> replay on CPU" "$gpu_record"
   printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
   printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
