@@ -192,7 +192,9 @@ TEST(Model, IndexerSelectionIsActiveAndCausal) {
         if (g == -1) continue;
         ++valid;
         EXPECT_LT(g, (p + 1) / 4) << "layer " << key.second << " token " << p;
-        if (j > 0 && rec.ids[p * rec.k + j - 1] != -1) EXPECT_LT(rec.ids[p * rec.k + j - 1], g);
+        if (j > 0 && rec.ids[p * rec.k + j - 1] != -1) {
+          EXPECT_LT(rec.ids[p * rec.k + j - 1], g);
+        }
       }
       EXPECT_EQ(valid, std::min<int64_t>(8, (p + 1) / 4));
     }
@@ -364,7 +366,9 @@ TEST_F(CheckpointTest, SaveLoadReproducesBitwise) {
   for (int64_t shard : {int64_t(0), int64_t(2) << 20}) {
     const std::string d = dir(shard ? "sharded" : "single");
     tiny().save(d, shard);
-    if (shard) EXPECT_TRUE(fs::exists(d + "/model.safetensors.index.json"));
+    if (shard) {
+      EXPECT_TRUE(fs::exists(d + "/model.safetensors.index.json"));
+    }
     const Weights loaded = Weights::load(config_from_file(d + "/config.json"), d);
     auto disk = run(loaded, toks, profile_train());
     expect_same_run(*mem, *disk);
