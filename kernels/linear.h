@@ -26,6 +26,23 @@ struct GemmParams {
 const char* gemm_check(const GemmParams& p);
 void gemm(const GemmParams& p);
 
+// The parameters of y [m, n] = x [m, k] . w [n, k]^T on dense rows (ldx = ldw = k, ldy = n), the
+// set-up of the GEMMs that the ops (compressor, mHC, MoE) run on either backend.
+inline GemmParams linear_params(int64_t m, int64_t n, int64_t k, const float* x, const float* w, float* y,
+                                OutRound round, ReduceOrder order) {
+  return GemmParams{.m = m,
+                    .n = n,
+                    .k = k,
+                    .x = x,
+                    .ldx = k,
+                    .w = w,
+                    .ldw = k,
+                    .y = y,
+                    .ldy = n,
+                    .round = round,
+                    .order = order};
+}
+
 // Reference implementation: one `dot()` call per output element, single-threaded. The tests and the
 // benchmark compare gemm() against it bit for bit.
 void gemm_reference(const GemmParams& p);

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/numerics/numerics.h"
+#include "kernels/detail/attention.h"
 
 namespace dsv4 {
 
@@ -16,17 +16,8 @@ constexpr int64_t kParallelWork = int64_t(1) << 15;
 }  // namespace
 
 const char* sparse_attention_check(const SparseAttnParams& p) {
-  if (p.T < 0) return "T";
-  if (p.H < 1) return "H";
-  if (p.Dh < 1) return "Dh";
-  if (p.N < 0) return "N";
-  if (p.K < 0) return "K";
-  if (p.T == 0) return nullptr;
-  if (p.q == nullptr) return "q";
-  if (p.N > 0 && p.kv == nullptr) return "kv";
-  if (p.K > 0 && p.idx == nullptr) return "idx";
-  if (p.sink == nullptr) return "sink";
-  if (p.o == nullptr) return "o";
+  if (const char* why = common::sparse_attention_check_dims(p)) return why;
+  if (const char* why = common::sparse_attention_check_pointers(p)) return why;
   for (int64_t i = 0; i < p.T * p.K; ++i)
     if (p.idx[i] < -1 || p.idx[i] >= p.N) return "idx";
   return nullptr;
@@ -38,7 +29,7 @@ void sparse_attention(const SparseAttnParams& p) {
   const int64_t TH = p.T * p.H;
 #pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
   {
-    std::vector<float> e(size_t(p.K));  // z_j, then exp_f(z_j - M), of the valid slots in slot order
+    std::vector<float> e(size_t(p.K));  // z_j, then P_j, of the valid slots in slot order
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < TH; ++th) {
       const int64_t t = th / p.H;
@@ -50,32 +41,24 @@ void sparse_attention(const SparseAttnParams& p) {
       for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
 
       int64_t nv = 0;
-      float M = sink;
       for (int64_t j = 0; j < p.K; ++j) {
         if (idx[j] < 0) continue;
-        const float z = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
-        e[nv++] = z;
-        if (z > M) M = z;
+        e[nv++] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
       }
       if (nv == 0) {  // only the sink: P_sink = 1, o = 0, lse = sink exactly
         if (p.lse) p.lse[th] = sink;
         continue;
       }
-      float Z = 0.0f;
-      for (int64_t v = 0; v < nv; ++v) {
-        e[v] = num::exp_f(e[v] - M);
-        Z = Z + e[v];
-      }
-      Z = Z + num::exp_f(sink - M);
+      const float lse = common::attn_softmax_row(e.data(), nv, sink);
       int64_t v = 0;
       for (int64_t j = 0; j < p.K; ++j) {
         if (idx[j] < 0) continue;
-        const float P = num::bf16_round(e[v++] / Z);
+        const float P = e[v++];
         const float* kv = p.kv + int64_t(idx[j]) * p.Dh;
         for (int64_t d = 0; d < p.Dh; ++d) o[d] = std::fma(P, kv[d], o[d]);
       }
       for (int64_t d = 0; d < p.Dh; ++d) o[d] = num::bf16_round(o[d]);
-      if (p.lse) p.lse[th] = M + num::log_f(Z);
+      if (p.lse) p.lse[th] = lse;
     }
   }
 }

@@ -3,9 +3,10 @@
 #include "kernels/indexer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <vector>
+
+#include "kernels/detail/indexer.h"
 
 namespace dsv4 {
 
@@ -19,19 +20,8 @@ constexpr int64_t kParallelWork = int64_t(1) << 15;
 // whatever selection algorithm is used.
 struct RanksBefore {
   const float* s;
-  bool operator()(int32_t a, int32_t b) const {
-    const float sa = s[a], sb = s[b];
-    const bool na = std::isnan(sa), nb = std::isnan(sb);
-    if (na != nb) return nb;
-    if (!na && sa != sb) return sa > sb;
-    return a < b;
-  }
+  bool operator()(int32_t a, int32_t b) const { return common::ranks_before(s[a], a, s[b], b); }
 };
-
-// relu(x) = (x < 0 ? 0 : x): NaN propagates.
-inline float relu(float x) {
-  return x < 0.0f ? 0.0f : x;
-}
 
 // score = sum_h wt[h] * relu(dot(q[h], k)) as an fma chain over h from 0.
 inline float index_score(const IndexerParams& p, int64_t t, int64_t g) {
@@ -39,12 +29,8 @@ inline float index_score(const IndexerParams& p, int64_t t, int64_t g) {
   const float* w = p.wt + t * p.Hi;
   const float* k = p.ki + g * p.Di;
   float s = 0.0f;
-  for (int h = 0; h < p.Hi; ++h) s = std::fma(w[h], relu(dot(q + h * p.Di, k, p.Di, p.order)), s);
+  for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, w[h], dot(q + h * p.Di, k, p.Di, p.order));
   return s;
-}
-
-inline int64_t visible_groups(const IndexerParams& p, int64_t t) {
-  return std::min<int64_t>(p.G, (t + 1) / p.ratio);
 }
 
 }  // namespace
@@ -92,7 +78,7 @@ void indexer_topk(const IndexerParams& p) {
     std::vector<int32_t> scratch(size_t(p.G));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.T; ++t) {
-      const int64_t n = visible_groups(p, t);
+      const int64_t n = common::visible_groups(p.G, t, p.ratio);
       for (int64_t g = 0; g < n; ++g) row[g] = index_score(p, t, g);
       const int kk = int(std::min<int64_t>(p.k, n));
       int32_t* ids = p.ids + t * p.k;
@@ -139,16 +125,7 @@ void build_index(const IndexBuildParams& p) {
 #pragma omp parallel for schedule(static) if (p.T * width >= kParallelWork)
   for (int64_t t = 0; t < p.T; ++t) {
     int32_t* row = p.idx + t * width;
-    const int64_t start = std::max<int64_t>(0, t - p.W + 1);
-    for (int64_t m = 0; m < kw; ++m) row[m] = (start + m <= t) ? int32_t(start + m) : -1;
-    int32_t* comp = row + kw;
-    if (p.kind == CompressedKind::c128) {
-      const int64_t G = p.T / p.ratio, vis = (t + 1) / p.ratio;
-      for (int64_t g = 0; g < G; ++g) comp[g] = g < vis ? int32_t(g + p.T) : -1;
-    } else if (p.kind == CompressedKind::c4) {
-      const int32_t* sel = p.sel + t * p.k;
-      for (int j = 0; j < p.k; ++j) comp[j] = sel[j] >= 0 ? int32_t(sel[j] + p.T) : -1;
-    }
+    for (int64_t m = 0; m < width; ++m) row[m] = common::index_entry(p, kw, t, m);
   }
 }
 

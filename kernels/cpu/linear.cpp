@@ -17,8 +17,8 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/detail/linear.h"
 #include "kernels/linear.h"
-#include "kernels/numerics/numerics.h"
 
 namespace dsv4 {
 
@@ -39,10 +39,6 @@ const char* gemm_check(const GemmParams& p) {
 }
 
 namespace {
-
-inline float finish(float v, OutRound r) {
-  return r == OutRound::bf16 ? num::bf16_round(v) : v;
-}
 
 constexpr int MR = 3;         // x rows per micro-kernel
 constexpr int NR = 4;         // w rows per micro-kernel (MR * NR lane vectors live in registers)
@@ -211,7 +207,7 @@ void tile(const GemmParams& p, int64_t i0, int64_t mb, int64_t j0, int64_t nb, f
       const float* s = sum + r0 * NB + c0 * mr;
       for (int r = 0; r < mr; ++r)
         for (int j = 0; j < nr; ++j)
-          p.y[(i0 + r0 + r) * p.ldy + j0 + c0 + j] = finish(s[r * nr + j], p.round);
+          p.y[(i0 + r0 + r) * p.ldy + j0 + c0 + j] = common::gemm_out(s[r * nr + j], p.round);
     }
   }
 }
@@ -221,7 +217,7 @@ void tile(const GemmParams& p, int64_t i0, int64_t mb, int64_t j0, int64_t nb, f
 void gemm_reference(const GemmParams& p) {
   for (int64_t i = 0; i < p.m; ++i)
     for (int64_t j = 0; j < p.n; ++j)
-      p.y[i * p.ldy + j] = finish(dot(p.x + i * p.ldx, p.w + j * p.ldw, p.k, p.order), p.round);
+      p.y[i * p.ldy + j] = common::gemm_out(dot(p.x + i * p.ldx, p.w + j * p.ldw, p.k, p.order), p.round);
 }
 
 void gemm(const GemmParams& p) {

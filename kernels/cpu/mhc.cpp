@@ -3,49 +3,15 @@
 // dot(fn_i, x) in the canonical order; everything else is per token, parallel over tokens.
 #include "kernels/mhc.h"
 
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
+#include "kernels/detail/mhc.h"
 #include "kernels/linear.h"
-#include "kernels/numerics/numerics.h"
 
 namespace dsv4 {
 
 void sinkhorn(float* c, int hc, int iters, float eps) {
-  const auto row_norm = [&] {
-    for (int j = 0; j < hc; ++j) {
-      float s = 0.0f;
-      for (int k = 0; k < hc; ++k) s += c[j * hc + k];
-      const float d = s + eps;
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / d;
-    }
-  };
-  const auto col_norm = [&] {
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
-      const float d = s + eps;
-      for (int j = 0; j < hc; ++j) c[j * hc + k] = c[j * hc + k] / d;
-    }
-  };
-  // Row softmax (subtract the row max) + eps: the first row step.
-  for (int j = 0; j < hc; ++j) {
-    float* r = c + j * hc;
-    float mx = r[0];
-    for (int k = 1; k < hc; ++k) mx = std::max(mx, r[k]);
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      r[k] = num::exp_f(r[k] - mx);
-      s += r[k];
-    }
-    for (int k = 0; k < hc; ++k) r[k] = r[k] / s + eps;
-  }
-  col_norm();
-  for (int it = 1; it < iters; ++it) {
-    row_norm();
-    col_norm();
-  }
+  common::sinkhorn(c, hc, iters, eps);
 }
 
 namespace {
@@ -56,36 +22,20 @@ constexpr int64_t kParallelMin = int64_t(1) << 14;
 
 // rho = 1 / sqrt(sum_squares(x) / n + eps) over the token's hc * D stream values.
 inline float stream_rho(const float* x, int64_t n, float eps, ReduceOrder o) {
-  return 1.0f / std::sqrt(sum_squares(x, n, o) / float(n) + eps);
+  return common::rms_scale(sum_squares(x, n, o), n, eps);
 }
 
 // raw[t, i] = dot(fn_i, X[t]) for all tokens (fp32, canonical order).
 std::vector<float> fn_products(int64_t T, int64_t hcD, const float* X, const float* fn, int64_t rows,
                                ReduceOrder o) {
   std::vector<float> raw(size_t(T * rows));
-  GemmParams g;
-  g.m = T;
-  g.n = rows;
-  g.k = hcD;
-  g.x = X;
-  g.ldx = hcD;
-  g.w = fn;
-  g.ldw = hcD;
-  g.y = raw.data();
-  g.ldy = rows;
-  g.round = OutRound::f32;
-  g.order = o;
-  gemm(g);
+  gemm(linear_params(T, rows, hcD, X, fn, raw.data(), OutRound::f32, o));
   return raw;
 }
 
 // y[d] = bf16(sum_j wt[j] * X[j, d]) as an fma chain over j from 0.
 inline void mix_streams(const float* X, const float* wt, int hc, int64_t D, float* y) {
-  for (int64_t d = 0; d < D; ++d) {
-    float acc = 0.0f;
-    for (int j = 0; j < hc; ++j) acc = std::fma(wt[j], X[j * D + d], acc);
-    y[d] = num::bf16_round(acc);
-  }
+  for (int64_t d = 0; d < D; ++d) y[d] = common::mix_streams_at(X, wt, hc, D, d);
 }
 
 }  // namespace
@@ -114,20 +64,9 @@ void hc_pre(const HcPreParams& p) {
     for (int64_t t = 0; t < p.T; ++t) {
       const float* x = p.X + t * hcD;
       const float rho = stream_rho(x, hcD, p.rms_eps, p.order);
-      for (int64_t i = 0; i < rows; ++i) {
-        const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
-        const float mix = rho * raw[size_t(t * rows + i)];
-        a[size_t(i)] = mix * p.scale[g] + p.base[i];
-      }
       float* pre = p.pre + t * hc;
-      float* post = p.post + t * hc;
-      float* comb = p.comb + t * hc * hc;
-      for (int j = 0; j < hc; ++j) {
-        pre[j] = num::sigmoid_f(a[size_t(j)]) + p.hc_eps;
-        post[j] = 2.0f * num::sigmoid_f(a[size_t(hc + j)]);
-      }
-      for (int j = 0; j < hc * hc; ++j) comb[j] = a[size_t(2 * hc + j)];
-      sinkhorn(comb, hc, p.sinkhorn_iters, p.hc_eps);
+      common::hc_pre_weights(raw.data() + t * rows, rho, hc, p.scale, p.base, p.hc_eps, p.sinkhorn_iters,
+                             a.data(), pre, p.post + t * hc, p.comb + t * hc * hc);
       mix_streams(x, pre, hc, D, p.y + t * D);
     }
   }
@@ -141,14 +80,10 @@ void hc_post(const HcPostParams& p) {
     const float* f = p.f + t * D;
     const float* R = p.R + t * hc * D;
     const float* comb = p.comb + t * hc * hc;
+    const float* post = p.post + t * hc;
     for (int k = 0; k < hc; ++k) {
-      const float pk = p.post[t * hc + k];
       float* out = p.out + (t * hc + k) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        float acc = pk * f[d];
-        for (int j = 0; j < hc; ++j) acc = std::fma(comb[j * hc + k], R[j * D + d], acc);
-        out[d] = num::bf16_round(acc);
-      }
+      for (int64_t d = 0; d < D; ++d) out[d] = common::hc_post_at(f, R, post, comb, hc, D, k, d);
     }
   }
 }
@@ -165,10 +100,7 @@ void hc_head(const HcHeadParams& p) {
     for (int64_t t = 0; t < p.T; ++t) {
       const float* x = p.X + t * hcD;
       const float rho = stream_rho(x, hcD, p.rms_eps, p.order);
-      for (int j = 0; j < hc; ++j) {
-        const float mix = rho * raw[size_t(t * hc + j)];
-        wt[size_t(j)] = num::sigmoid_f(mix * p.scale[0] + p.base[j]) + p.hc_eps;
-      }
+      common::hc_head_weights(raw.data() + t * hc, rho, hc, p.scale, p.base, p.hc_eps, wt.data());
       if (p.w)
         for (int j = 0; j < hc; ++j) p.w[t * hc + j] = wt[size_t(j)];
       mix_streams(x, wt.data(), hc, D, p.y + t * D);

@@ -2,13 +2,12 @@
 #include "kernels/moe.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/detail/moe.h"
 #include "kernels/indexer.h"
 #include "kernels/linear.h"
-#include "kernels/numerics/numerics.h"
 
 namespace dsv4 {
 
@@ -40,88 +39,40 @@ void router(const RouterParams& p) {
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.T; ++t) {
       const float* l = p.logits + t * E;
-      for (int e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(num::softplus_f(l[e]));
+      for (int e = 0; e < E; ++e) s[size_t(e)] = common::router_score(l[e]);
       if (p.scores) std::copy(s.begin(), s.end(), p.scores + t * E);
       int32_t* ids = p.ids + t * k;
       float margin = inf;
       if (p.tid2eid) {
         std::copy(p.tid2eid + int64_t(p.tokens[t]) * k, p.tid2eid + int64_t(p.tokens[t] + 1) * k, ids);
-        std::sort(ids, ids + k);
+        common::sort_ids(ids, k);
+      } else if (p.forced) {
+        std::copy(p.forced + t * k, p.forced + (t + 1) * k, ids);
+        common::sort_ids(ids, k);
+        // worst forced minus best other on the selection score (negative: not the free choice).
+        margin = common::router_forced_margin(s.data(), p.bias, E, ids, k);
       } else {
         for (int e = 0; e < E; ++e) sel[size_t(e)] = s[size_t(e)] + p.bias[e];
-        if (p.forced) {
-          std::copy(p.forced + t * k, p.forced + (t + 1) * k, ids);
-          std::sort(ids, ids + k);
-          if (k < E) {
-            // worst forced minus best other on the selection score (negative: not the free choice).
-            std::fill(scratch.begin(), scratch.end(), 0);
-            for (int i = 0; i < k; ++i) scratch[size_t(ids[i])] = 1;
-            float worst = inf, best = -inf;
-            for (int e = 0; e < E; ++e) {
-              const float v = sel[size_t(e)];
-              if (scratch[size_t(e)])
-                worst = v < worst ? v : worst;
-              else
-                best = v > best ? v : best;
-            }
-            margin = worst - best;
-          }
-        } else {
-          margin = topk_row(sel.data(), E, k, ids, scratch.data());
-        }
+        margin = topk_row(sel.data(), E, k, ids, scratch.data());
       }
       if (p.margin) p.margin[t] = margin;
-      float* w = p.weights + t * k;
-      float sum = 0.0f;
-      for (int i = 0; i < k; ++i) sum += s[size_t(ids[i])];
-      for (int i = 0; i < k; ++i) {
-        const float si = s[size_t(ids[i])];
-        w[i] = (p.norm_topk_prob ? si / sum : si) * p.routed_scaling_factor;
-      }
+      common::router_weights(s.data(), ids, k, p.norm_topk_prob, p.routed_scaling_factor, p.weights + t * k);
     }
   }
 }
 
 const char* moe_check(const MoeParams& p) {
-  if (p.T < 0) return "moe: T < 0";
-  if (p.D < 1 || p.I < 1) return "moe: D and I must be >= 1";
-  if (p.E < 1 || p.k < 1 || p.k > p.E) return "moe: need E >= 1 and 1 <= k <= E";
-  if (p.n_shared < 0) return "moe: n_shared < 0";
-  if (p.I_shared < 0) return "moe: I_shared < 0";
-  if (p.order.block < 0 || p.order.block % 8 != 0)
-    return "moe: reduce block must be 0 or a positive multiple of 8";
+  if (const char* why = common::moe_check_dims(p)) return why;
   if (p.T == 0) return nullptr;
-  if (!p.x || !p.ids || !p.weights || !p.experts || !p.out) return "moe: null pointer";
-  if (p.n_shared > 0 && !p.shared) return "moe: null shared experts";
+  if (const char* why = common::moe_check_pointers(p)) return why;
   for (int64_t i = 0; i < p.T * p.k; ++i) {
     if (p.ids[i] < 0 || p.ids[i] >= p.E) return "moe: expert id out of range";
     if (i % p.k != 0 && p.ids[i] < p.ids[i - 1]) return "moe: the ids of a token must be ascending";
   }
-  for (int e = 0; e < p.E; ++e)
-    if (!p.experts[e].w1 || !p.experts[e].w3 || !p.experts[e].w2) return "moe: null expert weights";
-  for (int e = 0; e < p.n_shared; ++e)
-    if (!p.shared[e].w1 || !p.shared[e].w3 || !p.shared[e].w2) return "moe: null shared expert weights";
-  return nullptr;
+  return common::moe_check_expert_weights(p);
 }
 
 namespace {
-
-GemmParams linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, float* y, OutRound r,
-                  ReduceOrder o) {
-  GemmParams g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.x = x;
-  g.ldx = k;
-  g.w = w;
-  g.ldw = k;
-  g.y = y;
-  g.ldy = n;
-  g.round = r;
-  g.order = o;
-  return g;
-}
 
 // One SwiGLU expert on m contiguous rows xs [m, D]: out [m, D] fp32. weight[r] scales row r's
 // activation (nullptr: shared expert, no weight). gu is scratch for [2, m, I].
@@ -129,22 +80,15 @@ void swiglu_expert(const ExpertWeights& ew, int64_t m, int64_t D, int64_t I, con
                    const float* weight, bool clamp, float L, ReduceOrder o, float* gu, float* out) {
   float* g = gu;
   float* u = gu + m * I;
-  gemm(linear(m, I, D, xs, ew.w1, g, OutRound::bf16, o));
-  gemm(linear(m, I, D, xs, ew.w3, u, OutRound::bf16, o));
-  const bool do_clamp = clamp && L > 0.0f;
+  gemm(linear_params(m, I, D, xs, ew.w1, g, OutRound::bf16, o));
+  gemm(linear_params(m, I, D, xs, ew.w3, u, OutRound::bf16, o));
 #pragma omp parallel for schedule(static) if (m * I >= kParallelMin)
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < I; ++i) {
-      float gv = g[r * I + i], uv = u[r * I + i];
-      if (do_clamp) {
-        gv = gv > L ? L : gv;
-        uv = uv > L ? L : (uv < -L ? -L : uv);
-      }
-      const float h = num::silu_f(gv) * uv;
-      g[r * I + i] = num::bf16_round(weight ? weight[r] * h : h);  // a overwrites g in place
-    }
+    const float* wr = weight ? weight + r : nullptr;
+    for (int64_t i = 0; i < I; ++i)  // a overwrites g in place
+      g[r * I + i] = common::swiglu_act(g[r * I + i], u[r * I + i], clamp, L, wr);
   }
-  gemm(linear(m, D, I, g, ew.w2, out, OutRound::f32, o));
+  gemm(linear_params(m, D, I, g, ew.w2, out, OutRound::f32, o));
 }
 
 }  // namespace

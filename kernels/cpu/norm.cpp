@@ -1,9 +1,7 @@
 // RMSNorm (MODEL.md §3.1) in the operation order documented in kernels/norm.h.
 #include "kernels/norm.h"
 
-#include <cmath>
-
-#include "kernels/numerics/numerics.h"
+#include "kernels/detail/norm.h"
 
 namespace dsv4 {
 
@@ -26,14 +24,8 @@ void rmsnorm(const RmsNormParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.ldx;
     float* y = p.y + r * p.ldy;
-    const float ss = sum_squares(x, n, p.order);
-    const float rs = 1.0f / std::sqrt(ss / float(n) + p.eps);
-    // Element i is read before y[i] is written, so y == x is safe.
-    if (p.w) {
-      for (int64_t i = 0; i < n; ++i) y[i] = num::bf16_round((x[i] * rs) * p.w[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) y[i] = num::bf16_round(x[i] * rs);
-    }
+    const float rs = common::rms_scale(sum_squares(x, n, p.order), n, p.eps);
+    common::rmsnorm_apply(x, y, p.w, rs, 0, n, 1);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/detail/rope.h"
 #include "kernels/numerics/numerics.h"
 
 namespace dsv4 {
@@ -66,32 +67,10 @@ void rope_apply(const RopeApplyParams& p) {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < p.rows; ++t) {
-      const float fp = float(p.pos[t]);
-      for (int i = 0; i < half; ++i) {
-        const float angle = fp * p.freq[i];
-        cs[i] = num::cos_f(angle);
-        sn[i] = num::sin_f(angle);
-      }
+      for (int i = 0; i < half; ++i) common::rope_cos_sin(p.pos[t], p.freq[i], cs[i], sn[i]);
       for (int h = 0; h < p.heads; ++h) {
         float* v = p.x + t * p.ld + h * p.head_stride + p.offset;
-        for (int i = 0; i < half; ++i) {
-          const float a = v[2 * i], b = v[2 * i + 1];
-          const float c = cs[i], s = sn[i];
-          float ra, rb;
-          if (!p.inverse) {
-            ra = a * c - b * s;
-            rb = a * s + b * c;
-          } else {
-            ra = a * c + b * s;
-            rb = b * c - a * s;  // -a*s + b*c: the same rounded value
-          }
-          if (p.round_bf16) {
-            ra = num::bf16_round(ra);
-            rb = num::bf16_round(rb);
-          }
-          v[2 * i] = ra;
-          v[2 * i + 1] = rb;
-        }
+        for (int i = 0; i < half; ++i) common::rope_rotate(v + 2 * i, cs[i], sn[i], p.inverse, p.round_bf16);
       }
     }
   }

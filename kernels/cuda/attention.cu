@@ -8,12 +8,13 @@
 //      and form z[h][v] = scale * dot(q[t,h], kv[slot v]) for every head of the tile with multi_dot8
 //      (the canonical order per head; each kv element is loaded once for all heads).
 //   3. Thread h of the tile forms M = max(sink, z...) and then Z = (sum of exp_f(z - M) in slot order)
-//      + exp_f(sink - M) sequentially, exactly as the CPU; the exp_f terms and P = bf16(e / Z) are
-//      computed by all threads in between (element-wise, the same bits).
+//      + exp_f(sink - M) sequentially, with the CPU's functions of kernels/detail/attention.h; the
+//      exp_f terms and P = bf16(e / Z) are computed by all threads in between (element-wise).
 //   4. Thread d (d = tid, tid + 256, ...) keeps one fp32 accumulator per head of the tile and runs the
 //      fma chain over the valid slots in slot order, loading kv[slot][d] once for all heads of the
 //      tile; o = bf16(acc). An empty row gives o = 0 and lse = sink exactly.
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/attention.h"
 
 namespace dsv4::cuda {
 
@@ -74,33 +75,24 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     __syncthreads();
 
     // 3. softmax with the sink, sequential where the CPU is
-    if (tid < nh) {
-      float M = p.sink[h0 + tid];
-      const float* z = zs + tid * K;
-      for (int v = 0; v < nv; ++v)
-        if (z[v] > M) M = z[v];
-      Ms[tid] = M;
-    }
+    if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * K, nv, p.sink[h0 + tid]);
     __syncthreads();
     for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
       const int h = int(q / nv);
       const int64_t v = q % nv;
-      zs[h * K + v] = num::exp_f(zs[h * K + v] - Ms[h]);
+      zs[h * K + v] = common::attn_exp(zs[h * K + v], Ms[h]);
     }
     __syncthreads();
     if (tid < nh) {
-      const float* e = zs + tid * K;
-      float Z = 0.0f;
-      for (int v = 0; v < nv; ++v) Z = Z + e[v];
-      Z = Z + num::exp_f(p.sink[h0 + tid] - Ms[tid]);
+      const float Z = common::attn_row_sum(zs + tid * K, nv, p.sink[h0 + tid], Ms[tid]);
       Zs[tid] = Z;
-      if (p.lse) p.lse[t * p.H + h0 + tid] = Ms[tid] + num::log_f(Z);
+      if (p.lse) p.lse[t * p.H + h0 + tid] = common::attn_lse(Ms[tid], Z);
     }
     __syncthreads();
     for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
       const int h = int(q / nv);
       const int64_t v = q % nv;
-      zs[h * K + v] = num::bf16_round(zs[h * K + v] / Zs[h]);
+      zs[h * K + v] = common::attn_prob(zs[h * K + v], Zs[h]);
     }
     __syncthreads();
 
@@ -134,20 +126,10 @@ int head_tile(const SparseAttnParams& p) {
 }  // namespace
 
 const char* sparse_attention_check(const SparseAttnParams& p) {
-  if (p.T < 0) return "T";
-  if (p.H < 1) return "H";
-  if (p.Dh < 1) return "Dh";
-  if (p.N < 0) return "N";
-  if (p.K < 0) return "K";
+  if (const char* why = common::sparse_attention_check_dims(p)) return why;
   if (p.N > INT32_MAX) return "N";
   if (size_t(p.K) * 8 + size_t(p.Dh) * 4 > kMaxShared) return "K or Dh (too large for one block)";
-  if (p.T == 0) return nullptr;
-  if (p.q == nullptr) return "q";
-  if (p.N > 0 && p.kv == nullptr) return "kv";
-  if (p.K > 0 && p.idx == nullptr) return "idx";
-  if (p.sink == nullptr) return "sink";
-  if (p.o == nullptr) return "o";
-  return nullptr;
+  return common::sparse_attention_check_pointers(p);
 }
 
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {

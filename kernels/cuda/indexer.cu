@@ -17,16 +17,13 @@
 // indexer_score_ids_kernel: one group of 8 threads per (t, j), the same score formula.
 // build_index_kernel: one thread per index entry (t, m).
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/indexer.h"
 
 namespace dsv4::cuda {
 
 namespace {
 
 constexpr int kThreads = 256, kGroups = kThreads / 8;
-
-__device__ __forceinline__ float relu(float x) {
-  return x < 0.0f ? 0.0f : x;
-}
 
 // The ranking of topk_row as an unsigned key: NaN -> 0 (after every number); -0 counts as +0; for
 // numbers the usual monotone map of the fp32 bits (all numbers, -inf included, map above 0).
@@ -55,7 +52,7 @@ __device__ __forceinline__ float index_score(const float* q, const float* w, con
                                              int64_t Di, int block, int lane, unsigned mask) {
   float s = 0.0f;
   for (int h = 0; h < Hi; ++h)
-    s = __fmaf_rn(w[h], relu(detail::dot8(q + h * Di, k, Di, block, lane, mask)), s);
+    s = common::index_score_step(s, w[h], detail::dot8(q + h * Di, k, Di, block, lane, mask));
   return s;
 }
 
@@ -74,8 +71,7 @@ __global__ void __launch_bounds__(kThreads)
   const float inf = __int_as_float(0x7f800000), qnan = __int_as_float(0x7fc00000);
 
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x) {
-    const int64_t vis = (t + 1) / p.ratio;
-    const int64_t n = vis < p.G ? vis : p.G;
+    const int64_t n = common::visible_groups(p.G, t, p.ratio);
     const int kk = int(p.k < n ? p.k : n);
     for (int64_t i = tid; i < p.Hi * p.Di; i += kThreads) qs[i] = p.qi[t * p.Hi * p.Di + i];
     for (int i = tid; i < p.Hi; i += kThreads) ws[i] = p.wt[t * p.Hi + i];
@@ -91,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
         detail::multi_dot8<kHeadTile>(qs + h0 * p.Di, p.Di, nh, kc, p.Di, p.order.block, lane, mask, d);
 #pragma unroll
         for (int h = 0; h < kHeadTile; ++h)
-          if (h < nh) s = __fmaf_rn(ws[h0 + h], relu(d[h]), s);
+          if (h < nh) s = common::index_score_step(s, ws[h0 + h], d[h]);
       }
       if (lane == 0) sc[c] = s;
     }
@@ -199,19 +195,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t total = p.T * width;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / width, m = e % width;
-    int32_t v = -1;
-    if (m < kw) {
-      const int64_t start = t - p.W + 1 > 0 ? t - p.W + 1 : 0;
-      v = (start + m <= t) ? int32_t(start + m) : -1;
-    } else if (p.kind == CompressedKind::c128) {
-      const int64_t g = m - kw, vis = (t + 1) / p.ratio;
-      v = g < vis ? int32_t(g + p.T) : -1;
-    } else if (p.kind == CompressedKind::c4) {
-      const int32_t s = p.sel[t * p.k + (m - kw)];
-      v = s >= 0 ? int32_t(s + p.T) : -1;
-    }
-    p.idx[e] = v;
+    p.idx[e] = common::index_entry(p, kw, e / width, e % width);
   }
 }
 

@@ -7,6 +7,7 @@
 // max does not matter; the sign of a zero maximum cannot change lse, as exp_f(+-0) = 1 and
 // +-0 + log_f(Z) with Z >= 1 is the same value).
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/logits.h"
 
 namespace dsv4::cuda {
 
@@ -24,29 +25,17 @@ __global__ void __launch_bounds__(kThreads)
     if (target[t] < 0 || target[t] >= V) continue;  // uniform over the group
     const float* l = logits + t * V;
     float M = -inf;
-    int nan = 0;
-    for (int64_t v = lane; v < V; v += 8) {
-      const float x = l[v];
-      if (x != x)
-        nan = 1;
-      else if (x > M)
-        M = x;
-    }
+    bool nan = false;
+    common::logit_max(l, lane, V, 8, M, nan);
+    int any_nan = nan;
     for (int o = 4; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(mask, M, o);
-      nan |= __shfl_xor_sync(mask, nan, o);
+      any_nan |= __shfl_xor_sync(mask, any_nan, o);
       M = m2 > M ? m2 : M;
     }
     float lse;
-    if (nan) {
-      lse = __int_as_float(0x7fc00000);
-    } else if (M == inf || M == -inf) {
-      lse = M;
-    } else {
-      float acc = 0.0f;
-      for (int64_t v = lane; v < V; v += 8) acc += num::exp_f(l[v] - M);
-      lse = M + num::log_f(detail::combine8(acc, mask));
-    }
+    if (!common::lse_special(M, any_nan != 0, lse))
+      lse = common::lse_finish(M, detail::combine8(common::lse_lane_sum(l, V, M, lane), mask));
     if (lane == 0) logprob[t] = l[target[t]] - lse;
   }
 }

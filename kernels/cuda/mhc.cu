@@ -4,48 +4,17 @@
 // exactly dot(fn_i, x)), as on the CPU; then
 //   - weights_kernel, one group of 8 threads per token: rho from sum_squares(x) over the token's
 //     hc * D values (dot8), then lane 0 forms the mixing weights (and, for hc_pre, post and the
-//     Sinkhorn-normalised comb) with the CPU's scalar code;
+//     Sinkhorn-normalised comb) with the CPU's functions of kernels/detail/mhc.h;
 //   - mix_kernel, one thread per (t, d): y = bf16(fma chain over j of w_j * X[t, j, d]).
 // hc_post: one thread per output element (t, k, d) with the CPU's fma chain over j.
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/mhc.h"
 
 namespace dsv4::cuda {
 
 namespace {
 
 constexpr int kThreads = 256, kMaxHc = 16;
-
-// kernels/cpu/mhc.cpp sinkhorn(), the same operations in the same order (std::max(a, b) is
-// (a < b) ? b : a).
-__device__ void sinkhorn_dev(float* c, int hc, int iters, float eps) {
-  for (int j = 0; j < hc; ++j) {
-    float* r = c + j * hc;
-    float mx = r[0];
-    for (int k = 1; k < hc; ++k) mx = (mx < r[k]) ? r[k] : mx;
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      r[k] = num::exp_f(r[k] - mx);
-      s += r[k];
-    }
-    for (int k = 0; k < hc; ++k) r[k] = r[k] / s + eps;
-  }
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0) {  // row normalisation (the first row step was the softmax above)
-      for (int j = 0; j < hc; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += c[j * hc + k];
-        const float d = s + eps;
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / d;
-      }
-    }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
-      const float d = s + eps;
-      for (int j = 0; j < hc; ++j) c[j * hc + k] = c[j * hc + k] / d;
-    }
-  }
-}
 
 struct MixArgs {
   int64_t T = 0;
@@ -67,7 +36,7 @@ struct MixArgs {
 
 // One aligned group of 8 threads per token (32 tokens per block, grid-stride). The group forms rho
 // with dot8; lane 0 then forms the mixing weights (hc_pre: pre, post and the Sinkhorn-normalised comb)
-// with the CPU's scalar code. `wt` receives the weights of y (pre, or hc_head's w).
+// with the CPU's functions. `wt` receives the weights of y (pre, or hc_head's w).
 __global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt) {
   const int lane = threadIdx.x & 7;
   const unsigned mask = detail::group8_mask();
@@ -78,28 +47,15 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt)
     const float* x = a.X + t * hcD;
     const float ss = detail::dot8(x, x, hcD, a.block, lane, mask);
     if (lane != 0) continue;
-    const float rho = 1.0f / sqrtf(ss / float(hcD) + a.rms_eps);
+    const float rho = common::rms_scale(ss, hcD, a.rms_eps);
     const float* raw = a.raw + t * a.rows;
     const int hc = a.hc;
     if (a.head) {
-      for (int j = 0; j < hc; ++j) {
-        const float mix = rho * raw[j];
-        wt[t * hc + j] = num::sigmoid_f(mix * a.scale[0] + a.base[j]) + a.hc_eps;
-      }
+      common::hc_head_weights(raw, rho, hc, a.scale, a.base, a.hc_eps, wt + t * hc);
     } else {
       float av[kMaxRows];
-      for (int64_t i = 0; i < a.rows; ++i) {
-        const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
-        const float mix = rho * raw[i];
-        av[i] = mix * a.scale[g] + a.base[i];
-      }
-      for (int j = 0; j < hc; ++j) {
-        wt[t * hc + j] = num::sigmoid_f(av[j]) + a.hc_eps;
-        a.post[t * hc + j] = 2.0f * num::sigmoid_f(av[hc + j]);
-      }
-      float* cm = av + 2 * hc;  // comb, normalised in place
-      sinkhorn_dev(cm, hc, a.sinkhorn_iters, a.hc_eps);
-      for (int j = 0; j < hc * hc; ++j) a.comb[t * hc * hc + j] = cm[j];
+      common::hc_pre_weights(raw, rho, hc, a.scale, a.base, a.hc_eps, a.sinkhorn_iters, av, wt + t * hc,
+                             a.post + t * hc, a.comb + t * hc * hc);
     }
   }
 }
@@ -110,10 +66,7 @@ __global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* w
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < a.T * a.D;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / a.D, d = e % a.D;
-    const float* x = a.X + t * hc * a.D;
-    float acc = 0.0f;
-    for (int j = 0; j < hc; ++j) acc = __fmaf_rn(wt[t * hc + j], x[j * a.D + d], acc);
-    a.y[e] = num::bf16_round(acc);
+    a.y[e] = common::mix_streams_at(a.X + t * hc * a.D, wt + t * hc, hc, a.D, d);
   }
 }
 
@@ -125,30 +78,15 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / (hc * D), d = e % D;
     const int k = int((e / D) % hc);
-    const float* R = p.R + t * hc * D;
-    const float* comb = p.comb + t * hc * hc;
-    float acc = p.post[t * hc + k] * p.f[t * D + d];
-    for (int j = 0; j < hc; ++j) acc = __fmaf_rn(comb[j * hc + k], R[j * D + d], acc);
-    p.out[e] = num::bf16_round(acc);
+    p.out[e] =
+        common::hc_post_at(p.f + t * D, p.R + t * hc * D, p.post + t * hc, p.comb + t * hc * hc, hc, D, k, d);
   }
 }
 
 // raw[t, i] = dot(fn_i, X[t]) for all tokens (fp32, canonical order): the CPU's fn_products.
 void fn_products(int64_t T, int64_t hcD, const float* X, const float* fn, int64_t rows, ReduceOrder o,
                  float* raw, cudaStream_t stream) {
-  GemmParams g;
-  g.m = T;
-  g.n = rows;
-  g.k = hcD;
-  g.x = X;
-  g.ldx = hcD;
-  g.w = fn;
-  g.ldw = hcD;
-  g.y = raw;
-  g.ldy = rows;
-  g.round = OutRound::f32;
-  g.order = o;
-  gemm(g, stream);
+  gemm(linear_params(T, rows, hcD, X, fn, raw, OutRound::f32, o), stream);
 }
 
 // wt: hc_pre's pre output, or hc_head's w (scratch when the caller does not want it).

@@ -18,28 +18,14 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/indexer.h"
+#include "kernels/detail/moe.h"
 
 namespace dsv4::cuda {
 
 namespace {
 
 constexpr int kThreads = 256, kMaxK = 64;
-
-__device__ __forceinline__ bool ranks_before(float sa, int a, float sb, int b) {
-  const bool na = sa != sa, nb = sb != sb;
-  if (na != nb) return nb;
-  if (!na && sa != sb) return sa > sb;
-  return a < b;
-}
-
-__device__ __forceinline__ void sort_ids(int32_t* ids, int k) {
-  for (int i = 1; i < k; ++i) {
-    const int32_t v = ids[i];
-    int j = i - 1;
-    for (; j >= 0 && ids[j] > v; --j) ids[j + 1] = ids[j];
-    ids[j + 1] = v;
-  }
-}
 
 __global__ void __launch_bounds__(kThreads) router_kernel(RouterParams p, float* s_all) {
   const int E = p.E, k = p.k;
@@ -48,28 +34,16 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterParams p, float*
        t += int64_t(gridDim.x) * blockDim.x) {
     const float* l = p.logits + t * E;
     float* s = s_all + t * E;
-    for (int e = 0; e < E; ++e) s[e] = sqrtf(num::softplus_f(l[e]));
+    for (int e = 0; e < E; ++e) s[e] = common::router_score(l[e]);
     int32_t ids[kMaxK];
     float margin = inf;
     if (p.tid2eid) {
       for (int i = 0; i < k; ++i) ids[i] = p.tid2eid[int64_t(p.tokens[t]) * k + i];
-      sort_ids(ids, k);
+      common::sort_ids(ids, k);
     } else if (p.forced) {
       for (int i = 0; i < k; ++i) ids[i] = p.forced[t * k + i];
-      sort_ids(ids, k);
-      if (k < E) {
-        float worst = inf, best = -inf;
-        for (int e = 0; e < E; ++e) {
-          const float v = s[e] + p.bias[e];
-          bool forced = false;
-          for (int i = 0; i < k; ++i) forced |= ids[i] == e;
-          if (forced)
-            worst = v < worst ? v : worst;
-          else
-            best = v > best ? v : best;
-        }
-        margin = worst - best;
-      }
+      common::sort_ids(ids, k);
+      margin = common::router_forced_margin(s, p.bias, E, ids, k);
     } else {
       const int picks = k < E ? k + 1 : k;
       int32_t extra = -1;
@@ -81,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterParams p, float*
           for (int i = 0; i < n && i < k; ++i) taken |= ids[i] == e;
           if (taken) continue;
           const float v = s[e] + p.bias[e];
-          if (best < 0 || ranks_before(v, e, bv, best)) best = e, bv = v;
+          if (best < 0 || common::ranks_before(v, e, bv, best)) best = e, bv = v;
         }
         if (n < k)
           ids[n] = best;
@@ -89,16 +63,11 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterParams p, float*
           extra = best;
       }
       if (k < E) margin = (s[ids[k - 1]] + p.bias[ids[k - 1]]) - (s[extra] + p.bias[extra]);
-      sort_ids(ids, k);
+      common::sort_ids(ids, k);
     }
     if (p.margin) p.margin[t] = margin;
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += s[ids[i]];
-    for (int i = 0; i < k; ++i) {
-      const float si = s[ids[i]];
-      p.ids[t * k + i] = ids[i];
-      p.weights[t * k + i] = (p.norm_topk_prob ? si / sum : si) * p.routed_scaling_factor;
-    }
+    for (int i = 0; i < k; ++i) p.ids[t * k + i] = ids[i];
+    common::router_weights(s, ids, k, p.norm_topk_prob, p.routed_scaling_factor, p.weights + t * k);
   }
 }
 
@@ -143,13 +112,7 @@ __global__ void __launch_bounds__(kThreads)
                   const int32_t* src_q, bool do_clamp, float L) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * I;
        e += int64_t(gridDim.x) * blockDim.x) {
-    float gv = g[e], uv = u[e];
-    if (do_clamp && L > 0.0f) {
-      gv = gv > L ? L : gv;
-      uv = uv > L ? L : (uv < -L ? -L : uv);
-    }
-    const float h = num::silu_f(gv) * uv;
-    g[e] = num::bf16_round(weights ? weights[src_q[e / I]] * h : h);
+    g[e] = common::swiglu_act(g[e], u[e], do_clamp, L, weights ? weights + src_q[e / I] : nullptr);
   }
 }
 
@@ -178,22 +141,11 @@ void router(const RouterParams& p, cudaStream_t stream) {
 }
 
 const char* moe_check(const MoeParams& p) {
-  if (p.T < 0) return "moe: T < 0";
-  if (p.D < 1 || p.I < 1) return "moe: D and I must be >= 1";
-  if (p.E < 1 || p.k < 1 || p.k > p.E) return "moe: need E >= 1 and 1 <= k <= E";
-  if (p.n_shared < 0) return "moe: n_shared < 0";
-  if (p.I_shared < 0) return "moe: I_shared < 0";
-  if (p.order.block < 0 || p.order.block % 8 != 0)
-    return "moe: reduce block must be 0 or a positive multiple of 8";
+  if (const char* why = common::moe_check_dims(p)) return why;
   if (p.T * p.k > INT32_MAX) return "moe: T * k is too large";
   if (p.T == 0) return nullptr;
-  if (!p.x || !p.ids || !p.weights || !p.experts || !p.out) return "moe: null pointer";
-  if (p.n_shared > 0 && !p.shared) return "moe: null shared experts";
-  for (int e = 0; e < p.E; ++e)
-    if (!p.experts[e].w1 || !p.experts[e].w3 || !p.experts[e].w2) return "moe: null expert weights";
-  for (int e = 0; e < p.n_shared; ++e)
-    if (!p.shared[e].w1 || !p.shared[e].w3 || !p.shared[e].w2) return "moe: null shared expert weights";
-  return nullptr;
+  if (const char* why = common::moe_check_pointers(p)) return why;
+  return common::moe_check_expert_weights(p);
 }
 
 void moe_experts(const MoeParams& p, cudaStream_t stream) {
@@ -268,38 +220,13 @@ void moe_experts(const MoeParams& p, cudaStream_t stream) {
   for (int s = 0; s < p.n_shared; ++s) {
     float* Gs = gus.get();
     float* Us = gus.get() + T * Is;
-    GemmParams gp;
-    gp.m = T;
-    gp.n = Is;
-    gp.k = D;
-    gp.x = p.x;
-    gp.ldx = D;
-    gp.ldw = D;
-    gp.ldy = Is;
-    gp.round = OutRound::bf16;
-    gp.order = p.order;
-    gp.w = p.shared[s].w1;
-    gp.y = Gs;
-    gemm(gp, stream);
-    gp.w = p.shared[s].w3;
-    gp.y = Us;
-    gemm(gp, stream);
+    gemm(linear_params(T, Is, D, p.x, p.shared[s].w1, Gs, OutRound::bf16, p.order), stream);
+    gemm(linear_params(T, Is, D, p.x, p.shared[s].w3, Us, OutRound::bf16, p.order), stream);
     swiglu_kernel<<<detail::grid_for(T * Is, kThreads), kThreads, 0, stream>>>(
         Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit);
     DSV4_LAUNCH_CHECK();
-    GemmParams down;
-    down.m = T;
-    down.n = D;
-    down.k = Is;
-    down.x = Gs;
-    down.ldx = Is;
-    down.w = p.shared[s].w2;
-    down.ldw = Is;
-    down.y = Ys.get() + int64_t(s) * T * D;
-    down.ldy = D;
-    down.round = OutRound::f32;
-    down.order = p.order;
-    gemm(down, stream);
+    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, Ys.get() + int64_t(s) * T * D, OutRound::f32, p.order),
+         stream);
   }
   combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(Y.get(), T, int(k), D, Ys.get(),
                                                                              p.n_shared, p.out);

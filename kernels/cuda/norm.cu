@@ -6,6 +6,7 @@
 // i = lane (mod 8). In place (y == x) is safe: the row is fully read before the group's shuffles
 // complete, and each lane reads x[i] right before writing y[i].
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/norm.h"
 
 namespace dsv4::cuda {
 
@@ -21,12 +22,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormParams p) {
     const float* x = p.x + row * p.ldx;
     float* y = p.y + row * p.ldy;
     const float ss = detail::dot8(x, x, p.dim, p.order.block, lane, mask);
-    const float rs = 1.0f / sqrtf(ss / float(p.dim) + p.eps);
-    if (p.w) {
-      for (int64_t i = lane; i < p.dim; i += 8) y[i] = num::bf16_round((x[i] * rs) * p.w[i]);
-    } else {
-      for (int64_t i = lane; i < p.dim; i += 8) y[i] = num::bf16_round(x[i] * rs);
-    }
+    common::rmsnorm_apply(x, y, p.w, common::rms_scale(ss, p.dim, p.eps), lane, p.dim, 8);
     __syncwarp(mask);
   }
 }

@@ -5,6 +5,7 @@
 // angle fp32(pos) * freq[i] and its cos_f / sin_f (kernels/numerics: the same bits as the CPU),
 // then rotates pair i of every head of row t. Pairs are disjoint, so threads never share data.
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/rope.h"
 
 namespace dsv4::cuda {
 
@@ -19,27 +20,11 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeApplyParams p, int64
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / half;
     const int i = int(e % half);
-    const float fp = float(p.pos ? p.pos[t] : t * pos_step);
-    const float angle = fp * p.freq[i];
-    const float c = num::cos_f(angle), s = num::sin_f(angle);
-    for (int h = 0; h < p.heads; ++h) {
-      float* v = p.x + t * p.ld + h * p.head_stride + p.offset;
-      const float a = v[2 * i], b = v[2 * i + 1];
-      float ra, rb;
-      if (!p.inverse) {
-        ra = a * c - b * s;
-        rb = a * s + b * c;
-      } else {
-        ra = a * c + b * s;
-        rb = b * c - a * s;
-      }
-      if (p.round_bf16) {
-        ra = num::bf16_round(ra);
-        rb = num::bf16_round(rb);
-      }
-      v[2 * i] = ra;
-      v[2 * i + 1] = rb;
-    }
+    float c, s;
+    common::rope_cos_sin(p.pos ? p.pos[t] : t * pos_step, p.freq[i], c, s);
+    for (int h = 0; h < p.heads; ++h)
+      common::rope_rotate(p.x + t * p.ld + h * p.head_stride + p.offset + 2 * i, c, s, p.inverse,
+                          p.round_bf16);
   }
 }
 

@@ -1,0 +1,27 @@
+// Shared CPU/CUDA arithmetic of RMSNorm (kernels/norm.h); conventions in kernels/detail/shared.h.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/detail/shared.h"
+
+namespace dsv4::common {
+
+// 1 / sqrt(ss / n + eps): the RMS scale of n values whose sum of squares is ss (IEEE division and sqrt).
+DSV4_HD float rms_scale(float ss, int64_t n, float eps) {
+  return 1.0f / std::sqrt(ss / float(n) + eps);
+}
+
+// y[i] = bf16((x[i] * rs) * w[i]), or bf16(x[i] * rs) when w is null, for i = begin, begin + step, ...
+// below n. Element i is read right before y[i] is written, so y == x is safe.
+DSV4_HD void rmsnorm_apply(const float* x, float* y, const float* w, float rs, int64_t begin, int64_t n,
+                           int64_t step) {
+  if (w) {
+    for (int64_t i = begin; i < n; i += step) y[i] = num::bf16_round((x[i] * rs) * w[i]);
+  } else {
+    for (int64_t i = begin; i < n; i += step) y[i] = num::bf16_round(x[i] * rs);
+  }
+}
+
+}  // namespace dsv4::common
