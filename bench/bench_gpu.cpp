@@ -1,7 +1,8 @@
 // GPU benchmarks of the CUDA backend (exact mode): whole-model tokens/s on the GPU vs the CPU for the
 // "mid" preset, per-op times of one layer (a mid-preset C4 layer and a Flash-shaped attention layer:
 // hidden 4096, 64 heads, head dim 512, window 128, C4 with indexer top-512, fewer experts), and the
-// card's measured copy bandwidth and exact-GEMM rate as the roofline references. A plain timer
+// card's measured copy bandwidth and exact-GEMM rate as the roofline references (the GEMM also with
+// the previous kernel, cuda::gemm_baseline, there and at the Flash projection shapes). A plain timer
 // program (CUDA events around the ops; wall clock around whole forwards), so it needs no benchmark
 // library. Lines starting with "RESULT" are meant for scripts (scripts/gpu-check.sh).
 //
@@ -31,7 +32,9 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
@@ -154,9 +157,22 @@ struct Dumper {
 };
 
 struct Roofline {
-  double copy_gbs = 0;     // device-to-device copy bandwidth (read + write bytes / s)
-  double gemm_gflops = 0;  // exact fp32 GEMM rate at a large square shape
+  double copy_gbs = 0;         // device-to-device copy bandwidth (read + write bytes / s)
+  double gemm_gflops = 0;      // exact fp32 GEMM rate at a large square shape (cuda::gemm)
+  double baseline_gflops = 0;  // the same with the previous kernel (cuda::gemm_baseline)
 };
+
+// GFLOP/s of cuda::gemm and of cuda::gemm_baseline on one m x n x k GEMM (dense rows).
+std::pair<double, double> gemm_rates(int64_t m, int64_t n, int64_t k, ReduceOrder order) {
+  Dev d;
+  GemmParams g;
+  g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.order = order;
+  g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
+  const double flop = 2.0 * double(m) * double(n) * double(k);
+  const double ms = time_ms([&] { cuda::gemm(g, nullptr); });
+  const double base_ms = time_ms([&] { cuda::gemm_baseline(g, nullptr); });
+  return {flop / (ms * 1e6), flop / (base_ms * 1e6)};
+}
 
 Roofline measure_roofline(bool quick) {
   Roofline r;
@@ -169,15 +185,26 @@ Roofline measure_roofline(bool quick) {
   r.copy_gbs = 2.0 * double(n) * 4 / (ms * 1e-3) / 1e9;
   cudaFree(a);
   cudaFree(b);
-  Dev d;
   const int64_t m = quick ? 1024 : 4096;
-  GemmParams g;
-  g.m = g.n = g.k = m;
-  g.ldx = g.ldw = g.ldy = m;
-  g.x = d.floats(m * m), g.w = d.floats(m * m, 0.02f), g.y = d.floats(m * m);
-  const double gms = time_ms([&] { cuda::gemm(g, nullptr); });
-  r.gemm_gflops = 2.0 * double(m) * m * m / (gms * 1e-3) / 1e9;
+  std::tie(r.gemm_gflops, r.baseline_gflops) = gemm_rates(m, m, m, ReduceOrder{});
   return r;
+}
+
+// The exact GEMM at the Flash-shaped layer's projection shapes (wq_a, wq_b, wo_b), both kernels,
+// both reduction orders.
+void print_gemm_table(bool quick) {
+  const int64_t m = quick ? 1024 : 8192;
+  std::printf("\nExact GEMM, GFLOP/s (m=%ld): cuda::gemm vs cuda::gemm_baseline\n", long(m));
+  std::printf("%-18s %10s %10s %7s %10s %10s %7s\n", "n x k", "chain", "baseline", "x", "block64", "baseline",
+              "x");
+  for (const auto& [n, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{1024, 4096}, {32768, 1024}, {4096, 8192}}) {
+    const auto [c, cb] = gemm_rates(m, n, k, ReduceOrder{});
+    const auto [b, bb] = gemm_rates(m, n, k, ReduceOrder{64});
+    const std::string shape = std::to_string(n) + " x " + std::to_string(k);
+    std::printf("%-18s %10.0f %10.0f %7.2f %10.0f %10.0f %7.2f\n", shape.c_str(), c, cb, c / cb, b, bb,
+                b / bb);
+  }
 }
 
 // ---- one layer, op by op -------------------------------------------------------------------------
@@ -521,7 +548,11 @@ int main(int argc, char** argv) {
     const Roofline rf = measure_roofline(quick);
     std::printf("roofline references: device copy %.0f GB/s, exact fp32 GEMM %.0f GFLOP/s\n", rf.copy_gbs,
                 rf.gemm_gflops);
-    std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\n", rf.copy_gbs, rf.gemm_gflops);
+    std::printf("exact fp32 GEMM with the baseline kernel: %.0f GFLOP/s (new kernel x%.2f)\n",
+                rf.baseline_gflops, rf.gemm_gflops / rf.baseline_gflops);
+    std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\nRESULT baseline_gemm_gflops %.1f\n",
+                rf.copy_gbs, rf.gemm_gflops, rf.baseline_gflops);
+    print_gemm_table(quick);
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
                          128,   ReduceOrder{}};

@@ -1,17 +1,40 @@
 // Dense GEMM on the GPU with the canonical per-element reduction order (kernels/linear.h,
 // kernels/reduce.h): every output element is exactly dsv4::dot(x_row, w_row, k, order), rounded once.
+// Two kernels compute it; which one runs never changes a bit of the result.
 //
-// Kernel contract (gemm_kernel<TM, TN>): grid (ceil(n / BN), ceil(m / BM), problems), 256 threads,
-// BM = 16 TM, BN = 16 TN. A block computes a BM x BN tile of one problem; thread (ty, tx) =
-// (tid / 16, tid % 16) owns the TM x TN outputs (ty + 16 r, tx + 16 c) and keeps, per output, the 8 lane
-// accumulators of dot_chain: k is consumed in aligned groups of 8 and element (group start + l) goes to lane
-// l with one __fmaf_rn, in increasing k. Chains start at multiples of 8 (0 and multiples of the ReduceOrder
-// block), so when a chain ends (after the group that reaches a block boundary or k) the lanes are combined as
-// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) and added to the running sum (the first chain
-// initialises it), exactly as dot() does. Positions past k (and rows past m or n) are loaded as 0:
-// fma(0, 0, acc) == acc because an accumulator that starts at +0 is never -0. A row's result never
-// depends on other rows, the tile shape or the grid (batch invariance).
+// Shared definitions. A "chain" is a range of k that dot() reduces with 8 lanes from zero: [0, k)
+// for the single-chain order (or when k <= block), else the blocks [cB, min(cB + B, k)). Chains start
+// at multiples of 8, so element i always goes to lane i % 8, and a "step" is the aligned group of 8
+// elements [8t, 8t + 8). Lane l of a chain is the fma sequence acc = __fmaf_rn(x[i], w[i], acc) over
+// the elements i = l (mod 8) of the chain in increasing i, from acc = +0. At the end of a chain the
+// lanes are combined as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) and the result is added to
+// the running sum (the first chain initialises it; k == 0 gives +0). IEEE addition is commutative, so
+// a + b and b + a are the same bits; nothing else is reordered. Elements past k are never
+// accumulated: a lane whose element of the last step lies past k skips its fma (fma(0, 0, acc) would
+// turn an acc of -0, which an underflowing product can produce, into +0). Rows past m or n are
+// computed on whatever is loaded for them and never stored. A row's result never depends on other
+// rows, the kernel, the tile shape or the grid (batch invariance).
+//
+// gemm_tiled_kernel<TM, TN> (narrow outputs, few tiles; cuda::gemm_baseline): grid (ceil(n / BN),
+// ceil(m / BM), problems), 256 threads, BM = 16 TM, BN = 16 TN. Thread (ty, tx) = (tid / 16, tid % 16)
+// owns the TM x TN outputs (ty + 16 r, tx + 16 c) and keeps all 8 lane accumulators of each: k is
+// consumed one step at a time and element (step start + l) goes to accumulator l.
+//
+// gemm_lanes_kernel (everything else): grid (ceil(n / 64), ceil(m / 64), problems), 256 threads,
+// block tile 64 x 64 outputs, 51 KiB of dynamic shared memory: k is staged 32 at a time, k-major
+// (transposed) and double-buffered; the next stage is loaded into registers while the current one is
+// consumed. The lanes are split over threads: thread tid has lane l = tid % 8 and group g = tid / 8;
+// the 8 threads of a group share a tile of 8 x rows by 16 w rows, and thread l accumulates lane l of
+// all 128 outputs of that tile (one register each), i.e. at step t it consumes element 8t + l, read as
+// float4 from shared memory. At the end of a chain the 8 threads of the group reduce their 8 x 128 lane
+// values with three shuffle rounds (partners l ^ 4, l ^ 2, l ^ 1), each halving the outputs a thread
+// keeps: exactly combine_lanes8's additions. Each thread then holds the chain results of a 4 x 4 block
+// of the tile, adds them to its running sums (kept in shared memory) and restarts its lanes at +0.
+
+#include <atomic>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/linear.h"
 
 namespace dsv4::cuda {
 
@@ -19,13 +42,11 @@ namespace detail {
 namespace {
 
 constexpr int kThreads = 256;
+
+// ---- the baseline kernel: 8 lane accumulators per output in one thread ------------------------------
 constexpr int BK = 32;       // k per shared-memory stage (a multiple of 8)
 constexpr int LDS = BK + 4;  // padded row stride: the rows tx + 16c of a warp hit distinct banks
 static_assert(BK % 8 == 0, "k stages must hold whole groups of 8");
-
-__device__ __forceinline__ float combine_lanes(const float* a) {
-  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
 
 // Tile: thread (ty, tx) = (tid / 16, tid % 16) owns outputs (ty + 16 r, tx + 16 c), r < TM, c < TN;
 // the block tile is BM x BN = 16 TM x 16 TN. Thread tid stages column tid % BK of x rows
@@ -33,7 +54,7 @@ __device__ __forceinline__ float combine_lanes(const float* a) {
 // current one is consumed from shared memory.
 template <int TM, int TN>
 __global__ void __launch_bounds__(kThreads)
-    gemm_kernel(GemmShape s, int64_t chain_groups, GemmProblem one, const GemmProblem* many) {
+    gemm_tiled_kernel(GemmShape s, int64_t chain_groups, GemmProblem one, const GemmProblem* many) {
   constexpr int BM = 16 * TM, BN = 16 * TN;
   constexpr int XL = BM * BK / kThreads, WL = BN * BK / kThreads;  // staged values per thread
   static_assert((BM * BK) % kThreads == 0 && (BN * BK) % kThreads == 0, "tile loads must divide evenly");
@@ -86,6 +107,26 @@ __global__ void __launch_bounds__(kThreads)
   bool started = false;         // a finished chain has been folded into sum
   int64_t left = chain_groups;  // groups of 8 left in the current chain
 
+  // Accumulates the step at stage column kk into lanes l < lanes (8 except in the last step of k).
+  auto step = [&](int kk, int lanes) {
+    float xv[TM][8];
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int l = 0; l < 8; ++l) xv[r][l] = Xs[ty + 16 * r][kk + l];
+#pragma unroll
+    for (int c = 0; c < TN; ++c) {
+      float wv[8];
+#pragma unroll
+      for (int l = 0; l < 8; ++l) wv[l] = Ws[tx + 16 * c][kk + l];
+#pragma unroll
+      for (int r = 0; r < TM; ++r)
+#pragma unroll
+        for (int l = 0; l < 8; ++l)
+          if (l < lanes) acc[r][c][l] = __fmaf_rn(xv[r][l], wv[l], acc[r][c][l]);
+    }
+  };
+
   if (s.k > 0) fetch(0);
   for (int64_t k0 = 0; k0 < s.k; k0 += BK) {
 #pragma unroll
@@ -96,28 +137,17 @@ __global__ void __launch_bounds__(kThreads)
     if (k0 + BK < s.k) fetch(k0 + BK);  // in flight while this stage is consumed
     const int kend = s.k - k0 < BK ? int(s.k - k0) : BK;
     for (int kk = 0; kk < kend; kk += 8) {
-      float xv[TM][8];
-#pragma unroll
-      for (int r = 0; r < TM; ++r)
-#pragma unroll
-        for (int l = 0; l < 8; ++l) xv[r][l] = Xs[ty + 16 * r][kk + l];
-#pragma unroll
-      for (int c = 0; c < TN; ++c) {
-        float wv[8];
-#pragma unroll
-        for (int l = 0; l < 8; ++l) wv[l] = Ws[tx + 16 * c][kk + l];
-#pragma unroll
-        for (int r = 0; r < TM; ++r)
-#pragma unroll
-          for (int l = 0; l < 8; ++l) acc[r][c][l] = __fmaf_rn(xv[r][l], wv[l], acc[r][c][l]);
-      }
       // Uniform over the block: every thread walks the same k groups.
+      if (kend - kk >= 8)
+        step(kk, 8);
+      else
+        step(kk, kend - kk);
       if (--left == 0 || k0 + kk + 8 >= s.k) {
 #pragma unroll
         for (int r = 0; r < TM; ++r)
 #pragma unroll
           for (int c = 0; c < TN; ++c) {
-            const float v = combine_lanes(acc[r][c]);
+            const float v = dsv4::detail::combine_lanes8(acc[r][c]);
             sum[r][c] = started ? sum[r][c] + v : v;
 #pragma unroll
             for (int l = 0; l < 8; ++l) acc[r][c][l] = 0.0f;
@@ -137,32 +167,306 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < TN; ++c) {
       const int64_t col = n0 + tx + 16 * c;
-      if (col < s.n) y[col] = s.round == OutRound::bf16 ? num::bf16_round(sum[r][c]) : sum[r][c];
+      if (col < s.n) y[col] = common::gemm_out(sum[r][c], s.round);
     }
   }
 }
 
-template <int TM, int TN>
-void launch(const GemmShape& s, int64_t chain_groups, const GemmProblem* problems, int count, int64_t mmax,
-            cudaStream_t stream) {
-  constexpr int BM = 16 * TM, BN = 16 * TN;
+// ---- the lane-split kernel: one lane per thread, 8 threads per output tile --------------------------
+namespace lanes {
+constexpr int NT = 256;                                // threads: 32 groups of 8 lanes, 8 warps
+constexpr int TM = 8, TN = 16;                         // outputs of a group: TM x rows by TN w rows
+constexpr int GM = 8, GN = 4;                          // groups along m and n; a warp holds 2 x 2 groups
+constexpr int BM = GM * TM, BN = GN * TN;              // 64 x 64 block tile
+constexpr int KS = 32, STEPS = KS / 8;                 // k per shared-memory stage, steps per stage
+constexpr int SX = BM + 4, SW = BN + 4;                // shared row strides (floats)
+constexpr int XCH = (BM / 16) * (KS / 8) / (NT / 32);  // 4-float chunks of x staged per thread per stage
+constexpr int WCH = (BN / 16) * (KS / 8) / (NT / 32);  // and of w
+// Dynamic shared memory: two stages of x and w, then the running sums (4 float4 per thread).
+constexpr int SMEM = int(sizeof(float)) * (2 * KS * SX + 2 * KS * SW + 16 * NT);
+static_assert(GM * GN * 8 == NT && GM % 2 == 0 && GN % 2 == 0, "the warps hold 2 x 2 groups each");
+static_assert(SX % 32 == 4 && SW % 32 == 4, "the 8 lanes of a group read 8 rows: distinct bank quads");
+static_assert(XCH == 2 && WCH == 2, "staging divides evenly over the warps");
+}  // namespace lanes
+
+// Shared layout of a stage: Xs[kr][.] holds k row kr (stage-relative) of the BM x rows, k-major, with
+// column m stored at m ^ (4 ((kr >> 2) & 1)); Ws[kr][.] holds the BN w rows, column n at n ^ (4 (kr & 3)).
+// The swizzles move 4-float chunks inside one group's 8 x columns and 16 w columns. Lane l reads
+// k row 8t + l at the same physical chunks as the other lanes of its group (so the 8 rows it reads
+// hit distinct bank quads), which leaves the logical values in its registers in a lane-dependent
+// order: register x row r holds logical row r ^ (4 (l >> 2)), register w column c holds logical
+// column c ^ (4 (l & 3)). That order lets every shuffle round below pair equal registers.
+//
+// The operands of one step of lane l: the x and w values of k row kr = 8t + l of the stage (`xs`
+// and `ws` point at k row kr, group columns), in register order.
+struct Frag {
+  float x[lanes::TM], w[lanes::TN];
+};
+__device__ __forceinline__ void lanes_load(Frag& f, const float* xs, const float* ws) {
+#pragma unroll
+  for (int q = 0; q < lanes::TM / 4; ++q) {
+    const float4 v = *reinterpret_cast<const float4*>(xs + 4 * q);
+    f.x[4 * q] = v.x, f.x[4 * q + 1] = v.y, f.x[4 * q + 2] = v.z, f.x[4 * q + 3] = v.w;
+  }
+#pragma unroll
+  for (int q = 0; q < lanes::TN / 4; ++q) {
+    const float4 v = *reinterpret_cast<const float4*>(ws + 4 * q);
+    f.w[4 * q] = v.x, f.w[4 * q + 1] = v.y, f.w[4 * q + 2] = v.z, f.w[4 * q + 3] = v.w;
+  }
+}
+// The step itself: accumulator acc[r][c] (register row r, register column c) gets x[r] * w[c].
+__device__ __forceinline__ void lanes_fma(float (&acc)[lanes::TM][lanes::TN], const Frag& f) {
+#pragma unroll
+  for (int r = 0; r < lanes::TM; ++r)
+#pragma unroll
+    for (int c = 0; c < lanes::TN; ++c) acc[r][c] = __fmaf_rn(f.x[r], f.w[c], acc[r][c]);
+}
+
+// End of a chain: the 8 threads of a group combine their lanes in three shuffle rounds (all 32
+// threads of the warp take part), fold the chain results into the running sums and restart the
+// lanes at +0. Round 1 (partner l ^ 4) keeps register rows 0..3 and adds the partner's rows 4..7,
+// which hold the same logical rows: (l0 + l4), (l1 + l5), (l2 + l6) or (l3 + l7). Round 2 (partner
+// l ^ 2) keeps register w chunks 0, 1 and adds the partner's chunks 2, 3: (v0 + v2) or (v1 + v3).
+// Round 3 (partner l ^ 1) keeps chunk 0 and adds the partner's chunk 1: the chain result. Lane l then
+// holds the outputs at logical x rows 4 (l >> 2) + r and w columns 4 (l & 3) + c, r, c < 4.
+// `sums` is this thread's first running-sum float4 (row r at sums[r * NT]).
+__device__ __forceinline__ void lanes_combine(float (&acc)[lanes::TM][lanes::TN], float4* sums,
+                                              bool started) {
+  constexpr unsigned all = 0xffffffffu;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 16; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r + 4][c], 4);
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r][c + 8], 2);
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r][c + 4], 1);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    if (started) {
+      const float4 o = sums[r * lanes::NT];
+      v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+    }
+    sums[r * lanes::NT] = v;
+  }
+#pragma unroll
+  for (int r = 0; r < lanes::TM; ++r)
+#pragma unroll
+    for (int c = 0; c < lanes::TN; ++c) acc[r][c] = 0.0f;
+}
+
+// VEC: every x and w row starts 16-byte aligned (pointers and leading dimensions), so whole 4-float
+// chunks inside k are loaded as float4.
+template <bool VEC>
+__global__ void __launch_bounds__(lanes::NT, 1)
+    gemm_lanes_kernel(GemmShape s, int64_t chain_steps, GemmProblem one, const GemmProblem* many) {
+  using namespace lanes;
+  const GemmProblem P = many ? many[blockIdx.z] : one;
+  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
+  if (m0 >= P.m) return;
+  extern __shared__ float4 lanes_smem[];
+  auto Xs = reinterpret_cast<float(*)[KS][SX]>(lanes_smem);    // [2][KS][SX]
+  auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]
+  const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5, gsub = (tid >> 3) & 3;
+  float4* const sums = reinterpret_cast<float4*>(&Ws[2][0][0]) + tid;  // [4][NT] running sums
+  // The 4 groups of a warp form a 2 x 2 block of group tiles; the warps a 4 x 2 grid of those.
+  const int gm = (warp / (GN / 2)) * 2 + (gsub >> 1), gn = (warp % (GN / 2)) * 2 + (gsub & 1);
+
+  // Staging: chunk i of this thread is tile row R = 16 (combo % 4) + u / 2 and k chunk
+  // c = 2 (combo / 4) + u % 2 (k = 4c .. 4c + 3 of the stage), combo = warp + 8 i: the two threads
+  // of a pair read 32 contiguous bytes, and the transposing stores of a warp hit 32 distinct banks
+  // for every k row (16 rows per half of the warp, halves 16 banks apart). Rows past m or n are read
+  // from the last row instead: they feed only outputs that are not stored.
+  static_assert(BM / 16 == 4 && BN / 16 == 4, "staging index math below");
+  auto row_of = [&](int i) { return 16 * ((warp + 8 * i) % 4) + u / 2; };
+  auto chunk_of = [&](int i) { return 2 * ((warp + 8 * i) / 4) + u % 2; };
+  const float* xp[XCH];  // row start + 4c
+  const float* wp[WCH];
+#pragma unroll
+  for (int i = 0; i < XCH; ++i) {
+    int64_t row = m0 + row_of(i);
+    row = row < P.m ? row : P.m - 1;
+    xp[i] = P.x + int64_t(P.xrow ? P.xrow[row] : row) * P.ldx + 4 * chunk_of(i);
+  }
+#pragma unroll
+  for (int i = 0; i < WCH; ++i) {
+    int64_t col = n0 + row_of(i);
+    col = col < s.n ? col : s.n - 1;
+    wp[i] = P.w + col * P.ldw + 4 * chunk_of(i);
+  }
+  float4 xr[XCH], wr[WCH];
+  // Chunk at p (= row + 4c + k0) when the stage lies inside k.
+  auto load4 = [&](const float* p) {
+    if constexpr (VEC) return __ldg(reinterpret_cast<const float4*>(p));
+    return make_float4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
+  };
+  // The same where `left` = k - (k0 + 4c) may be below 4: elements past k load as 0.
+  auto load4_tail = [&](const float* p, int64_t left) {
+    if (left >= 4) return load4(p);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (left > 0) v.x = __ldg(p);
+    if (left > 1) v.y = __ldg(p + 1);
+    if (left > 2) v.z = __ldg(p + 2);
+    return v;
+  };
+  // Loads this thread's chunks of the stage at k0 into registers.
+  auto fetch = [&](int64_t k0) {
+    if (k0 + KS <= s.k) {  // uniform
+#pragma unroll
+      for (int i = 0; i < XCH; ++i) xr[i] = load4(xp[i] + k0);
+#pragma unroll
+      for (int i = 0; i < WCH; ++i) wr[i] = load4(wp[i] + k0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < XCH; ++i) xr[i] = load4_tail(xp[i] + k0, s.k - k0 - 4 * chunk_of(i));
+#pragma unroll
+      for (int i = 0; i < WCH; ++i) wr[i] = load4_tail(wp[i] + k0, s.k - k0 - 4 * chunk_of(i));
+    }
+  };
+  // Stores them, swizzled, into stage buffer `buf`: k row kr = 4c + e has (kr >> 2) & 1 == c & 1
+  // and kr & 3 == e.
+  auto stash = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < XCH; ++i) {
+      const int R = row_of(i), c = chunk_of(i), col = R ^ ((c & 1) << 2);
+      Xs[buf][4 * c][col] = xr[i].x;
+      Xs[buf][4 * c + 1][col] = xr[i].y;
+      Xs[buf][4 * c + 2][col] = xr[i].z;
+      Xs[buf][4 * c + 3][col] = xr[i].w;
+    }
+#pragma unroll
+    for (int i = 0; i < WCH; ++i) {
+      const int R = row_of(i), c = chunk_of(i);
+      Ws[buf][4 * c][R] = wr[i].x;
+      Ws[buf][4 * c + 1][R ^ 4] = wr[i].y;
+      Ws[buf][4 * c + 2][R ^ 8] = wr[i].z;
+      Ws[buf][4 * c + 3][R ^ 12] = wr[i].w;
+    }
+  };
+
+  float acc[TM][TN];
+#pragma unroll
+  for (int r = 0; r < TM; ++r)
+#pragma unroll
+    for (int c = 0; c < TN; ++c) acc[r][c] = 0.0f;
+  bool started = false;  // a finished chain has been folded into the sums
+  int64_t pos = 0;       // steps of the current chain done
+  const int64_t nstages = (s.k + KS - 1) / KS;
+
+  if (nstages > 0) {
+    fetch(0);
+    stash(0);
+  }
+  __syncthreads();
+  for (int64_t st = 0; st < nstages; ++st) {
+    const int buf = int(st & 1);
+    const int64_t k0 = st * KS;
+    if (st + 1 < nstages) fetch(k0 + KS);  // in flight while this stage is consumed
+    const float* xs = &Xs[buf][l][gm * TM];
+    const float* ws = &Ws[buf][l][gn * TN];
+    const int kin = s.k - k0 < KS ? int(s.k - k0) : KS;  // k of this stage
+    // Every branch below is uniform over the block: every thread walks the same steps.
+    if (kin == KS && pos + STEPS <= chain_steps) {
+      // The whole stage lies inside k and inside one chain (which may end with the stage). The
+      // operands of step j + 1 are loaded while step j is computed.
+      Frag f[2];
+      lanes_load(f[0], xs, ws);
+#pragma unroll
+      for (int j = 0; j < STEPS; ++j) {
+        if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
+        lanes_fma(acc, f[j & 1]);
+      }
+      pos += STEPS;
+      if (pos == chain_steps || k0 + KS == s.k) {
+        lanes_combine(acc, sums, started);
+        started = true;
+        pos = 0;
+      }
+    } else {
+      const int nt = (kin + 7) / 8;
+      for (int j = 0; j < nt; ++j) {
+        Frag f;
+        lanes_load(f, xs + 8 * j * SX, ws + 8 * j * SW);
+        // A lane whose element lies past k skips the step (its accumulators stay as they are).
+        if (8 * j + l < kin) lanes_fma(acc, f);
+        if (++pos == chain_steps || (j + 1 == nt && k0 + kin == s.k)) {
+          lanes_combine(acc, sums, started);
+          started = true;
+          pos = 0;
+        }
+      }
+    }
+    if (st + 1 < nstages) stash(buf ^ 1);  // the buffer read in the previous stage
+    __syncthreads();
+  }
+  // Post-condition: the sums hold dot(x row, w row, k, order) (nothing for k == 0: +0) for the
+  // outputs at tile x row TM gm + 4 (l >> 2) + r and tile w row TN gn + 4 (l & 3) + c, r, c < 4.
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t row = m0 + gm * TM + 4 * (l >> 2) + r;
+    if (row >= P.m) continue;
+    float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
+    const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t col = n0 + gn * TN + 4 * (l & 3) + c;
+      if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
+    }
+  }
+}
+
+// ---- launch ------------------------------------------------------------------------------------------
+// Launches `kernel` over grid (ceil(n / BN), ceil(mmax / BM), count); a group's problem array goes to
+// the device first.
+template <typename Kernel>
+void launch(Kernel kernel, int threads, int smem, int BM, int BN, const GemmShape& s, int64_t chain,
+            const GemmProblem* problems, int count, int64_t mmax, cudaStream_t stream) {
   if (ceil_div(mmax, BM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
   const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, BM)), unsigned(count));
   if (count == 1) {
-    gemm_kernel<TM, TN><<<grid, kThreads, 0, stream>>>(s, chain_groups, problems[0], nullptr);
+    kernel<<<grid, threads, smem, stream>>>(s, chain, problems[0], nullptr);
     DSV4_LAUNCH_CHECK();
     return;
   }
   Scratch<GemmProblem> dev(count, stream);
   CUDA_CHECK(cudaMemcpyAsync(dev.get(), problems, sizeof(GemmProblem) * size_t(count), cudaMemcpyHostToDevice,
                              stream));
-  gemm_kernel<TM, TN><<<grid, kThreads, 0, stream>>>(s, chain_groups, GemmProblem{}, dev.get());
+  kernel<<<grid, threads, smem, stream>>>(s, chain, GemmProblem{}, dev.get());
   DSV4_LAUNCH_CHECK();
 }
 
-}  // namespace
+// The lane-split kernel, allowed its dynamic shared memory (above the default 48 KiB) once per device.
+template <bool VEC>
+void launch_lanes(const GemmShape& s, int64_t chain, const GemmProblem* problems, int count, int64_t mmax,
+                  cudaStream_t stream) {
+  static std::atomic<uint64_t> ready{0};  // bit d: the attribute is set on device d
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (!(ready.load() & bit)) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_lanes_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    lanes::SMEM));
+    ready.fetch_or(bit);
+  }
+  launch(gemm_lanes_kernel<VEC>, lanes::NT, lanes::SMEM, lanes::BM, lanes::BN, s, chain, problems, count,
+         mmax, stream);
+}
 
-void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream) {
+bool aligned16(const void* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
+}
+
+enum class Kernel { automatic, tiled };
+constexpr int64_t kMinLaneTiles = 96;  // output tiles from which gemm_group takes the lane-split kernel
+
+void run_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream,
+               Kernel which) {
   if (count <= 0 || s.n <= 0) return;
   int64_t mmax = 0;
   for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
@@ -170,14 +474,50 @@ void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cuda
   if (count > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
   // Chain length in groups of 8: the ReduceOrder block, or "never" for a single chain.
   const int64_t chain_groups = (s.order.block > 0 && s.k > s.order.block) ? s.order.block / 8 : INT64_MAX;
-  // The tile only changes which thread computes an element, never its order: narrow outputs (router,
-  // head weights, mHC mixes) take narrow tiles so that more blocks share the work.
+  // The kernel and the tile only change which thread computes an element, never its order. The
+  // lane-split kernel is faster per tile but its tiles are 4 times larger than the tiled kernel's
+  // 32 x 64: it takes the problem when that still gives about one wave of blocks (an H200 has 132
+  // multiprocessors, each running one such block).
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) tiles += ceil_div(problems[i].m, lanes::BM);
+  tiles *= ceil_div(s.n, lanes::BN);
+  if (which == Kernel::automatic && s.n > 32 && tiles >= kMinLaneTiles) {
+    bool vec = true;
+    for (int i = 0; i < count; ++i)
+      vec = vec && (problems[i].m <= 0 ||
+                    (aligned16(problems[i].x, problems[i].ldx) && aligned16(problems[i].w, problems[i].ldw)));
+    if (vec)
+      launch_lanes<true>(s, chain_groups, problems, count, mmax, stream);
+    else
+      launch_lanes<false>(s, chain_groups, problems, count, mmax, stream);
+    return;
+  }
+  // Narrow outputs (router, head weights, mHC mixes) take narrow tiles so that more blocks share
+  // the work.
   if (s.n <= 16)
-    launch<1, 1>(s, chain_groups, problems, count, mmax, stream);
+    launch(gemm_tiled_kernel<1, 1>, kThreads, 0, 16, 16, s, chain_groups, problems, count, mmax, stream);
   else if (s.n <= 32)
-    launch<2, 2>(s, chain_groups, problems, count, mmax, stream);
+    launch(gemm_tiled_kernel<2, 2>, kThreads, 0, 32, 32, s, chain_groups, problems, count, mmax, stream);
   else
-    launch<2, 4>(s, chain_groups, problems, count, mmax, stream);
+    launch(gemm_tiled_kernel<2, 4>, kThreads, 0, 32, 64, s, chain_groups, problems, count, mmax, stream);
+}
+
+GemmProblem single_problem(const GemmParams& p) {
+  GemmProblem g;
+  g.x = p.x;
+  g.ldx = p.ldx;
+  g.w = p.w;
+  g.ldw = p.ldw;
+  g.y = p.y;
+  g.ldy = p.ldy;
+  g.m = p.m;
+  return g;
+}
+
+}  // namespace
+
+void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream) {
+  run_group(s, problems, count, stream, Kernel::automatic);
 }
 
 }  // namespace detail
@@ -190,16 +530,15 @@ bool device_available() {
 void gemm(const GemmParams& p, cudaStream_t stream) {
   require(dsv4::gemm_check(p), "gemm");
   if (p.m <= 0 || p.n <= 0) return;
-  detail::GemmShape s{p.n, p.k, p.round, p.order};
-  detail::GemmProblem g;
-  g.x = p.x;
-  g.ldx = p.ldx;
-  g.w = p.w;
-  g.ldw = p.ldw;
-  g.y = p.y;
-  g.ldy = p.ldy;
-  g.m = p.m;
-  detail::gemm_group(s, &g, 1, stream);
+  const detail::GemmProblem g = detail::single_problem(p);
+  detail::run_group(detail::GemmShape{p.n, p.k, p.round, p.order}, &g, 1, stream, detail::Kernel::automatic);
+}
+
+void gemm_baseline(const GemmParams& p, cudaStream_t stream) {
+  require(dsv4::gemm_check(p), "gemm");
+  if (p.m <= 0 || p.n <= 0) return;
+  const detail::GemmProblem g = detail::single_problem(p);
+  detail::run_group(detail::GemmShape{p.n, p.k, p.round, p.order}, &g, 1, stream, detail::Kernel::tiled);
 }
 
 }  // namespace dsv4::cuda

@@ -37,6 +37,9 @@ bool device_available();
 
 // ---- dense ----------------------------------------------------------------------------------
 void gemm(const GemmParams& p, cudaStream_t stream);
+// The same GEMM (same contract, same bits) with the previous tiled kernel only: a reference point
+// for the tests and the benchmark.
+void gemm_baseline(const GemmParams& p, cudaStream_t stream);
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 // pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
 void rope_apply(const RopeApplyParams& p, cudaStream_t stream);

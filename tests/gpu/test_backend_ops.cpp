@@ -50,6 +50,7 @@ struct OpInfo {
 const std::vector<OpInfo>& all_ops() {
   static const std::vector<OpInfo> ops = {
       {"gemm", "linear.h", false},
+      {"gemm_baseline", "cuda/ops.h (previous GEMM kernel)", false},
       {"gemm_reference", "linear.h", true},
       {"rmsnorm", "norm.h", false},
       {"rope_freqs", "rope.h", true},
@@ -85,31 +86,46 @@ std::string order_name(ReduceOrder o) {
   return o.block ? "block=" + std::to_string(o.block) : "chain";
 }
 
-// ---- GEMM ---------------------------------------------------------------------------------------
-void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, OutRound round) {
-  const std::string name = "GEMM(m=" + std::to_string(m) + ",n=" + std::to_string(n) +
-                           ",k=" + std::to_string(k) + ",pad=" + std::to_string(pad) + "," +
-                           order_name(order) + (round == OutRound::bf16 ? ",bf16" : ",f32") + ")";
-  add_case("gemm", name, [=](const std::string& nm) {
-    auto g = test::rng_for(nm);
-    const int64_t ldx = k + pad, ldw = k + pad, ldy = n + pad;
-    const auto x = test::randn_bf16(g, size_t(m * ldx)), w = test::randn_bf16(g, size_t(n * ldw), 0.05f);
-    std::vector<float> y(size_t(m * ldy), test::fill_value());
-    GemmParams p;
-    p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldw = ldw, p.ldy = ldy, p.round = round, p.order = order;
-    p.x = x.data(), p.w = w.data(), p.y = y.data();
-    gemm(p);
-    DeviceBuffers d;
-    float* dy = d.upload(std::vector<float>(y.size(), test::fill_value()), "y");
-    p.x = d.upload(x, "x"), p.w = d.upload(w, "w"), p.y = dy;
-    cuda::gemm(p, nullptr);
-    ASSERT_TRUE(d.guards_intact());
-    const auto gy = d.download(dy, y.size());
-    EXPECT_TRUE(same_floats(y, gy, "y"));
-    if (k > 0) {
-      EXPECT_FALSE(test::all_zero(gy));
-    }
-  });
+// ---- GEMM ----------------------------------------------------------------------------------------
+// Runs through cuda::gemm (op "gemm") and cuda::gemm_baseline (op "gemm_baseline"). `tiny` scales x
+// rows from the third on by 1e-25 and w by 1e-22, so that most products underflow to +0 or -0 (and
+// some to subnormals): the signs of zero lanes and sums must then match too.
+void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, OutRound round,
+               bool tiny = false) {
+  for (const bool baseline : {false, true}) {
+    const std::string name = std::string(baseline ? "GEMM_BASELINE" : "GEMM") + "(m=" + std::to_string(m) +
+                             ",n=" + std::to_string(n) + ",k=" + std::to_string(k) +
+                             ",pad=" + std::to_string(pad) + "," + order_name(order) +
+                             (round == OutRound::bf16 ? ",bf16" : ",f32") + (tiny ? ",tiny" : "") + ")";
+    add_case(baseline ? "gemm_baseline" : "gemm", name, [=](const std::string& nm) {
+      auto g = test::rng_for(nm);
+      const int64_t ldx = k + pad, ldw = k + pad, ldy = n + pad;
+      auto x = test::randn_bf16(g, size_t(m * ldx));
+      auto w = test::randn_bf16(g, size_t(n * ldw), 0.05f);
+      if (tiny) {
+        for (size_t i = size_t(2 * ldx); i < x.size(); ++i) x[i] *= 1e-25f;
+        for (float& v : w) v *= 1e-22f;
+      }
+      std::vector<float> y(size_t(m * ldy), test::fill_value());
+      GemmParams p;
+      p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldw = ldw, p.ldy = ldy, p.round = round, p.order = order;
+      p.x = x.data(), p.w = w.data(), p.y = y.data();
+      gemm(p);
+      DeviceBuffers d;
+      float* dy = d.upload(std::vector<float>(y.size(), test::fill_value()), "y");
+      p.x = d.upload(x, "x"), p.w = d.upload(w, "w"), p.y = dy;
+      if (baseline)
+        cuda::gemm_baseline(p, nullptr);
+      else
+        cuda::gemm(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      const auto gy = d.download(dy, y.size());
+      EXPECT_TRUE(same_floats(y, gy, "y"));
+      if (k > 0) {
+        EXPECT_FALSE(test::all_zero(gy));
+      }
+    });
+  }
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
@@ -186,6 +202,26 @@ void register_dense_cases() {
     gemm_case(130, 97, 129, 1, o, OutRound::bf16);
   }
   gemm_case(3, 5, 200, 0, ReduceOrder{8}, OutRound::f32);
+  // Shapes with at least ~100 output tiles of 64 x 64, where cuda::gemm takes the lane-split kernel:
+  // full and partial tiles along m and n, k with a partial stage of 32 and a partial step of 8,
+  // 16-byte aligned rows (ld % 4 == 0: float4 loads, also with k % 4 != 0) and unaligned ones.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}, ReduceOrder{8}}) {
+    for (OutRound r : {OutRound::bf16, OutRound::f32}) {
+      gemm_case(768, 512, 1024, 0, o, r);  // full tiles only, aligned
+      gemm_case(257, 1500, 517, 0, o, r);  // unaligned rows, k % 8 == 5
+      gemm_case(600, 700, 1001, 3, o, r);  // aligned rows (ld = 1004), k % 4 == 1
+    }
+    gemm_case(130, 2100, 300, 1, o, OutRound::bf16);
+    gemm_case(1000, 650, 75, 0, o, OutRound::f32);  // k in 3 stages, the last one partial
+    gemm_case(700, 1000, 7, 1, o, OutRound::bf16);  // k < 8: one partial step
+    gemm_case(640, 1030, 0, 0, o, OutRound::bf16);  // k == 0: every output is +0
+    gemm_case(640, 1030, 64, 0, o, OutRound::f32);
+    gemm_case(200, 4000, 136, 4, o, OutRound::bf16);
+    // Underflowing products: -0 lanes must survive steps past k (k % 8 != 0) and chain ends.
+    gemm_case(300, 2000, 12, 0, o, OutRound::f32, true);
+    gemm_case(300, 2000, 75, 1, o, OutRound::bf16, true);
+    gemm_case(33, 20, 75, 1, o, OutRound::f32, true);
+  }
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
     rmsnorm_case(1, 7, true, false, o);
     rmsnorm_case(37, 256, true, false, o);
@@ -751,6 +787,12 @@ void register_other_cases() {
   }
   moe_case(5, 96, 40, 16, 2, 3, 0, 0, 0.0f, false, ReduceOrder{});
   moe_case(33, 64, 24, 4, 1, 2, 2, 16, 1.0f, false, ReduceOrder{64});
+  // Expert GEMMs large enough for the lane-split kernel (150 to 270 gathered rows per used expert,
+  // scattered back by pair), with 16-byte aligned rows and with unaligned ones.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    moe_case(300, 576, 640, 6, 2, 4, 1, 0, 10.0f, false, o);
+    moe_case(400, 518, 650, 5, 2, 3, 1, 0, 10.0f, false, o);
+  }
   log_softmax_case(17, 1000);
   log_softmax_case(3, 7);
   log_softmax_case(9, 4096);
