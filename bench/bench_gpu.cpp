@@ -2,7 +2,10 @@
 // "mid" preset, per-op times of one layer (a mid-preset C4 layer and a Flash-shaped attention layer:
 // hidden 4096, 64 heads, head dim 512, window 128, C4 with indexer top-512, fewer experts), and the
 // card's measured copy bandwidth and exact-GEMM rate as the roofline references (the GEMM also with
-// the previous kernel, cuda::gemm_baseline, there and at the Flash projection shapes). A plain timer
+// the previous kernel, cuda::gemm_baseline, there and at the Flash projection shapes). With cuBLAS
+// (DSV4_HAVE_CUBLAS) the card's bf16 tensor-core GEMM rate is measured too, and each op also gets a
+// hardware roofline: max(bytes / copy bandwidth, FLOPs / bf16 rate), what a tensor-core
+// implementation could reach; exact mode (fp32 fma in the CPU order) cannot. A plain timer
 // program (CUDA events around the ops; wall clock around whole forwards), so it needs no benchmark
 // library. Lines starting with "RESULT" are meant for scripts (scripts/gpu-check.sh).
 //
@@ -38,6 +41,9 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#if defined(DSV4_HAVE_CUBLAS)
+#include <cublas_v2.h>
+#endif
 
 namespace {
 
@@ -160,7 +166,39 @@ struct Roofline {
   double copy_gbs = 0;         // device-to-device copy bandwidth (read + write bytes / s)
   double gemm_gflops = 0;      // exact fp32 GEMM rate at a large square shape (cuda::gemm)
   double baseline_gflops = 0;  // the same with the previous kernel (cuda::gemm_baseline)
+  double bf16_gflops = 0;      // cuBLAS bf16 tensor-core GEMM (fp32 accumulate) at 8192^3; 0 without cuBLAS
 };
+
+// GFLOP/s of a cuBLAS bf16 GEMM (inputs bf16, fp32 compute and output) at m = n = k: the card's
+// tensor-core rate, the ceiling for the GEMMs of a non-exact implementation.
+double bf16_gemm_gflops(int64_t m) {
+#if defined(DSV4_HAVE_CUBLAS)
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, size_t(m * m) * 2));
+  CUDA_CHECK(cudaMalloc(&b, size_t(m * m) * 2));
+  CUDA_CHECK(cudaMalloc(&c, size_t(m * m) * 4));
+  CUDA_CHECK(cudaMemset(a, 0x3c, size_t(m * m) * 2));  // bf16 0x3c3c ~ 0.0115: finite, no denormals
+  CUDA_CHECK(cudaMemset(b, 0x3c, size_t(m * m) * 2));
+  const float one = 1.0f, zero = 0.0f;
+  const int n = int(m);
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  const double ms = time_ms([&] {
+    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
+                      c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cublasDestroy(h);
+  if (st != CUBLAS_STATUS_SUCCESS) return 0;
+  return 2.0 * double(m) * double(m) * double(m) / (ms * 1e6);
+#else
+  (void)m;
+  return 0;
+#endif
+}
 
 // GFLOP/s of cuda::gemm and of cuda::gemm_baseline on one m x n x k GEMM (dense rows).
 std::pair<double, double> gemm_rates(int64_t m, int64_t n, int64_t k, ReduceOrder order) {
@@ -187,6 +225,7 @@ Roofline measure_roofline(bool quick) {
   cudaFree(b);
   const int64_t m = quick ? 1024 : 4096;
   std::tie(r.gemm_gflops, r.baseline_gflops) = gemm_rates(m, m, m, ReduceOrder{});
+  r.bf16_gflops = bf16_gemm_gflops(quick ? 4096 : 8192);
   return r;
 }
 
@@ -222,18 +261,34 @@ struct OpTime {
 };
 
 void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const Roofline& rf) {
+  const bool hw = rf.bf16_gflops > 0;
   std::printf("\nPer-op times, %s layer at T=%ld (exact mode, %s order)\n", s.name.c_str(), long(s.T),
               s.order.block ? "blocked" : "chain");
-  std::printf("%-26s %10s %10s %10s %12s %8s\n", "op", "ms", "GFLOP/s", "GB/s", "roofline ms", "x roof");
-  double total = 0;
+  std::printf("roofline ms = max(bytes / copy bandwidth, FLOPs / exact GEMM rate)%s\n",
+              hw ? "; hw ms = the same with the bf16 tensor-core GEMM rate" : "");
+  std::printf("%-26s %10s %10s %10s %12s %8s", "op", "ms", "GFLOP/s", "GB/s", "roofline ms", "x roof");
+  std::printf(hw ? " %10s %8s\n" : "\n", "hw ms", "x hw");
+  double total = 0, total_roof = 0, total_hw = 0;
   for (const OpTime& o : ops) {
-    const double roof = std::max(o.bytes / (rf.copy_gbs * 1e9), o.flops / (rf.gemm_gflops * 1e9)) * 1e3;
-    std::printf("%-26s %10.3f %10.1f %10.1f %12.3f %8.1f\n", o.op.c_str(), o.ms, o.flops / (o.ms * 1e6),
+    const double mem_ms = o.bytes / (rf.copy_gbs * 1e9) * 1e3;
+    const double roof = std::max(mem_ms, o.flops / (rf.gemm_gflops * 1e9) * 1e3);
+    const double hw_roof = hw ? std::max(mem_ms, o.flops / (rf.bf16_gflops * 1e9) * 1e3) : 0.0;
+    std::printf("%-26s %10.3f %10.1f %10.1f %12.3f %8.1f", o.op.c_str(), o.ms, o.flops / (o.ms * 1e6),
                 o.bytes / (o.ms * 1e6), roof, roof > 0 ? o.ms / roof : 0.0);
+    if (hw)
+      std::printf(" %10.3f %8.1f\n", hw_roof, hw_roof > 0 ? o.ms / hw_roof : 0.0);
+    else
+      std::printf("\n");
     std::printf("RESULT op %s %s T=%ld %.4f ms\n", s.name.c_str(), o.op.c_str(), long(s.T), o.ms);
     total += o.ms;
+    total_roof += roof;
+    total_hw += hw_roof;
   }
-  std::printf("%-26s %10.3f\n", "total", total);
+  std::printf("%-26s %10.3f %10s %10s %12.3f %8.1f", "total", total, "", "", total_roof, total / total_roof);
+  if (hw)
+    std::printf(" %10.3f %8.1f\n", total_hw, total / total_hw);
+  else
+    std::printf("\n");
 }
 
 // Times the ops of one layer. Each op runs on its own pseudo-random inputs, except that the sparse
@@ -552,6 +607,12 @@ int main(int argc, char** argv) {
                 rf.baseline_gflops, rf.gemm_gflops / rf.baseline_gflops);
     std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\nRESULT baseline_gemm_gflops %.1f\n",
                 rf.copy_gbs, rf.gemm_gflops, rf.baseline_gflops);
+    if (rf.bf16_gflops > 0) {
+      std::printf("bf16 tensor-core GEMM (cuBLAS): %.0f GFLOP/s\n", rf.bf16_gflops);
+      std::printf("RESULT bf16_gemm_gflops %.1f\n", rf.bf16_gflops);
+    } else {
+      std::printf("bf16 tensor-core GEMM: not measured (built without cuBLAS)\n");
+    }
     print_gemm_table(quick);
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
