@@ -202,7 +202,8 @@ fi
     # "BM_ForwardCuda/decisions/4096   123 ms   ... tokens/s=33.3k/s ..."
     grep -E "^BM_ForwardCuda/" "$logs/bench_capture.log" | while read -r name ms unit rest; do
       policy=${name#BM_ForwardCuda/}
-      printf '%-34s %s %s\n' "record mid T=4096 capture ${policy%%/*}" "$ms" "$unit"
+      policy=${policy%%/*}
+      printf '%-34s %s %s\n' "record mid capture $policy" "$ms $unit (T=$([[ $policy == full ]] && echo 512 || echo 4096))"
     done
   fi
   echo "logs: $logs"

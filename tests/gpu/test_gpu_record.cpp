@@ -75,6 +75,7 @@ class DigestObserver : public Observer {
     names.push_back(std::string(t.name) + "@" + std::to_string(t.layer));
     digests.push_back(digest_rows(t));
     if (t.row_digests) ++device_digests;
+    if (t.rows() > 0) ++nonempty;
     if (t.host) ++host_values;
     if (!check_values_) return;
     TensorRecord h = t;  // the same tensor, hashed on the host from its downloaded values
@@ -85,7 +86,7 @@ class DigestObserver : public Observer {
   }
   std::vector<std::string> names;
   std::vector<std::vector<uint64_t>> digests;
-  int device_digests = 0, host_values = 0;
+  int device_digests = 0, host_values = 0, nonempty = 0;
 
  private:
   bool check_values_;
