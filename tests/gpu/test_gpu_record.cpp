@@ -111,8 +111,8 @@ TEST(GpuRecord, DeviceDigestsEqualHostDigests) {
         ASSERT_EQ(cpu.names, gpu.names) << what;
         EXPECT_EQ(cpu.digests, gpu.digests) << what;
         EXPECT_EQ(cpu.device_digests, 0) << what;
-        EXPECT_EQ(gpu.device_digests, int(gpu.names.size()))
-            << what << ": every GPU tensor has device digests";
+        EXPECT_GE(gpu.device_digests, gpu.nonempty)
+            << what << ": every non-empty GPU tensor has device digests";
         EXPECT_EQ(gpu.host_values, 0) << what << ": no GPU tensor arrives on the host unasked";
       }
     }
