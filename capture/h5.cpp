@@ -378,7 +378,7 @@ std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem) {
 }
 
 Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
-                      bool extendible, hsize_t expected_rows) {
+                      bool extendible, hsize_t expected_rows, Compress compress) {
   quiet();
   Object at{Id(), parent.file, parent.child(name)};
   if (dims.empty()) at.fail("datasets of the trace have at least one dimension");
@@ -398,9 +398,17 @@ Object create_dataset(const Object& parent, const std::string& name, Type t, con
     // A fixed dimension bounds its chunk size (only axis 0 of an extendible dataset is unbounded).
     if (!extendible) chunk[0] = std::min(chunk[0], dims[0]);
     if (extendible && expected_rows > 0) chunk[0] = std::min(chunk[0], expected_rows);
+    // Uncompressed chunks are stored whole, so the last one's padding would be written as is: spread
+    // the rows evenly over the same number of chunks instead.
+    if (compress == Compress::no && !extendible && chunk[0] > 0) {
+      const hsize_t n = (dims[0] + chunk[0] - 1) / chunk[0];
+      chunk[0] = (dims[0] + n - 1) / n;
+    }
     check(H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()), at, "cannot set the chunk size");
-    check(H5Pset_shuffle(dcpl.get()), at, "cannot add the shuffle filter");
-    check(H5Pset_deflate(dcpl.get(), 4), at, "cannot add the deflate filter");
+    if (compress == Compress::yes) {
+      check(H5Pset_shuffle(dcpl.get()), at, "cannot add the shuffle filter");
+      check(H5Pset_deflate(dcpl.get(), 4), at, "cannot add the deflate filter");
+    }
     check(H5Pset_fletcher32(dcpl.get()), at, "cannot add the fletcher32 filter");
   }
   Id str_type;

@@ -3,7 +3,8 @@
 // HDF5's automatic printing to stderr is turned off on every thread that calls in here.
 //
 // Datasets are created with the trace conventions of traces/FORMAT.md: chunked (~64 KiB chunks made
-// of whole rows) with shuffle + deflate(4) + fletcher32; empty datasets use the contiguous layout
+// of whole rows) with shuffle + deflate(4) + fletcher32 (fletcher32 alone for data that cannot be
+// compressed, such as digests); empty datasets use the contiguous layout
 // (a chunk must not exceed fixed dimensions of size 0, and there is nothing to compress), and so do
 // variable-length string datasets (HDF5 cannot filter variable-length data).
 #pragma once
@@ -104,11 +105,14 @@ size_t type_size(Type t);
 
 // Chunk dimensions for a dataset of `dims` with `elem` bytes per element: whole rows, about 64 KiB.
 std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem);
+// Whether a chunked dataset is compressed (shuffle + deflate) or only checksummed: hash values are
+// incompressible, and deflating them costs more time than the rest of a decisions-only step.
+enum class Compress { yes, no };
 // Creates a dataset with the conventions above. `extendible`: 1-D, starts at dims[0] elements and
 // grows along axis 0 without bound (always chunked); `expected_rows` (> 0) caps its chunk at the
 // length it is expected to reach.
 Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
-                      bool extendible = false, hsize_t expected_rows = 0);
+                      bool extendible = false, hsize_t expected_rows = 0, Compress compress = Compress::yes);
 
 std::vector<hsize_t> shape(const Object& ds);
 // The stored type's class as a Type, or nullopt for types the trace never uses.

@@ -31,8 +31,8 @@
 #include <thread>
 
 #include "capture/errors.h"
-#include "capture/layout.h"
 #include "capture/h5.h"
+#include "capture/layout.h"
 #include "capture/trace_reader.h"
 #include "model/manifest.h"
 
@@ -49,7 +49,6 @@ using trace_layout::step_name;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
 
 // The smallest unsigned storage type that holds `max`.
 h5::Type unsigned_for(uint64_t max) {
@@ -460,7 +459,7 @@ struct TraceWriter::Impl {
       layer[size_t(r)] = spec.layer;
       rows[size_t(r)] = spec.rows();
     }
-    h5::create_dataset(dg, "value", h5::Type::u64, dims({R}));
+    h5::create_dataset(dg, "value", h5::Type::u64, dims({R}), false, 0, h5::Compress::no);
     h5::Object dt = h5::create_dataset(dg, "tensor", h5::Type::i32, dims({M}));
     h5::write(dt, tensor);
     h5::Object dl = h5::create_dataset(dg, "layer", h5::Type::i32, dims({M}));
