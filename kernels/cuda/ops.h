@@ -55,6 +55,9 @@ void hc_head(const HcHeadParams& p, cudaStream_t stream);
 void compressor(const CompressorParams& p, cudaStream_t stream);
 void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream);
 void indexer_topk(const IndexerParams& p, cudaStream_t stream);
+// The same top-k (same contract, same bits) with the previous one-block-per-row kernel only: a
+// reference point for the tests and the benchmark.
+void indexer_topk_baseline(const IndexerParams& p, cudaStream_t stream);
 // ids [T, k] and score [T, k] are device arrays.
 void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score, cudaStream_t stream);
 const char* build_index_check(const IndexBuildParams& p);

@@ -63,6 +63,7 @@ const std::vector<OpInfo>& all_ops() {
       {"hadamard", "compressor.h", false},
       {"topk_row", "indexer.h", true},
       {"indexer_topk", "indexer.h", false},
+      {"indexer_topk_baseline", "cuda/ops.h (previous indexer kernel)", false},
       {"indexer_score_ids", "indexer.h", false},
       {"build_index", "indexer.h", false},
       {"sparse_attention", "attention.h", false},
@@ -357,48 +358,63 @@ void hadamard_case(int64_t rows, int64_t n, int64_t ld) {
 }
 
 // ---- indexer ------------------------------------------------------------------------------------
-// Values: "randn" (distinct scores), "ties" (dyadic values: many equal scores, many exact zeros
-// after relu), "nan" (randn with NaN in some keys, so whole score columns are NaN).
-void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& values, ReduceOrder order) {
-  const std::string name = "INDEXER(T=" + std::to_string(T) + ",Hi=" + std::to_string(Hi) +
-                           ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," + values +
-                           "," + order_name(order) + ")";
-  add_case("indexer_topk", name, [=](const std::string& nm) {
-    auto g = test::rng_for(nm);
-    const int64_t G = T / 4;
-    const int k = int(std::min<int64_t>(topk, G));
-    std::vector<float> qi, ki, wt;
-    if (values == "ties") {
-      qi = test::dyadic(g, size_t(T * Hi * Di)), ki = test::dyadic(g, size_t(G * Di));
-      wt = test::dyadic(g, size_t(T * Hi));
-      for (auto& v : ki) v = v * 0.25f;
-      for (int64_t i = 0; i < G * Di; i += 3) ki[size_t(i)] = 0.0f;
-    } else {
-      qi = test::randn_bf16(g, size_t(T * Hi * Di)), ki = test::randn_bf16(g, size_t(G * Di));
-      wt = test::randn_bf16(g, size_t(T * Hi), 0.1f);
-    }
-    if (values == "nan")
-      for (int64_t grp = 1; grp < G; grp += 7)
-        ki[size_t(grp * Di + 3)] = std::numeric_limits<float>::quiet_NaN();
-    const float fv = test::fill_value();
-    std::vector<int32_t> ids(size_t(T * k), 12345);
-    std::vector<float> margin(static_cast<size_t>(T), fv), score(size_t(T * k), fv);
-    IndexerParams p;
-    p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = 4, p.order = order;
-    p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
-    p.ids = ids.data(), p.margin = margin.data(), p.score = score.data();
-    indexer_topk(p);
-    DeviceBuffers d;
-    p.qi = d.upload(qi, "qi"), p.ki = d.upload(ki, "ki"), p.wt = d.upload(wt, "wt");
-    p.ids = d.upload(std::vector<int32_t>(ids.size(), 12345), "ids");
-    p.margin = d.upload(std::vector<float>(margin.size(), fv), "margin");
-    p.score = d.upload(std::vector<float>(score.size(), fv), "score");
-    cuda::indexer_topk(p, nullptr);
-    ASSERT_TRUE(d.guards_intact());
-    EXPECT_TRUE(same_ints(ids, d.download(p.ids, ids.size()), "ids"));
-    EXPECT_TRUE(same_floats(margin, d.download(p.margin, margin.size()), "margin"));
-    EXPECT_TRUE(same_floats(score, d.download(p.score, score.size()), "score"));
-  });
+// Runs through cuda::indexer_topk (op "indexer_topk") and cuda::indexer_topk_baseline (op
+// "indexer_topk_baseline"). G = T / ratio. Values: "randn" (distinct scores), "ties" (dyadic values:
+// many equal scores, many exact zeros after relu), "nan" (randn with NaN in some keys, so whole score
+// columns are NaN), "dup" (randn with planted equal scores: key g = 2 mod 5 copies key g - 1, key
+// g = 3 mod 7 copies key g / 2, so every row that sees both has exactly equal scores there).
+void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& values, ReduceOrder order,
+                  int ratio = 4) {
+  for (const bool baseline : {false, true}) {
+    const std::string name =
+        std::string(baseline ? "INDEXER_BASELINE" : "INDEXER") + "(T=" + std::to_string(T) +
+        ",Hi=" + std::to_string(Hi) + ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," +
+        values + "," + order_name(order) + (ratio != 4 ? ",ratio=" + std::to_string(ratio) : "") + ")";
+    add_case(baseline ? "indexer_topk_baseline" : "indexer_topk", name, [=](const std::string& nm) {
+      auto g = test::rng_for(nm);
+      const int64_t G = T / ratio;
+      const int k = int(std::min<int64_t>(topk, G));
+      std::vector<float> qi, ki, wt;
+      if (values == "ties") {
+        qi = test::dyadic(g, size_t(T * Hi * Di)), ki = test::dyadic(g, size_t(G * Di));
+        wt = test::dyadic(g, size_t(T * Hi));
+        for (auto& v : ki) v = v * 0.25f;
+        for (int64_t i = 0; i < G * Di; i += 3) ki[size_t(i)] = 0.0f;
+      } else {
+        qi = test::randn_bf16(g, size_t(T * Hi * Di)), ki = test::randn_bf16(g, size_t(G * Di));
+        wt = test::randn_bf16(g, size_t(T * Hi), 0.1f);
+      }
+      if (values == "nan")
+        for (int64_t grp = 1; grp < G; grp += 7)
+          ki[size_t(grp * Di + 3 % Di)] = std::numeric_limits<float>::quiet_NaN();
+      if (values == "dup")
+        for (int64_t grp = 1; grp < G; ++grp) {
+          const int64_t src = grp % 5 == 2 ? grp - 1 : grp % 7 == 3 ? grp / 2 : grp;
+          std::copy_n(ki.begin() + src * Di, Di, ki.begin() + grp * Di);
+        }
+      const float fv = test::fill_value();
+      std::vector<int32_t> ids(size_t(T * k), 12345);
+      std::vector<float> margin(static_cast<size_t>(T), fv), score(size_t(T * k), fv);
+      IndexerParams p;
+      p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = ratio, p.order = order;
+      p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
+      p.ids = ids.data(), p.margin = margin.data(), p.score = score.data();
+      indexer_topk(p);
+      DeviceBuffers d;
+      p.qi = d.upload(qi, "qi"), p.ki = d.upload(ki, "ki"), p.wt = d.upload(wt, "wt");
+      p.ids = d.upload(std::vector<int32_t>(ids.size(), 12345), "ids");
+      p.margin = d.upload(std::vector<float>(margin.size(), fv), "margin");
+      p.score = d.upload(std::vector<float>(score.size(), fv), "score");
+      if (baseline)
+        cuda::indexer_topk_baseline(p, nullptr);
+      else
+        cuda::indexer_topk(p, nullptr);
+      ASSERT_TRUE(d.guards_intact());
+      EXPECT_TRUE(same_ints(ids, d.download(p.ids, ids.size()), "ids"));
+      EXPECT_TRUE(same_floats(margin, d.download(p.margin, margin.size()), "margin"));
+      EXPECT_TRUE(same_floats(score, d.download(p.score, score.size()), "score"));
+    });
+  }
 }
 
 void indexer_score_ids_case(int64_t T, int Hi, int64_t Di, int k) {
@@ -760,6 +776,22 @@ void register_other_cases() {
   indexer_case(130, 2, 128, 32, "ties", ReduceOrder{});     // k == G at the end
   indexer_case(300, 20, 64, 16, "randn", ReduceOrder{64});  // head tiles of 16 with a remainder
   indexer_case(200, 37, 128, 512, "ties", ReduceOrder{});   // topk > G: k = G, rows choose all they see
+  // cuda::indexer_topk cuts the rows into GEMM chunks of at most 256 rows and selection launches of
+  // at most 2048 rows; the dot products run through the GEMM's lane-split kernel (n > 32 and at least
+  // 96 output tiles of 64 x 64) or its tiled kernel.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    indexer_case(600, 64, 128, 32, "randn", o);   // Hi = 64: chunks 256, 256, 88; lane-split GEMM
+    indexer_case(600, 64, 128, 32, "dup", o);     // planted equal scores
+    indexer_case(2600, 1, 8, 16, "dup", o);       // Hi = 1, Di = 8: two selection launches (2048 + 552)
+    indexer_case(1201, 3, 100, 64, "ties", o);    // Di % 8 == 4, aligned rows; 5 key tiles of 64
+    indexer_case(700, 5, 75, 40, "dup", o);       // Di odd: unaligned rows, a partial last step
+    indexer_case(300, 64, 200, 512, "randn", o);  // topk > G, Di in 4 blocks of 64 (last partial)
+    indexer_case(333, 3, 13, 24, "nan", o);       // Di < 16 and not a multiple of 8
+  }
+  indexer_case(257, 2, 13, 8, "randn", ReduceOrder{}, 1);    // ratio 1: G = T, row t sees t + 1 keys
+  indexer_case(257, 5, 64, 300, "dup", ReduceOrder{64}, 1);  // k > visible for most rows
+  indexer_case(9, 64, 128, 4, "randn", ReduceOrder{64});     // rows with 0, 1 and 2 visible keys
+  indexer_case(4, 3, 3, 1, "randn", ReduceOrder{});          // G = 1: only the last row sees a key
   indexer_score_ids_case(300, 3, 64, 8);
   indexer_score_ids_case(17, 5, 128, 4);
   build_index_case(17, 8, CompressedKind::none, 0, 0);
