@@ -14,7 +14,8 @@
 #
 # Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-tests] [--no-sanitizer] [--gpu-only] [--cpu-long]
 #   --quick  smaller benchmark sizes; --no-tests skips the tests and the GPU record/replay check;
-#   --cpu-long also times the CPU at T = 16384 (slow)      env: BUILD_DIR (default build-gpu; the GPU-only build uses
+#   --cpu-long also times the CPU at T = 16384 (slow)
+#   env: SANITIZER_TIMEOUT (240 s per tool), SANITIZER_FILTER (gtest filter, default all cases)      env: BUILD_DIR (default build-gpu; the GPU-only build uses
 #            BUILD_DIR-only), JOBS, CUDA_ARCH (90)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -132,6 +133,10 @@ if [[ $build_ok == 1 && $tests == 1 && -n "$cli_bin" ]]; then
 fi
 
 # ---- compute-sanitizer over the kernel tests --------------------------------------------------------
+# Racecheck over every case of test_backend_ops takes minutes; SANITIZER_TIMEOUT (seconds per tool)
+# keeps the whole call bounded and SANITIZER_FILTER (a gtest filter) picks a subset.
+san_timeout=${SANITIZER_TIMEOUT:-240}
+san_filter=${SANITIZER_FILTER:-*}
 declare -A san
 for tool in memcheck racecheck; do san[$tool]="not run"; done
 if [[ $sanitizer == 1 && -n "$ops_bin" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
@@ -139,7 +144,8 @@ if [[ $sanitizer == 1 && -n "$ops_bin" ]] && command -v compute-sanitizer >/dev/
     say "compute-sanitizer --tool $tool $(basename "$ops_bin")"
     extra=()
     [[ $tool == memcheck ]] && extra=(--leak-check full)
-    compute-sanitizer --tool "$tool" "${extra[@]}" "$ops_bin" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1
+    timeout "$san_timeout" compute-sanitizer --tool "$tool" "${extra[@]}" "$ops_bin" --gtest_brief=1 \
+      --gtest_filter="$san_filter" >"$logs/sanitizer-$tool.log" 2>&1
     rc=$?
     # memcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H hazards displayed (E errors,
     # W warnings)".
@@ -151,6 +157,7 @@ if [[ $sanitizer == 1 && -n "$ops_bin" ]] && command -v compute-sanitizer >/dev/
     else
       san[$tool]="no summary (rc $rc)"
     fi
+    [[ $rc == 124 ]] && san[$tool]="timed out after ${san_timeout} s (set SANITIZER_FILTER to a subset)"
     grep -qE "FAILED" "$logs/sanitizer-$tool.log" && san[$tool]+=", test failures under the tool"
   done
 fi
