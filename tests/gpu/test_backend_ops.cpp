@@ -805,6 +805,7 @@ void register_other_cases() {
   }
   attention_case(4, 3, 0, 64, ReduceOrder{});
   attention_case(5, 43, 300, 40, ReduceOrder{64});
+  attention_case(6, 61, 129, 64, ReduceOrder{});  // 61 heads: no head tile divides it
   attention_case(7, 16, 640, 512, ReduceOrder{});  // Flash-like: head dim 512, window + top-512
   for (const char* mode : {"learned", "learned-unnormalised", "hash", "forced"}) {
     router_case(17, 8, 2, mode, false);
