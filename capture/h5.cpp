@@ -2,13 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 
+#include "capture/chunk_codec.h"
 #include "capture/errors.h"
 
 namespace dsv4::h5 {
+
+static_assert(std::endian::native == std::endian::little, "the trace writer assumes a little-endian host");
+
 namespace {
 
 template <typename T>
@@ -456,12 +465,105 @@ std::optional<Type> stored_type(const Object& ds) {
   }
 }
 
+namespace {
+
+// Datasets smaller than this go through H5Dwrite (one chunk or two: nothing to spread).
+constexpr size_t kParallelWriteBytes = size_t(256) << 10;
+
+int encode_threads() {
+  static const int n = [] {
+    if (const char* e = std::getenv("DSV4_WRITER_THREADS")) {
+      const int v = std::atoi(e);
+      if (v >= 1) return std::min(v, 64);
+    }
+    return std::clamp(omp_get_num_procs() / 2, 1, 8);
+  }();
+  return n;
+}
+
+// Writes a whole chunked dataset chunk by chunk with H5Dwrite_chunk, the chunks encoded (shuffle,
+// deflate, fletcher32: chunk_codec.h) on encode_threads() threads. Returns false, having written
+// nothing, when the dataset is not one this path handles (not chunked, chunks not whole rows, another
+// filter pipeline) or the build has no zlib; the caller then uses H5Dwrite. The stored values are
+// exactly those H5Dwrite would store (little-endian, the file type equals the memory type here).
+bool write_encoded_chunks(const Object& ds, Type t, const void* data, size_t n, hid_t space) {
+  const size_t elem = type_size(t);
+  if (t == Type::str || !chunk_codec_available() || n * elem < kParallelWriteBytes) return false;
+  Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return false;
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 1 || rank > 8) return false;
+  hsize_t dims[8], chunk[8];
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  if (H5Pget_chunk(dcpl.get(), rank, chunk) != rank) return false;
+  for (int i = 1; i < rank; ++i)
+    if (chunk[i] != dims[i]) return false;  // only chunks of whole rows
+  const int nf = H5Pget_nfilters(dcpl.get());
+  std::vector<H5Z_filter_t> filters;
+  for (int i = 0; i < nf; ++i) {
+    unsigned flags = 0;
+    size_t nelem = 8;
+    unsigned cd[8];
+    char name[64];
+    unsigned config = 0;
+    const H5Z_filter_t f =
+        H5Pget_filter2(dcpl.get(), unsigned(i), &flags, &nelem, cd, sizeof name, name, &config);
+    if (f == H5Z_FILTER_DEFLATE && (nelem < 1 || cd[0] != 4)) return false;
+    filters.push_back(f);
+  }
+  bool compress;
+  if (filters == std::vector<H5Z_filter_t>{H5Z_FILTER_SHUFFLE, H5Z_FILTER_DEFLATE, H5Z_FILTER_FLETCHER32})
+    compress = true;
+  else if (filters == std::vector<H5Z_filter_t>{H5Z_FILTER_FLETCHER32})
+    compress = false;
+  else
+    return false;
+
+  size_t row_bytes = elem;
+  for (int i = 1; i < rank; ++i) row_bytes *= dims[i];
+  const hsize_t rows = dims[0], per_chunk = chunk[0];
+  const size_t nchunks = size_t((rows + per_chunk - 1) / per_chunk);
+  const size_t chunk_bytes = size_t(per_chunk) * row_bytes;
+  const auto* src = static_cast<const uint8_t*>(data);
+  std::vector<EncodedChunk> encoded(nchunks);
+  std::vector<std::string> errors(nchunks);
+#pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1)
+  for (size_t c = 0; c < nchunks; ++c) {
+    try {
+      const size_t first = size_t(c) * chunk_bytes;
+      const size_t have = std::min(chunk_bytes, size_t(rows) * row_bytes - first);
+      if (have == chunk_bytes) {
+        encoded[c] = encode_chunk(src + first, chunk_bytes, elem, compress, 4);
+      } else {  // the last chunk, padded with zeros (the fill value) to the chunk's size
+        std::vector<uint8_t> padded(chunk_bytes, 0);
+        std::memcpy(padded.data(), src + first, have);
+        encoded[c] = encode_chunk(padded.data(), chunk_bytes, elem, compress, 4);
+      }
+    } catch (const std::exception& e) {
+      errors[c] = e.what();
+    }
+  }
+  for (size_t c = 0; c < nchunks; ++c) {
+    if (!errors[c].empty()) ds.fail(fmt::format("cannot encode chunk {}: {}", c, errors[c]));
+    hsize_t offset[8] = {};
+    offset[0] = hsize_t(c) * per_chunk;
+    check(H5Dwrite_chunk(ds.get(), H5P_DEFAULT, encoded[c].filter_mask, offset, encoded[c].bytes.size(),
+                         encoded[c].bytes.data()),
+          ds, fmt::format("cannot write chunk {}", c));
+  }
+  return true;
+}
+
+}  // namespace
+
 void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
   quiet();
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
   const hsize_t want = npoints(space.get());
   if (want != n) ds.fail(fmt::format("writing {} values into a dataset of {}", n, want));
   if (n == 0) return;
+  // Memory values are little endian already (le_bytes, or native on this little-endian host).
+  if (write_encoded_chunks(ds, t, data, n, space.get())) return;
   check(H5Dwrite(ds.get(), mem_type(t, le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), ds, "cannot write");
 }
 
