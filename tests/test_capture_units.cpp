@@ -244,6 +244,49 @@ TEST(Digest, LargeTensorsMatchRowByRow) {
   }
 }
 
+// A tensor left in device memory: the values arrive through TensorRecord::fetch, on the first call of
+// data() only; backend-computed row digests are taken as they are, without fetching anything.
+class CountingFetch : public TensorFetch {
+ public:
+  explicit CountingFetch(const std::vector<float>& v) : v_(v) {}
+  const void* fetch() override {
+    ++calls;
+    if (copy_.empty()) copy_ = v_;  // the "download"
+    return copy_.data();
+  }
+  int calls = 0;
+
+ private:
+  const std::vector<float>& v_;
+  std::vector<float> copy_;
+};
+
+TEST(Digest, DeviceTensorsAreFetchedOnlyWhenNeeded) {
+  auto g = test::rng_for("Digest.Device");
+  std::vector<float> v = test::randn_bf16(g, 5 * 33);
+  TensorRecord host;
+  host.dtype = DType::bf16;
+  host.shape = {5, 33};
+  host.host = v.data();
+  const std::vector<uint64_t> want = digest_rows(host);
+
+  CountingFetch fetch(v);
+  TensorRecord dev = host;
+  dev.host = nullptr;
+  dev.fetch = &fetch;
+  EXPECT_EQ(digest_rows(dev), want);  // no backend digests: hashed from the fetched values
+  EXPECT_EQ(storage_bytes(dev), storage_bytes(host));
+  EXPECT_GE(fetch.calls, 1);
+
+  CountingFetch untouched(v);
+  std::vector<uint64_t> backend = want;
+  backend[2] ^= 1;  // recognisably the backend's, not recomputed
+  dev.fetch = &untouched;
+  dev.row_digests = backend.data();
+  EXPECT_EQ(digest_rows(dev), backend);
+  EXPECT_EQ(untouched.calls, 0);
+}
+
 TEST(Digest, Hex16) {
   EXPECT_EQ(hex16(0), "0000000000000000");
   EXPECT_EQ(hex16(0x1234abcdULL), "000000001234abcd");
