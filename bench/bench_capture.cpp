@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "capture/digest.h"
 #include "capture/trace_writer.h"
 #include "model/device.h"
 #include "model/forward.h"
@@ -84,6 +86,101 @@ void BM_ForwardCuda(benchmark::State& state, const char* policy) {
   run_forward(state, mid(), dsv4::Device::cuda, policy);
 }
 
+// The writer alone: one step's Observer calls (tiny preset, T = 4096, computed once) replayed into a
+// new trace with `--capture decisions`, with the row digests precomputed as a device backend supplies
+// them. This is the per-step cost that a fast (GPU) forward leaves exposed.
+class CallLog : public dsv4::Observer {
+ public:
+  struct Tensor {
+    int seq, layer;
+    std::string name;
+    dsv4::DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint64_t> digests;
+  };
+  void on_tensor(const dsv4::TensorRecord& t) override {
+    tensors.push_back({t.seq, t.layer, std::string(t.name), t.dtype, t.shape, dsv4::digest_rows(t)});
+    order.push_back(0);
+  }
+  void on_indexer(const dsv4::IndexerDecision& d) override {
+    indexer.push_back(
+        {d, std::vector<int32_t>(d.ids, d.ids + d.T * d.k), std::vector<float>(d.margin, d.margin + d.T)});
+    order.push_back(1);
+  }
+  void on_routing(const dsv4::RoutingDecision& d) override {
+    routing.push_back({d, std::vector<int32_t>(d.ids, d.ids + d.T * d.k),
+                       std::vector<float>(d.weights, d.weights + d.T * d.k),
+                       std::vector<float>(d.margin, d.margin + d.T)});
+    order.push_back(2);
+  }
+  void on_mhc(const dsv4::MhcDecision& d) override {
+    const int64_t n = d.T * d.hc;
+    mhc.push_back({d, std::vector<float>(d.pre, d.pre + n), std::vector<float>(d.post, d.post + n),
+                   std::vector<float>(d.comb, d.comb + n * d.hc)});
+    order.push_back(3);
+  }
+  // Replays the calls, in their order, into `o`.
+  void replay(dsv4::Observer& o) {
+    size_t ti = 0, ii = 0, ri = 0, mi = 0;
+    for (int kind : order) {
+      if (kind == 0) {
+        const Tensor& t = tensors[ti++];
+        dsv4::TensorRecord r;
+        r.seq = t.seq, r.layer = t.layer, r.name = t.name, r.dtype = t.dtype, r.shape = t.shape;
+        r.row_digests = t.digests.data();
+        o.on_tensor(r);
+      } else if (kind == 1) {
+        auto& [d, ids, margin] = indexer[ii++];
+        d.ids = ids.data(), d.margin = margin.data();
+        o.on_indexer(d);
+      } else if (kind == 2) {
+        auto& [d, ids, weights, margin] = routing[ri++];
+        d.ids = ids.data(), d.weights = weights.data(), d.margin = margin.data();
+        o.on_routing(d);
+      } else {
+        auto& [d, pre, post, comb] = mhc[mi++];
+        d.pre = pre.data(), d.post = post.data(), d.comb = comb.data();
+        o.on_mhc(d);
+      }
+    }
+  }
+
+ private:
+  std::vector<int> order;
+  std::vector<Tensor> tensors;
+  std::vector<std::tuple<dsv4::IndexerDecision, std::vector<int32_t>, std::vector<float>>> indexer;
+  std::vector<std::tuple<dsv4::RoutingDecision, std::vector<int32_t>, std::vector<float>, std::vector<float>>>
+      routing;
+  std::vector<std::tuple<dsv4::MhcDecision, std::vector<float>, std::vector<float>, std::vector<float>>> mhc;
+};
+
+void BM_WriterOnly(benchmark::State& state) {
+  const int64_t T = state.range(0);
+  dsv4::StepSpec step;
+  step.seqs = {dsv4::random_tokens(T, 512, 1)};
+  CallLog calls;
+  dsv4::RunOptions ro;
+  ro.observer = &calls;
+  const dsv4::ForwardResult r = dsv4::forward(tiny(), step.seqs, ro);
+  const dsv4::TraceHeader header = dsv4::make_trace_header(tiny());
+  double writing = 0;
+  for (auto _ : state) {
+    const std::string path = scratch("writer.h5");
+    fs::remove(path);
+    dsv4::TraceWriter::Options opt;
+    opt.policy = dsv4::CapturePolicy::parse("decisions");
+    auto w = dsv4::TraceWriter::create(path, tiny().config(), header, opt);
+    calls.replay(w->begin_step(step));
+    w->end_step(r);
+    w->close();
+    writing += w->stats().seconds_writing;
+    fs::remove(path);
+  }
+  state.counters["writer_thread_ms"] = writing * 1e3 / double(state.iterations());
+  state.counters["tokens/s"] =
+      benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 // A plain sequential write (fwrite + fsync) of `bytes`, the ceiling for a trace writer on this disk.
 void BM_PlainWrite(benchmark::State& state) {
   const int64_t bytes = state.range(0) << 20;
@@ -117,6 +214,7 @@ BENCHMARK_CAPTURE(BM_Forward, full, "full")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(2);
+BENCHMARK(BM_WriterOnly)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
 BENCHMARK(BM_PlainWrite)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 
 }  // namespace

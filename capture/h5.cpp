@@ -467,9 +467,6 @@ std::optional<Type> stored_type(const Object& ds) {
 
 namespace {
 
-// Datasets smaller than this go through H5Dwrite (one chunk or two: nothing to spread).
-constexpr size_t kParallelWriteBytes = size_t(256) << 10;
-
 int encode_threads() {
   static const int n = [] {
     if (const char* e = std::getenv("DSV4_WRITER_THREADS")) {
@@ -481,14 +478,15 @@ int encode_threads() {
   return n;
 }
 
-// Writes a whole chunked dataset chunk by chunk with H5Dwrite_chunk, the chunks encoded (shuffle,
-// deflate, fletcher32: chunk_codec.h) on encode_threads() threads. Returns false, having written
-// nothing, when the dataset is not one this path handles (not chunked, chunks not whole rows, another
-// filter pipeline) or the build has no zlib; the caller then uses H5Dwrite. The stored values are
+// Writes a whole chunked dataset of two chunks or more chunk by chunk with H5Dwrite_chunk, the chunks
+// encoded (shuffle, deflate, fletcher32: chunk_codec.h) on encode_threads() threads. Returns false,
+// having written nothing, when the dataset is not one this path handles (one chunk, not chunked,
+// chunks not whole rows, another filter pipeline) or the build has no zlib; the caller then uses
+// H5Dwrite. The stored values are
 // exactly those H5Dwrite would store (little-endian, the file type equals the memory type here).
 bool write_encoded_chunks(const Object& ds, Type t, const void* data, size_t n, hid_t space) {
   const size_t elem = type_size(t);
-  if (t == Type::str || !chunk_codec_available() || n * elem < kParallelWriteBytes) return false;
+  if (t == Type::str || !chunk_codec_available() || n == 0) return false;
   Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
   if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return false;
   const int rank = H5Sget_simple_extent_ndims(space);
@@ -523,6 +521,7 @@ bool write_encoded_chunks(const Object& ds, Type t, const void* data, size_t n, 
   for (int i = 1; i < rank; ++i) row_bytes *= dims[i];
   const hsize_t rows = dims[0], per_chunk = chunk[0];
   const size_t nchunks = size_t((rows + per_chunk - 1) / per_chunk);
+  if (nchunks < 2) return false;  // one chunk: nothing to spread over threads
   const size_t chunk_bytes = size_t(per_chunk) * row_bytes;
   const auto* src = static_cast<const uint8_t*>(data);
   std::vector<EncodedChunk> encoded(nchunks);
