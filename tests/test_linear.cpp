@@ -106,6 +106,36 @@ TEST(Gemm, BitwiseEqualsReferenceOverShapes) {
   EXPECT_GT(cases, 1000);
 }
 
+// Products that underflow to -0: a lane that only ever received -0 must stay -0 (an fma with
+// padding, fma(0, 0, -0), would make it +0). The optimised GEMM must keep the reference's sign of
+// zero for every k % 8 and block order.
+TEST(Gemm, NegativeZeroLanesSurvive) {
+  for (int64_t k : {8, 9, 12, 15, 16, 17, 70, 129}) {
+    for (int block : {0, 8, 64}) {
+      const int64_t m = 5, n = 7;
+      std::vector<float> x(size_t(m * k), -1e-30f), w(size_t(n * k), 1e-30f);
+      std::vector<float> y(size_t(m * n), 1.0f), ref(size_t(m * n), 1.0f);
+      GemmParams p;
+      p.m = m, p.n = n, p.k = k, p.x = x.data(), p.ldx = k, p.w = w.data(), p.ldw = k, p.ldy = n;
+      p.round = OutRound::f32;
+      p.order.block = block;
+      p.y = y.data();
+      gemm(p);
+      p.y = ref.data();
+      gemm_reference(p);
+      for (size_t i = 0; i < y.size(); ++i) {
+        EXPECT_EQ(y[i], 0.0f);
+        // One chain over k >= 8 has every lane at -0; with blocks, a last block shorter than 8
+        // leaves +0 lanes, and -0 + +0 is +0.
+        if (block == 0) {
+          EXPECT_TRUE(std::signbit(ref[i])) << "k " << k;
+        }
+        EXPECT_EQ(std::signbit(y[i]), std::signbit(ref[i])) << "k " << k << " block " << block << " i " << i;
+      }
+    }
+  }
+}
+
 TEST(Gemm, LargeShapesAndBlockOrders) {
   for (const Case& c0 : {Case{100, 257, 1000}, Case{257, 100, 1000}, Case{64, 1000, 257}, Case{1000, 64, 100},
                          Case{3, 1000, 1000}, Case{1, 257, 1000}}) {
