@@ -32,7 +32,9 @@ struct IndexerParams {
 // score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0, with
 // relu(x) = (x < 0 ? 0 : x) (NaN propagates); only groups
 // g < min(G, floor((p+1)/ratio)) are candidates (causal: the group is complete). Row p takes
-// min(k, #candidates) ids. Memory is O(T * k + threads * G): no [T, G] score matrix is kept.
+// min(k, #candidates) ids. The CPU computes the q.k dot products of a chunk of query rows as one
+// GEMM (each element the same dot()); memory is O(T * k + threads * G) plus a 16 MiB chunk buffer:
+// no [T, G] score matrix is kept.
 const char* indexer_check(const IndexerParams& p);
 void indexer_topk(const IndexerParams& p);
 

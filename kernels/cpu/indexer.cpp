@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/detail/indexer.h"
+#include "kernels/linear.h"
 
 namespace dsv4 {
 
@@ -69,25 +70,60 @@ const char* indexer_check(const IndexerParams& p) {
   return nullptr;
 }
 
-// One query row per iteration with a per-thread score row of G floats (memory O(T*k + threads*G)).
+// Query rows in chunks: the chunk's q rows [rows * Hi, Di] times the visible keys [n, Di] is one GEMM
+// (dsv4::gemm computes every element as dot(q[t, h], k[g], Di, order), the same value index_score
+// uses, in a cache-blocked, multithreaded kernel), then each row runs the fma chain over heads in
+// increasing h and its top-k. The chunking only decides which rows share a GEMM, never a value.
+// Memory: one D buffer of at most kDotFloats floats plus a score row and scratch per thread.
 void indexer_topk(const IndexerParams& p) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-#pragma omp parallel if (p.T * p.G * p.Hi * p.Di >= kParallelWork)
-  {
-    std::vector<float> row(size_t(p.G));
-    std::vector<int32_t> scratch(size_t(p.G));
+  if (p.T <= 0) return;
+  constexpr int64_t kDotFloats = int64_t(4) << 20;  // 16 MiB of dot products per chunk
+  const int64_t nmax = common::visible_groups(p.G, p.T - 1, p.ratio);
+  const int64_t tc = std::clamp<int64_t>(kDotFloats / (int64_t(p.Hi) * std::max<int64_t>(nmax, 1)), 1, 256);
+  std::vector<float> dots;
+  for (int64_t t0 = 0; t0 < p.T; t0 += tc) {
+    const int64_t t1 = std::min(p.T, t0 + tc), rows = t1 - t0;
+    const int64_t n = common::visible_groups(p.G, t1 - 1, p.ratio);  // the most keys a row of the chunk sees
+    if (n > 0) {
+      dots.resize(size_t(rows * p.Hi * n));
+      GemmParams g;
+      g.m = rows * p.Hi;
+      g.n = n;
+      g.k = p.Di;
+      g.x = p.qi + t0 * p.Hi * p.Di;  // row (t - t0) * Hi + h is qi[t, h, :]
+      g.ldx = p.Di;
+      g.w = p.ki;  // row g is ki[g, :]
+      g.ldw = p.Di;
+      g.y = dots.data();
+      g.ldy = n;
+      g.round = OutRound::f32;
+      g.order = p.order;
+      gemm(g);
+    }
+#pragma omp parallel if (rows * n * p.Hi >= kParallelWork)
+    {
+      std::vector<float> row(static_cast<size_t>(n));
+      std::vector<int32_t> scratch(static_cast<size_t>(n));
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < p.T; ++t) {
-      const int64_t n = common::visible_groups(p.G, t, p.ratio);
-      for (int64_t g = 0; g < n; ++g) row[g] = index_score(p, t, g);
-      const int kk = int(std::min<int64_t>(p.k, n));
-      int32_t* ids = p.ids + t * p.k;
-      const float m = topk_row(row.data(), n, kk, ids, scratch.data());
-      for (int j = kk; j < p.k; ++j) ids[j] = -1;
-      if (p.margin) p.margin[t] = m;
-      if (p.score) {
-        float* s = p.score + t * p.k;
-        for (int j = 0; j < p.k; ++j) s[j] = ids[j] >= 0 ? row[ids[j]] : nan;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t nt = common::visible_groups(p.G, t, p.ratio);
+        const float* d = dots.data() + (t - t0) * p.Hi * n;  // d[h * n + g] = dot(q[t, h], k[g])
+        const float* w = p.wt + t * p.Hi;
+        for (int64_t g = 0; g < nt; ++g) {
+          float sc = 0.0f;
+          for (int h = 0; h < p.Hi; ++h) sc = common::index_score_step(sc, w[h], d[h * n + g]);
+          row[size_t(g)] = sc;
+        }
+        const int kk = int(std::min<int64_t>(p.k, nt));
+        int32_t* ids = p.ids + t * p.k;
+        const float m = topk_row(row.data(), nt, kk, ids, scratch.data());
+        for (int j = kk; j < p.k; ++j) ids[j] = -1;
+        if (p.margin) p.margin[t] = m;
+        if (p.score) {
+          float* s = p.score + t * p.k;
+          for (int j = 0; j < p.k; ++j) s[j] = ids[j] >= 0 ? row[size_t(ids[j])] : nan;
+        }
       }
     }
   }
