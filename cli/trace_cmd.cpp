@@ -4,10 +4,12 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -149,14 +151,17 @@ int run_info(const TraceArgs& a) {
                   {"weights_path", m.weights_path},
                   {"layers", c.num_hidden_layers},
                   {"hidden_size", c.hidden_size}};
-    for (const auto& s : steps)
-      j["steps"].push_back({{"index", s.index},
-                            {"kind", s.kind},
-                            {"profile", s.profile},
-                            {"complete", s.complete},
-                            {"capture", s.capture},
-                            {"seq_lengths", s.seq_lengths},
-                            {"seed", s.seed}});
+    for (const auto& s : steps) {
+      nlohmann::json step = {{"index", s.index},       {"kind", s.kind},       {"profile", s.profile},
+                             {"complete", s.complete}, {"capture", s.capture}, {"seq_lengths", s.seq_lengths},
+                             {"seed", s.seed}};
+      if (s.complete) {
+        const KernelRecords k = r.kernels(s.index);
+        step["kernels"] = k.available ? nlohmann::json{{"available", true}, {"launches", k.kernels.size()}}
+                                      : nlohmann::json{{"available", false}, {"reason", k.reason}};
+      }
+      j["steps"].push_back(step);
+    }
     for (const auto& g : sizes)
       j["sizes"][g.group] = {{"stored", g.stored_bytes}, {"logical", g.logical_bytes}};
     j["file_bytes"] = r.file_bytes();
@@ -169,9 +174,15 @@ int run_info(const TraceArgs& a) {
   fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
              m.model_digest, m.weights_path);
   fmt::print("steps: {}\n", steps.size());
-  for (const auto& s : steps)
-    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}\n", s.index, s.kind, s.profile,
-               s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE");
+  for (const auto& s : steps) {
+    std::string kernels;
+    if (s.complete) {
+      const KernelRecords k = r.kernels(s.index);
+      kernels = k.available ? fmt::format("  GPU kernels {}", k.kernels.size()) : "";
+    }
+    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}{}\n", s.index, s.kind, s.profile,
+               s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE", kernels);
+  }
   fmt::print("sizes (stored / in memory):\n");
   for (const auto& g : sizes)
     fmt::print("  {:<48} {:>12} {:>12}\n", g.group, g.stored_bytes, g.logical_bytes);
@@ -222,6 +233,70 @@ std::string fmt_float(float v) {
   return fmt::format("{:.9g}", v);
 }
 
+// The GPU kernels of one step (CUPTI records): every launch in order, then the time per kernel name,
+// largest first, which is where the recorded step spent its GPU time.
+int dump_kernels(const TraceReader& r, const TraceArgs& a) {
+  const KernelRecords k = r.kernels(a.step);
+  nlohmann::json j;
+  j["step"] = a.step;
+  j["available"] = k.available;
+  if (!k.available) {
+    j["reason"] = k.reason;
+    if (a.json)
+      fmt::print("{}\n", j.dump());
+    else
+      fmt::print("step {}: no kernel records ({})\n", a.step, k.reason);
+    return 0;
+  }
+  struct ByName {
+    std::string name;
+    int64_t launches = 0, ns = 0;
+  };
+  std::vector<ByName> by_name;
+  std::map<std::string, size_t> where;
+  int64_t total_ns = 0;
+  std::string text;
+  for (size_t i = 0; i < k.kernels.size(); ++i) {
+    const KernelRecord& kr = k.kernels[i];
+    const int64_t ns = kr.end_ns - kr.start_ns;
+    total_ns += ns;
+    auto [it, added] = where.emplace(kr.name, by_name.size());
+    if (added) by_name.push_back({kr.name});
+    by_name[it->second].launches += 1;
+    by_name[it->second].ns += ns;
+    j["kernels"].push_back({{"index", i},
+                            {"name", kr.name},
+                            {"grid", kr.grid},
+                            {"block", kr.block},
+                            {"shared_bytes", kr.shared_bytes},
+                            {"registers", kr.registers},
+                            {"stream", kr.stream},
+                            {"start_ns", kr.start_ns},
+                            {"end_ns", kr.end_ns},
+                            {"correlation", kr.correlation}});
+    text += fmt::format(
+        "{:>5}  {:>10.1f} us  grid ({},{},{}) block ({},{},{}) smem {:>6} regs {:>3} stream {}  {}\n", i,
+        double(ns) * 1e-3, kr.grid[0], kr.grid[1], kr.grid[2], kr.block[0], kr.block[1], kr.block[2],
+        kr.shared_bytes, kr.registers, kr.stream, kr.name);
+  }
+  std::stable_sort(by_name.begin(), by_name.end(),
+                   [](const ByName& x, const ByName& y) { return x.ns > y.ns; });
+  text += fmt::format("\n{} launches, {:.3f} ms of kernel time; by kernel:\n", k.kernels.size(),
+                      double(total_ns) * 1e-6);
+  for (const ByName& b : by_name) {
+    const double share = total_ns > 0 ? 100.0 * double(b.ns) / double(total_ns) : 0.0;
+    j["by_name"].push_back({{"name", b.name}, {"launches", b.launches}, {"ns", b.ns}, {"share", share}});
+    text += fmt::format("  {:>10.3f} ms {:>5.1f} %  {:>5} x  {}\n", double(b.ns) * 1e-6, share, b.launches,
+                        b.name);
+  }
+  j["total_ns"] = total_ns;
+  if (a.json)
+    fmt::print("{}\n", j.dump());
+  else
+    fmt::print("{}", text);
+  return 0;
+}
+
 int run_dump(const TraceArgs& a) {
   TraceReader r = TraceReader::open(a.path);
   const auto steps = r.steps();
@@ -230,6 +305,7 @@ int run_dump(const TraceArgs& a) {
   if (a.seq < 0 || a.seq >= int(steps[a.step].seq_lengths.size()))
     throw InputError(fmt::format("{}: step {} has no sequence {} (it has {})", a.path, a.step, a.seq,
                                  steps[a.step].seq_lengths.size()));
+  if (a.what == "kernels") return dump_kernels(r, a);
   const ModelConfig c = r.config();
   const bool need_layer = a.what == "indexer" || a.what == "experts" || a.what == "mhc";
   if (need_layer && (a.layer < 0 || a.layer >= c.num_hidden_layers))
@@ -318,7 +394,8 @@ int run_dump(const TraceArgs& a) {
       text += fmt::format("row {:>6}: {}\n", row, fmt::join(vs, " "));
     }
   } else {
-    throw InputError(fmt::format("--what '{}': expected indexer, experts, mhc, digests or tensor", a.what));
+    throw InputError(
+        fmt::format("--what '{}': expected indexer, experts, mhc, digests, tensor or kernels", a.what));
   }
   if (a.json)
     fmt::print("{}\n", j.dump());
@@ -371,7 +448,8 @@ void register_trace_commands(CLI::App& app) {
   dump->add_option("--step", ta->step, "Step index")->capture_default_str();
   dump->add_option("--seq", ta->seq, "Sequence of the step's batch")->capture_default_str();
   dump->add_option("--layer", ta->layer, "Layer (-1: model-level tensors)");
-  dump->add_option("--what", ta->what, "indexer | experts | mhc | digests | tensor")->capture_default_str();
+  dump->add_option("--what", ta->what, "indexer | experts | mhc | digests | tensor | kernels (GPU launches)")
+      ->capture_default_str();
   dump->add_option("--tensor", ta->tensor, "Tensor name for --what tensor (e.g. attn.q)");
   dump->add_flag("--json", ta->json, "Print JSON");
   dump->callback([ta] { set_action([ta] { return run_dump(*ta); }); });

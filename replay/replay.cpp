@@ -513,7 +513,8 @@ std::string launch_str(const KernelRecord& k) {
                      k.grid[2], k.block[0], k.block[1], k.block[2], k.shared_bytes);
 }
 
-// Recorded vs replayed kernel launches, in launch order: the first index where they differ.
+}  // namespace
+
 void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepReplay& sr) {
   if (!rep.available) {
     sr.kernels_note = "this replay could not record kernels (" + rep.reason + ")";
@@ -542,8 +543,6 @@ void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepRep
   }
   sr.kernels_equal = true;
 }
-
-}  // namespace
 
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   TraceReader r = TraceReader::open(trace);

@@ -128,4 +128,9 @@ std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const Env
 // or when the weights do not match the trace's recorded digests.
 void bundle_trace(const std::string& trace, const std::string& model_dir, const std::string& out_dir);
 
+// Recorded vs replayed kernel launches of one step, in launch order (name, grid, block, shared
+// memory: capture/cupti.h same_launch): sets sr.kernels_equal, the counts, the first differing launch
+// index and a note naming both launches; a replay that could not record leaves kernels_equal unset.
+void compare_kernels(const KernelRecords& recorded, const KernelRecords& replayed, StepReplay& sr);
+
 }  // namespace dsv4

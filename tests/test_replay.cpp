@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "capture/digest.h"
@@ -600,6 +601,85 @@ TEST(Replay, IncompleteStepsAreSkipped) {
   ReplayOptions opt;
   opt.step = 1;
   EXPECT_THROW(replay_trace(partial.string(), opt), TraceIncomplete);
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+KernelRecords launches(std::initializer_list<std::tuple<const char*, int, int64_t>> ks) {
+  KernelRecords r;
+  r.available = true;
+  for (const auto& [name, grid, smem] : ks) {
+    KernelRecord k;
+    k.name = name;
+    k.grid = {grid, 1, 1};
+    k.block = {256, 1, 1};
+    k.shared_bytes = smem;
+    k.start_ns = int64_t(r.kernels.size()) * 10;  // times and ids never count as differences
+    k.end_ns = k.start_ns + 5 + int64_t(r.kernels.size());
+    k.correlation = int64_t(r.kernels.size());
+    r.kernels.push_back(k);
+  }
+  return r;
+}
+
+TEST(CompareKernels, FirstDifferingLaunch) {
+  const KernelRecords rec = launches({{"a", 4, 0}, {"b", 8, 1024}, {"c", 2, 0}});
+  {
+    StepReplay sr;
+    KernelRecords rep = rec;
+    for (auto& k : rep.kernels) k.end_ns += 1000, k.correlation += 7, k.registers = 99;
+    compare_kernels(rec, rep, sr);
+    ASSERT_TRUE(sr.kernels_equal.has_value());
+    EXPECT_TRUE(*sr.kernels_equal);
+    EXPECT_EQ(sr.kernel_first_difference, -1);
+    EXPECT_EQ(sr.kernels_recorded, 3);
+    EXPECT_EQ(sr.kernels_replayed, 3);
+  }
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {"b", 16, 1024}, {"c", 2, 0}}), sr);
+    EXPECT_FALSE(*sr.kernels_equal);
+    EXPECT_EQ(sr.kernel_first_difference, 1);
+    EXPECT_NE(sr.kernels_note.find("grid (8,1,1)"), std::string::npos) << sr.kernels_note;
+    EXPECT_NE(sr.kernels_note.find("grid (16,1,1)"), std::string::npos) << sr.kernels_note;
+  }
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {"b", 8, 2048}, {"c", 2, 0}}), sr);
+    EXPECT_EQ(sr.kernel_first_difference, 1);  // shared memory
+  }
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {"x", 8, 1024}}), sr);
+    EXPECT_EQ(sr.kernel_first_difference, 1);  // name
+  }
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {"b", 8, 1024}}), sr);
+    EXPECT_FALSE(*sr.kernels_equal);
+    EXPECT_EQ(sr.kernel_first_difference, 2);
+    EXPECT_NE(sr.kernels_note.find("the replay launched no more kernels"), std::string::npos)
+        << sr.kernels_note;
+  }
+  {
+    StepReplay sr;
+    compare_kernels(launches({{"a", 4, 0}}), rec, sr);
+    EXPECT_EQ(sr.kernel_first_difference, 1);
+    EXPECT_NE(sr.kernels_note.find("the trace records no more kernels"), std::string::npos)
+        << sr.kernels_note;
+  }
+  {
+    StepReplay sr;
+    KernelRecords none;
+    none.reason = "built without CUDA";
+    compare_kernels(rec, none, sr);
+    EXPECT_FALSE(sr.kernels_equal.has_value());
+    EXPECT_NE(sr.kernels_note.find("built without CUDA"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -6,7 +6,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "capture/trace_reader.h"
+#include "capture/trace_writer.h"
 #include "cli_util.h"
+#include "model/forward.h"
+#include "model/tokens.h"
+#include "model/weights.h"
 
 namespace {
 
@@ -79,6 +84,95 @@ TEST_F(TraceCli, RecordAppendInfoValidateDump) {
   EXPECT_NE(r.out.find("not stored"), std::string::npos) << r.out;
   r = run_cli("trace dump " + t + " --step 5 --what digests");
   EXPECT_EQ(r.code, 2) << r.out;
+}
+
+// GPU kernel records as a CUDA recording stores them (written here through the library with made-up
+// launches, so no GPU is needed): they read back field for field, `trace dump --what kernels` lists
+// them and sums the time per kernel name, and `trace info` counts them per step.
+TEST_F(TraceCli, KernelRecordsDumpAndInfo) {
+  using namespace dsv4;
+  const std::string t = p("k.h5");
+  const Weights w = Weights::init(preset("tiny"), 7);
+  KernelRecords rec;
+  rec.available = true;
+  auto launch = [&](const char* name, int gx, int bx, int64_t smem, int regs, int64_t start, int64_t ns) {
+    KernelRecord k;
+    k.name = name;
+    k.grid = {gx, 2, 1};
+    k.block = {bx, 1, 1};
+    k.shared_bytes = smem;
+    k.registers = regs;
+    k.stream = 13;
+    k.start_ns = start;
+    k.end_ns = start + ns;
+    k.correlation = int64_t(rec.kernels.size()) + 100;
+    rec.kernels.push_back(k);
+  };
+  launch("void dsv4::cuda::detail::gemm_lanes_kernel<true>(GemmShape, long)", 64, 256, 51200, 237, 1000,
+         3000);
+  launch("indexer_chain_kernel", 8, 256, 0, 32, 5000, 500);
+  launch("void dsv4::cuda::detail::gemm_lanes_kernel<true>(GemmShape, long)", 32, 256, 51200, 237, 6000,
+         1500);
+  {
+    TraceWriter::Options opt;
+    opt.policy = CapturePolicy::parse("decisions");
+    auto wr = TraceWriter::create(t, w.config(), make_trace_header(w), opt);
+    for (int step = 0; step < 2; ++step) {
+      StepSpec spec;
+      spec.seqs = {random_tokens(9, 512, 3)};
+      RunOptions ro;
+      ro.observer = &wr->begin_step(spec);
+      const ForwardResult fr = forward(w, spec.seqs, ro);
+      if (step == 0) wr->set_kernel_records(rec);
+      wr->end_step(fr);
+    }
+    wr->close();
+  }
+  const KernelRecords back = TraceReader::open(t).kernels(0);
+  ASSERT_TRUE(back.available);
+  ASSERT_EQ(back.kernels.size(), rec.kernels.size());
+  for (size_t i = 0; i < rec.kernels.size(); ++i) {
+    const KernelRecord &a = rec.kernels[i], &b = back.kernels[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.grid, b.grid);
+    EXPECT_EQ(a.block, b.block);
+    EXPECT_EQ(a.shared_bytes, b.shared_bytes);
+    EXPECT_EQ(a.registers, b.registers);
+    EXPECT_EQ(a.stream, b.stream);
+    EXPECT_EQ(a.start_ns, b.start_ns);
+    EXPECT_EQ(a.end_ns, b.end_ns);
+    EXPECT_EQ(a.correlation, b.correlation);
+  }
+  EXPECT_FALSE(TraceReader::open(t).kernels(1).available);
+
+  auto r = run_cli("trace dump --what kernels --json " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["kernels"].size(), 3u);
+  EXPECT_EQ(j["kernels"][1]["name"], "indexer_chain_kernel");
+  EXPECT_EQ(j["kernels"][0]["grid"], nlohmann::json::array({64, 2, 1}));
+  EXPECT_EQ(j["total_ns"], 5000);
+  ASSERT_EQ(j["by_name"].size(), 2u);  // largest total first
+  EXPECT_EQ(j["by_name"][0]["launches"], 2);
+  EXPECT_EQ(j["by_name"][0]["ns"], 4500);
+  EXPECT_DOUBLE_EQ(j["by_name"][0]["share"].get<double>() + j["by_name"][1]["share"].get<double>(), 100.0);
+  r = run_cli("trace dump --what kernels " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 launches, 0.005 ms of kernel time"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("indexer_chain_kernel"), std::string::npos) << r.out;
+  r = run_cli("trace dump --what kernels --step 1 " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 1: no kernel records (not recorded)"), std::string::npos) << r.out;
+  r = run_cli("trace dump --what kernels --step 2 " + t);
+  EXPECT_EQ(r.code, 2) << r.out;
+
+  r = run_cli("trace info --json " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["steps"][0]["kernels"]["launches"], 3);
+  EXPECT_FALSE(j["steps"][1]["kernels"]["available"].get<bool>());
+  r = run_cli("trace info " + t);
+  EXPECT_NE(r.out.find("GPU kernels 3"), std::string::npos) << r.out;
 }
 
 TEST_F(TraceCli, KilledBetweenStepsIsSalvaged) {
