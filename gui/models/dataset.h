@@ -67,6 +67,7 @@ struct TraceInfo {
   std::vector<TraceStepInfo> steps;
   int step = 0;  // the step shown
   int64_t file_bytes = 0;
+  KernelRecords kernels;  // the GPU kernels of the step shown (available = false: none, and why)
 };
 
 // Stage 1 for the view: both traces' info and the shape of what follows.

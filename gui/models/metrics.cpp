@@ -11,7 +11,6 @@ namespace dsv4::gui {
 
 namespace {
 
-
 std::vector<int32_t> valid_row(const std::vector<int32_t>& ids, int64_t width, int64_t t) {
   std::vector<int32_t> row;
   if (width <= 0 || (t + 1) * width > int64_t(ids.size())) return row;

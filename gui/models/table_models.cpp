@@ -472,6 +472,121 @@ int EnvModel::differingRows() const {
   return n;
 }
 
+// ---- KernelModel -----------------------------------------------------------------------------
+
+namespace {
+
+QString launch_text(const KernelRecord& k) {
+  return QStringLiteral("grid (%1,%2,%3) block (%4,%5,%6) smem %7")
+      .arg(k.grid[0])
+      .arg(k.grid[1])
+      .arg(k.grid[2])
+      .arg(k.block[0])
+      .arg(k.block[1])
+      .arg(k.block[2])
+      .arg(k.shared_bytes);
+}
+QString micros(const KernelRecord& k) {
+  return QString::number(double(k.end_ns - k.start_ns) * 1e-3, 'f', 1);
+}
+
+}  // namespace
+
+KernelModel::KernelModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
+  connect(doc_, &TraceDocument::datasetReset, this, [this] {
+    beginResetModel();
+    rebuild();
+    endResetModel();
+  });
+}
+
+void KernelModel::rebuild() {
+  rows_.clear();
+  first_difference_ = -1;
+  launches_ = 0;
+  const Dataset& d = doc_->data();
+  if (!d.summary) return;
+  const KernelRecords& a = d.summary->a.kernels;
+  const KernelRecords* b = d.summary->b ? &d.summary->b->kernels : nullptr;
+  const int cols = columnCount();
+  auto message = [&](const QString& text) {
+    Row r;
+    r.cells = QStringList{QString(), text};
+    while (r.cells.size() < cols) r.cells << QString();
+    rows_.push_back(std::move(r));
+  };
+  if (!b) {
+    if (!a.available) return message(QStringLiteral("no kernel records: %1").arg(q(a.reason)));
+    launches_ = int(a.kernels.size());
+    for (size_t i = 0; i < a.kernels.size(); ++i) {
+      const KernelRecord& k = a.kernels[i];
+      rows_.push_back({QStringList{QString::number(i), q(k.name), launch_text(k),
+                                   QString::number(k.registers), micros(k)},
+                       false});
+    }
+    return;
+  }
+  if (!a.available || !b->available)
+    return message(QStringLiteral("not compared: A %1, B %2")
+                       .arg(a.available ? QStringLiteral("has records") : q(a.reason))
+                       .arg(b->available ? QStringLiteral("has records") : q(b->reason)));
+  const size_t n = std::max(a.kernels.size(), b->kernels.size());
+  launches_ = int(n);
+  for (size_t i = 0; i < n; ++i) {
+    const KernelRecord* ka = i < a.kernels.size() ? &a.kernels[i] : nullptr;
+    const KernelRecord* kb = i < b->kernels.size() ? &b->kernels[i] : nullptr;
+    Row r;
+    r.differs = !ka || !kb || !same_launch(*ka, *kb);
+    if (r.differs && first_difference_ < 0) first_difference_ = int(i);
+    r.cells = QStringList{QString::number(i),
+                          ka ? q(ka->name) : QStringLiteral("(none)"),
+                          ka ? launch_text(*ka) : QString(),
+                          ka ? micros(*ka) : QString(),
+                          kb ? q(kb->name) : QStringLiteral("(none)"),
+                          kb ? launch_text(*kb) : QString(),
+                          kb ? micros(*kb) : QString()};
+    rows_.push_back(std::move(r));
+  }
+}
+
+int KernelModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : int(rows_.size());
+}
+int KernelModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : (doc_->data().comparison() ? 7 : 5);
+}
+
+QVariant KernelModel::data(const QModelIndex& index, int role) const {
+  if (!index.isValid() || index.row() >= int(rows_.size()) || index.column() >= columnCount()) return {};
+  const Row& r = rows_[size_t(index.row())];
+  switch (role) {
+    case Qt::DisplayRole:
+    case Qt::ToolTipRole:
+      return index.column() < r.cells.size() ? r.cells[index.column()] : QString();
+    case Qt::BackgroundRole:
+      if (!r.differs) return {};
+      return index.row() == first_difference_ ? QVariant(QColor(0xf4, 0xa5, 0x9c))
+                                              : QVariant(QColor(0xfd, 0xe0, 0xdd));
+    case DiffersRole:
+      return r.differs;
+    default:
+      return {};
+  }
+}
+
+QVariant KernelModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (role != Qt::DisplayRole || o != Qt::Horizontal)
+    return QAbstractTableModel::headerData(section, o, role);
+  static const QStringList single{QStringLiteral("#"), QStringLiteral("kernel"), QStringLiteral("launch"),
+                                  QStringLiteral("registers"), QStringLiteral("µs")};
+  static const QStringList pair{QStringLiteral("#"),        QStringLiteral("A kernel"),
+                                QStringLiteral("A launch"), QStringLiteral("A µs"),
+                                QStringLiteral("B kernel"), QStringLiteral("B launch"),
+                                QStringLiteral("B µs")};
+  const QStringList& h = doc_->data().comparison() ? pair : single;
+  return section < h.size() ? QVariant(h[section]) : QVariant();
+}
+
 // ---- IndexerSetModel -------------------------------------------------------------------------
 
 IndexerSetModel::IndexerSetModel(QObject* parent) : QAbstractTableModel(parent) {}

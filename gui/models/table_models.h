@@ -105,6 +105,34 @@ class EnvModel : public QAbstractTableModel {
   std::vector<Row> rows_;
 };
 
+// The GPU kernel launches of the step shown (CUPTI records): one row per launch. Comparing two
+// traces, the launches side by side in launch order with the first difference in name, grid, block or
+// shared memory marked (what `dsv4 replay --device cuda` compares); rows past the shorter sequence
+// are differences too. Without records a single row says why.
+class KernelModel : public QAbstractTableModel {
+  Q_OBJECT
+ public:
+  enum Role { DiffersRole = Qt::UserRole + 1 };
+  explicit KernelModel(TraceDocument* doc, QObject* parent = nullptr);
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  // Launch index of the first difference (comparison mode), -1 when none or not comparable.
+  int firstDifference() const { return first_difference_; }
+  int launches() const { return launches_; }
+
+ private:
+  struct Row {
+    QStringList cells;
+    bool differs = false;
+  };
+  void rebuild();
+  TraceDocument* doc_;
+  std::vector<Row> rows_;
+  int first_difference_ = -1, launches_ = 0;
+};
+
 // The indexer sets of one cell: one row per group selected by A or B.
 class IndexerSetModel : public QAbstractTableModel {
   Q_OBJECT

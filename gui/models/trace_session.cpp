@@ -52,6 +52,7 @@ TraceInfo trace_info(const TraceReader& r, int step) {
     throw TraceIncomplete(r.path() + ": step " + std::to_string(step) +
                           " is incomplete (still being written, or its writer stopped); reload later or pick "
                           "another step");
+  i.kernels = r.kernels(step);
   return i;
 }
 

@@ -77,6 +77,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   layer_model_ = new LayerDiffModel(doc_, this);
   tensor_model_ = new TensorDiffModel(doc_, this);
   env_model_ = new EnvModel(doc_, this);
+  kernel_model_ = new KernelModel(doc_, this);
 
   setWindowTitle(QStringLiteral("dsv4-view"));
   setAcceptDrops(true);
@@ -170,6 +171,7 @@ void MainWindow::buildCentral() {
   auto* env = table(env_model_);
   env->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
   tabs_->addTab(env, QStringLiteral("Environment"));
+  tabs_->addTab(table(kernel_model_), QStringLiteral("GPU kernels"));
 
   auto* right = new QSplitter(Qt::Vertical);
   right->addWidget(chart_);
@@ -484,6 +486,11 @@ void MainWindow::onDatasetReset() {
   tabs_->setTabText(3, s.comparison()
                            ? QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows())
                            : QStringLiteral("Environment"));
+  const int kd = kernel_model_->firstDifference();
+  tabs_->setTabText(4, kd >= 0 ? QStringLiteral("GPU kernels (differ at #%1)").arg(kd)
+                       : kernel_model_->launches() > 0
+                           ? QStringLiteral("GPU kernels (%1)").arg(kernel_model_->launches())
+                           : QStringLiteral("GPU kernels"));
 }
 
 void MainWindow::onLoadFinished() {

@@ -64,6 +64,7 @@ class MainWindow : public QMainWindow {
   TokenModel* tokenModel() const { return token_model_; }
   SummaryModel* summaryModel() const { return summary_model_; }
   EnvModel* envModel() const { return env_model_; }
+  KernelModel* kernelModel() const { return kernel_model_; }
   QProgressBar* progressBar() const { return progress_; }
   QTabWidget* tabs() const { return tabs_; }
   int currentSeq() const { return seq_; }
@@ -102,6 +103,7 @@ class MainWindow : public QMainWindow {
   LayerDiffModel* layer_model_;
   TensorDiffModel* tensor_model_;
   EnvModel* env_model_;
+  KernelModel* kernel_model_;
 
   HeatmapView* heatmap_;
   DetailPanel* detail_;

@@ -12,12 +12,15 @@
 #include <set>
 
 #include "capture/trace_reader.h"
+#include "capture/trace_writer.h"
 #include "cli_util.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
 #include "gui_test_util.h"
+#include "model/forward.h"
+#include "model/tokens.h"
 #include "replay/diff.h"
 
 namespace {
@@ -630,6 +633,90 @@ TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
   const auto m = load(doc, path, path, 0, 1);
   ASSERT_TRUE(m.failed);
   EXPECT_EQ(m.error.kind, LoadErrorKind::Mismatch);
+  fs::remove_all(dir);
+}
+
+// A one-step trace of the tiny preset whose step holds the given GPU kernel records (made up here,
+// as a CUDA recording would store them).
+std::string trace_with_kernels(const std::string& path, const KernelRecords& k) {
+  static const Weights w = Weights::init(preset("tiny"), 7);
+  TraceWriter::Options opt;
+  opt.policy = CapturePolicy::parse("decisions");
+  auto wr = TraceWriter::create(path, w.config(), make_trace_header(w), opt);
+  StepSpec spec;
+  spec.seqs = {random_tokens(20, 512, 5)};
+  RunOptions ro;
+  ro.observer = &wr->begin_step(spec);
+  const ForwardResult fr = forward(w, spec.seqs, ro);
+  wr->set_kernel_records(k);
+  wr->end_step(fr);
+  wr->close();
+  return path;
+}
+
+KernelRecords kernel_list(std::initializer_list<std::pair<const char*, int>> launches) {
+  KernelRecords r;
+  r.available = true;
+  for (const auto& [name, grid] : launches) {
+    KernelRecord k;
+    k.name = name;
+    k.grid = {grid, 1, 1};
+    k.block = {256, 1, 1};
+    k.shared_bytes = 1024;
+    k.registers = 40;
+    k.start_ns = 1000 * int64_t(r.kernels.size());
+    k.end_ns = k.start_ns + 2500;
+    k.correlation = int64_t(r.kernels.size());
+    r.kernels.push_back(k);
+  }
+  return r;
+}
+
+TEST_F(GuiModels, KernelLaunchesSideBySide) {
+  TesterGuard guard;
+  const std::string dir = test::temp_dir("kernels");
+  const std::string a =
+      trace_with_kernels(dir + "/a.h5", kernel_list({{"embed", 4}, {"gemm", 64}, {"attn", 8}}));
+  const std::string b =
+      trace_with_kernels(dir + "/b.h5", kernel_list({{"embed", 4}, {"gemm", 32}, {"attn", 8}, {"tail", 1}}));
+  TraceDocument doc;
+  KernelModel kernels(&doc);
+  auto t = tester(&kernels);
+
+  ASSERT_TRUE(load(doc, a).finished);
+  EXPECT_EQ(kernels.columnCount(), 5);
+  ASSERT_EQ(kernels.rowCount(), 3);
+  EXPECT_EQ(kernels.launches(), 3);
+  EXPECT_EQ(kernels.data(kernels.index(1, 1)).toString(), QStringLiteral("gemm"));
+  EXPECT_EQ(kernels.data(kernels.index(1, 2)).toString(),
+            QStringLiteral("grid (64,1,1) block (256,1,1) smem 1024"));
+  EXPECT_EQ(kernels.data(kernels.index(1, 4)).toString(), QStringLiteral("2.5"));
+  EXPECT_EQ(kernels.firstDifference(), -1);
+
+  ASSERT_TRUE(load(doc, a, b).finished);
+  EXPECT_EQ(kernels.columnCount(), 7);
+  ASSERT_EQ(kernels.rowCount(), 4);
+  EXPECT_EQ(kernels.firstDifference(), 1);                    // gemm's grid
+  const std::vector<bool> differs{false, true, false, true};  // row 3: only B launched it
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(kernels.data(kernels.index(r, 0), KernelModel::DiffersRole).toBool(), differs[size_t(r)]) << r;
+  EXPECT_EQ(kernels.data(kernels.index(3, 1)).toString(), QStringLiteral("(none)"));
+  EXPECT_EQ(kernels.data(kernels.index(3, 4)).toString(), QStringLiteral("tail"));
+
+  // A CPU recording carries no records: one row says why.
+  KernelRecords none;
+  none.reason = "recorded on the cpu";
+  const std::string c = trace_with_kernels(dir + "/c.h5", none);
+  ASSERT_TRUE(load(doc, c).finished);
+  ASSERT_EQ(kernels.rowCount(), 1);
+  EXPECT_EQ(kernels.data(kernels.index(0, 1)).toString(),
+            QStringLiteral("no kernel records: recorded on the cpu"));
+  ASSERT_TRUE(load(doc, c, a).finished);
+  ASSERT_EQ(kernels.rowCount(), 1);
+  EXPECT_EQ(kernels.data(kernels.index(0, 1)).toString(),
+            QStringLiteral("not compared: A recorded on the cpu, B has records"));
+  EXPECT_EQ(kernels.firstDifference(), -1);
+  guard.expect_clean();
   fs::remove_all(dir);
 }
 
