@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "capture/chunk_codec.h"
 #include "capture/errors.h"
@@ -478,92 +479,124 @@ int encode_threads() {
   return n;
 }
 
-// Writes a whole chunked dataset of two chunks or more chunk by chunk with H5Dwrite_chunk, the chunks
-// encoded (shuffle, deflate, fletcher32: chunk_codec.h) on encode_threads() threads. Returns false,
-// having written nothing, when the dataset is not one this path handles (one chunk, not chunked,
-// chunks not whole rows, another filter pipeline) or the build has no zlib; the caller then uses
-// H5Dwrite. The stored values are
-// exactly those H5Dwrite would store (little-endian, the file type equals the memory type here).
-bool write_encoded_chunks(const Object& ds, Type t, const void* data, size_t n, hid_t space) {
-  const size_t elem = type_size(t);
-  if (t == Type::str || !chunk_codec_available() || n == 0) return false;
+// The plan of writing one whole dataset through our own chunk encoder: its chunks (whole rows) and
+// the filter pipeline. plan_chunks returns nullopt, having touched nothing, when the dataset is not
+// one this path handles (not chunked, chunks not whole rows, another filter pipeline) or the build
+// has no zlib; such datasets go through H5Dwrite.
+struct ChunkPlan {
+  const Object* ds = nullptr;
+  const uint8_t* src = nullptr;
+  size_t elem = 0, row_bytes = 0, rows = 0, per_chunk = 0, nchunks = 0;
+  bool compress = false;
+  std::vector<EncodedChunk> encoded;
+  std::vector<std::string> errors;
+};
+
+std::optional<ChunkPlan> plan_chunks(const Object& ds, Type t, const void* data, hid_t space) {
+  if (t == Type::str || !chunk_codec_available()) return std::nullopt;
   Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
-  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return false;
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return std::nullopt;
   const int rank = H5Sget_simple_extent_ndims(space);
-  if (rank < 1 || rank > 8) return false;
+  if (rank < 1 || rank > 8) return std::nullopt;
   hsize_t dims[8], chunk[8];
   H5Sget_simple_extent_dims(space, dims, nullptr);
-  if (H5Pget_chunk(dcpl.get(), rank, chunk) != rank) return false;
+  if (H5Pget_chunk(dcpl.get(), rank, chunk) != rank) return std::nullopt;
   for (int i = 1; i < rank; ++i)
-    if (chunk[i] != dims[i]) return false;  // only chunks of whole rows
-  const int nf = H5Pget_nfilters(dcpl.get());
+    if (chunk[i] != dims[i]) return std::nullopt;  // only chunks of whole rows
   std::vector<H5Z_filter_t> filters;
-  for (int i = 0; i < nf; ++i) {
-    unsigned flags = 0;
+  for (int i = 0, nf = H5Pget_nfilters(dcpl.get()); i < nf; ++i) {
+    unsigned flags = 0, cd[8], config = 0;
     size_t nelem = 8;
-    unsigned cd[8];
     char name[64];
-    unsigned config = 0;
     const H5Z_filter_t f =
         H5Pget_filter2(dcpl.get(), unsigned(i), &flags, &nelem, cd, sizeof name, name, &config);
-    if (f == H5Z_FILTER_DEFLATE && (nelem < 1 || cd[0] != 4)) return false;
+    if (f == H5Z_FILTER_DEFLATE && (nelem < 1 || cd[0] != 4)) return std::nullopt;
     filters.push_back(f);
   }
-  bool compress;
+  ChunkPlan p;
   if (filters == std::vector<H5Z_filter_t>{H5Z_FILTER_SHUFFLE, H5Z_FILTER_DEFLATE, H5Z_FILTER_FLETCHER32})
-    compress = true;
-  else if (filters == std::vector<H5Z_filter_t>{H5Z_FILTER_FLETCHER32})
-    compress = false;
-  else
-    return false;
+    p.compress = true;
+  else if (filters != std::vector<H5Z_filter_t>{H5Z_FILTER_FLETCHER32})
+    return std::nullopt;
+  p.ds = &ds;
+  p.src = static_cast<const uint8_t*>(data);
+  p.elem = type_size(t);
+  p.row_bytes = p.elem;
+  for (int i = 1; i < rank; ++i) p.row_bytes *= dims[i];
+  p.rows = size_t(dims[0]);
+  p.per_chunk = size_t(chunk[0]);
+  p.nchunks = (p.rows + p.per_chunk - 1) / p.per_chunk;
+  p.encoded.resize(p.nchunks);
+  p.errors.resize(p.nchunks);
+  return p;
+}
 
-  size_t row_bytes = elem;
-  for (int i = 1; i < rank; ++i) row_bytes *= dims[i];
-  const hsize_t rows = dims[0], per_chunk = chunk[0];
-  const size_t nchunks = size_t((rows + per_chunk - 1) / per_chunk);
-  if (nchunks < 2) return false;  // one chunk: nothing to spread over threads
-  const size_t chunk_bytes = size_t(per_chunk) * row_bytes;
-  const auto* src = static_cast<const uint8_t*>(data);
-  std::vector<EncodedChunk> encoded(nchunks);
-  std::vector<std::string> errors(nchunks);
-#pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1)
-  for (size_t c = 0; c < nchunks; ++c) {
-    try {
-      const size_t first = size_t(c) * chunk_bytes;
-      const size_t have = std::min(chunk_bytes, size_t(rows) * row_bytes - first);
-      if (have == chunk_bytes) {
-        encoded[c] = encode_chunk(src + first, chunk_bytes, elem, compress, 4);
-      } else {  // the last chunk, padded with zeros (the fill value) to the chunk's size
-        std::vector<uint8_t> padded(chunk_bytes, 0);
-        std::memcpy(padded.data(), src + first, have);
-        encoded[c] = encode_chunk(padded.data(), chunk_bytes, elem, compress, 4);
-      }
-    } catch (const std::exception& e) {
-      errors[c] = e.what();
+// Chunk c of a plan through the trace's filter pipeline; the last chunk is padded with zeros (the
+// fill value) to the chunk's size, as HDF5 stores it.
+void encode_one(ChunkPlan& p, size_t c) {
+  try {
+    const size_t chunk_bytes = p.per_chunk * p.row_bytes, first = c * chunk_bytes;
+    const size_t have = std::min(chunk_bytes, p.rows * p.row_bytes - first);
+    if (have == chunk_bytes) {
+      p.encoded[c] = encode_chunk(p.src + first, chunk_bytes, p.elem, p.compress, 4);
+    } else {
+      std::vector<uint8_t> padded(chunk_bytes, 0);
+      std::memcpy(padded.data(), p.src + first, have);
+      p.encoded[c] = encode_chunk(padded.data(), chunk_bytes, p.elem, p.compress, 4);
+    }
+  } catch (const std::exception& e) {
+    p.errors[c] = e.what();
+  }
+}
+
+// Encodes every chunk of every plan on encode_threads() threads (one task per chunk, across
+// datasets), then stores them in order with H5Dwrite_chunk. The stored values are exactly those
+// H5Dwrite would store (little-endian, the file type equals the memory type on this host).
+void write_planned(std::vector<ChunkPlan>& plans) {
+  std::vector<std::pair<size_t, size_t>> tasks;  // (plan, chunk)
+  for (size_t i = 0; i < plans.size(); ++i)
+    for (size_t c = 0; c < plans[i].nchunks; ++c) tasks.emplace_back(i, c);
+  const int64_t ntasks = int64_t(tasks.size());
+#pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1) if (ntasks > 1)
+  for (int64_t k = 0; k < ntasks; ++k) encode_one(plans[tasks[size_t(k)].first], tasks[size_t(k)].second);
+  for (ChunkPlan& p : plans) {
+    for (size_t c = 0; c < p.nchunks; ++c) {
+      if (!p.errors[c].empty()) p.ds->fail(fmt::format("cannot encode chunk {}: {}", c, p.errors[c]));
+      hsize_t offset[8] = {};
+      offset[0] = hsize_t(c * p.per_chunk);
+      check(H5Dwrite_chunk(p.ds->get(), H5P_DEFAULT, p.encoded[c].filter_mask, offset,
+                           p.encoded[c].bytes.size(), p.encoded[c].bytes.data()),
+            *p.ds, fmt::format("cannot write chunk {}", c));
+      p.encoded[c] = EncodedChunk{};  // release as we go
     }
   }
-  for (size_t c = 0; c < nchunks; ++c) {
-    if (!errors[c].empty()) ds.fail(fmt::format("cannot encode chunk {}: {}", c, errors[c]));
-    hsize_t offset[8] = {};
-    offset[0] = hsize_t(c) * per_chunk;
-    check(H5Dwrite_chunk(ds.get(), H5P_DEFAULT, encoded[c].filter_mask, offset, encoded[c].bytes.size(),
-                         encoded[c].bytes.data()),
-          ds, fmt::format("cannot write chunk {}", c));
-  }
-  return true;
 }
 
 }  // namespace
 
-void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
+void write_all(const std::vector<WriteJob>& jobs) {
   quiet();
-  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
-  const hsize_t want = npoints(space.get());
-  if (want != n) ds.fail(fmt::format("writing {} values into a dataset of {}", n, want));
-  if (n == 0) return;
-  // Memory values are little endian already (le_bytes, or native on this little-endian host).
-  if (write_encoded_chunks(ds, t, data, n, space.get())) return;
-  check(H5Dwrite(ds.get(), mem_type(t, le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, data), ds, "cannot write");
+  std::vector<ChunkPlan> plans;
+  std::vector<const WriteJob*> direct;
+  for (const WriteJob& j : jobs) {
+    Id space(check(H5Dget_space(j.ds->get()), *j.ds, "cannot read the dataspace"));
+    const hsize_t want = npoints(space.get());
+    if (want != j.n) j.ds->fail(fmt::format("writing {} values into a dataset of {}", j.n, want));
+    if (j.n == 0) continue;
+    // Memory values are little endian already (le_bytes, or native on this little-endian host).
+    if (auto p = plan_chunks(*j.ds, j.t, j.data, space.get()))
+      plans.push_back(std::move(*p));
+    else
+      direct.push_back(&j);
+  }
+  write_planned(plans);
+  for (const WriteJob* j : direct)
+    check(H5Dwrite(j->ds->get(), mem_type(j->t, j->le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, j->data), *j->ds,
+          "cannot write");
+}
+
+void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
+  write_all({WriteJob{&ds, t, data, n, le_bytes}});
 }
 
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes) {

@@ -122,6 +122,17 @@ std::optional<Type> stored_type(const Object& ds);
 // [offset, offset + n) along axis 0 of a 1-D dataset with write_range. `le_bytes`: the buffer holds
 // little-endian values (digest.h storage_bytes()) rather than native ones.
 void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes = false);
+// Several whole-dataset writes at once: the chunks of all of them are encoded together on the
+// writer's encoder threads (capture/chunk_codec.h; DSV4_WRITER_THREADS, default half the cores, at
+// most 8), then stored in order. Same result as one write() per job.
+struct WriteJob {
+  const Object* ds;
+  Type t;
+  const void* data;
+  size_t n;
+  bool le_bytes = false;
+};
+void write_all(const std::vector<WriteJob>& jobs);
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);

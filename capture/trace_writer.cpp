@@ -583,8 +583,9 @@ struct TraceWriter::Impl {
     }
     h5::Object ex = open_in_seq(L, d + "experts");
     write_narrowed(ex, unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0))), ids);
-    h5::write(open_in_seq(L, d + "expert_weights"), m.a);
-    h5::write(open_in_seq(L, d + "router_margin"), m.b);
+    const h5::Object wts = open_in_seq(L, d + "expert_weights"), margin = open_in_seq(L, d + "router_margin");
+    h5::write_all(
+        {{&wts, h5::Type::f32, m.a.data(), m.a.size()}, {&margin, h5::Type::f32, m.b.data(), m.b.size()}});
     done_decision(L, m, "routing");
   }
 
@@ -595,9 +596,11 @@ struct TraceWriter::Impl {
     if (m.layer < 0 || m.layer >= cfg.num_hidden_layers || m.T != L.T || m.k != cfg.hc_mult)
       throw Error(fmt::format("step {} seq {} layer {}: mHC {} decision of [{}, {}], expected [{}, {}]",
                               step_index, m.seq, m.layer, sub, m.T, m.k, L.T, cfg.hc_mult));
-    h5::write(open_in_seq(L, d + "_pre"), m.a);
-    h5::write(open_in_seq(L, d + "_post"), m.b);
-    h5::write(open_in_seq(L, d + "_comb"), m.c);
+    const h5::Object pre = open_in_seq(L, d + "_pre"), post = open_in_seq(L, d + "_post"),
+                     comb = open_in_seq(L, d + "_comb");
+    h5::write_all({{&pre, h5::Type::f32, m.a.data(), m.a.size()},
+                   {&post, h5::Type::f32, m.b.data(), m.b.size()},
+                   {&comb, h5::Type::f32, m.c.data(), m.c.size()}});
     done_decision(L, m, "mhc_" + sub);
   }
 
