@@ -200,6 +200,13 @@ class Verifier : public Observer {
                                         ? float(static_cast<const int32_t*>(values)[row * per + i])
                                         : static_cast<const float*>(values)[row * per + i];
     }
+    // NaN bit patterns (sign, payload) differ between x86 and CUDA arithmetic, and digests hash the
+    // bits: say so where the replayed row holds NaN, since the recording may come from the other
+    // device (docs/NUMERICS.md).
+    if (std::any_of(d.replayed_row.begin(), d.replayed_row.end(), [](float v) { return v != v; }))
+      d.reason +=
+          " (the replayed row holds NaN: CPU and CUDA write different NaN bit patterns, so a row "
+          "recorded on the other device differs here even where the numbers agree)";
     if (!elements) return d;
     // Only the first divergence reads the full tensor, so this costs one dataset read per step.
     const std::optional<TensorCopy> rec = r_.tensor(step_, t.seq, t.layer, std::string(t.name));

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -406,6 +407,48 @@ TEST(Replay, FlippedWeightByteIsNamed) {
   const ReplayReport rep = replay_trace(trace.string(), opt);
   EXPECT_EQ(rep.weight_mismatches, std::vector<std::string>{name});
   EXPECT_FALSE(rep.identical());
+}
+
+// A model whose embedding row of one token is NaN: the NaN flows through the forward, and a
+// divergence at a row holding NaN says that NaN bit patterns differ between CPU and CUDA.
+TEST(Replay, DivergenceAtANanRowSaysNanBitsDifferAcrossDevices) {
+  const Scratch scratch;
+  const fs::path& dir = scratch.dir;
+  Weights w = Weights::init(tiny().config(), 7);
+  const int32_t bad_token = 11;
+  const int64_t D = tiny().config().hidden_size;
+  auto& embed = const_cast<WeightTensor&>(w.get("model.embed_tokens.weight"));
+  for (int64_t d = 0; d < D; ++d)
+    embed.f[size_t(bad_token * D + d)] = std::numeric_limits<float>::quiet_NaN();
+  w.save((dir / "ckpt").string());
+  const Weights nan_model = Weights::load(tiny().config(), (dir / "ckpt").string());
+  std::vector<int32_t> toks = random_tokens(9, 512, 3);
+  toks[4] = bad_token;
+  const std::vector<StepIn> steps{{{toks}}};
+  const fs::path trace = record(dir / "t.h5", steps, nan_model);
+  ReplayOptions opt;
+  opt.model_dir = (dir / "ckpt").string();
+  expect_identical(replay_trace(trace.string(), opt), steps, "NaN model, same device");
+
+  const std::string seq = "/steps/000000/seq_000";
+  for (const int64_t row : {int64_t(4), int64_t(2)}) {  // the NaN token's row, and a clean row before it
+    const fs::path bad = copy_of(trace, "nan_row" + std::to_string(row) + ".h5");
+    const int64_t at = digest_index(bad, "embed", -1, row);
+    {
+      H5Edit e(bad);
+      auto v = e.read<uint64_t>(seq + "/digests/value", H5T_NATIVE_UINT64);
+      v[size_t(at)] ^= 1;
+      e.write(seq + "/digests/value", H5T_NATIVE_UINT64, v);
+    }
+    const ReplayReport rep = replay_trace(bad.string(), opt);
+    ASSERT_TRUE(rep.steps.at(0).first.has_value());
+    const Divergence& dv = *rep.steps[0].first;
+    EXPECT_EQ(dv.tensor, "embed");
+    EXPECT_EQ(dv.row, row);
+    const bool nan_row = row == 4;
+    EXPECT_EQ(std::isnan(dv.replayed_row.at(0)), nan_row);
+    EXPECT_EQ(dv.reason.find("NaN bit patterns") != std::string::npos, nan_row) << dv.reason;
+  }
 }
 
 TEST(Replay, PlantedEnvDifferenceRanksCompileFlagsFirst) {
