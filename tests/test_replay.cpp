@@ -35,6 +35,7 @@
 #include "model/weights.h"
 #include "replay/replay.h"
 #include "test_util.h"
+#include "trace_test_util.h"
 
 namespace dsv4 {
 namespace {
@@ -652,21 +653,13 @@ TEST(Replay, IncompleteStepsAreSkipped) {
 namespace dsv4 {
 namespace {
 
+// Launches with the given names, grid x and shared memory; times grow with the index (times and ids
+// never count as differences).
 KernelRecords launches(std::initializer_list<std::tuple<const char*, int, int64_t>> ks) {
-  KernelRecords r;
-  r.available = true;
-  for (const auto& [name, grid, smem] : ks) {
-    KernelRecord k;
-    k.name = name;
-    k.grid = {grid, 1, 1};
-    k.block = {256, 1, 1};
-    k.shared_bytes = smem;
-    k.start_ns = int64_t(r.kernels.size()) * 10;  // times and ids never count as differences
-    k.end_ns = k.start_ns + 5 + int64_t(r.kernels.size());
-    k.correlation = int64_t(r.kernels.size());
-    r.kernels.push_back(k);
-  }
-  return r;
+  std::vector<test::Launch> ls;
+  for (const auto& [name, grid, smem] : ks)
+    ls.push_back({name, {grid, 1, 1}, smem, 0, int64_t(ls.size()) * 10, 5 + int64_t(ls.size())});
+  return test::kernel_records(ls);
 }
 
 TEST(CompareKernels, FirstDifferingLaunch) {

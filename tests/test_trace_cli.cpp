@@ -7,11 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/trace_reader.h"
-#include "capture/trace_writer.h"
 #include "cli_util.h"
-#include "model/forward.h"
-#include "model/tokens.h"
-#include "model/weights.h"
+#include "trace_test_util.h"
 
 namespace {
 
@@ -93,41 +90,11 @@ TEST_F(TraceCli, KernelRecordsDumpAndInfo) {
   using namespace dsv4;
   const std::string t = p("k.h5");
   const Weights w = Weights::init(preset("tiny"), 7);
-  KernelRecords rec;
-  rec.available = true;
-  auto launch = [&](const char* name, int gx, int bx, int64_t smem, int regs, int64_t start, int64_t ns) {
-    KernelRecord k;
-    k.name = name;
-    k.grid = {gx, 2, 1};
-    k.block = {bx, 1, 1};
-    k.shared_bytes = smem;
-    k.registers = regs;
-    k.stream = 13;
-    k.start_ns = start;
-    k.end_ns = start + ns;
-    k.correlation = int64_t(rec.kernels.size()) + 100;
-    rec.kernels.push_back(k);
-  };
-  launch("void dsv4::cuda::detail::gemm_lanes_kernel<true>(GemmShape, long)", 64, 256, 51200, 237, 1000,
-         3000);
-  launch("indexer_chain_kernel", 8, 256, 0, 32, 5000, 500);
-  launch("void dsv4::cuda::detail::gemm_lanes_kernel<true>(GemmShape, long)", 32, 256, 51200, 237, 6000,
-         1500);
-  {
-    TraceWriter::Options opt;
-    opt.policy = CapturePolicy::parse("decisions");
-    auto wr = TraceWriter::create(t, w.config(), make_trace_header(w), opt);
-    for (int step = 0; step < 2; ++step) {
-      StepSpec spec;
-      spec.seqs = {random_tokens(9, 512, 3)};
-      RunOptions ro;
-      ro.observer = &wr->begin_step(spec);
-      const ForwardResult fr = forward(w, spec.seqs, ro);
-      if (step == 0) wr->set_kernel_records(rec);
-      wr->end_step(fr);
-    }
-    wr->close();
-  }
+  const std::string gemm = "void dsv4::cuda::detail::gemm_lanes_kernel<true>(GemmShape, long)";
+  const KernelRecords rec = test::kernel_records({{gemm, {64, 2, 1}, 51200, 237, 1000, 3000},
+                                                  {"indexer_chain_kernel", {8, 2, 1}, 0, 32, 5000, 500},
+                                                  {gemm, {32, 2, 1}, 51200, 237, 6000, 1500}});
+  test::write_trace_with_kernels(t, w, random_tokens(9, 512, 3), {rec, std::nullopt});
   const KernelRecords back = TraceReader::open(t).kernels(0);
   ASSERT_TRUE(back.available);
   ASSERT_EQ(back.kernels.size(), rec.kernels.size());

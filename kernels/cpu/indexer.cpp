@@ -87,19 +87,9 @@ void indexer_topk(const IndexerParams& p) {
     const int64_t n = common::visible_groups(p.G, t1 - 1, p.ratio);  // the most keys a row of the chunk sees
     if (n > 0) {
       dots.resize(size_t(rows * p.Hi * n));
-      GemmParams g;
-      g.m = rows * p.Hi;
-      g.n = n;
-      g.k = p.Di;
-      g.x = p.qi + t0 * p.Hi * p.Di;  // row (t - t0) * Hi + h is qi[t, h, :]
-      g.ldx = p.Di;
-      g.w = p.ki;  // row g is ki[g, :]
-      g.ldw = p.Di;
-      g.y = dots.data();
-      g.ldy = n;
-      g.round = OutRound::f32;
-      g.order = p.order;
-      gemm(g);
+      // x row (t - t0) * Hi + h is qi[t, h, :]; w row g is ki[g, :].
+      gemm(linear_params(rows * p.Hi, n, p.Di, p.qi + t0 * p.Hi * p.Di, p.ki, dots.data(), OutRound::f32,
+                         p.order));
     }
 #pragma omp parallel if (rows * n * p.Hi >= kParallelWork)
     {

@@ -12,16 +12,15 @@
 #include <set>
 
 #include "capture/trace_reader.h"
-#include "capture/trace_writer.h"
 #include "cli_util.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
 #include "gui_test_util.h"
-#include "model/forward.h"
 #include "model/tokens.h"
 #include "replay/diff.h"
+#include "trace_test_util.h"
 
 namespace {
 
@@ -636,40 +635,19 @@ TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
   fs::remove_all(dir);
 }
 
-// A one-step trace of the tiny preset whose step holds the given GPU kernel records (made up here,
-// as a CUDA recording would store them).
+// A one-step trace of the tiny preset whose step holds the given GPU kernel records.
 std::string trace_with_kernels(const std::string& path, const KernelRecords& k) {
   static const Weights w = Weights::init(preset("tiny"), 7);
-  TraceWriter::Options opt;
-  opt.policy = CapturePolicy::parse("decisions");
-  auto wr = TraceWriter::create(path, w.config(), make_trace_header(w), opt);
-  StepSpec spec;
-  spec.seqs = {random_tokens(20, 512, 5)};
-  RunOptions ro;
-  ro.observer = &wr->begin_step(spec);
-  const ForwardResult fr = forward(w, spec.seqs, ro);
-  wr->set_kernel_records(k);
-  wr->end_step(fr);
-  wr->close();
+  test::write_trace_with_kernels(path, w, random_tokens(20, 512, 5), {k});
   return path;
 }
 
+// Launches of 2.5 us each, one after the other, with the given names and grid x.
 KernelRecords kernel_list(std::initializer_list<std::pair<const char*, int>> launches) {
-  KernelRecords r;
-  r.available = true;
-  for (const auto& [name, grid] : launches) {
-    KernelRecord k;
-    k.name = name;
-    k.grid = {grid, 1, 1};
-    k.block = {256, 1, 1};
-    k.shared_bytes = 1024;
-    k.registers = 40;
-    k.start_ns = 1000 * int64_t(r.kernels.size());
-    k.end_ns = k.start_ns + 2500;
-    k.correlation = int64_t(r.kernels.size());
-    r.kernels.push_back(k);
-  }
-  return r;
+  std::vector<test::Launch> ls;
+  for (const auto& [name, grid] : launches)
+    ls.push_back({name, {grid, 1, 1}, 1024, 40, 1000 * int64_t(ls.size()), 2500});
+  return test::kernel_records(ls);
 }
 
 TEST_F(GuiModels, KernelLaunchesSideBySide) {
