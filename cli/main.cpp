@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", dsv4::cli::version_string());
   dsv4::cli::register_model_commands(app);
   dsv4::cli::register_forward_commands(app);
+  dsv4::cli::register_generate_command(app);
   dsv4::cli::register_trace_commands(app);
   dsv4::cli::register_replay_commands(app);
   try {

@@ -41,6 +41,33 @@ inline int64_t compressor_groups(int64_t T, int ratio) {
 const char* compressor_check(const CompressorParams& p);
 void compressor(const CompressorParams& p);
 
+// The pooling half of the compressor on rows projected earlier: what a decoding engine runs when a
+// group completes (MODEL.md §7.2), with the projections of earlier tokens kept as its state.
+// kvp and sc hold the fp32 projections (x · wkv^T, x · wgate^T, [rows, coff*d]) of the tokens
+// [row0, row0 + rows); row0 is a multiple of ratio. Groups g0 .. g0 + G - 1 (absolute indices) are
+// pooled exactly as compressor() pools them (slot rule, ape by slot, group 0's previous slots
+// kv 0 / score -inf), normed, rotated at position g * ratio and, if hadamard, rotated by the
+// Walsh-Hadamard matrix: the same bits as compressor() over the whole sequence. Every token a group
+// reads must lie in [row0, row0 + rows). compressor() is the two projections followed by this.
+struct CompressorPoolParams {
+  int64_t g0 = 0, G = 0;       // groups to produce
+  int64_t row0 = 0, rows = 0;  // tokens held by kvp / sc
+  int ratio = 4;
+  int64_t d = 0;
+  int rd = 64;
+  const float* kvp = nullptr;   // [rows, coff*d]
+  const float* sc = nullptr;    // [rows, coff*d]
+  const float* ape = nullptr;   // [ratio, coff*d]
+  const float* norm = nullptr;  // [d]
+  const float* freq = nullptr;  // [rd/2]
+  float rms_eps = 1e-6f;
+  bool hadamard = false;
+  ReduceOrder order{};
+  float* out = nullptr;  // [G, d]
+};
+const char* compressor_pool_check(const CompressorPoolParams& p);
+void compressor_pool(const CompressorPoolParams& p);
+
 // In-place Walsh-Hadamard transform of `rows` vectors of length n (a power of two) with the
 // Sylvester (natural) order, scaled by 1/sqrt(n): butterflies (a, b) -> (a + b, a - b) for
 // h = 1, 2, 4, ..., n/2 in fp32, then each value * s, s = 1.0f / sqrt(float(n)) in fp32, rounded to

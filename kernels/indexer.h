@@ -16,6 +16,8 @@ float topk_row(const float* score, int64_t n, int k, int32_t* ids, int32_t* scra
 
 struct IndexerParams {
   int64_t T = 0;
+  int64_t pos0 = 0;  // position of query row 0 (a decoding engine's chunk starts later); ki holds groups
+                     // from 0
   int Hi = 0;
   int64_t Di = 0;
   int64_t G = 0;  // compressed groups (rows of ki)
@@ -30,7 +32,7 @@ struct IndexerParams {
   float* score = nullptr;   // [T, k] out: score of each chosen id, NaN for -1 slots (may be nullptr)
 };
 // score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0, with
-// relu(x) = (x < 0 ? 0 : x) (NaN propagates); only groups
+// relu(x) = (x < 0 ? 0 : x) (NaN propagates); for query row t at position p = pos0 + t only groups
 // g < min(G, floor((p+1)/ratio)) are candidates (causal: the group is complete). Row p takes
 // min(k, #candidates) ids. The CPU computes the q.k dot products of a chunk of query rows as one
 // GEMM (each element the same dot()); memory is O(T * k + threads * G) plus a 16 MiB chunk buffer:
@@ -47,9 +49,18 @@ void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score)
 //   kind none: nothing; kind c128: width floor(T/ratio), entry g = g + T if g < floor((p+1)/ratio) else -1;
 //   kind c4: width k, entry = sel[p][j] + T if sel >= 0, else -1 (sel must be visible: checked by the
 //   caller).
+// The KV rows they point into are the T window rows, then the compressed rows.
+//
+// A chunk of a decoding engine (pos0 > 0) has its T query rows at positions pos0 .. pos0 + T - 1 and
+// KV rows [the hist window rows of positions pos0 - hist .. pos0 - 1 | its own T rows | compressed
+// rows]; hist must be min(pos0, W - 1) or more. Widths and entries are those of a prefill of pos0 + T
+// tokens restricted to the chunk's rows, with row numbers shifted to that KV layout, so every row
+// lists the same keys in the same order as in the whole-sequence prefill (pos0 = hist = 0).
 enum class CompressedKind { none, c128, c4 };
 struct IndexBuildParams {
   int64_t T = 0;
+  int64_t pos0 = 0;  // position of query row 0
+  int64_t hist = 0;  // window rows before the chunk's own rows
   int W = 128;
   CompressedKind kind = CompressedKind::none;
   int ratio = 0;
@@ -57,6 +68,7 @@ struct IndexBuildParams {
   const int32_t* sel = nullptr;  // c4: [T, k]
   int32_t* idx = nullptr;        // [T, index_width()]
 };
+int64_t index_window_width(const IndexBuildParams& p);  // min(pos0 + T, W)
 int64_t index_width(const IndexBuildParams& p);
 void build_index(const IndexBuildParams& p);
 

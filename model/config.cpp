@@ -187,6 +187,8 @@ ModelConfig config_from_json(const std::string& text, const std::string& origin)
   c.moe_intermediate_size = r.req_int("moe_intermediate_size");
   c.num_hash_layers = r.req_int("num_hash_layers");
   r.opt_int("n_shared_experts", c.n_shared_experts);
+  r.opt_int64("max_position_embeddings", c.max_position_embeddings);
+  r.opt_int("eos_token_id", c.eos_token_id);
 
   // compress_ratios: one entry per layer, optionally followed by the MTP block's entry (dropped).
   const json* cr = r.find("compress_ratios");
@@ -270,6 +272,8 @@ std::string config_to_json(const ModelConfig& c) {
   j["o_groups"] = c.o_groups;
   j["o_lora_rank"] = c.o_lora_rank;
   j["sliding_window"] = c.sliding_window;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   j["compress_ratios"] = c.compress_ratios;
   j["compress_rope_theta"] = float_for_json(c.compress_rope_theta);
   j["rope_theta"] = float_for_json(c.rope_theta);
@@ -325,6 +329,12 @@ void validate(const ModelConfig& c, const std::string& origin) {
   positive("o_groups", c.o_groups);
   positive("o_lora_rank", c.o_lora_rank);
   positive("sliding_window", c.sliding_window);
+  if (c.eos_token_id < -1 || c.eos_token_id >= c.vocab_size)
+    throw ConfigError(fmt::format("{}: field 'eos_token_id' ({}) must be -1 (none) or a token id below vocab_size = {}",
+                                  origin, c.eos_token_id, c.vocab_size));
+  if (c.max_position_embeddings < 1)
+    throw ConfigError(fmt::format("{}: field 'max_position_embeddings' must be positive, got {}", origin,
+                                  c.max_position_embeddings));
   positive("index_n_heads", c.index_n_heads);
   positive("index_head_dim", c.index_head_dim);
   positive("index_topk", c.index_topk);

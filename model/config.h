@@ -27,6 +27,8 @@ struct ModelConfig {
   int o_groups = 0;
   int o_lora_rank = 0;
   int sliding_window = 0;
+  int64_t max_position_embeddings = 1048576;  // positions a sequence may reach (prompt + generated)
+  int eos_token_id = -1;                      // generation stops after it (-1: none)
   std::vector<int> compress_ratios;  // exactly num_hidden_layers entries after parsing (MTP entry dropped)
   float compress_rope_theta = 160000.0f;
   float rope_theta = 10000.0f;

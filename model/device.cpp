@@ -71,6 +71,7 @@ class CpuBackend final : public Backend {
   Buffer<float> floats(int64_t n) override { return host_buffer<float>(n); }
   Buffer<int32_t> ints(int64_t n) override { return host_buffer<int32_t>(n); }
   Buffer<int64_t> longs(int64_t n) override { return host_buffer<int64_t>(n); }
+  Buffer<uint8_t> bytes(int64_t n) override { return host_buffer<uint8_t>(n); }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) std::memcpy(dst, host, bytes);
   }
@@ -93,6 +94,9 @@ class CpuBackend final : public Backend {
       dsv4::fp8_sim_inplace_bf16_cast(p);
   }
   void compressor(const CompressorParams& p) override { dsv4::compressor(p); }
+  void compressor_pool(const CompressorPoolParams& p) override { dsv4::compressor_pool(p); }
+  void kv_store(const KvStoreParams& p) override { dsv4::kv_store(p); }
+  void kv_load(const KvLoadParams& p) override { dsv4::kv_load(p); }
   void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) override { dsv4::hadamard(x, rows, n, ld); }
   void scale_bf16(float* x, int64_t n, float scale) override {
     for (int64_t i = 0; i < n; ++i) x[i] = num::bf16_round(x[i] * scale);
@@ -236,6 +240,7 @@ class CudaBackend final : public Backend {
   Buffer<float> floats(int64_t n) override { return alloc<float>(n); }
   Buffer<int32_t> ints(int64_t n) override { return alloc<int32_t>(n); }
   Buffer<int64_t> longs(int64_t n) override { return alloc<int64_t>(n); }
+  Buffer<uint8_t> bytes(int64_t n) override { return alloc<uint8_t>(n); }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s_));
   }
@@ -266,6 +271,9 @@ class CudaBackend final : public Backend {
       cuda::fp8_sim_inplace_bf16_cast(p, s_);
   }
   void compressor(const CompressorParams& p) override { cuda::compressor(p, s_); }
+  void compressor_pool(const CompressorPoolParams& p) override { cuda::compressor_pool(p, s_); }
+  void kv_store(const KvStoreParams& p) override { cuda::kv_store(p, s_); }
+  void kv_load(const KvLoadParams& p) override { cuda::kv_load(p, s_); }
   void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) override {
     cuda::hadamard(x, rows, n, ld, s_);
   }

@@ -18,6 +18,7 @@
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
 #include "kernels/indexer.h"
+#include "kernels/kvcache.h"
 #include "kernels/linear.h"
 #include "kernels/mhc.h"
 #include "kernels/moe.h"
@@ -85,6 +86,7 @@ class Backend {
   virtual Buffer<float> floats(int64_t n) = 0;
   virtual Buffer<int32_t> ints(int64_t n) = 0;
   virtual Buffer<int64_t> longs(int64_t n) = 0;
+  virtual Buffer<uint8_t> bytes(int64_t n) = 0;
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host -> backend
   virtual void download(void* host, const void* src,
                         size_t bytes) = 0;                          // backend -> host, complete on return
@@ -99,6 +101,9 @@ class Backend {
   virtual void rope_apply(const RopeApplyParams& p) = 0;
   virtual void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) = 0;
   virtual void compressor(const CompressorParams& p) = 0;
+  virtual void compressor_pool(const CompressorPoolParams& p) = 0;
+  virtual void kv_store(const KvStoreParams& p) = 0;  // pool and slots in backend memory
+  virtual void kv_load(const KvLoadParams& p) = 0;
   virtual void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) = 0;
   virtual void scale_bf16(float* x, int64_t n, float scale) = 0;  // x = bf16(x * scale)
   virtual void divide(float* x, int64_t n, float d) = 0;          // x = x / d

@@ -11,6 +11,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
+#include "kernels/detail/compressor.h"
 #include "kernels/indexer.h"
 #include "kernels/linear.h"
 #include "kernels/logits.h"
@@ -152,17 +153,21 @@ using IBuf = backend::Buffer<int32_t>;
 
 class SequenceForward {
  public:
+  // cache == nullptr: the whole sequence `tokens` from position 0. Else a chunk: `tokens` at
+  // positions cache->length() .. + T - 1, reading and extending the cache.
   SequenceForward(const Weights& w, const RunOptions& opt, Backend& be, int seq,
-                  const std::vector<int32_t>& tokens)
+                  const std::vector<int32_t>& tokens, SequenceCache* cache = nullptr)
       : c_(w.config()),
         opt_(opt),
         P_(opt.profile),
         be_(be),
         seq_(seq),
         tokens_(tokens),
-        T_(int64_t(tokens.size())) {
+        T_(int64_t(tokens.size())),
+        cache_(cache),
+        p0_(cache ? cache->length() : 0) {
     std::vector<int64_t> pos(static_cast<size_t>(T_));
-    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
+    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = p0_ + t;
     RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
     RopeSpec comp{c_.qk_rope_head_dim,
                   c_.compress_rope_theta,
@@ -187,14 +192,21 @@ class SequenceForward {
   SequenceResult run();
 
  private:
+  // Groups of `ratio` complete before this chunk and after it.
+  int64_t groups_before(int ratio) const { return compressor_groups(p0_, ratio); }
+  int64_t groups_after(int ratio) const { return compressor_groups(p0_ + T_, ratio); }
+
   bool want_tensors() const { return opt_.observer && opt_.observer->wants_tensors(); }
   // Reports a tensor held in backend memory. With a device backend the row digests are computed on
   // the device and the values are downloaded only if an observer asks for them (TensorRecord::data).
-  void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data) {
+  // row0: the index of the tensor's row 0 within the sequence (default: the chunk's first position).
+  void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data,
+              int64_t row0 = -1) {
     if (!want_tensors()) return;
     TensorRecord r;
     r.seq = seq_;
     r.layer = layer;
+    r.pos0 = row0 >= 0 ? row0 : p0_;
     r.name = name;
     r.dtype = dt;
     r.shape = std::move(shape);
@@ -306,19 +318,45 @@ class SequenceForward {
     be_.fp8_sim(p, mode);
   }
 
-  FBuf compress(const FBuf& x, int layer, const std::string& prefix, int64_t d, int ratio,
-                bool hadamard_rot) {
-    const int64_t G = compressor_groups(T_, ratio);
+  // The compressor (MODEL.md §3.5, §7.2) over this chunk: the projections of the chunk's tokens,
+  // after the projections the cache kept of the tokens before it (the incomplete group, and for the
+  // overlapping ratio 4 the group before that), pooled into the groups that complete in this chunk.
+  // A whole sequence keeps no state: the same code with nothing kept. Returns the new groups' rows
+  // [groups_after - groups_before, d].
+  FBuf compress(const FBuf& x, int layer, const std::string& prefix, int64_t d, int ratio, bool hadamard_rot,
+                CacheStream stream) {
+    const int64_t cw = common::compressor_row_width(ratio, d);
+    FBuf kvp = linear(x, T_, c_.hidden_size, prefix + "wkv.weight", cw, OutRound::f32, layer);
+    FBuf sc = linear(x, T_, c_.hidden_size, prefix + "wgate.weight", cw, OutRound::f32, layer);
+    int64_t row0 = p0_, rows = T_;
+    CompressorState* st = cache_ ? &cache_->compressor_state(layer, stream) : nullptr;
+    if (st && st->rows > 0) {  // prepend the kept projections of tokens [st->row0, p0)
+      if (st->row0 + st->rows != p0_)
+        throw Error(
+            fmt::format("layer {}: the {} compressor state holds tokens [{}, {}), the chunk starts at {}",
+                        layer, to_string(stream), st->row0, st->row0 + st->rows, p0_));
+      FBuf kvp2 = be_.floats((st->rows + T_) * cw), sc2 = be_.floats((st->rows + T_) * cw);
+      be_.copy(kvp2.data(), st->kvp.data(), st->kvp.bytes());
+      be_.copy(kvp2.data() + st->rows * cw, kvp.data(), kvp.bytes());
+      be_.copy(sc2.data(), st->sc.data(), st->sc.bytes());
+      be_.copy(sc2.data() + st->rows * cw, sc.data(), sc.bytes());
+      kvp = std::move(kvp2);
+      sc = std::move(sc2);
+      row0 = st->row0;
+      rows += st->rows;
+    }
+    const int64_t g0 = groups_before(ratio), G = groups_after(ratio) - g0;
     FBuf out = be_.floats(G * d);
-    CompressorParams p;
-    p.T = T_;
-    p.D = c_.hidden_size;
+    CompressorPoolParams p;
+    p.g0 = g0;
+    p.G = G;
+    p.row0 = row0;
+    p.rows = rows;
     p.ratio = ratio;
     p.d = d;
     p.rd = c_.qk_rope_head_dim;
-    p.x = x.data();
-    p.wkv = be_.weight(prefix + "wkv.weight");
-    p.wgate = be_.weight(prefix + "wgate.weight");
+    p.kvp = kvp.data();
+    p.sc = sc.data();
     p.ape = be_.weight(prefix + "ape");
     p.norm = be_.weight(prefix + "norm.weight");
     p.freq = freq_comp_.data();
@@ -326,9 +364,32 @@ class SequenceForward {
     p.hadamard = hadamard_rot;
     p.order = P_.order;
     p.out = out.data();
-    require(compressor_check(p), "compressor", layer);
-    be_.compressor(p);
+    require(compressor_pool_check(p), "compressor", layer);
+    be_.compressor_pool(p);
+    if (st) {  // keep the tokens the next groups read: from the start of the group before the incomplete one
+      const int64_t end = p0_ + T_;
+      const int64_t keep0 = std::max<int64_t>(groups_after(ratio) - (ratio == 4 ? 1 : 0), 0) * ratio;
+      const int64_t n = end - keep0;
+      CompressorState next;
+      next.row0 = keep0;
+      next.rows = n;
+      next.kvp = be_.floats(n * cw);
+      next.sc = be_.floats(n * cw);
+      be_.copy(next.kvp.data(), kvp.data() + (keep0 - row0) * cw, size_t(n * cw) * sizeof(float));
+      be_.copy(next.sc.data(), sc.data() + (keep0 - row0) * cw, size_t(n * cw) * sizeof(float));
+      *st = std::move(next);
+    }
     return out;
+  }
+
+  // Rows [0, g_before) of a cached stream followed by the chunk's `fresh` rows: the compressed rows a
+  // query of this chunk can see.
+  FBuf with_history(int layer, CacheStream stream, int64_t g_before, FBuf fresh, int64_t dim) {
+    if (!cache_ || g_before == 0) return fresh;
+    FBuf all = be_.floats(g_before * dim + fresh.size());
+    cache_->load(layer, stream, 0, g_before, all.data());
+    be_.copy(all.data() + g_before * dim, fresh.data(), fresh.bytes());
+    return all;
   }
 
   struct Mix {
@@ -346,6 +407,8 @@ class SequenceForward {
   int seq_;
   const std::vector<int32_t>& tokens_;
   int64_t T_;
+  SequenceCache* cache_;
+  int64_t p0_;
   backend::Buffer<int64_t> pos_;
   FBuf freq_plain_, freq_comp_;
   IBuf tokens_dev_;
@@ -383,6 +446,7 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
     MhcDecision d;
     d.seq = seq_;
     d.layer = layer;
+    d.pos0 = p0_;
     d.sublayer = sub;
     d.T = T_;
     d.hc = hc;
@@ -426,21 +490,36 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   rope_rows(q, H, Dh, freq, false, L);
   report(L, "attn.q", DType::bf16, {T_, H * Dh}, q.data());
 
-  // Window KV: one shared K=V head.
+  // Window KV: one shared K=V head. A chunk stores its last W rows in the cache before the FP8
+  // simulation (the cache encodes them in its own format; decoding gives the simulated values).
   FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
   norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
   rope_rows(kv, 1, Dh, freq, false, L);
+  // KVcat = window rows (a chunk: the hist cached rows before it, then its own) then the G compressed
+  // rows visible to the chunk; index rows point into it (§3.6). The cached rows are read before the
+  // chunk's own rows are stored: the ring slots they occupy may be the ones being overwritten.
+  const int64_t hist = cache_ ? std::min<int64_t>(p0_, c_.sliding_window - 1) : 0;
+  const int64_t G = ratio > 0 ? groups_after(ratio) : 0;
+  FBuf kvcat = be_.floats((hist + T_ + G) * Dh);
+  if (hist > 0) cache_->load(L, CacheStream::window, p0_ - hist, hist, kvcat.data());
+  if (cache_) {
+    const int64_t m = std::min<int64_t>(T_, c_.sliding_window);
+    cache_->store(L, CacheStream::window, p0_ + T_ - m, m, kv.data() + (T_ - m) * Dh);
+  }
   if (P_.fp8_kv) fp8(kv, T_, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the window KV", L);
   report(L, "attn.kv", DType::bf16, {T_, Dh}, kv.data());
 
-  // Compressed KV (C4 / C128) and the lightning indexer (C4).
+  // Compressed KV (C4 / C128) and the lightning indexer (C4). G counts the compressed rows visible
+  // to this chunk: g_before from the cache, then the groups completing in the chunk.
   FBuf comp;
-  int64_t G = 0;
   if (ratio > 0) {
-    G = compressor_groups(T_, ratio);
-    comp = compress(x, L, a + "compressor.", Dh, ratio, false);
-    if (P_.fp8_kv && G > 0) fp8(comp, G, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
-    report(L, "attn.compressed_kv", DType::bf16, {G, Dh}, comp.data());
+    const int64_t g_before = groups_before(ratio);
+    FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed);
+    const int64_t n = G - g_before;
+    if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
+    if (P_.fp8_kv && n > 0) fp8(fresh, n, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
+    report(L, "attn.compressed_kv", DType::bf16, {n, Dh}, fresh.data(), g_before);
+    comp = with_history(L, CacheStream::compressed, g_before, std::move(fresh), Dh);
   }
   IBuf sel;
   int k4 = 0;
@@ -454,20 +533,24 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     const int iblock = int(std::min<int64_t>(Di, 128));
     if (P_.fp8_indexer) fp8(qi, T_ * Hi, Di, Di, iblock, Fp8KvMode::real, "the indexer queries", L);
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
-    FBuf ki = compress(x, L, ix + "compressor.", Di, 4, true);
-    if (P_.fp8_indexer && G > 0) fp8(ki, G, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
-    report(L, "indexer.k", DType::bf16, {G, Di}, ki.data());
+    const int64_t g_before = groups_before(4), n = G - g_before;
+    FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys);
+    if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
+    if (P_.fp8_indexer && n > 0) fp8(kfresh, n, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
+    report(L, "indexer.k", DType::bf16, {n, Di}, kfresh.data(), g_before);
+    FBuf ki = with_history(L, CacheStream::indexer_keys, g_before, std::move(kfresh), Di);
     FBuf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L);
     const float wscale = float(1.0 / std::sqrt(double(Hi) * double(Di)));
     be_.scale_bf16(wt.data(), wt.size(), wscale);
     report(L, "indexer.weights", DType::f32, {T_, Hi}, wt.data());
 
-    k4 = indexer_width(c_, T_);
+    k4 = indexer_width(c_, p0_ + T_);
     sel = be_.ints(T_ * k4);
     FBuf margin = be_.floats(T_);
     FBuf score = be_.floats(T_ * k4);
     IndexerParams ip;
     ip.T = T_;
+    ip.pos0 = p0_;
     ip.Hi = Hi;
     ip.Di = Di;
     ip.G = G;
@@ -482,6 +565,11 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     ip.score = score.data();
     require(indexer_check(ip), "indexer", L);
     const ForcedSelection* forced = opt_.overrides ? opt_.overrides->indexer(seq_, L) : nullptr;
+    if (forced && cache_)
+      throw InputError(
+          fmt::format("forced indexer selection for sequence {} layer {}: forced decisions "
+                      "apply to whole-sequence forwards, not to decoding chunks",
+                      seq_, L));
     if (forced) {
       be_.upload(sel.data(), canonical_indexer(*forced, c_, seq_, L, T_));
       // The natural top-k still provides the margins (how close the free choice was).
@@ -500,6 +588,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       IndexerDecision d;
       d.seq = seq_;
       d.layer = L;
+      d.pos0 = p0_;
       d.T = T_;
       d.k = k4;
       d.forced = forced != nullptr;
@@ -509,12 +598,12 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     }
   }
 
-  // KVcat = window rows then compressed rows; index rows point into it (§3.6).
-  FBuf kvcat = be_.floats((T_ + G) * Dh);
-  be_.copy(kvcat.data(), kv.data(), kv.bytes());
-  be_.copy(kvcat.data() + T_ * Dh, comp.data(), comp.bytes());
+  be_.copy(kvcat.data() + hist * Dh, kv.data(), kv.bytes());
+  be_.copy(kvcat.data() + (hist + T_) * Dh, comp.data(), comp.bytes());
   IndexBuildParams bp;
   bp.T = T_;
+  bp.pos0 = p0_;
+  bp.hist = hist;
   bp.W = c_.sliding_window;
   bp.kind = ratio == 0 ? CompressedKind::none : ratio == 4 ? CompressedKind::c4 : CompressedKind::c128;
   bp.ratio = ratio;
@@ -530,7 +619,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   sp.T = T_;
   sp.H = H;
   sp.Dh = Dh;
-  sp.N = T_ + G;
+  sp.N = hist + T_ + G;
   sp.K = K;
   sp.q = q.data();
   sp.kv = kvcat.data();
@@ -581,6 +670,11 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
 
   IBuf forced_ids;
   const ForcedSelection* forced = (!hashed && opt_.overrides) ? opt_.overrides->experts(seq_, L) : nullptr;
+  if (forced && cache_)
+    throw InputError(
+        fmt::format("forced experts for sequence {} layer {}: forced decisions apply to "
+                    "whole-sequence forwards, not to decoding chunks",
+                    seq_, L));
   if (forced) {
     const std::vector<int32_t> canon = canonical_experts(*forced, c_, seq_, L, T_);
     forced_ids = be_.ints(int64_t(canon.size()));
@@ -612,6 +706,7 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
     RoutingDecision d;
     d.seq = seq_;
     d.layer = L;
+    d.pos0 = p0_;
     d.T = T_;
     d.k = k;
     d.hashed = hashed;
@@ -711,6 +806,11 @@ SequenceResult SequenceForward::run() {
 
   SequenceResult r;
   r.tokens = tokens_;
+  if (cache_) {  // a chunk: the next token is not known yet; the caller samples from the last row
+    r.last_logits = be_.download(logits.data() + (T_ - 1) * V, V);
+    cache_->advance(T_);
+    return r;
+  }
   FBuf lp = be_.floats(T_ - 1);
   if (T_ > 1) be_.log_softmax_gather(logits.data(), T_ - 1, V, tokens_dev_.data() + 1, lp.data());
   r.logprobs = be_.download(lp.data(), T_ - 1);
@@ -719,6 +819,27 @@ SequenceResult SequenceForward::run() {
 }
 
 }  // namespace
+
+SequenceResult forward_chunk(backend::Backend& be, const Weights& w, int seq,
+                             const std::vector<int32_t>& tokens, SequenceCache& cache,
+                             const RunOptions& opt) {
+  const ModelConfig& c = w.config();
+  const int64_t p0 = cache.length();
+  if (tokens.empty()) throw InputError(fmt::format("forward: sequence {}: a chunk holds no token", seq));
+  for (size_t t = 0; t < tokens.size(); ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
+      throw InputError(
+          fmt::format("forward: sequence {} position {}: token id {} is outside the vocabulary [0, {})", seq,
+                      p0 + int64_t(t), tokens[t], c.vocab_size));
+  if (p0 + int64_t(tokens.size()) > c.max_position_embeddings)
+    throw InputError(
+        fmt::format("forward: sequence {}: positions up to {} exceed max_position_embeddings = {}", seq,
+                    p0 + int64_t(tokens.size()), c.max_position_embeddings));
+  if (opt.temperature != 1.0f)
+    throw InputError("forward: a decoding chunk returns raw logits; apply the temperature when sampling");
+  SequenceForward f(w, opt, be, seq, tokens, &cache);
+  return f.run();
+}
 
 ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                       const RunOptions& opt) {

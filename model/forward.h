@@ -22,6 +22,7 @@
 #include "model/observer.h"
 #include "model/overrides.h"
 #include "model/profile.h"
+#include "model/sequence_cache.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -40,7 +41,8 @@ struct RunOptions {
 
 struct SequenceResult {
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;  // [T-1]: logprobs[t] = log_softmax(logits[t])[tokens[t+1]]
+  std::vector<float> logprobs;     // [T-1]: logprobs[t] = log_softmax(logits[t])[tokens[t+1]]
+  std::vector<float> last_logits;  // forward_chunk only: the logits [V] of the chunk's last token
 };
 
 struct ForwardResult {
@@ -51,5 +53,18 @@ struct ForwardResult {
 // position) and OverrideError for invalid forced decisions (naming sequence, layer and token).
 ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                       const RunOptions& opt);
+
+// One chunk of sequence `seq` on backend `be` (which must have been made for `w` and own the cache's
+// memory): `tokens` at positions cache.length() .. + T - 1, attending to what the cache holds of the
+// earlier tokens and leaving this chunk's state in it (MODEL.md §7). A decode step is a chunk of one
+// token. Every named tensor and decision is reported for the chunk's rows (TensorRecord::pos0 says
+// where they start) with the same bits a whole-sequence forward gives those rows, for any split of
+// a sequence into chunks: the graph is the same code, the cache only supplies the earlier rows. The
+// result holds the last token's raw logits (temperature 1; `logprobs` is not reported: the next
+// token is the caller's to choose). opt.device and opt.threads are not used (the backend and the
+// caller decide); overrides are not supported. Throws InputError for token ids outside the
+// vocabulary and positions beyond max_position_embeddings.
+SequenceResult forward_chunk(backend::Backend& be, const Weights& w, int seq,
+                             const std::vector<int32_t>& tokens, SequenceCache& cache, const RunOptions& opt);
 
 }  // namespace dsv4

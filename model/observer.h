@@ -30,6 +30,10 @@ class TensorFetch {
 struct TensorRecord {
   int seq = 0;     // sequence index within the batch
   int layer = -1;  // -1: model-level (embedding, head)
+  // Index of row 0 within the sequence: 0 for a whole-sequence forward; a decoding engine's chunk
+  // reports its rows from its first position (token tensors) or first new group (attn.compressed_kv,
+  // indexer.k) on.
+  int64_t pos0 = 0;
   std::string_view name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
@@ -51,6 +55,7 @@ struct TensorRecord {
 // = score(k-th chosen) - score(best unchosen) (+inf when nothing was left out).
 struct IndexerDecision {
   int seq = 0, layer = 0;
+  int64_t pos0 = 0;  // position of row 0 (see TensorRecord::pos0)
   int64_t T = 0;
   int k = 0;
   bool forced = false;
@@ -62,6 +67,7 @@ struct IndexerDecision {
 // margin [T] on the biased selection score (+inf for hash layers).
 struct RoutingDecision {
   int seq = 0, layer = 0;
+  int64_t pos0 = 0;
   int64_t T = 0;
   int k = 0;
   bool hashed = false;
@@ -77,6 +83,7 @@ const char* to_string(Sublayer s);
 // mHC mixing of one sublayer: pre [T, hc], post [T, hc], comb [T, hc, hc] (comb[j][k], j source).
 struct MhcDecision {
   int seq = 0, layer = 0;
+  int64_t pos0 = 0;
   Sublayer sublayer = Sublayer::attn;
   int64_t T = 0;
   int hc = 0;

@@ -78,7 +78,7 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------------
 targets=(test_backend_ops test_gpu_model test_xxh3 bench_gpu)
-[[ $mode == full ]] && targets+=(dsv4 test_gpu_record bench_capture)
+[[ $mode == full ]] && targets+=(dsv4 test_gpu_record test_gpu_decode bench_capture bench_decode)
 build_ok=1
 if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
   build_ok=0
@@ -89,6 +89,7 @@ find_bin() { find "$build" -name "$1" -type f -perm -u+x 2>/dev/null | head -1; 
 ops_bin=$(find_bin test_backend_ops)
 bench_bin=$(find_bin bench_gpu)
 capture_bin=$([[ $mode == full ]] && find_bin bench_capture)
+decode_bin=$([[ $mode == full ]] && find_bin bench_decode)
 cli_bin=$([[ $mode == full ]] && find_bin dsv4)
 
 # ---- gpu-labelled tests ---------------------------------------------------------------------------
@@ -176,6 +177,11 @@ if [[ $bench == 1 && -n "$bench_bin" ]]; then
       say "bench_capture failed (see bench_capture.log)"
     grep -E "^BM_" "$logs/bench_capture.log"
   fi
+  if [[ -n "$decode_bin" ]]; then
+    say "bench_decode (decode tokens/s on the GPU; the CPU cases are measured on the CPU machines)"
+    "$decode_bin" --benchmark_filter=Cuda >"$logs/bench_decode.log" 2>&1 || say "bench_decode failed (see bench_decode.log)"
+    grep -E "^BM_" "$logs/bench_decode.log"
+  fi
 fi
 
 # ---- summary --------------------------------------------------------------------------------------------
@@ -211,6 +217,15 @@ fi
       policy=${name#BM_ForwardCuda/}
       policy=${policy%%/*}
       printf '%-34s %s %s\n' "record mid capture $policy" "$ms $unit (T=$([[ $policy == full ]] && echo 512 || echo 4096))"
+    done
+  fi
+  if [[ -f "$logs/bench_decode.log" ]]; then
+    # "BM_DecodeMidCuda/64/4096/iterations:16/real_time  12.3 ms ... decode tok/s=5.2k/s ..."
+    grep -E "^BM_Decode" "$logs/bench_decode.log" | while read -r name rest; do
+      tps=$(grep -oE 'decode tok/s=[^ ]+' <<<"$rest" | cut -d= -f2)
+      ratio=$(grep -oE 'decode/prefill cost=[^ ]+' <<<"$rest" | cut -d= -f2)
+      case=${name#BM_Decode}
+      printf '%-34s %s tok/s (decode/prefill cost per token %s)\n' "decode ${case%%/iter*}" "$tps" "$ratio"
     done
   fi
   echo "logs: $logs"

@@ -62,6 +62,7 @@ const char* indexer_check(const IndexerParams& p) {
   if (p.G < 0) return "G";
   if (p.k < 0 || p.k > p.G) return "k";
   if (p.ratio < 1) return "ratio";
+  if (p.pos0 < 0) return "pos0";
   if (p.T == 0) return nullptr;
   if (p.qi == nullptr) return "qi";
   if (p.G > 0 && p.ki == nullptr) return "ki";
@@ -79,12 +80,12 @@ void indexer_topk(const IndexerParams& p) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   if (p.T <= 0) return;
   constexpr int64_t kDotFloats = int64_t(4) << 20;  // 16 MiB of dot products per chunk
-  const int64_t nmax = common::visible_groups(p.G, p.T - 1, p.ratio);
+  const int64_t nmax = common::row_candidates(p, p.T - 1);
   const int64_t tc = std::clamp<int64_t>(kDotFloats / (int64_t(p.Hi) * std::max<int64_t>(nmax, 1)), 1, 256);
   std::vector<float> dots;
   for (int64_t t0 = 0; t0 < p.T; t0 += tc) {
     const int64_t t1 = std::min(p.T, t0 + tc), rows = t1 - t0;
-    const int64_t n = common::visible_groups(p.G, t1 - 1, p.ratio);  // the most keys a row of the chunk sees
+    const int64_t n = common::row_candidates(p, t1 - 1);  // the most keys a row of the chunk sees
     if (n > 0) {
       dots.resize(size_t(rows * p.Hi * n));
       // x row (t - t0) * Hi + h is qi[t, h, :]; w row g is ki[g, :].
@@ -97,7 +98,7 @@ void indexer_topk(const IndexerParams& p) {
       std::vector<int32_t> scratch(static_cast<size_t>(n));
 #pragma omp for schedule(static)
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t nt = common::visible_groups(p.G, t, p.ratio);
+        const int64_t nt = common::row_candidates(p, t);
         const float* d = dots.data() + (t - t0) * p.Hi * n;  // d[h * n + g] = dot(q[t, h], k[g])
         const float* w = p.wt + t * p.Hi;
         for (int64_t g = 0; g < nt; ++g) {
@@ -130,13 +131,17 @@ void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score)
   }
 }
 
+int64_t index_window_width(const IndexBuildParams& p) {
+  return std::min<int64_t>(p.pos0 + p.T, p.W);
+}
+
 int64_t index_width(const IndexBuildParams& p) {
-  int64_t w = std::min<int64_t>(p.T, p.W);
+  int64_t w = index_window_width(p);
   switch (p.kind) {
     case CompressedKind::none:
       break;
     case CompressedKind::c128:
-      w += p.T / p.ratio;
+      w += (p.pos0 + p.T) / p.ratio;
       break;
     case CompressedKind::c4:
       w += p.k;
@@ -146,7 +151,7 @@ int64_t index_width(const IndexBuildParams& p) {
 }
 
 void build_index(const IndexBuildParams& p) {
-  const int64_t kw = std::min<int64_t>(p.T, p.W);
+  const int64_t kw = index_window_width(p);
   const int64_t width = index_width(p);
 #pragma omp parallel for schedule(static) if (p.T * width >= kParallelWork)
   for (int64_t t = 0; t < p.T; ++t) {

@@ -176,7 +176,7 @@ struct GemmShape {
 // count > 1). Problems with m == 0 are allowed.
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
 
-// RoPE over rows whose position is pos[r] (pos != nullptr) or r * pos_step.
-void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream);
+// RoPE over rows whose position is pos[r] (pos != nullptr) or pos_base + r * pos_step.
+void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream, int64_t pos_base = 0);
 
 }  // namespace dsv4::cuda::detail

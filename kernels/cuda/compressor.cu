@@ -5,7 +5,8 @@
 // rows (as on the CPU); pool_kernel then runs one thread per (group g, channel c) with the CPU's
 // common::compressor_pool (slot scores sc + ape[slot], their max, the exp_f terms and their sum in
 // slot order, the weighted sum as an fma chain in slot order). Then the RMSNorm, RoPE (position
-// g * ratio) and Hadamard kernels run on the G output rows in place.
+// g * ratio) and Hadamard kernels run on the G output rows in place. compressor_pool() is that second
+// half on projections kept by a decoding engine (absolute groups g0 .. g0 + G - 1).
 //
 // hadamard_kernel: one block per row, the row in shared memory; each butterfly stage h pairs
 // (j, j + h) disjointly, the block's threads sharing the pairs of common::hadamard_stage, with a
@@ -20,12 +21,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One thread per (group g, channel c) of out [G, d].
-__global__ void __launch_bounds__(kThreads) pool_kernel(common::CompressorPool a, int64_t G, float* out) {
+// One thread per (group g0 + g, channel c) of out [G, d].
+__global__ void __launch_bounds__(kThreads)
+    pool_kernel(common::CompressorPool a, int64_t g0, int64_t G, float* out) {
   const int64_t total = G * a.d;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x)
-    out[e] = common::compressor_pool(a, e / a.d, e % a.d);
+    out[e] = common::compressor_pool(a, g0 + e / a.d, e % a.d);
 }
 
 // Grid: one block per row (grid-stride); dynamic shared memory n floats.
@@ -68,22 +70,26 @@ void compressor(const CompressorParams& p, cudaStream_t stream) {
   require(dsv4::compressor_check(p), "compressor");
   const int64_t G = compressor_groups(p.T, p.ratio);
   if (G == 0) return;
-  common::CompressorPool a = common::compressor_pool_shape(p);
-  const int64_t d = p.d, cw = a.cw, rows = G * p.ratio;
+  const int64_t cw = common::compressor_row_width(p.ratio, p.d), rows = G * p.ratio;
 
   detail::Scratch<float> kvp(rows * cw, stream), sc(rows * cw, stream);
   gemm(linear_params(rows, cw, p.D, p.x, p.wkv, kvp.get(), OutRound::f32, p.order), stream);
   gemm(linear_params(rows, cw, p.D, p.x, p.wgate, sc.get(), OutRound::f32, p.order), stream);
-  a.kvp = kvp.get();
-  a.sc = sc.get();
-  pool_kernel<<<detail::grid_for(G * d, kThreads), kThreads, 0, stream>>>(a, G, p.out);
+  compressor_pool(common::compressor_pool_params(p, kvp.get(), sc.get()), stream);
+}
+
+void compressor_pool(const CompressorPoolParams& p, cudaStream_t stream) {
+  require(dsv4::compressor_pool_check(p), "compressor_pool");
+  if (p.G == 0) return;
+  const common::CompressorPool a = common::compressor_pool_shape(p);
+  pool_kernel<<<detail::grid_for(p.G * p.d, kThreads), kThreads, 0, stream>>>(a, p.g0, p.G, p.out);
   DSV4_LAUNCH_CHECK();
 
-  rmsnorm(common::compressor_norm_params(p, G), stream);
-  // pos == nullptr: row g at position g * ratio
-  detail::rope_rows(common::compressor_rope_params(p, G, nullptr), p.ratio, stream);
+  rmsnorm(common::compressor_norm_params(p, p.G), stream);
+  // pos == nullptr: row g at position (g0 + g) * ratio
+  detail::rope_rows(common::compressor_rope_params(p, p.G, nullptr), p.ratio, stream, p.g0 * p.ratio);
 
-  if (p.hadamard) hadamard(p.out, G, d, d, stream);
+  if (p.hadamard) hadamard(p.out, p.G, p.d, p.d, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   const unsigned mask = detail::group8_mask();
 
   for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x) {
-    const int64_t n = common::visible_groups(p.G, t, p.ratio);
+    const int64_t n = common::row_candidates(p, t);
     for (int64_t i = tid; i < p.Hi * p.Di; i += kThreads) qs[i] = p.qi[t * p.Hi * p.Di + i];
     for (int i = tid; i < p.Hi; i += kThreads) ws[i] = p.wt[t * p.Hi + i];
     __syncthreads();
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / ld, g = e % ld, t = t0 + r;
-    if (g >= common::visible_groups(p.G, t, p.ratio)) continue;
+    if (g >= common::row_candidates(p, t)) continue;
     const float* d = dots + r * p.Hi * ld + g;  // D[r Hi + h][g] = d[h ld]
     const float* w = p.wt + t * p.Hi;
     float s = 0.0f;
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t tie_at[2];  // the r-th and (r+1)-th tie in index order (-1: none)
   const int tid = threadIdx.x;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t t = s0 + r, n = common::visible_groups(p.G, t, p.ratio);
+    const int64_t t = s0 + r, n = common::row_candidates(p, t);
     for (int64_t i = tid; i < n; i += kThreads) sh[i] = S[r * p.G + i];  // S is null only when n == 0
     __syncthreads();                                                     // the scores are complete
     select_row(p, t, n, sh, red_i, red_u, tie_at);  // ends with a barrier: sh is free again
@@ -290,7 +290,7 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   if (p.T <= 0) return;
   if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk");
   // The most keys any row sees (visible_groups grows with t); the D buffer has this many columns.
-  const int64_t nmax = common::visible_groups(p.G, p.T - 1, p.ratio);
+  const int64_t nmax = common::row_candidates(p, p.T - 1);
   // A score row that does not fit in shared memory (more than 51200 visible keys) takes the baseline
   // kernel, which keeps such rows in global scratch.
   if (sizeof(float) * size_t(nmax) > kMaxShared) return indexer_topk_baseline(p, stream);
@@ -321,7 +321,7 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
     // Invariant: S rows [0, t0 - s0) hold the scores of rows [s0, t0) at every visible slot.
     for (int64_t t0 = s0; t0 < s1; t0 += tc) {
       const int64_t t1 = t0 + tc < s1 ? t0 + tc : s1, rows = t1 - t0;
-      const int64_t n = common::visible_groups(p.G, t1 - 1, p.ratio);  // >= visible(t), t in [t0, t1)
+      const int64_t n = common::row_candidates(p, t1 - 1);  // >= visible(t), t in [t0, t1)
       if (n <= 0) continue;  // no row of the chunk sees a key: nothing to score
       detail::GemmProblem g;
       g.x = p.qi + t0 * p.Hi * p.Di;  // row (t - t0) Hi + h is qi[t, h, :]
@@ -380,6 +380,7 @@ void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score,
 const char* build_index_check(const IndexBuildParams& p) {
   if (p.T < 0) return "build_index: T < 0";
   if (p.W < 1) return "build_index: W < 1";
+  if (p.pos0 < 0 || p.hist < 0 || p.hist > p.pos0) return "build_index: pos0 / hist";
   if (p.kind == CompressedKind::c128 && p.ratio < 1) return "build_index: ratio < 1";
   if (p.kind == CompressedKind::c4 && p.k < 0) return "build_index: k < 0";
   if (p.T > 0 && !p.idx) return "build_index: idx is null";
@@ -389,7 +390,7 @@ const char* build_index_check(const IndexBuildParams& p) {
 
 void build_index(const IndexBuildParams& p, cudaStream_t stream) {
   require(cuda::build_index_check(p), "build_index");
-  const int64_t kw = p.T < p.W ? p.T : p.W, width = index_width(p);
+  const int64_t kw = index_window_width(p), width = index_width(p);
   if (p.T <= 0 || width <= 0) return;
   build_index_kernel<<<detail::grid_for(p.T * width, kThreads), kThreads, 0, stream>>>(p, kw, width);
   DSV4_LAUNCH_CHECK();

@@ -22,6 +22,7 @@
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
 #include "kernels/indexer.h"
+#include "kernels/kvcache.h"
 #include "kernels/linear.h"
 #include "kernels/logits.h"
 #include "kernels/mhc.h"
@@ -53,7 +54,11 @@ void hc_head(const HcHeadParams& p, cudaStream_t stream);
 
 // ---- compressor, indexer, attention ---------------------------------------------------------
 void compressor(const CompressorParams& p, cudaStream_t stream);
+void compressor_pool(const CompressorPoolParams& p, cudaStream_t stream);
 void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream);
+// pool and slots are device arrays.
+void kv_store(const KvStoreParams& p, cudaStream_t stream);
+void kv_load(const KvLoadParams& p, cudaStream_t stream);
 void indexer_topk(const IndexerParams& p, cudaStream_t stream);
 // The same top-k (same contract, same bits) with the previous one-block-per-row kernel only: a
 // reference point for the tests and the benchmark.

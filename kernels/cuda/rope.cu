@@ -13,7 +13,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) rope_kernel(RopeApplyParams p, int64_t pos_step) {
+__global__ void __launch_bounds__(kThreads)
+    rope_kernel(RopeApplyParams p, int64_t pos_step, int64_t pos_base) {
   const int half = p.rd / 2;
   const int64_t total = p.rows * half;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
@@ -21,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeApplyParams p, int64
     const int64_t t = e / half;
     const int i = int(e % half);
     float c, s;
-    common::rope_cos_sin(p.pos ? p.pos[t] : t * pos_step, p.freq[i], c, s);
+    common::rope_cos_sin(p.pos ? p.pos[t] : pos_base + t * pos_step, p.freq[i], c, s);
     for (int h = 0; h < p.heads; ++h)
       common::rope_rotate(p.x + t * p.ld + h * p.head_stride + p.offset + 2 * i, c, s, p.inverse,
                           p.round_bf16);
@@ -31,9 +32,9 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeApplyParams p, int64
 }  // namespace
 
 namespace detail {
-void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream) {
+void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream, int64_t pos_base) {
   if (p.rows <= 0) return;
-  rope_kernel<<<grid_for(p.rows * (p.rd / 2), kThreads), kThreads, 0, stream>>>(p, pos_step);
+  rope_kernel<<<grid_for(p.rows * (p.rd / 2), kThreads), kThreads, 0, stream>>>(p, pos_step, pos_base);
   DSV4_LAUNCH_CHECK();
 }
 }  // namespace detail

@@ -12,8 +12,9 @@
 
 namespace dsv4::common {
 
-// The pooling inputs: kvp and sc [G * r, cw] (the two fp32 GEMM outputs, cw = coff * d) and
-// ape [r, cw]. overlap (ratio 4): 2r slots per group, else r.
+// The pooling inputs: kvp and sc [rows, cw] (the two fp32 GEMM outputs of the tokens from row0 on,
+// cw = coff * d; row0 a multiple of r) and ape [r, cw]. overlap (ratio 4): 2r slots per group,
+// else r. Group indices are absolute (group g covers tokens [g*r, g*r + r)).
 struct CompressorPool {
   const float* kvp = nullptr;
   const float* sc = nullptr;
@@ -21,10 +22,12 @@ struct CompressorPool {
   int64_t d = 0, cw = 0;
   int r = 4;
   bool overlap = true;
+  int64_t row0 = 0;
 };
 
-// Where slot s of group g, channel c lives in kvp / sc: (row, col); false for group 0's
-// previous-group slots (kv 0, score -inf).
+// Where slot s of group g, channel c lives: the absolute token `row` (its ape row is row % r; its
+// kvp / sc row is row - row0) and column `col`; false for group 0's previous-group slots (kv 0,
+// score -inf).
 DSV4_HD bool compressor_slot(const CompressorPool& a, int64_t g, int64_t c, int s, int64_t& row,
                              int64_t& col) {
   if (!a.overlap) {
@@ -49,12 +52,12 @@ DSV4_HD float compressor_pool(const CompressorPool& a, int64_t g, int64_t c) {
   auto sc_at = [&](int s) -> float {
     int64_t row, col;
     if (!compressor_slot(a, g, c, s, row, col)) return ninf;
-    return a.sc[row * a.cw + col] + a.ape[(row % a.r) * a.cw + col];
+    return a.sc[(row - a.row0) * a.cw + col] + a.ape[(row % a.r) * a.cw + col];
   };
   auto kv_at = [&](int s) -> float {
     int64_t row, col;
     if (!compressor_slot(a, g, c, s, row, col)) return 0.0f;
-    return a.kvp[row * a.cw + col];
+    return a.kvp[(row - a.row0) * a.cw + col];
   };
   float m = ninf;
   for (int s = 0; s < nslot; ++s) {
@@ -89,19 +92,46 @@ DSV4_HD float hadamard_out(float v, float scale) {
 }
 
 // ---- host set-up --------------------------------------------------------------------------------
-// The pooling shape of p (ratio 4 overlaps: coff 2); kvp and sc are left for the caller to set.
-inline CompressorPool compressor_pool_shape(const CompressorParams& p) {
+// Width of a kvp / sc row: coff * d (ratio 4 overlaps: coff 2).
+inline int64_t compressor_row_width(int ratio, int64_t d) {
+  return (ratio == 4 ? 2 : 1) * d;
+}
+// The pooling inputs of p.
+inline CompressorPool compressor_pool_shape(const CompressorPoolParams& p) {
   const bool overlap = (p.ratio == 4);
-  return CompressorPool{.kvp = nullptr,
-                        .sc = nullptr,
+  return CompressorPool{.kvp = p.kvp,
+                        .sc = p.sc,
                         .ape = p.ape,
                         .d = p.d,
-                        .cw = (overlap ? 2 : 1) * p.d,
+                        .cw = compressor_row_width(p.ratio, p.d),
                         .r = p.ratio,
-                        .overlap = overlap};
+                        .overlap = overlap,
+                        .row0 = p.row0};
+}
+// The whole-sequence compressor p as its pooling half over the projections kvp / sc of its G * ratio
+// complete rows.
+inline CompressorPoolParams compressor_pool_params(const CompressorParams& p, const float* kvp,
+                                                   const float* sc) {
+  const int64_t G = compressor_groups(p.T, p.ratio);
+  return CompressorPoolParams{.g0 = 0,
+                              .G = G,
+                              .row0 = 0,
+                              .rows = G * p.ratio,
+                              .ratio = p.ratio,
+                              .d = p.d,
+                              .rd = p.rd,
+                              .kvp = kvp,
+                              .sc = sc,
+                              .ape = p.ape,
+                              .norm = p.norm,
+                              .freq = p.freq,
+                              .rms_eps = p.rms_eps,
+                              .hadamard = p.hadamard,
+                              .order = p.order,
+                              .out = p.out};
 }
 // RMSNorm of the G pooled rows of p.out in place (fp32 weight p.norm, bf16 out).
-inline RmsNormParams compressor_norm_params(const CompressorParams& p, int64_t G) {
+inline RmsNormParams compressor_norm_params(const CompressorPoolParams& p, int64_t G) {
   return RmsNormParams{.rows = G,
                        .dim = p.d,
                        .x = p.out,
@@ -113,8 +143,8 @@ inline RmsNormParams compressor_norm_params(const CompressorParams& p, int64_t G
                        .order = p.order};
 }
 // RoPE on the last rd dims of the G rows of p.out, bf16 out; positions `pos` (the caller's choice:
-// row g is at g * ratio).
-inline RopeApplyParams compressor_rope_params(const CompressorParams& p, int64_t G, const int64_t* pos) {
+// row g is at (g0 + g) * ratio).
+inline RopeApplyParams compressor_rope_params(const CompressorPoolParams& p, int64_t G, const int64_t* pos) {
   return RopeApplyParams{.rows = G,
                          .heads = 1,
                          .x = p.out,

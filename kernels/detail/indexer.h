@@ -26,6 +26,11 @@ DSV4_HD int64_t visible_groups(int64_t G, int64_t t, int ratio) {
   return vis < G ? vis : G;
 }
 
+// The candidates of query row t of p (at position pos0 + t).
+DSV4_HD int64_t row_candidates(const IndexerParams& p, int64_t t) {
+  return visible_groups(p.G, p.pos0 + t, p.ratio);
+}
+
 // topk_row's ranking as a strict total order: candidate a (score sa) ranks before b (score sb) when
 // it is a number and b is NaN, else when sa > sb, else (equal scores or both NaN) when a < b.
 DSV4_HD bool ranks_before(float sa, int32_t a, float sb, int32_t b) {
@@ -35,22 +40,25 @@ DSV4_HD bool ranks_before(float sa, int32_t a, float sb, int32_t b) {
   return a < b;
 }
 
-// Entry m of attention index row t (kernels/indexer.h build_index), kw = min(T, W) the window width:
-// m < kw: window slot start + m (start = max(0, t - W + 1)) if <= t, else -1; then the compressed
-// part: c128 entry g = g + T if g < floor((t + 1) / ratio) else -1; c4 entry j = sel[t][j] + T if
-// sel >= 0 else -1.
+// Entry m of attention index row t (kernels/indexer.h build_index) at position q = pos0 + t, with
+// kw = min(pos0 + T, W) the window width and base = pos0 - hist the position of KV row 0:
+// m < kw: the window position start + m (start = max(0, q - W + 1)) as KV row (start + m - base) if
+// it is <= q, else -1; then the compressed part, whose rows follow the hist + T window rows:
+// c128 entry g = g + hist + T if g < floor((q + 1) / ratio) else -1; c4 entry j = sel[t][j] + hist + T
+// if sel >= 0 else -1.
 DSV4_HD int32_t index_entry(const IndexBuildParams& p, int64_t kw, int64_t t, int64_t m) {
+  const int64_t q = p.pos0 + t, nwin = p.hist + p.T;
   if (m < kw) {
-    const int64_t start = t - p.W + 1 > 0 ? t - p.W + 1 : 0;
-    return (start + m <= t) ? int32_t(start + m) : -1;
+    const int64_t start = q - p.W + 1 > 0 ? q - p.W + 1 : 0;
+    return (start + m <= q) ? int32_t(start + m - (p.pos0 - p.hist)) : -1;
   }
   if (p.kind == CompressedKind::c128) {
-    const int64_t g = m - kw, vis = (t + 1) / p.ratio;
-    return g < vis ? int32_t(g + p.T) : -1;
+    const int64_t g = m - kw, vis = (q + 1) / p.ratio;
+    return g < vis ? int32_t(g + nwin) : -1;
   }
   if (p.kind == CompressedKind::c4) {
     const int32_t s = p.sel[t * p.k + (m - kw)];
-    return s >= 0 ? int32_t(s + p.T) : -1;
+    return s >= 0 ? int32_t(s + nwin) : -1;
   }
   return -1;
 }
