@@ -411,7 +411,7 @@ struct TraceWriter::Impl {
     }
     L.digests.assign(size_t(R), 0);
     const int64_t groups = T / 4;
-    L.width = int(std::min<int64_t>(cfg.index_topk, groups));
+    L.width = cfg.indexer_width(T);
     L.gap_type = unsigned_for(uint64_t(groups));
 
     h5::Object g = h5::create_group(step, seq_name(si));

@@ -13,8 +13,8 @@
 
 #include "capture/digest.h"
 #include "capture/errors.h"
-#include "capture/layout.h"
 #include "capture/h5.h"
+#include "capture/layout.h"
 #include "capture/policy.h"
 #include "capture/trace_reader.h"
 #include "model/config.h"
@@ -35,7 +35,6 @@ constexpr int kFindingsPerDataset = 5;
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
 
 const char* type_name(h5::Type t) {
   switch (t) {
@@ -621,7 +620,7 @@ class Validator {
   }
 
   void check_indexer(const h5::Object& g, int64_t T) {
-    const int64_t width = std::min<int64_t>(cfg_->index_topk, T / 4);
+    const int64_t width = cfg_->indexer_width(T);
     // indexer_width: on the layer group or on indexer_margin.
     guarded(g.path, [&] {
       std::string holder_path;

@@ -18,6 +18,7 @@
 #include "capture/trace_writer.h"
 #include "capture/validate.h"
 #include "cli/commands.h"
+#include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/fanout.h"
 #include "model/forward.h"
@@ -318,9 +319,7 @@ int run_dump(const TraceArgs& a) {
     if (!rec)
       throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
     for (int64_t t = 0; t < rec->T; ++t) {
-      std::vector<int32_t> s;
-      for (int i = 0; i < rec->k; ++i)
-        if (rec->ids[t * rec->k + i] >= 0) s.push_back(rec->ids[t * rec->k + i]);
+      const std::vector<int32_t> s = valid_ids(rec->ids, rec->k, t);
       j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", rec->margin[t]}});
       text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]),
                           fmt::join(s, ", "));

@@ -29,6 +29,7 @@
 #include "capture/errors.h"
 #include "model/checkpoint.h"
 #include "model/collect.h"
+#include "model/decision_sets.h"
 #include "model/forward.h"
 
 namespace dsv4 {
@@ -225,17 +226,6 @@ class Verifier : public Observer {
 
 // ---- decisions -------------------------------------------------------------------------------------
 
-// Row t of an id table as a sorted set (-1 padding dropped): decisions compare as sets (DESIGN.md §4).
-std::vector<int32_t> row_set(const std::vector<int32_t>& ids, int k, int64_t t) {
-  std::vector<int32_t> s;
-  for (int j = 0; j < k; ++j) {
-    const int32_t v = ids[size_t(t * k + j)];
-    if (v >= 0) s.push_back(v);
-  }
-  std::sort(s.begin(), s.end());
-  return s;
-}
-
 // Rows whose sets differ between two [T, k] tables; a shape mismatch counts every row.
 void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const std::vector<int32_t>& a,
                  int64_t Tb, int kb, const std::vector<int32_t>& b, std::vector<DecisionChange>& out) {
@@ -248,7 +238,7 @@ void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const
     c.first_row = 0;
   } else {
     for (int64_t t = 0; t < Ta; ++t) {
-      if (row_set(a, ka, t) == row_set(b, kb, t)) continue;
+      if (valid_ids(a, ka, t) == valid_ids(b, kb, t)) continue;  // decisions compare as sets
       ++c.rows_changed;
       if (c.first_row < 0) c.first_row = t;
     }

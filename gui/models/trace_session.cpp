@@ -318,14 +318,14 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
         if (A.indexer) {
           v[int(Metric::IndexerMargin)] =
               min_margin(A.indexer->margin, rb && B.indexer ? &B.indexer->margin : nullptr);
-          chunk->indexer_tie_threshold = relative_tie_threshold(A.indexer->margin, profile_a);
+          chunk->indexer_tie_threshold = single_trace_tie_threshold(A.indexer->margin, profile_a);
         } else {
           v[int(Metric::IndexerMargin)] = none;
         }
         if (A.routing) {
           v[int(Metric::RouterMargin)] =
               min_margin(A.routing->margin, rb && B.routing ? &B.routing->margin : nullptr);
-          chunk->router_tie_threshold = relative_tie_threshold(A.routing->margin, profile_a);
+          chunk->router_tie_threshold = single_trace_tie_threshold(A.routing->margin, profile_a);
         } else {
           v[int(Metric::RouterMargin)] = none;
         }
