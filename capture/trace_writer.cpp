@@ -34,11 +34,8 @@
 #include "capture/h5.h"
 #include "capture/layout.h"
 #include "capture/trace_reader.h"
+#include "capture/version.h"
 #include "model/manifest.h"
-
-#ifndef DSV4_VERSION
-#define DSV4_VERSION "0.1.0"
-#endif
 
 namespace dsv4 {
 namespace {
@@ -77,15 +74,6 @@ const char* dtype_attr(DType t) {
       return "int32";
   }
   return "?";
-}
-
-std::string utc_now_iso8601() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::vector<hsize_t> dims(std::initializer_list<int64_t> d) {
@@ -330,7 +318,7 @@ struct TraceWriter::Impl {
     {
       h5::write_attr(f, kFormat, std::string(kFormatValue));
       h5::write_attr(f, kFormatVersion, int32_t(kTraceFormatVersion));
-      h5::write_attr(f, kProducer, std::string("dsv4 ") + DSV4_VERSION);
+      h5::write_attr(f, kProducer, std::string("dsv4 ") + version());
       h5::write_attr(f, kCreated, utc_now_iso8601());
       h5::Object meta = h5::create_group(f, kMeta);
       h5::Object env = h5::create_group(meta, kEnv);

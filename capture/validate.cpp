@@ -12,6 +12,7 @@
 #include <set>
 
 #include "capture/digest.h"
+#include "capture/env.h"
 #include "capture/errors.h"
 #include "capture/h5.h"
 #include "capture/layout.h"
@@ -809,15 +810,6 @@ class Validator {
   std::vector<std::string> tensor_names_;
 };
 
-std::string now_iso8601_utc() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Copies every attribute of `src` onto `dst` by value (same file type and dataspace).
 void copy_attributes(const h5::Object& src, const h5::Object& dst) {
   struct Ctx {
@@ -933,7 +925,7 @@ int salvage_trace(const std::string& in, const std::string& out) {
     h5::write_attr(dst, kFormatVersion, int32_t(kTraceFormatVersion));
     h5::write_attr(dst, kProducer,
                    h5::has_attr(src.file, kProducer) ? h5::read_attr_string(src.file, kProducer) : "unknown");
-    h5::write_attr(dst, kCreated, now_iso8601_utc());
+    h5::write_attr(dst, kCreated, utc_now_iso8601());
     h5::write_attr(dst, kSalvagedFrom, in);
     copy_tree(src.file, kMeta, dst, kMeta);
     {

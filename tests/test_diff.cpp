@@ -28,16 +28,14 @@
 #include "model/tokens.h"
 #include "model/weights.h"
 #include "replay/diff.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 // Two sequences: one long enough for several compressed groups of the C4 layers and one C128 group,
 // and a short one (batch composition must not matter).

@@ -1,6 +1,7 @@
 #include "gui/models/metrics.h"
 
 #include "model/decision_sets.h"
+#include "model/error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -124,7 +125,7 @@ std::vector<std::string> differing_tensors(const DigestTable& a, const DigestTab
 
 std::vector<float> row_rel_l2(const TensorCopy& a, const TensorCopy& b) {
   if (a.shape != b.shape || a.dtype != b.dtype)
-    throw std::invalid_argument("row_rel_l2: tensors differ in shape or dtype");
+    throw InputError("row_rel_l2: tensors differ in shape or dtype");
   const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
   const int64_t n = row_elems_of(a);
   std::vector<float> out(size_t(rows), 0.0f);

@@ -29,7 +29,7 @@ std::vector<float> digest_difference(const DigestTable& a, const DigestTable& b,
 // Names of `layer`'s tensors whose digest differs at token t (token-row tensors only).
 std::vector<std::string> differing_tensors(const DigestTable& a, const DigestTable& b, int layer, int64_t t);
 // Per row: ||a_r − b_r|| / ||a_r|| (0 when equal, +inf when ||a_r|| = 0 < ||a_r − b_r||, NaN when a
-// non-finite value differs). Throws std::invalid_argument when the shapes differ.
+// non-finite value differs). Throws InputError when the shapes differ.
 std::vector<float> row_rel_l2(const TensorCopy& a, const TensorCopy& b);
 // Per token: the smaller of the two margins (b may be null: a copy of a).
 std::vector<float> min_margin(const std::vector<float>& a, const std::vector<float>* b);

@@ -19,6 +19,7 @@
 #include "gui/models/trace_document.h"
 #include "gui_test_util.h"
 #include "model/decision_sets.h"
+#include "model/error.h"
 #include "model/tokens.h"
 #include "replay/diff.h"
 #include "tiny_model.h"
@@ -142,7 +143,7 @@ TEST(GuiMetrics, MhcDigestsAndRelL2) {
   TensorCopy tc{DType::f32, {1, 2}, {0, 0}, {}};
   TensorCopy td{DType::f32, {1, 2}, {0, 1}, {}};
   EXPECT_TRUE(std::isinf(row_rel_l2(tc, td)[0]));
-  EXPECT_THROW(row_rel_l2(ta, tc), std::invalid_argument);
+  EXPECT_THROW(row_rel_l2(ta, tc), InputError);
 }
 
 TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
@@ -168,7 +169,7 @@ TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
   try {
     metric_from_name("entropy");
     FAIL() << "no exception";
-  } catch (const std::invalid_argument& e) {
+  } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("indexer-overlap"), std::string::npos) << e.what();
   }
 }
