@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <fstream>
 
 #include "kernels/numerics/numerics.h"
+#include "model/error.h"
 
 namespace dsv4 {
 
@@ -130,6 +132,21 @@ ModelDigest model_digest(const Weights& w) {
 
 std::string hex16(uint64_t v) {
   return fmt::format("{:016x}", v);
+}
+
+uint64_t file_digest(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot read", path));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(size_t(1) << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    if (f.gcount() > 0) XXH3_64bits_update(st, buf.data(), size_t(f.gcount()));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
 }
 
 }  // namespace dsv4

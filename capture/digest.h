@@ -27,4 +27,8 @@ struct ModelDigest {
 ModelDigest model_digest(const Weights& w);
 std::string hex16(uint64_t v);
 
+// XXH3-64 (seed 0) of a whole file's bytes, read in 1 MiB blocks (bundle manifests). Throws
+// InputError when the file cannot be read.
+uint64_t file_digest(const std::string& path);
+
 }  // namespace dsv4

@@ -1,5 +1,7 @@
 #include "capture/env.h"
 
+#include <ctime>
+
 #include <hdf5.h>
 #include <omp.h>
 #include <sys/utsname.h>
@@ -91,6 +93,15 @@ EnvFingerprint environment_fingerprint() {
   gpu_fields(e);
   e["threads"] = std::to_string(omp_get_max_threads());
   return e;
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace dsv4

@@ -9,5 +9,7 @@ namespace dsv4 {
 
 using EnvFingerprint = std::map<std::string, std::string>;
 EnvFingerprint environment_fingerprint();
+// The current UTC time as ISO-8601 to the second ("2026-11-29T10:31:00Z"): the traces' `created`.
+std::string utc_now_iso8601();
 
 }  // namespace dsv4

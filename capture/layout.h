@@ -1,21 +1,132 @@
-// Group names of the trace layout (traces/FORMAT.md), shared by the writer, the reader and
-// validation so the three cannot drift apart.
+// The trace format's dictionary (traces/FORMAT.md): the root's identity and version, and every
+// group, dataset and attribute name. The writer, the reader, validation, salvage and replay spell
+// names only through here, so they cannot drift apart; a rename here is a format change (bump
+// kTraceFormatVersion and document it).
 #pragma once
 
 #include <fmt/format.h>
 
 #include <string>
 
-namespace dsv4::trace_layout {
+namespace dsv4 {
 
-inline std::string step_name(int step) {
-  return fmt::format("{:06}", step);
-}  // under /steps
-inline std::string seq_name(int seq) {
-  return fmt::format("seq_{:03}", seq);
-}  // under a step
-inline std::string layer_name(int layer) {  // decisions, tensors
-  return layer < 0 ? std::string("model") : fmt::format("layer_{:03}", layer);
+namespace h5 {
+struct Object;
 }
 
-}  // namespace dsv4::trace_layout
+// Bump when a name, a shape or an encoding below changes meaning; see traces/FORMAT.md "Versioning".
+constexpr int kTraceFormatVersion = 1;
+
+namespace trace_layout {
+
+// ---- the root ---------------------------------------------------------------------------------
+inline constexpr char kFormatValue[] = "dsv4-trace";  // the value of the root's `format`
+inline constexpr char kFormat[] = "format";
+inline constexpr char kFormatVersion[] = "format_version";
+inline constexpr char kProducer[] = "producer";
+inline constexpr char kCreated[] = "created";
+inline constexpr char kSalvagedFrom[] = "salvaged_from";
+
+// ---- /meta ------------------------------------------------------------------------------------
+inline constexpr char kMeta[] = "meta";
+inline constexpr char kEnv[] = "env";
+inline constexpr char kModel[] = "model";
+inline constexpr char kMetaEnv[] = "meta/env";
+inline constexpr char kMetaModel[] = "meta/model";
+inline constexpr char kConfigJson[] = "config_json";
+inline constexpr char kWeightsPath[] = "weights_path";
+inline constexpr char kWeightsPathRecorded[] = "weights_path_recorded";  // set by bundles
+inline constexpr char kModelDigest[] = "model_digest";
+inline constexpr char kTensorNames[] = "tensor_names";
+inline constexpr char kTensorDigests[] = "tensor_digests";
+
+// ---- /steps/NNNNNN ----------------------------------------------------------------------------
+inline constexpr char kSteps[] = "steps";
+inline constexpr char kKind[] = "kind";
+inline constexpr char kProfile[] = "profile";
+inline constexpr char kCapture[] = "capture";
+inline constexpr char kSeed[] = "seed";
+inline constexpr char kThreads[] = "threads";
+inline constexpr char kNSeqs[] = "n_seqs";
+inline constexpr char kSeqLengths[] = "seq_lengths";
+inline constexpr char kStatus[] = "status";
+
+// ---- a sequence: seq_SSS ----------------------------------------------------------------------
+inline constexpr char kTokens[] = "tokens";
+inline constexpr char kLogprobs[] = "logprobs";
+inline constexpr char kDecisions[] = "decisions";
+inline constexpr char kDigests[] = "digests";
+inline constexpr char kTensors[] = "tensors";
+inline constexpr char kKernels[] = "kernels";
+
+// decisions/layer_LLL
+inline constexpr char kIndexerCount[] = "indexer_count";
+inline constexpr char kIndexerGaps[] = "indexer_gaps";
+inline constexpr char kIndexerMargin[] = "indexer_margin";
+inline constexpr char kIndexerWidth[] = "indexer_width";  // attribute
+inline constexpr char kExperts[] = "experts";
+inline constexpr char kExpertWeights[] = "expert_weights";
+inline constexpr char kRouterMargin[] = "router_margin";
+inline constexpr char kHashed[] = "hashed";  // attribute
+
+// digests
+inline constexpr char kDigestTensor[] = "tensor";
+inline constexpr char kDigestLayer[] = "layer";
+inline constexpr char kDigestRows[] = "rows";
+inline constexpr char kDigestValue[] = "value";
+
+// tensors/<name>/layer_LLL
+inline constexpr char kDtype[] = "dtype";  // attribute
+
+// kernels
+inline constexpr char kAvailable[] = "available";  // attribute
+inline constexpr char kReason[] = "reason";        // attribute
+inline constexpr char kKernelName[] = "name";
+
+// prefixes of numbered groups
+inline constexpr char kSeqPrefix[] = "seq_";
+inline constexpr char kLayerPrefix[] = "layer_";
+inline constexpr char kGrid[] = "grid";
+inline constexpr char kBlock[] = "block";
+inline constexpr char kSharedBytes[] = "shared_bytes";
+inline constexpr char kRegisters[] = "registers";
+inline constexpr char kStream[] = "stream";
+inline constexpr char kStartNs[] = "start_ns";
+inline constexpr char kEndNs[] = "end_ns";
+inline constexpr char kCorrelation[] = "correlation";
+
+// ---- composed names ---------------------------------------------------------------------------
+inline std::string step_name(int step) {  // under /steps
+  return fmt::format("{:06}", step);
+}
+inline std::string seq_name(int seq) {  // under a step
+  return fmt::format("{}{:03}", kSeqPrefix, seq);
+}
+inline std::string layer_name(int layer) {  // decisions, tensors
+  return layer < 0 ? std::string(kModel) : fmt::format("{}{:03}", kLayerPrefix, layer);
+}
+inline std::string step_path(int step) {  // "/steps/000012"
+  return fmt::format("/{}/{}", kSteps, step_name(step));
+}
+inline std::string decisions_path(int layer) {  // relative to a sequence
+  return fmt::format("{}/{}", kDecisions, layer_name(layer));
+}
+inline std::string tensor_path(const std::string& name, int layer) {  // relative to a sequence
+  return fmt::format("{}/{}/{}", kTensors, name, layer_name(layer));
+}
+// mHC datasets of a decisions group: mhc_<sublayer>_<part>, part "pre", "post" or "comb".
+inline std::string mhc_name(const std::string& sublayer) {
+  return "mhc_" + sublayer;
+}
+inline std::string mhc_name(const std::string& sublayer, const char* part) {
+  return fmt::format("mhc_{}_{}", sublayer, part);
+}
+
+// Checks the root's identity and version: NotATrace without format = "dsv4-trace",
+// UnsupportedTraceVersion when newer than this build reads (naming the producer), TraceError without
+// a version. Returns the version (a version below 1 is left to the caller: the reader refuses it,
+// validation reports it); `producer` receives the root's producer when given.
+int check_trace_root(const h5::Object& root, const std::string& path, std::string* producer = nullptr);
+
+}  // namespace trace_layout
+}  // namespace dsv4

@@ -12,18 +12,15 @@
 #include <thread>
 
 #include "capture/errors.h"
-#include "capture/layout.h"
 #include "capture/h5.h"
+#include "capture/layout.h"
 
 namespace dsv4 {
 namespace {
 
-using trace_layout::layer_name;
-using trace_layout::seq_name;
-using trace_layout::step_name;
+using namespace trace_layout;  // the format's names
 
 namespace fs = std::filesystem;
-
 
 std::string shape_str(const std::vector<hsize_t>& s) {
   std::string out = "[";
@@ -103,24 +100,24 @@ struct TraceReader::Impl {
 
   void load_steps() {
     std::vector<TraceStepInfo> out;
-    if (!h5::exists(f(), "steps")) throw TraceError(fmt::format("{}: /steps: missing", path));
-    h5::Object g = h5::open(f(), "steps");
+    if (!h5::exists(f(), kSteps)) throw TraceError(fmt::format("{}: /steps: missing", path));
+    h5::Object g = h5::open(f(), kSteps);
     for (const auto& name : h5::children(g)) {
       TraceStepInfo s;
       s.index = parse_index(name, "");
       if (s.index < 0 || name.size() != 6)
         throw TraceError(fmt::format("{}: /steps/{}: not a step name (NNNNNN)", path, name));
-      s.group = "/steps/" + name;
+      s.group = step_path(s.index);
       // A step whose recorder died may lack parts; it is listed as incomplete with what it has.
       try {
         h5::Object sg = h5::open(g, name);
-        s.kind = h5::read_attr_string(sg, "kind");
-        s.profile = h5::read_attr_string(sg, "profile");
-        s.capture = h5::read_attr_string(sg, "capture");
-        s.seed = h5::read_attr_u64(sg, "seed");
-        s.threads = int(h5::read_attr_int(sg, "threads"));
-        s.seq_lengths = h5::read<int64_t>(h5::open(sg, "seq_lengths"));
-        const auto status = h5::read<uint8_t>(h5::open(sg, "status"));
+        s.kind = h5::read_attr_string(sg, kKind);
+        s.profile = h5::read_attr_string(sg, kProfile);
+        s.capture = h5::read_attr_string(sg, kCapture);
+        s.seed = h5::read_attr_u64(sg, kSeed);
+        s.threads = int(h5::read_attr_int(sg, kThreads));
+        s.seq_lengths = h5::read<int64_t>(h5::open(sg, kSeqLengths));
+        const auto status = h5::read<uint8_t>(h5::open(sg, kStatus));
         s.complete = status.size() == 1 && status[0] == 1;
       } catch (const TraceError&) {
         s.complete = false;
@@ -186,29 +183,10 @@ TraceReader TraceReader::open(const std::string& path) {
   impl->path = path;
   impl->file = open_hdf5(path);
   const h5::Object& f = impl->file;
-  if (!h5::has_attr(f, "format"))
-    throw NotATrace(fmt::format("{}: an HDF5 file but not a dsv4 trace (no format attribute)", path));
-  std::string format;
-  try {
-    format = h5::read_attr_string(f, "format");
-  } catch (const TraceError&) {
-    throw NotATrace(
-        fmt::format("{}: an HDF5 file but not a dsv4 trace (its format attribute is not a string)", path));
-  }
-  if (format != "dsv4-trace")
-    throw NotATrace(fmt::format("{}: an HDF5 file but not a dsv4 trace (format = '{}')", path, format));
-  impl->producer = h5::has_attr(f, "producer") ? h5::read_attr_string(f, "producer") : "an unknown producer";
-  if (!h5::has_attr(f, "format_version"))
-    throw TraceError(fmt::format("{}: no format_version attribute", path));
-  const int64_t v = h5::read_attr_int(f, "format_version");
-  if (v > kTraceFormatVersion)
-    throw UnsupportedTraceVersion(
-        fmt::format("{}: format_version {} is newer than this dsv4 reads ({}); upgrade "
-                    "dsv4 — the file was written by {}",
-                    path, v, kTraceFormatVersion, impl->producer));
+  const int v = trace_layout::check_trace_root(f, path, &impl->producer);
   if (v < 1) throw TraceError(fmt::format("{}: format_version {} is not a dsv4 trace version", path, v));
   // Version 1 is the only one so far; readers of later versions branch on impl->version here.
-  impl->version = int(v);
+  impl->version = v;
   impl->load_steps();
   return TraceReader(std::move(impl));
 }
@@ -223,29 +201,29 @@ std::string TraceReader::producer() const {
   return impl_->producer;
 }
 std::string TraceReader::created() const {
-  return h5::read_attr_string(impl_->f(), "created");
+  return h5::read_attr_string(impl_->f(), kCreated);
 }
 
 EnvFingerprint TraceReader::env() const {
   EnvFingerprint e;
-  h5::Object g = h5::open(impl_->f(), "meta/env");
+  h5::Object g = h5::open(impl_->f(), kMetaEnv);
   for (const auto& k : h5::attr_names(g)) e[k] = h5::read_attr_string(g, k);
   return e;
 }
 
 TraceModelMeta TraceReader::model() const {
   TraceModelMeta m;
-  h5::Object g = h5::open(impl_->f(), "meta/model");
-  m.config_json = h5::read_attr_string(g, "config_json");
-  m.weights_path = h5::read_attr_string(g, "weights_path");
-  m.model_digest = h5::read_attr_string(g, "model_digest");
-  m.tensor_names = h5::read_strings(Impl::dataset_any(g, "tensor_names", 1));
-  m.tensor_digests = h5::read<uint64_t>(Impl::dataset(g, "tensor_digests", {hsize_t(m.tensor_names.size())}));
+  h5::Object g = h5::open(impl_->f(), kMetaModel);
+  m.config_json = h5::read_attr_string(g, kConfigJson);
+  m.weights_path = h5::read_attr_string(g, kWeightsPath);
+  m.model_digest = h5::read_attr_string(g, kModelDigest);
+  m.tensor_names = h5::read_strings(Impl::dataset_any(g, kTensorNames, 1));
+  m.tensor_digests = h5::read<uint64_t>(Impl::dataset(g, kTensorDigests, {hsize_t(m.tensor_names.size())}));
   return m;
 }
 
 ModelConfig TraceReader::config() const {
-  return config_from_json(h5::read_attr_string(h5::open(impl_->f(), "meta/model"), "config_json"),
+  return config_from_json(h5::read_attr_string(h5::open(impl_->f(), kMetaModel), kConfigJson),
                           impl_->path + " /meta/model config_json");
 }
 
@@ -276,36 +254,36 @@ void TraceReader::refresh() {
 std::vector<int32_t> TraceReader::tokens(int step, int seq) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
-  return h5::read<int32_t>(Impl::dataset(g, "tokens", {hsize_t(T)}));
+  return h5::read<int32_t>(Impl::dataset(g, kTokens, {hsize_t(T)}));
 }
 
 std::vector<float> TraceReader::logprobs(int step, int seq) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
-  return h5::read<float>(Impl::dataset(g, "logprobs", {hsize_t(std::max<int64_t>(T - 1, 0))}));
+  return h5::read<float>(Impl::dataset(g, kLogprobs, {hsize_t(std::max<int64_t>(T - 1, 0))}));
 }
 
 KernelRecords TraceReader::kernels(int step) const {
   impl_->seq(step, 0);  // throws for a missing or incomplete step
   const h5::Object sg = h5::open(impl_->f(), impl_->step(step).group.substr(1));
   KernelRecords k;
-  if (!h5::exists(sg, "kernels")) {
+  if (!h5::exists(sg, kKernels)) {
     k.reason = "not recorded in this trace";
     return k;
   }
-  const h5::Object g = h5::open(sg, "kernels");
-  k.available = h5::read_attr_int(g, "available") != 0;
-  k.reason = h5::has_attr(g, "reason") ? h5::read_attr_string(g, "reason") : "";
-  const std::vector<std::string> names = h5::read_strings(Impl::dataset_any(g, "name", 1));
+  const h5::Object g = h5::open(sg, kKernels);
+  k.available = h5::read_attr_int(g, kAvailable) != 0;
+  k.reason = h5::has_attr(g, kReason) ? h5::read_attr_string(g, kReason) : "";
+  const std::vector<std::string> names = h5::read_strings(Impl::dataset_any(g, kKernelName, 1));
   const hsize_t n = names.size();
-  const auto grid = h5::read<int32_t>(Impl::dataset(g, "grid", {n, 3}));
-  const auto block = h5::read<int32_t>(Impl::dataset(g, "block", {n, 3}));
-  const auto shared = h5::read<int64_t>(Impl::dataset(g, "shared_bytes", {n}));
-  const auto regs = h5::read<int32_t>(Impl::dataset(g, "registers", {n}));
-  const auto stream = h5::read<int64_t>(Impl::dataset(g, "stream", {n}));
-  const auto start = h5::read<int64_t>(Impl::dataset(g, "start_ns", {n}));
-  const auto end = h5::read<int64_t>(Impl::dataset(g, "end_ns", {n}));
-  const auto corr = h5::read<int64_t>(Impl::dataset(g, "correlation", {n}));
+  const auto grid = h5::read<int32_t>(Impl::dataset(g, kGrid, {n, 3}));
+  const auto block = h5::read<int32_t>(Impl::dataset(g, kBlock, {n, 3}));
+  const auto shared = h5::read<int64_t>(Impl::dataset(g, kSharedBytes, {n}));
+  const auto regs = h5::read<int32_t>(Impl::dataset(g, kRegisters, {n}));
+  const auto stream = h5::read<int64_t>(Impl::dataset(g, kStream, {n}));
+  const auto start = h5::read<int64_t>(Impl::dataset(g, kStartNs, {n}));
+  const auto end = h5::read<int64_t>(Impl::dataset(g, kEndNs, {n}));
+  const auto corr = h5::read<int64_t>(Impl::dataset(g, kCorrelation, {n}));
   for (size_t i = 0; i < n; ++i) {
     KernelRecord r;
     r.name = names[i];
@@ -325,9 +303,9 @@ KernelRecords TraceReader::kernels(int step) const {
 std::vector<int> TraceReader::decision_layers(int step, int seq) const {
   h5::Object g = impl_->seq(step, seq);
   std::vector<int> layers;
-  if (!h5::exists(g, "decisions")) return layers;
-  for (const auto& name : h5::children(h5::open(g, "decisions"))) {
-    const int L = parse_index(name, "layer_");
+  if (!h5::exists(g, kDecisions)) return layers;
+  for (const auto& name : h5::children(h5::open(g, kDecisions))) {
+    const int L = parse_index(name, kLayerPrefix);
     if (L < 0)
       throw TraceError(fmt::format("{}: {}/decisions/{}: not a layer name", impl_->path, g.path, name));
     layers.push_back(L);
@@ -338,18 +316,18 @@ std::vector<int> TraceReader::decision_layers(int step, int seq) const {
 std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
-  const std::string rel = "decisions/" + layer_name(layer);
-  if (!h5::exists(g, rel + "/indexer_count")) return std::nullopt;
+  const std::string rel = decisions_path(layer);
+  if (!h5::exists(g, rel + "/" + kIndexerCount)) return std::nullopt;
   h5::Object d = h5::open(g, rel);
-  const int64_t width = h5::read_attr_int(d, "indexer_width");
+  const int64_t width = h5::read_attr_int(d, kIndexerWidth);
   if (width < 0 || width > T) d.fail(fmt::format("indexer_width {} is out of range for {} tokens", width, T));
-  const auto count = h5::read<int64_t>(Impl::dataset(d, "indexer_count", {hsize_t(T)}));
-  h5::Object gd = Impl::dataset_any(d, "indexer_gaps", 1);
+  const auto count = h5::read<int64_t>(Impl::dataset(d, kIndexerCount, {hsize_t(T)}));
+  h5::Object gd = Impl::dataset_any(d, kIndexerGaps, 1);
   const auto gaps = h5::read<int64_t>(gd);
   IndexerRecord r;
   r.T = T;
   r.k = int(width);
-  r.margin = h5::read<float>(Impl::dataset(d, "indexer_margin", {hsize_t(T)}));
+  r.margin = h5::read<float>(Impl::dataset(d, kIndexerMargin, {hsize_t(T)}));
   r.ids.assign(size_t(T * width), -1);
   size_t at = 0;
   for (int64_t p = 0; p < T; ++p) {
@@ -371,55 +349,54 @@ std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) 
 std::optional<RoutingRecord> TraceReader::routing(int step, int seq, int layer) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
-  const std::string rel = "decisions/" + layer_name(layer);
-  if (!h5::exists(g, rel + "/experts")) return std::nullopt;
+  const std::string rel = decisions_path(layer);
+  if (!h5::exists(g, rel + "/" + kExperts)) return std::nullopt;
   h5::Object d = h5::open(g, rel);
-  h5::Object ex = Impl::dataset_any(d, "experts", 2);
+  h5::Object ex = Impl::dataset_any(d, kExperts, 2);
   const auto shape = h5::shape(ex);
   if (shape[0] != hsize_t(T)) ex.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
   RoutingRecord r;
   r.T = T;
   r.k = int(shape[1]);
-  r.hashed = h5::read_attr_int(d, "hashed") != 0;
+  r.hashed = h5::read_attr_int(d, kHashed) != 0;
   r.ids = h5::read<int32_t>(ex);
-  r.weights = h5::read<float>(Impl::dataset(d, "expert_weights", shape));
-  r.margin = h5::read<float>(Impl::dataset(d, "router_margin", {hsize_t(T)}));
+  r.weights = h5::read<float>(Impl::dataset(d, kExpertWeights, shape));
+  r.margin = h5::read<float>(Impl::dataset(d, kRouterMargin, {hsize_t(T)}));
   return r;
 }
 
 std::optional<MhcRecord> TraceReader::mhc(int step, int seq, int layer, Sublayer s) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
-  const std::string rel = "decisions/" + layer_name(layer);
-  const std::string base = std::string("mhc_") + to_string(s);
-  if (!h5::exists(g, rel + "/" + base + "_pre")) return std::nullopt;
+  const std::string rel = decisions_path(layer);
+  const std::string sub = to_string(s);
+  if (!h5::exists(g, rel + "/" + mhc_name(sub, "pre"))) return std::nullopt;
   h5::Object d = h5::open(g, rel);
-  h5::Object pre = Impl::dataset_any(d, base + "_pre", 2);
+  h5::Object pre = Impl::dataset_any(d, mhc_name(sub, "pre"), 2);
   const auto shape = h5::shape(pre);
   if (shape[0] != hsize_t(T)) pre.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
   MhcRecord r;
   r.T = T;
   r.hc = int(shape[1]);
   r.pre = h5::read<float>(pre);
-  r.post = h5::read<float>(Impl::dataset(d, base + "_post", shape));
-  r.comb = h5::read<float>(Impl::dataset(d, base + "_comb", {shape[0], shape[1], shape[1]}));
+  r.post = h5::read<float>(Impl::dataset(d, mhc_name(sub, "post"), shape));
+  r.comb = h5::read<float>(Impl::dataset(d, mhc_name(sub, "comb"), {shape[0], shape[1], shape[1]}));
   return r;
 }
 
 DigestTable TraceReader::digests(int step, int seq) const {
   h5::Object g = impl_->seq(step, seq);
-  if (!h5::exists(g, "digests"))
-    throw TraceError(fmt::format("{}: {}/digests: missing", impl_->path, g.path));
-  h5::Object d = h5::open(g, "digests");
-  h5::Object t = Impl::dataset_any(d, "tensor", 1);
+  if (!h5::exists(g, kDigests)) throw TraceError(fmt::format("{}: {}/digests: missing", impl_->path, g.path));
+  h5::Object d = h5::open(g, kDigests);
+  h5::Object t = Impl::dataset_any(d, kDigestTensor, 1);
   const auto M = h5::shape(t);
   const auto tensor = h5::read<int32_t>(t);
-  const auto layer = h5::read<int32_t>(Impl::dataset(d, "layer", M));
-  h5::Object rd = Impl::dataset(d, "rows", M);
+  const auto layer = h5::read<int32_t>(Impl::dataset(d, kDigestLayer, M));
+  h5::Object rd = Impl::dataset(d, kDigestRows, M);
   const auto rows = h5::read<int64_t>(rd);
   const auto names = tensor_names();
   DigestTable out;
-  out.values = h5::read<uint64_t>(Impl::dataset_any(d, "value", 1));
+  out.values = h5::read<uint64_t>(Impl::dataset_any(d, kDigestValue, 1));
   int64_t first = 0;
   for (size_t i = 0; i < tensor.size(); ++i) {
     if (tensor[i] < 0 || size_t(tensor[i]) >= names.size())
@@ -436,12 +413,12 @@ DigestTable TraceReader::digests(int step, int seq) const {
 std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int seq) const {
   h5::Object g = impl_->seq(step, seq);
   std::vector<std::pair<std::string, int>> out;
-  if (!h5::exists(g, "tensors")) return out;
-  h5::Object t = h5::open(g, "tensors");
+  if (!h5::exists(g, kTensors)) return out;
+  h5::Object t = h5::open(g, kTensors);
   for (const auto& name : h5::children(t)) {
     for (const auto& ln : h5::children(h5::open(t, name))) {
-      const int L = ln == "model" ? -1 : parse_index(ln, "layer_");
-      if (ln != "model" && L < 0)
+      const int L = ln == kModel ? -1 : parse_index(ln, kLayerPrefix);
+      if (ln != kModel && L < 0)
         throw TraceError(fmt::format("{}: {}/{}/{}: not a layer name", impl_->path, t.path, name, ln));
       out.emplace_back(name, L);
     }
@@ -451,11 +428,11 @@ std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int
 
 std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, const std::string& name) const {
   h5::Object g = impl_->seq(step, seq);
-  const std::string rel = "tensors/" + name + "/" + layer_name(layer);
+  const std::string rel = tensor_path(name, layer);
   if (!h5::exists(g, rel)) return std::nullopt;
   h5::Object d = h5::open(g, rel);
   if (!is_dataset(d)) d.fail("not a dataset");
-  const std::string dtype = h5::read_attr_string(d, "dtype");
+  const std::string dtype = h5::read_attr_string(d, kDtype);
   TensorCopy c;
   for (hsize_t x : h5::shape(d)) c.shape.push_back(int64_t(x));
   if (dtype == "bfloat16") {
@@ -482,12 +459,12 @@ std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, cons
 std::vector<GroupSize> TraceReader::sizes() const {
   std::vector<GroupSize> out;
   const h5::Object& f = impl_->f();
-  if (h5::exists(f, "meta")) out.push_back(group_size(h5::open(f, "meta")));
+  if (h5::exists(f, kMeta)) out.push_back(group_size(h5::open(f, kMeta)));
   for (const auto& st : impl_->steps) {
     h5::Object sg = h5::open(f, st.group.substr(1));
     out.push_back(group_size(sg));
     for (const auto& name : h5::children(sg)) {
-      if (parse_index(name, "seq_") < 0) continue;
+      if (parse_index(name, kSeqPrefix) < 0) continue;
       h5::Object q = h5::open(sg, name);
       out.push_back(group_size(q));
       for (const auto& sub : h5::children(q)) {

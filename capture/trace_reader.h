@@ -11,12 +11,11 @@
 
 #include "capture/cupti.h"
 #include "capture/env.h"
+#include "capture/layout.h"  // kTraceFormatVersion
 #include "model/collect.h"
 #include "model/config.h"
 
 namespace dsv4 {
-
-constexpr int kTraceFormatVersion = 1;  // bump when... see traces/FORMAT.md "Versioning"
 
 struct TraceStepInfo {
   int index = 0;

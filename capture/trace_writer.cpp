@@ -34,18 +34,13 @@
 #include "capture/h5.h"
 #include "capture/layout.h"
 #include "capture/trace_reader.h"
+#include "capture/version.h"
 #include "model/manifest.h"
-
-#ifndef DSV4_VERSION
-#define DSV4_VERSION "0.1.0"
-#endif
 
 namespace dsv4 {
 namespace {
 
-using trace_layout::layer_name;
-using trace_layout::seq_name;
-using trace_layout::step_name;
+using namespace trace_layout;  // the format's names
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -79,15 +74,6 @@ const char* dtype_attr(DType t) {
       return "int32";
   }
   return "?";
-}
-
-std::string utc_now_iso8601() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::vector<hsize_t> dims(std::initializer_list<int64_t> d) {
@@ -330,28 +316,28 @@ struct TraceWriter::Impl {
     h5::Id fapl = h5::file_access(true, false);
     h5::Object f = h5::create_file(writing_path, fapl.get());
     {
-      h5::write_attr(f, "format", std::string("dsv4-trace"));
-      h5::write_attr(f, "format_version", int32_t(kTraceFormatVersion));
-      h5::write_attr(f, "producer", std::string("dsv4 ") + DSV4_VERSION);
-      h5::write_attr(f, "created", utc_now_iso8601());
-      h5::Object meta = h5::create_group(f, "meta");
-      h5::Object env = h5::create_group(meta, "env");
+      h5::write_attr(f, kFormat, std::string(kFormatValue));
+      h5::write_attr(f, kFormatVersion, int32_t(kTraceFormatVersion));
+      h5::write_attr(f, kProducer, std::string("dsv4 ") + version());
+      h5::write_attr(f, kCreated, utc_now_iso8601());
+      h5::Object meta = h5::create_group(f, kMeta);
+      h5::Object env = h5::create_group(meta, kEnv);
       for (const auto& [k, v] : h.env) h5::write_attr(env, k, v);
-      h5::Object model = h5::create_group(meta, "model");
-      h5::write_attr(model, "config_json", h.config_json);
-      h5::write_attr(model, "weights_path", h.weights_path);
-      h5::write_attr(model, "model_digest", hex16(h.model.whole));
+      h5::Object model = h5::create_group(meta, kModel);
+      h5::write_attr(model, kConfigJson, h.config_json);
+      h5::write_attr(model, kWeightsPath, h.weights_path);
+      h5::write_attr(model, kModelDigest, hex16(h.model.whole));
       if (h.model.names.size() != h.model.digests.size())
         throw Error("TraceHeader: model digest lists differ in length");
       h5::Object tn =
-          h5::create_dataset(model, "tensor_names", h5::Type::str, dims({int64_t(h.model.names.size())}));
+          h5::create_dataset(model, kTensorNames, h5::Type::str, dims({int64_t(h.model.names.size())}));
       h5::write_strings(tn, h.model.names);
       h5::Object td =
-          h5::create_dataset(model, "tensor_digests", h5::Type::u64, dims({int64_t(h.model.digests.size())}));
+          h5::create_dataset(model, kTensorDigests, h5::Type::u64, dims({int64_t(h.model.digests.size())}));
       h5::write(td, h.model.digests);
-      h5::Object n = h5::create_dataset(meta, "tensor_names", h5::Type::str, dims({int64_t(names.size())}));
+      h5::Object n = h5::create_dataset(meta, kTensorNames, h5::Type::str, dims({int64_t(names.size())}));
       h5::write_strings(n, names);
-      h5::create_group(f, "steps");
+      h5::create_group(f, kSteps);
     }
     h5::close_file(f);
   }
@@ -362,25 +348,25 @@ struct TraceWriter::Impl {
     h5::Id fapl = h5::file_access(true, false);
     file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
     step_index = next_step;
-    step_group = "/steps/" + step_name(step_index);
+    step_group = step_path(step_index);
     seqs.clear();
     seqs.resize(s.seqs.size());
     {
-      h5::Object steps = h5::open(file, "steps");
+      h5::Object steps = h5::open(file, kSteps);
       if (h5::exists(steps, step_name(step_index)))
         steps.fail(fmt::format("step {} exists already", step_name(step_index)));
       h5::Object g = h5::create_group(steps, step_name(step_index));
-      h5::write_attr(g, "kind", s.kind);
-      h5::write_attr(g, "profile", s.profile);
-      h5::write_attr(g, "seed", uint64_t(s.seed));
-      h5::write_attr(g, "threads", int32_t(s.threads));
-      h5::write_attr(g, "capture", policy.text());
-      h5::write_attr(g, "n_seqs", int32_t(s.seqs.size()));
-      h5::Object status = h5::create_dataset(g, "status", h5::Type::u8, {1});
+      h5::write_attr(g, kKind, s.kind);
+      h5::write_attr(g, kProfile, s.profile);
+      h5::write_attr(g, kSeed, uint64_t(s.seed));
+      h5::write_attr(g, kThreads, int32_t(s.threads));
+      h5::write_attr(g, kCapture, policy.text());
+      h5::write_attr(g, kNSeqs, int32_t(s.seqs.size()));
+      h5::Object status = h5::create_dataset(g, kStatus, h5::Type::u8, {1});
       h5::write(status, std::vector<uint8_t>{0});
       std::vector<int32_t> lengths;
       for (const auto& q : s.seqs) lengths.push_back(int32_t(q.size()));
-      h5::Object sl = h5::create_dataset(g, "seq_lengths", h5::Type::i32, dims({int64_t(lengths.size())}));
+      h5::Object sl = h5::create_dataset(g, kSeqLengths, h5::Type::i32, dims({int64_t(lengths.size())}));
       h5::write(sl, lengths);
       for (size_t i = 0; i < s.seqs.size(); ++i) create_seq(g, int(i), s.seqs[i], policy);
     }
@@ -411,42 +397,42 @@ struct TraceWriter::Impl {
     }
     L.digests.assign(size_t(R), 0);
     const int64_t groups = T / 4;
-    L.width = int(std::min<int64_t>(cfg.index_topk, groups));
+    L.width = cfg.indexer_width(T);
     L.gap_type = unsigned_for(uint64_t(groups));
 
     h5::Object g = h5::create_group(step, seq_name(si));
-    h5::Object tok = h5::create_dataset(g, "tokens", h5::Type::i32, dims({T}));
+    h5::Object tok = h5::create_dataset(g, kTokens, h5::Type::i32, dims({T}));
     h5::write(tok, tokens);
-    h5::create_dataset(g, "logprobs", h5::Type::f32, dims({T - 1}));
+    h5::create_dataset(g, kLogprobs, h5::Type::f32, dims({T - 1}));
 
     const int64_t hc = cfg.hc_mult, ke = cfg.num_experts_per_tok;
     const h5::Type expert_type = unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0)));
-    h5::Object dec = h5::create_group(g, "decisions");
+    h5::Object dec = h5::create_group(g, kDecisions);
     for (int layer = 0; layer < cfg.num_hidden_layers; ++layer) {
       const std::string ln = layer_name(layer);
       h5::Object d = h5::create_group(dec, ln);
-      h5::write_attr(d, "hashed", uint8_t(cfg.is_hash_layer(layer) ? 1 : 0));
+      h5::write_attr(d, kHashed, uint8_t(cfg.is_hash_layer(layer) ? 1 : 0));
       if (cfg.ratio(layer) == 4) {
-        h5::write_attr(d, "indexer_width", int32_t(L.width));
-        h5::create_dataset(d, "indexer_count", h5::Type::u16, dims({T}));
+        h5::write_attr(d, kIndexerWidth, int32_t(L.width));
+        h5::create_dataset(d, kIndexerCount, h5::Type::u16, dims({T}));
         // At most T * width ids (fewer where fewer groups are visible).
-        h5::create_dataset(d, "indexer_gaps", L.gap_type, {0}, true, hsize_t(T * L.width));
-        h5::create_dataset(d, "indexer_margin", h5::Type::f32, dims({T}));
+        h5::create_dataset(d, kIndexerGaps, L.gap_type, {0}, true, hsize_t(T * L.width));
+        h5::create_dataset(d, kIndexerMargin, h5::Type::f32, dims({T}));
         L.pending.insert(ln + "/indexer");
       }
-      h5::create_dataset(d, "experts", expert_type, dims({T, ke}));
-      h5::create_dataset(d, "expert_weights", h5::Type::f32, dims({T, ke}));
-      h5::create_dataset(d, "router_margin", h5::Type::f32, dims({T}));
+      h5::create_dataset(d, kExperts, expert_type, dims({T, ke}));
+      h5::create_dataset(d, kExpertWeights, h5::Type::f32, dims({T, ke}));
+      h5::create_dataset(d, kRouterMargin, h5::Type::f32, dims({T}));
       L.pending.insert(ln + "/routing");
       for (const char* sub : {"attn", "ffn"}) {
-        h5::create_dataset(d, fmt::format("mhc_{}_pre", sub), h5::Type::f32, dims({T, hc}));
-        h5::create_dataset(d, fmt::format("mhc_{}_post", sub), h5::Type::f32, dims({T, hc}));
-        h5::create_dataset(d, fmt::format("mhc_{}_comb", sub), h5::Type::f32, dims({T, hc, hc}));
-        L.pending.insert(ln + "/mhc_" + sub);
+        h5::create_dataset(d, mhc_name(sub, "pre"), h5::Type::f32, dims({T, hc}));
+        h5::create_dataset(d, mhc_name(sub, "post"), h5::Type::f32, dims({T, hc}));
+        h5::create_dataset(d, mhc_name(sub, "comb"), h5::Type::f32, dims({T, hc, hc}));
+        L.pending.insert(ln + "/" + mhc_name(sub));
       }
     }
 
-    h5::Object dg = h5::create_group(g, "digests");
+    h5::Object dg = h5::create_group(g, kDigests);
     const int64_t M = int64_t(L.manifest.size());
     std::vector<int32_t> tensor(static_cast<size_t>(M)), layer(static_cast<size_t>(M));
     std::vector<int64_t> rows(static_cast<size_t>(M));
@@ -459,23 +445,23 @@ struct TraceWriter::Impl {
       layer[size_t(r)] = spec.layer;
       rows[size_t(r)] = spec.rows();
     }
-    h5::create_dataset(dg, "value", h5::Type::u64, dims({R}), false, 0, h5::Compress::no);
-    h5::Object dt = h5::create_dataset(dg, "tensor", h5::Type::i32, dims({M}));
+    h5::create_dataset(dg, kDigestValue, h5::Type::u64, dims({R}), false, 0, h5::Compress::no);
+    h5::Object dt = h5::create_dataset(dg, kDigestTensor, h5::Type::i32, dims({M}));
     h5::write(dt, tensor);
-    h5::Object dl = h5::create_dataset(dg, "layer", h5::Type::i32, dims({M}));
+    h5::Object dl = h5::create_dataset(dg, kDigestLayer, h5::Type::i32, dims({M}));
     h5::write(dl, layer);
-    h5::Object dr = h5::create_dataset(dg, "rows", h5::Type::i64, dims({M}));
+    h5::Object dr = h5::create_dataset(dg, kDigestRows, h5::Type::i64, dims({M}));
     h5::write(dr, rows);
 
     std::optional<h5::Object> tensors;
     for (const auto& spec : L.manifest) {
       if (!policy.wants_tensor(spec.name, spec.layer)) continue;
-      if (!tensors) tensors = h5::create_group(g, "tensors");
+      if (!tensors) tensors = h5::create_group(g, kTensors);
       if (!h5::exists(*tensors, spec.name)) h5::create_group(*tensors, spec.name);
       h5::Object parent = h5::open(*tensors, spec.name);
       std::vector<hsize_t> shape(spec.shape.begin(), spec.shape.end());
       h5::Object ds = h5::create_dataset(parent, layer_name(spec.layer), storage_type(spec.dtype), shape);
-      h5::write_attr(ds, "dtype", std::string(dtype_attr(spec.dtype)));
+      h5::write_attr(ds, kDtype, std::string(dtype_attr(spec.dtype)));
     }
   }
 
@@ -521,14 +507,14 @@ struct TraceWriter::Impl {
     std::copy(m.digests.begin(), m.digests.end(), L.digests.begin() + L.first[r]);
     L.got[r] = 1;
     if (m.store) {
-      h5::Object ds = open_in_seq(L, "tensors/" + m.name + "/" + layer_name(m.layer));
+      h5::Object ds = open_in_seq(L, tensor_path(m.name, m.layer));
       h5::write_le_bytes(ds, storage_type(m.dtype), m.bytes);
     }
   }
 
   void write_indexer(const Msg& m) {
     SeqLayout& L = seq_of(m);
-    const std::string d = "decisions/" + layer_name(m.layer) + "/";
+    const std::string d = decisions_path(m.layer) + "/";
     if (m.layer < 0 || m.layer >= cfg.num_hidden_layers || cfg.ratio(m.layer) != 4)
       throw Error(fmt::format("step {} seq {}: indexer decision for layer {}, which is not a C4 layer",
                               step_index, m.seq, m.layer));
@@ -557,17 +543,17 @@ struct TraceWriter::Impl {
       }
       count[size_t(p)] = uint16_t(n);
     }
-    h5::write(open_in_seq(L, d + "indexer_count"), count);
-    h5::Object ds = open_in_seq(L, d + "indexer_gaps");
+    h5::write(open_in_seq(L, d + kIndexerCount), count);
+    h5::Object ds = open_in_seq(L, d + kIndexerGaps);
     h5::set_extent(ds, {hsize_t(gaps.size())});
     write_narrowed(ds, L.gap_type, gaps);
-    h5::write(open_in_seq(L, d + "indexer_margin"), m.a);
+    h5::write(open_in_seq(L, d + kIndexerMargin), m.a);
     done_decision(L, m, "indexer");
   }
 
   void write_routing(const Msg& m) {
     SeqLayout& L = seq_of(m);
-    const std::string d = "decisions/" + layer_name(m.layer) + "/";
+    const std::string d = decisions_path(m.layer) + "/";
     if (m.layer < 0 || m.layer >= cfg.num_hidden_layers)
       throw Error(fmt::format("step {} seq {}: routing decision for layer {}", step_index, m.seq, m.layer));
     if (m.T != L.T || m.k != cfg.num_experts_per_tok || m.hashed != cfg.is_hash_layer(m.layer))
@@ -581,9 +567,9 @@ struct TraceWriter::Impl {
                                 m.layer, m.ids[i], cfg.n_routed_experts));
       ids[i] = uint32_t(m.ids[i]);
     }
-    h5::Object ex = open_in_seq(L, d + "experts");
+    h5::Object ex = open_in_seq(L, d + kExperts);
     write_narrowed(ex, unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0))), ids);
-    const h5::Object wts = open_in_seq(L, d + "expert_weights"), margin = open_in_seq(L, d + "router_margin");
+    const h5::Object wts = open_in_seq(L, d + kExpertWeights), margin = open_in_seq(L, d + kRouterMargin);
     h5::write_all(
         {{&wts, h5::Type::f32, m.a.data(), m.a.size()}, {&margin, h5::Type::f32, m.b.data(), m.b.size()}});
     done_decision(L, m, "routing");
@@ -592,23 +578,24 @@ struct TraceWriter::Impl {
   void write_mhc(const Msg& m) {
     SeqLayout& L = seq_of(m);
     const std::string sub = to_string(m.sub);
-    const std::string d = "decisions/" + layer_name(m.layer) + "/mhc_" + sub;
+    const std::string d = decisions_path(m.layer) + "/";
     if (m.layer < 0 || m.layer >= cfg.num_hidden_layers || m.T != L.T || m.k != cfg.hc_mult)
       throw Error(fmt::format("step {} seq {} layer {}: mHC {} decision of [{}, {}], expected [{}, {}]",
                               step_index, m.seq, m.layer, sub, m.T, m.k, L.T, cfg.hc_mult));
-    const h5::Object pre = open_in_seq(L, d + "_pre"), post = open_in_seq(L, d + "_post"),
-                     comb = open_in_seq(L, d + "_comb");
+    const h5::Object pre = open_in_seq(L, d + mhc_name(sub, "pre")),
+                     post = open_in_seq(L, d + mhc_name(sub, "post")),
+                     comb = open_in_seq(L, d + mhc_name(sub, "comb"));
     h5::write_all({{&pre, h5::Type::f32, m.a.data(), m.a.size()},
                    {&post, h5::Type::f32, m.b.data(), m.b.size()},
                    {&comb, h5::Type::f32, m.c.data(), m.c.size()}});
-    done_decision(L, m, "mhc_" + sub);
+    done_decision(L, m, mhc_name(sub));
   }
 
   // Creates /steps/NNNNNN/kernels (traces/FORMAT.md) in `f`, which must be open without SWMR.
   void write_kernels(const h5::Object& f, const KernelRecords& k) {
-    h5::Object g = h5::create_group(h5::open(f, step_group.substr(1)), "kernels");
-    h5::write_attr(g, "available", uint8_t(k.available ? 1 : 0));
-    h5::write_attr(g, "reason", k.available ? std::string() : k.reason);
+    h5::Object g = h5::create_group(h5::open(f, step_group.substr(1)), kKernels);
+    h5::write_attr(g, kAvailable, uint8_t(k.available ? 1 : 0));
+    h5::write_attr(g, kReason, k.available ? std::string() : k.reason);
     const int64_t n = k.available ? int64_t(k.kernels.size()) : 0;
     std::vector<std::string> names;
     std::vector<int32_t> grid, block, regs;
@@ -625,20 +612,20 @@ struct TraceWriter::Impl {
       end.push_back(r.end_ns);
       corr.push_back(r.correlation);
     }
-    h5::Object ds = h5::create_dataset(g, "name", h5::Type::str, dims({n}));
+    h5::Object ds = h5::create_dataset(g, kKernelName, h5::Type::str, dims({n}));
     if (n > 0) h5::write_strings(ds, names);
     const auto put = [&](const char* name, h5::Type t, const std::vector<hsize_t>& shape, const auto& v) {
       h5::Object d = h5::create_dataset(g, name, t, shape);
       if (n > 0) h5::write(d, v);
     };
-    put("grid", h5::Type::i32, dims({n, 3}), grid);
-    put("block", h5::Type::i32, dims({n, 3}), block);
-    put("shared_bytes", h5::Type::i64, dims({n}), shared);
-    put("registers", h5::Type::i32, dims({n}), regs);
-    put("stream", h5::Type::i64, dims({n}), stream);
-    put("start_ns", h5::Type::i64, dims({n}), start);
-    put("end_ns", h5::Type::i64, dims({n}), end);
-    put("correlation", h5::Type::i64, dims({n}), corr);
+    put(kGrid, h5::Type::i32, dims({n, 3}), grid);
+    put(kBlock, h5::Type::i32, dims({n, 3}), block);
+    put(kSharedBytes, h5::Type::i64, dims({n}), shared);
+    put(kRegisters, h5::Type::i32, dims({n}), regs);
+    put(kStream, h5::Type::i64, dims({n}), stream);
+    put(kStartNs, h5::Type::i64, dims({n}), start);
+    put(kEndNs, h5::Type::i64, dims({n}), end);
+    put(kCorrelation, h5::Type::i64, dims({n}), corr);
   }
 
   void finish_step(const ForwardResult& r, const KernelRecords& k) {
@@ -661,8 +648,8 @@ struct TraceWriter::Impl {
       if (int64_t(r.seqs[s].logprobs.size()) != std::max<int64_t>(L.T - 1, 0))
         throw Error(fmt::format("end_step: sequence {} has {} log-probs for {} tokens", s,
                                 r.seqs[s].logprobs.size(), L.T));
-      h5::write(open_in_seq(L, "digests/value"), L.digests);
-      h5::write(open_in_seq(L, "logprobs"), r.seqs[s].logprobs);
+      h5::write(open_in_seq(L, std::string(kDigests) + "/" + kDigestValue), L.digests);
+      h5::write(open_in_seq(L, kLogprobs), r.seqs[s].logprobs);
     }
     // HDF5 1.10 creates no objects in SWMR mode: close the SWMR file and reopen it without SWMR for the
     // kernels group. Until status = 1 below the step stays incomplete, so a crash in between loses
@@ -675,7 +662,7 @@ struct TraceWriter::Impl {
       file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
     }
     write_kernels(file, k);
-    h5::Object status = h5::open(file, step_group.substr(1) + "/status");
+    h5::Object status = h5::open(file, step_group.substr(1) + "/" + kStatus);
     h5::write(status, std::vector<uint8_t>{1});
     status = h5::Object{};
     if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) file.fail("cannot flush");
@@ -893,6 +880,16 @@ int TraceWriter::steps_written() const {
 WriterStats TraceWriter::stats() const {
   std::lock_guard lk(impl_->mu);
   return impl_->st;
+}
+
+void set_trace_weights_path(const std::string& path, const std::string& weights_path) {
+  h5::Object f = h5::open_file(path, H5F_ACC_RDWR, H5P_DEFAULT);
+  {
+    const h5::Object model = h5::open(f, kMetaModel);
+    h5::write_attr(model, kWeightsPathRecorded, h5::read_attr_string(model, kWeightsPath));
+    h5::write_attr(model, kWeightsPath, weights_path);
+  }
+  h5::close_file(f);
 }
 
 }  // namespace dsv4

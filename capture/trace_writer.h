@@ -85,4 +85,9 @@ class TraceWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// Points the complete trace `path` at other weights: /meta/model weights_path becomes
+// `weights_path` and the previous value is kept as weights_path_recorded (a bundle's trace names the
+// model folder beside it).
+void set_trace_weights_path(const std::string& path, const std::string& weights_path);
+
 }  // namespace dsv4

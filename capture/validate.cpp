@@ -12,9 +12,10 @@
 #include <set>
 
 #include "capture/digest.h"
+#include "capture/env.h"
 #include "capture/errors.h"
-#include "capture/layout.h"
 #include "capture/h5.h"
+#include "capture/layout.h"
 #include "capture/policy.h"
 #include "capture/trace_reader.h"
 #include "model/config.h"
@@ -25,9 +26,7 @@
 namespace dsv4 {
 namespace {
 
-using trace_layout::layer_name;
-using trace_layout::seq_name;
-using trace_layout::step_name;
+using namespace trace_layout;  // the format's names
 
 // A dataset with many bad rows reports the first few and then how many more there were.
 constexpr int kFindingsPerDataset = 5;
@@ -35,7 +34,6 @@ constexpr int kFindingsPerDataset = 5;
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
 
 const char* type_name(h5::Type t) {
   switch (t) {
@@ -106,28 +104,11 @@ void classify_with_reader(const std::string& path) {
   }
 }
 
-// Root attributes that make a file a trace of a version this build reads.
-void check_root_identity(const h5::Object& root, const std::string& path) {
-  if (!h5::has_attr(root, "format") || h5::read_attr_string(root, "format") != "dsv4-trace")
-    throw NotATrace(
-        fmt::format("{}: not a dsv4 trace (the root has no format = \"dsv4-trace\" attribute)", path));
-  if (!h5::has_attr(root, "format_version"))
-    throw TraceError(fmt::format("{}: the root has no format_version attribute", path));
-  const int64_t version = h5::read_attr_int(root, "format_version");
-  if (version > kTraceFormatVersion)
-    throw UnsupportedTraceVersion(fmt::format(
-        "{}: trace format version {} (written by {}) is newer than this dsv4 reads (version {}); upgrade "
-        "dsv4",
-        path, version,
-        h5::has_attr(root, "producer") ? h5::read_attr_string(root, "producer") : "an unknown producer",
-        kTraceFormatVersion));
-}
-
 // Status of a step group: 1 complete, 0 incomplete, nullopt when unreadable.
 std::optional<int> step_status(const h5::Object& step) {
   try {
-    if (!h5::exists(step, "status")) return std::nullopt;
-    const auto v = h5::read<uint8_t>(h5::open(step, "status"));
+    if (!h5::exists(step, kStatus)) return std::nullopt;
+    const auto v = h5::read<uint8_t>(h5::open(step, kStatus));
     if (v.size() != 1) return std::nullopt;
     return int(v[0]);
   } catch (const std::exception&) {
@@ -161,7 +142,7 @@ class Validator {
     OpenedTrace t;
     try {
       t = open_for_reading(path);
-      check_root_identity(t.file, path);
+      trace_layout::check_trace_root(t.file, path);
     } catch (const std::exception& e) {
       unreadable(e.what());
       return;
@@ -174,8 +155,8 @@ class Validator {
           "the file is marked as open for writing: its writer is still running or died while creating a step "
           "(outside SWMR mode); `dsv4 trace salvage` copies the complete steps into a new trace");
     guarded("/", [&] {
-      if (h5::read_attr_int(root, "format_version") < 1) problem("/", "format_version is below 1");
-      for (const char* a : {"producer", "created"})
+      if (h5::read_attr_int(root, kFormatVersion) < 1) problem("/", "format_version is below 1");
+      for (const char* a : {kProducer, kCreated})
         if (!h5::has_attr(root, a)) problem("/", fmt::format("attribute '{}' is missing", a));
     });
     check_meta(root);
@@ -293,29 +274,29 @@ class Validator {
   // ---- /meta ------------------------------------------------------------------------------------
   void check_meta(const h5::Object& root) {
     guarded("/meta", [&] {
-      if (!h5::exists(root, "meta")) {
+      if (!h5::exists(root, kMeta)) {
         problem("/meta", "missing");
         return;
       }
-      const h5::Object meta = h5::open(root, "meta");
+      const h5::Object meta = h5::open(root, kMeta);
       guarded("/meta/env", [&] {
-        if (!h5::exists(meta, "env")) {
+        if (!h5::exists(meta, kEnv)) {
           problem("/meta/env", "missing");
           return;
         }
-        const h5::Object env = h5::open(meta, "env");
+        const h5::Object env = h5::open(meta, kEnv);
         for (const char* k : {"host", "os", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
                               "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5"})
           if (!h5::has_attr(env, k)) problem("/meta/env", fmt::format("attribute '{}' is missing", k));
       });
       guarded("/meta/model", [&] {
-        if (!h5::exists(meta, "model")) {
+        if (!h5::exists(meta, kModel)) {
           problem("/meta/model", "missing");
           return;
         }
-        check_model(h5::open(meta, "model"));
+        check_model(h5::open(meta, kModel));
       });
-      if (auto names = read_strings(meta, "tensor_names")) tensor_names_ = *names;
+      if (auto names = read_strings(meta, kTensorNames)) tensor_names_ = *names;
     });
   }
 
@@ -329,11 +310,11 @@ class Validator {
 
   void check_model(const h5::Object& model) {
     const std::string where = "/meta/model";
-    for (const char* a : {"config_json", "weights_path", "model_digest"})
+    for (const char* a : {kConfigJson, kWeightsPath, kModelDigest})
       if (!h5::has_attr(model, a)) problem(where, fmt::format("attribute '{}' is missing", a));
-    if (h5::has_attr(model, "config_json")) {
+    if (h5::has_attr(model, kConfigJson)) {
       try {
-        cfg_ = config_from_json(h5::read_attr_string(model, "config_json"), "config_json");
+        cfg_ = config_from_json(h5::read_attr_string(model, kConfigJson), kConfigJson);
       } catch (const std::exception& e) {
         problem(
             where,
@@ -341,11 +322,11 @@ class Validator {
                         e.what()));
       }
     }
-    auto names = read_strings(model, "tensor_names");
-    auto digests = names ? read<uint64_t>(model, "tensor_digests", {h5::Type::u64}, {int64_t(names->size())})
+    auto names = read_strings(model, kTensorNames);
+    auto digests = names ? read<uint64_t>(model, kTensorDigests, {h5::Type::u64}, {int64_t(names->size())})
                          : std::nullopt;
     if (!names || !digests) return;
-    const std::string nwhere = model.child("tensor_names");
+    const std::string nwhere = model.child(kTensorNames);
     if (!std::is_sorted(names->begin(), names->end())) problem(nwhere, "the names are not sorted");
     if (cfg_) {
       std::vector<std::string> want;
@@ -361,14 +342,14 @@ class Validator {
       }
     }
     // The whole-model digest is a function of the per-tensor digests (capture/digest.h).
-    if (h5::has_attr(model, "model_digest")) {
+    if (h5::has_attr(model, kModelDigest)) {
       std::vector<uint8_t> all;
       for (size_t i = 0; i < names->size(); ++i) {
         all.insert(all.end(), (*names)[i].begin(), (*names)[i].end());
         all.push_back(0);
         for (int b = 0; b < 8; ++b) all.push_back(uint8_t((*digests)[i] >> (8 * b)));
       }
-      const std::string recorded = h5::read_attr_string(model, "model_digest");
+      const std::string recorded = h5::read_attr_string(model, kModelDigest);
       const std::string computed = hex16(xxh3_64(all.data(), all.size()));
       if (recorded != computed)
         problem(where, fmt::format("model_digest {} does not match the tensor digests (they give {})",
@@ -379,11 +360,11 @@ class Validator {
   // ---- /steps -----------------------------------------------------------------------------------
   void check_steps(const h5::Object& root) {
     guarded("/steps", [&] {
-      if (!h5::exists(root, "steps")) {
+      if (!h5::exists(root, kSteps)) {
         problem("/steps", "missing");
         return;
       }
-      const h5::Object steps = h5::open(root, "steps");
+      const h5::Object steps = h5::open(root, kSteps);
       const std::vector<std::string> names = h5::children(steps);
       int expected = 0;
       for (const std::string& name : names) {
@@ -411,11 +392,11 @@ class Validator {
   void check_step(const h5::Object& step) {
     const std::optional<int> status = step_status(step);
     if (!status) {
-      problem(step.child("status"), "missing or unreadable: the step cannot be told complete");
+      problem(step.child(kStatus), "missing or unreadable: the step cannot be told complete");
       return;
     }
     if (*status == 0) {
-      problem(step.child("status"),
+      problem(step.child(kStatus),
               fmt::format(
                   "step {} is incomplete (status 0): its recorder stopped during the step; readers skip it "
                   "and `dsv4 trace salvage` keeps the complete steps",
@@ -423,7 +404,7 @@ class Validator {
       return;
     }
     if (*status != 1) {
-      problem(step.child("status"), fmt::format("status is {}, expected 0 or 1", *status));
+      problem(step.child(kStatus), fmt::format("status is {}, expected 0 or 1", *status));
       return;
     }
     step_->complete = true;
@@ -431,43 +412,43 @@ class Validator {
     std::optional<CapturePolicy> policy;
     int64_t n_seqs = -1;
     guarded(step.path, [&] {
-      for (const char* a : {"kind", "profile", "seed", "threads", "capture", "n_seqs"})
+      for (const char* a : {kKind, kProfile, kSeed, kThreads, kCapture, kNSeqs})
         if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
-      if (h5::has_attr(step, "kind")) {
-        const std::string kind = h5::read_attr_string(step, "kind");
+      if (h5::has_attr(step, kKind)) {
+        const std::string kind = h5::read_attr_string(step, kKind);
         if (kind != "train" && kind != "rollout")
           problem(step.path, fmt::format("kind '{}', expected 'train' or 'rollout'", kind));
       }
-      if (h5::has_attr(step, "profile")) {
-        const std::string profile = h5::read_attr_string(step, "profile");
+      if (h5::has_attr(step, kProfile)) {
+        const std::string profile = h5::read_attr_string(step, kProfile);
         const auto known = profile_names();
         if (std::find(known.begin(), known.end(), profile) == known.end())
           problem(step.path, fmt::format("profile '{}' is not one of {}", profile, fmt::join(known, ", ")));
       }
-      if (h5::has_attr(step, "seed")) h5::read_attr_u64(step, "seed");
-      if (h5::has_attr(step, "threads") && h5::read_attr_int(step, "threads") < 0)
+      if (h5::has_attr(step, kSeed)) h5::read_attr_u64(step, kSeed);
+      if (h5::has_attr(step, kThreads) && h5::read_attr_int(step, kThreads) < 0)
         problem(step.path, "threads is negative");
-      if (h5::has_attr(step, "capture")) {
+      if (h5::has_attr(step, kCapture)) {
         try {
-          policy = CapturePolicy::parse(h5::read_attr_string(step, "capture"));
+          policy = CapturePolicy::parse(h5::read_attr_string(step, kCapture));
         } catch (const InputError& e) {
           problem(step.path, e.what());
         }
       }
-      if (h5::has_attr(step, "n_seqs")) {
-        n_seqs = h5::read_attr_int(step, "n_seqs");
+      if (h5::has_attr(step, kNSeqs)) {
+        n_seqs = h5::read_attr_int(step, kNSeqs);
         if (n_seqs < 0) problem(step.path, fmt::format("n_seqs is {}", n_seqs));
       }
     });
     if (n_seqs < 0) return;
-    const auto lengths = read<int64_t>(step, "seq_lengths", {h5::Type::i32}, {n_seqs});
+    const auto lengths = read<int64_t>(step, kSeqLengths, {h5::Type::i32}, {n_seqs});
     if (!lengths) return;
     for (int64_t s = 0; s < n_seqs; ++s) {
       const std::string name = seq_name(int(s));
       const std::string where = step.child(name);
       const int64_t T = (*lengths)[size_t(s)];
       if (T < 1) {
-        problem(step.child("seq_lengths"), fmt::format("sequence {} has length {}", s, T));
+        problem(step.child(kSeqLengths), fmt::format("sequence {} has length {}", s, T));
         continue;
       }
       guarded(where, [&] {
@@ -481,7 +462,7 @@ class Validator {
     // Sequence groups beyond n_seqs (other names are left alone: readers ignore what they do not know).
     guarded(step.path, [&] {
       for (const std::string& child : h5::children(step))
-        if (child.size() == 7 && child.rfind("seq_", 0) == 0 &&
+        if (child.size() == 7 && child.rfind(kSeqPrefix, 0) == 0 &&
             std::all_of(child.begin() + 4, child.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
             std::stoll(child.substr(4)) >= n_seqs)
           problem(step.child(child), fmt::format("unexpected: the step has n_seqs = {}", n_seqs));
@@ -490,27 +471,27 @@ class Validator {
 
   // ---- one sequence -----------------------------------------------------------------------------
   void check_sequence(const h5::Object& seq, int64_t T, const CapturePolicy* policy) {
-    if (auto tokens = read<int32_t>(seq, "tokens", {h5::Type::i32}, {T}); tokens && cfg_) {
-      Findings f(*this, seq.child("tokens"));
+    if (auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T}); tokens && cfg_) {
+      Findings f(*this, seq.child(kTokens));
       for (size_t t = 0; t < tokens->size(); ++t)
         if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
           f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
                             cfg_->vocab_size));
     }
-    if (auto lp = read<float>(seq, "logprobs", {h5::Type::f32}, {T - 1})) {
-      Findings f(*this, seq.child("logprobs"));
+    if (auto lp = read<float>(seq, kLogprobs, {h5::Type::f32}, {T - 1})) {
+      Findings f(*this, seq.child(kLogprobs));
       for (size_t t = 0; t < lp->size(); ++t)
         if (!std::isfinite((*lp)[t]) || (*lp)[t] > 0.0f)
           f.add(fmt::format("log-prob {} at token {} is {}", (*lp)[t], t,
                             std::isfinite((*lp)[t]) ? "positive" : "not finite"));
     }
     if (!cfg_) return;
-    guarded(seq.child("decisions"), [&] {
-      if (!h5::exists(seq, "decisions")) {
-        problem(seq.child("decisions"), "missing");
+    guarded(seq.child(kDecisions), [&] {
+      if (!h5::exists(seq, kDecisions)) {
+        problem(seq.child(kDecisions), "missing");
         return;
       }
-      const h5::Object dec = h5::open(seq, "decisions");
+      const h5::Object dec = h5::open(seq, kDecisions);
       std::set<std::string> expected;
       for (int L = 0; L < cfg_->num_hidden_layers; ++L) {
         const std::string name = layer_name(L);
@@ -532,14 +513,14 @@ class Validator {
     const std::vector<TensorSpecT> manifest = tensor_manifest(*cfg_, T);
     std::vector<int64_t> first;  // per manifest entry: offset of its rows in `value`; empty if unusable
     std::vector<uint64_t> digest_values;
-    guarded(seq.child("digests"), [&] {
-      if (!h5::exists(seq, "digests")) {
-        problem(seq.child("digests"), "missing");
+    guarded(seq.child(kDigests), [&] {
+      if (!h5::exists(seq, kDigests)) {
+        problem(seq.child(kDigests), "missing");
         return;
       }
-      check_digests(h5::open(seq, "digests"), manifest, first, digest_values);
+      check_digests(h5::open(seq, kDigests), manifest, first, digest_values);
     });
-    guarded(seq.child("tensors"), [&] { check_tensors(seq, manifest, first, digest_values, policy); });
+    guarded(seq.child(kTensors), [&] { check_tensors(seq, manifest, first, digest_values, policy); });
   }
 
   // Decisions of one layer (traces/FORMAT.md "decisions/layer_LLL").
@@ -550,7 +531,7 @@ class Validator {
     if (indexed) {
       check_indexer(g, T);
     } else {
-      for (const char* n : {"indexer_count", "indexer_gaps", "indexer_margin"})
+      for (const char* n : {kIndexerCount, kIndexerGaps, kIndexerMargin})
         if (h5::exists(g, n))
           problem(g.child(n),
                   fmt::format("unexpected on a layer with compress ratio {} (only ratio-4 layers have an "
@@ -560,8 +541,8 @@ class Validator {
     // Routing.
     const int k = c.num_experts_per_tok;
     const h5::Type id_type = c.n_routed_experts - 1 <= 0xff ? h5::Type::u8 : h5::Type::u16;
-    if (auto ids = read<int32_t>(g, "experts", {id_type}, {T, k})) {
-      Findings f(*this, g.child("experts"));
+    if (auto ids = read<int32_t>(g, kExperts, {id_type}, {T, k})) {
+      Findings f(*this, g.child(kExperts));
       for (int64_t t = 0; t < T; ++t)
         for (int j = 0; j < k; ++j) {
           const int32_t e = (*ids)[size_t(t * k + j)];
@@ -573,11 +554,11 @@ class Validator {
                               (*ids)[size_t(t * k + j - 1)]));
         }
     }
-    if (auto w = read<float>(g, "expert_weights", {h5::Type::f32}, {T, k}))
-      check_finite(g.child("expert_weights"), *w, k, "routing weight");
+    if (auto w = read<float>(g, kExpertWeights, {h5::Type::f32}, {T, k}))
+      check_finite(g.child(kExpertWeights), *w, k, "routing weight");
     const bool hashed = c.is_hash_layer(L);
-    if (auto m = read<float>(g, "router_margin", {h5::Type::f32}, {T})) {
-      Findings f(*this, g.child("router_margin"));
+    if (auto m = read<float>(g, kRouterMargin, {h5::Type::f32}, {T})) {
+      Findings f(*this, g.child(kRouterMargin));
       for (int64_t t = 0; t < T; ++t) {
         const float x = (*m)[size_t(t)];
         if (std::isnan(x))
@@ -591,11 +572,11 @@ class Validator {
     const int64_t hc = c.hc_mult;
     for (const char* sub : {"attn", "ffn"}) {
       for (const char* part : {"pre", "post"}) {
-        const std::string n = fmt::format("mhc_{}_{}", sub, part);
+        const std::string n = mhc_name(sub, part);
         if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc}))
           check_finite(g.child(n), *v, hc, "mHC weight");
       }
-      const std::string n = fmt::format("mhc_{}_comb", sub);
+      const std::string n = mhc_name(sub, "comb");
       if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc, hc}))
         check_finite(g.child(n), *v, hc * hc, "mHC weight");
     }
@@ -605,15 +586,15 @@ class Validator {
   void check_hashed_attr(const h5::Object& g, bool hashed) {
     guarded(g.path, [&] {
       std::optional<h5::Object> margin;
-      if (!h5::has_attr(g, "hashed") && h5::exists(g, "router_margin")) margin = h5::open(g, "router_margin");
-      const h5::Object* holder = h5::has_attr(g, "hashed")                   ? &g
-                                 : margin && h5::has_attr(*margin, "hashed") ? &*margin
-                                                                             : nullptr;
+      if (!h5::has_attr(g, kHashed) && h5::exists(g, kRouterMargin)) margin = h5::open(g, kRouterMargin);
+      const h5::Object* holder = h5::has_attr(g, kHashed)                   ? &g
+                                 : margin && h5::has_attr(*margin, kHashed) ? &*margin
+                                                                            : nullptr;
       if (!holder) {
         problem(g.path, "attribute 'hashed' is missing");
         return;
       }
-      const int64_t v = h5::read_attr_int(*holder, "hashed");
+      const int64_t v = h5::read_attr_int(*holder, kHashed);
       if (v != (hashed ? 1 : 0))
         problem(holder->path, fmt::format("hashed = {}, expected {} (num_hash_layers = {})", v,
                                           hashed ? 1 : 0, cfg_->num_hash_layers));
@@ -621,18 +602,17 @@ class Validator {
   }
 
   void check_indexer(const h5::Object& g, int64_t T) {
-    const int64_t width = std::min<int64_t>(cfg_->index_topk, T / 4);
+    const int64_t width = cfg_->indexer_width(T);
     // indexer_width: on the layer group or on indexer_margin.
     guarded(g.path, [&] {
       std::string holder_path;
       int64_t recorded = -1;
-      if (h5::has_attr(g, "indexer_width")) {
+      if (h5::has_attr(g, kIndexerWidth)) {
         holder_path = g.path;
-        recorded = h5::read_attr_int(g, "indexer_width");
-      } else if (h5::exists(g, "indexer_margin") &&
-                 h5::has_attr(h5::open(g, "indexer_margin"), "indexer_width")) {
-        holder_path = g.child("indexer_margin");
-        recorded = h5::read_attr_int(h5::open(g, "indexer_margin"), "indexer_width");
+        recorded = h5::read_attr_int(g, kIndexerWidth);
+      } else if (h5::exists(g, kIndexerMargin) && h5::has_attr(h5::open(g, kIndexerMargin), kIndexerWidth)) {
+        holder_path = g.child(kIndexerMargin);
+        recorded = h5::read_attr_int(h5::open(g, kIndexerMargin), kIndexerWidth);
       } else {
         problem(g.path, "attribute 'indexer_width' is missing");
         return;
@@ -642,17 +622,17 @@ class Validator {
                 fmt::format("indexer_width = {}, expected min(index_topk = {}, floor(T / 4) = {}) = {}",
                             recorded, cfg_->index_topk, T / 4, width));
     });
-    if (auto m = read<float>(g, "indexer_margin", {h5::Type::f32}, {T})) {
-      Findings f(*this, g.child("indexer_margin"));
+    if (auto m = read<float>(g, kIndexerMargin, {h5::Type::f32}, {T})) {
+      Findings f(*this, g.child(kIndexerMargin));
       for (int64_t t = 0; t < T; ++t)
         if (std::isnan((*m)[size_t(t)])) f.add(fmt::format("margin at token {} is NaN", t));
     }
-    const auto count = read<int64_t>(g, "indexer_count", {h5::Type::u16}, {T});
+    const auto count = read<int64_t>(g, kIndexerCount, {h5::Type::u16}, {T});
     if (!count) return;
     int64_t total = 0;
     bool counts_ok = true;
     {
-      Findings f(*this, g.child("indexer_count"));
+      Findings f(*this, g.child(kIndexerCount));
       for (int64_t t = 0; t < T; ++t) {
         const int64_t n = (*count)[size_t(t)];
         const int64_t visible = (t + 1) / 4;
@@ -666,10 +646,10 @@ class Validator {
         total += n;
       }
     }
-    const auto gaps = read<int64_t>(g, "indexer_gaps", {h5::Type::u8, h5::Type::u16, h5::Type::u32}, {total});
+    const auto gaps = read<int64_t>(g, kIndexerGaps, {h5::Type::u8, h5::Type::u16, h5::Type::u32}, {total});
     if (!gaps || !counts_ok) return;
     // Decoding makes the ids ascending and distinct by construction; what can be wrong is visibility.
-    Findings f(*this, g.child("indexer_gaps"));
+    Findings f(*this, g.child(kIndexerGaps));
     size_t pos = 0;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t visible = (t + 1) / 4;
@@ -687,15 +667,15 @@ class Validator {
   // holds each record's offset into `values`.
   void check_digests(const h5::Object& d, const std::vector<TensorSpecT>& manifest,
                      std::vector<int64_t>& first, std::vector<uint64_t>& values_out) {
-    const auto tensor = read<int32_t>(d, "tensor", {h5::Type::i32}, {-1});
+    const auto tensor = read<int32_t>(d, kDigestTensor, {h5::Type::i32}, {-1});
     const int64_t M = tensor ? int64_t(tensor->size()) : -1;
-    const auto layer = tensor ? read<int32_t>(d, "layer", {h5::Type::i32}, {M}) : std::nullopt;
-    const auto rows = tensor ? read<int64_t>(d, "rows", {h5::Type::i64}, {M}) : std::nullopt;
-    const auto value = read<uint64_t>(d, "value", {h5::Type::u64}, {-1});
+    const auto layer = tensor ? read<int32_t>(d, kDigestLayer, {h5::Type::i32}, {M}) : std::nullopt;
+    const auto rows = tensor ? read<int64_t>(d, kDigestRows, {h5::Type::i64}, {M}) : std::nullopt;
+    const auto value = read<uint64_t>(d, kDigestValue, {h5::Type::u64}, {-1});
     if (!tensor || !layer || !rows || !value) return;
     bool ok = true;
     {
-      Findings f(*this, d.child("tensor"));
+      Findings f(*this, d.child(kDigestTensor));
       for (int64_t i = 0; i < M; ++i)
         if ((*tensor)[size_t(i)] < 0 || size_t((*tensor)[size_t(i)]) >= tensor_names_.size()) {
           f.add(fmt::format("record {} names tensor {}, /meta/tensor_names has {}", i, (*tensor)[size_t(i)],
@@ -723,7 +703,7 @@ class Validator {
     }
     if (ok && M != int64_t(manifest.size())) {
       problem(
-          d.child("tensor"),
+          d.child(kDigestTensor),
           M < int64_t(manifest.size())
               ? fmt::format(
                     "{} records, the manifest has {}: the first missing is {}", M, manifest.size(),
@@ -735,7 +715,7 @@ class Validator {
     int64_t sum = 0;
     for (int64_t r : *rows) sum += r;
     if (sum != int64_t(value->size())) {
-      problem(d.child("value"),
+      problem(d.child(kDigestValue),
               fmt::format("{} digests, the records' rows add up to {}", value->size(), sum));
       ok = false;
     }
@@ -754,9 +734,9 @@ class Validator {
   void check_tensors(const h5::Object& seq, const std::vector<TensorSpecT>& manifest,
                      const std::vector<int64_t>& first, const std::vector<uint64_t>& values,
                      const CapturePolicy* policy) {
-    const bool present = h5::exists(seq, "tensors");
+    const bool present = h5::exists(seq, kTensors);
     std::optional<h5::Object> tg;
-    if (present) tg = h5::open(seq, "tensors");
+    if (present) tg = h5::open(seq, kTensors);
     std::set<std::pair<std::string, int>> found;
     if (tg) {
       for (const std::string& name : h5::children(*tg)) {
@@ -780,7 +760,7 @@ class Validator {
       }
     }
     if (!policy) return;
-    Findings f(*this, seq.child("tensors"));
+    Findings f(*this, seq.child(kTensors));
     for (const TensorSpecT& m : manifest)
       if (policy->wants_tensor(m.name, m.layer) && !found.count({m.name, m.layer}))
         f.add(fmt::format("the capture policy '{}' keeps {} of {}, which is missing", policy->text(), m.name,
@@ -798,9 +778,9 @@ class Validator {
     const auto ds = dataset(parent, lname, {type}, m.shape);
     if (!ds) return;
     guarded(ds->path, [&] {
-      if (!h5::has_attr(*ds, "dtype"))
+      if (!h5::has_attr(*ds, kDtype))
         problem(ds->path, "attribute 'dtype' is missing");
-      else if (const std::string a = h5::read_attr_string(*ds, "dtype"); a != dtype_attr)
+      else if (const std::string a = h5::read_attr_string(*ds, kDtype); a != dtype_attr)
         problem(ds->path, fmt::format("dtype = '{}', expected '{}'", a, dtype_attr));
       if (first < 0) return;  // the digest table is unusable (reported there)
       const int64_t rows = m.rows(), elems = m.row_elems();
@@ -829,15 +809,6 @@ class Validator {
   std::optional<ModelConfig> cfg_;
   std::vector<std::string> tensor_names_;
 };
-
-std::string now_iso8601_utc() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // Copies every attribute of `src` onto `dst` by value (same file type and dataspace).
 void copy_attributes(const h5::Object& src, const h5::Object& dst) {
@@ -920,13 +891,13 @@ int salvage_trace(const std::string& in, const std::string& out) {
   if (!fs::exists(in, ec)) throw TraceError(fmt::format("{}: no such file", in));
   classify_with_reader(in);
   OpenedTrace src = open_for_reading(in);
-  check_root_identity(src.file, in);
+  trace_layout::check_trace_root(src.file, in);
 
   // The complete steps, in order.
   std::vector<std::string> complete;
   int groups = 0;
-  if (h5::exists(src.file, "steps")) {
-    const h5::Object steps = h5::open(src.file, "steps");
+  if (h5::exists(src.file, kSteps)) {
+    const h5::Object steps = h5::open(src.file, kSteps);
     for (const std::string& name : h5::children(steps)) {
       if (!is_step_name(name)) continue;
       ++groups;
@@ -941,7 +912,7 @@ int salvage_trace(const std::string& in, const std::string& out) {
   if (complete.empty())
     throw TraceIncomplete(fmt::format("{}: no complete step to salvage ({} step group{}, none with status 1)",
                                       in, groups, groups == 1 ? "" : "s"));
-  if (!h5::exists(src.file, "meta"))
+  if (!h5::exists(src.file, kMeta))
     throw TraceError(fmt::format("{}: /meta is missing; nothing to salvage", in));
 
   // Written under NAME.incomplete and renamed at the end, as the recorder does: a file named `out`
@@ -950,18 +921,17 @@ int salvage_trace(const std::string& in, const std::string& out) {
   try {
     h5::Id fapl = h5::file_access(true, false);
     h5::Object dst = h5::create_file(tmp, fapl.get());
-    h5::write_attr(dst, "format", std::string("dsv4-trace"));
-    h5::write_attr(dst, "format_version", int32_t(kTraceFormatVersion));
-    h5::write_attr(
-        dst, "producer",
-        h5::has_attr(src.file, "producer") ? h5::read_attr_string(src.file, "producer") : "unknown");
-    h5::write_attr(dst, "created", now_iso8601_utc());
-    h5::write_attr(dst, "salvaged_from", in);
-    copy_tree(src.file, "meta", dst, "meta");
+    h5::write_attr(dst, kFormat, std::string(kFormatValue));
+    h5::write_attr(dst, kFormatVersion, int32_t(kTraceFormatVersion));
+    h5::write_attr(dst, kProducer,
+                   h5::has_attr(src.file, kProducer) ? h5::read_attr_string(src.file, kProducer) : "unknown");
+    h5::write_attr(dst, kCreated, utc_now_iso8601());
+    h5::write_attr(dst, kSalvagedFrom, in);
+    copy_tree(src.file, kMeta, dst, kMeta);
     {
-      const h5::Object steps = h5::create_group(dst, "steps");
+      const h5::Object steps = h5::create_group(dst, kSteps);
       for (size_t i = 0; i < complete.size(); ++i) {
-        const std::string from = "steps/" + complete[i], to = step_name(int(i));
+        const std::string from = std::string(kSteps) + "/" + complete[i], to = step_name(int(i));
         copy_tree(src.file, from, steps, to);
       }
     }

@@ -3,14 +3,11 @@
 #include <functional>
 #include <stdexcept>
 
+#include "capture/version.h"
 #include "cli/commands.h"
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/tokens.h"
-
-#ifndef DSV4_VERSION
-#define DSV4_VERSION "0.1.0"
-#endif
 
 namespace dsv4::cli {
 
@@ -22,7 +19,7 @@ std::function<int()>& action() {
 }  // namespace
 
 std::string version_string() {
-  return fmt::format("dsv4 {}", DSV4_VERSION);
+  return fmt::format("dsv4 {}", version());
 }
 
 void add_model_options(CLI::App* cmd, ModelArgs& m) {

@@ -14,10 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/errors.h"
+#include "capture/record.h"
 #include "capture/trace_reader.h"
 #include "capture/trace_writer.h"
 #include "capture/validate.h"
 #include "cli/commands.h"
+#include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/fanout.h"
 #include "model/forward.h"
@@ -27,21 +29,12 @@ namespace dsv4::cli {
 
 namespace {
 
-// Fault injection for crash tests: DSV4_FAULT=kill-mid-step kills the recorder with SIGKILL halfway
-// through the layers of the step; kill-after-step right after the step was flushed, before the
-// clean close. Nothing else reads this variable.
-std::string fault() {
-  const char* f = std::getenv("DSV4_FAULT");
-  return f ? f : "";
-}
-
 // Progress on stderr: one line per finished layer when stderr is a terminal, else per sequence.
 class Progress : public Observer {
  public:
   Progress(int layers, int seqs) : layers_(layers), seqs_(seqs), tty_(isatty(2)) {}
   void on_mhc(const MhcDecision& d) override {
     if (d.sublayer != Sublayer::ffn) return;
-    if (fault() == "kill-mid-step" && d.layer == layers_ / 2) raise(SIGKILL);
     if (tty_)
       fmt::print(stderr, "\rrecord: sequence {}/{} layer {}/{}   ", d.seq + 1, seqs_, d.layer + 1, layers_);
     if (d.layer + 1 == layers_) {
@@ -71,7 +64,6 @@ struct RecordArgs {
 };
 
 int run_record(const RecordArgs& a) {
-  const CapturePolicy policy = CapturePolicy::parse(a.capture);
   Weights w = open_model(a.model);
   std::vector<std::vector<int32_t>> batch;
   if (!a.batch.empty()) {
@@ -80,52 +72,25 @@ int run_record(const RecordArgs& a) {
   } else {
     batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size));
   }
-  StepSpec step;
-  step.profile = a.profile;
-  step.kind = a.kind.empty() ? (a.profile == "rollout" ? "rollout" : "train") : a.kind;
-  step.seed = a.model.seed;
-  step.threads = a.threads;
-  step.seqs = batch;
-
-  TraceWriter::Options opt;
-  opt.policy = policy;
-  const TraceHeader header = make_trace_header(w);
-  auto writer = a.append ? TraceWriter::append(a.out, w.config(), header, opt)
-                         : TraceWriter::create(a.out, w.config(), header, opt);
   Progress progress(w.config().num_hidden_layers, int(batch.size()));
-  FanoutObserver fan({&writer->begin_step(step), &progress});
-  RunOptions ro;
-  ro.profile = profile_by_name(a.profile);
-  ro.threads = a.threads;
-  ro.device = parse_device(a.device);
-  ro.observer = &fan;
-  // On CUDA the step's kernel launches are recorded with CUPTI; where CUPTI cannot record, the trace
-  // says why (available = 0) and the recording goes on.
-  KernelRecorder kernels;
-  if (ro.device == Device::cuda && !kernels.start())
-    fmt::print(stderr, "record: no kernel records for this step: {}\n", kernels.reason());
-  const auto t0 = std::chrono::steady_clock::now();
-  const ForwardResult result = forward(w, batch, ro);
-  if (ro.device == Device::cuda) {
-    writer->set_kernel_records(kernels.stop());
-  } else {
-    KernelRecords none;
-    none.reason = "recorded on the cpu";
-    writer->set_kernel_records(std::move(none));
-  }
-  writer->end_step(result);
-  if (fault() == "kill-after-step") raise(SIGKILL);
-  writer->close();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int64_t tokens = 0;
-  for (const auto& s : batch) tokens += int64_t(s.size());
-  const WriterStats st = writer->stats();
+  RecordOptions o;
+  o.profile = a.profile;
+  o.kind = a.kind;
+  o.capture = a.capture;
+  o.seed = a.model.seed;
+  o.threads = a.threads;
+  o.device = parse_device(a.device);
+  o.append = a.append;
+  o.also = &progress;
+  o.note = [](const std::string& m) { fmt::print(stderr, "record: {}\n", m); };
+  // Fault injection for crash tests (RecordOptions::fault); nothing else reads this variable.
+  if (const char* f = std::getenv("DSV4_FAULT")) o.fault = f;
+  const RecordResult r = record_step(w, batch, a.out, o);
   fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {}\n",
-             writer->steps_written() - 1, batch.size(), tokens, a.profile, policy.text(), secs,
-             writer->final_path());
+             r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path);
   fmt::print(stderr,
              "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
-             st.bytes_queued / 1e6, st.seconds_blocked, st.seconds_writing);
+             r.stats.bytes_queued / 1e6, r.stats.seconds_blocked, r.stats.seconds_writing);
   return 0;
 }
 
@@ -318,9 +283,7 @@ int run_dump(const TraceArgs& a) {
     if (!rec)
       throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
     for (int64_t t = 0; t < rec->T; ++t) {
-      std::vector<int32_t> s;
-      for (int i = 0; i < rec->k; ++i)
-        if (rec->ids[t * rec->k + i] >= 0) s.push_back(rec->ids[t * rec->k + i]);
+      const std::vector<int32_t> s = valid_ids(rec->ids, rec->k, t);
       j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", rec->margin[t]}});
       text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]),
                           fmt::join(s, ", "));

@@ -43,21 +43,6 @@ LayerDecisionDiff diff_rows(int layer, const char* kind, const Rec& a, const Rec
 
 }  // namespace
 
-int64_t sorted_intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  int64_t n = 0;
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++n, ++i, ++j;
-    }
-  }
-  return n;
-}
-
 std::vector<LayerDecisionDiff> compare_decisions(const DecisionLog& a, const DecisionLog& b, int seq) {
   std::vector<LayerDecisionDiff> out;
   for (const auto& [key, ra] : a.indexer) {

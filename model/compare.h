@@ -19,9 +19,6 @@ struct LayerDecisionDiff {
   int64_t ids_differing = 0;   // ids in A's sets that are not in B's (summed over positions)
 };
 
-// |A ∩ B| of two ascending id lists (merge).
-int64_t sorted_intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
-
 // Compares sequence `seq` of two logs. Both must hold the same layers with the same shapes; a
 // mismatch throws InputError naming the layer.
 std::vector<LayerDecisionDiff> compare_decisions(const DecisionLog& a, const DecisionLog& b, int seq);

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/compressor.h"
 #include "model/error.h"
 
 namespace dsv4 {
@@ -146,6 +148,10 @@ int ModelConfig::c4_ordinal(int layer) const {
   int n = 0;
   for (int l = 0; l < layer; ++l) n += compress_ratios[l] == 4;
   return n;
+}
+
+int ModelConfig::indexer_width(int64_t T) const {
+  return int(std::min<int64_t>(index_topk, compressor_groups(T, 4)));
 }
 
 int ModelConfig::num_c4_layers() const {

@@ -58,6 +58,10 @@ struct ModelConfig {
   // Ordinal of `layer` among the C4 layers (the indexer's stream index), -1 if not a C4 layer.
   int c4_ordinal(int layer) const;
   int num_c4_layers() const;
+  // Width of the indexer's selection for a sequence of T tokens: min(index_topk, floor(T/4)), the
+  // number of compressed C4 groups bounding it (MODEL.md §3.6). The forward pass, the tensor manifest,
+  // the trace writer and the validator all size the selection with this one rule.
+  int indexer_width(int64_t T) const;
 };
 
 // Parse config.json text. `origin` (usually the path) prefixes every error message.

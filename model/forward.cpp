@@ -30,15 +30,11 @@ namespace {
 
 // ---- forced decisions ------------------------------------------------------------------------
 
-int indexer_width(const ModelConfig& c, int64_t T) {
-  return int(std::min<int64_t>(c.index_topk, compressor_groups(T, 4)));
-}
-
 // Checks a forced indexer selection against the rules of MODEL.md §3.6-3.7 and returns it with every
 // row in canonical order (ascending, -1 last).
 std::vector<int32_t> canonical_indexer(const ForcedSelection& s, const ModelConfig& c, int seq, int layer,
                                        int64_t T) {
-  const int k = indexer_width(c, T);
+  const int k = c.indexer_width(T);
   if (s.T != T)
     throw OverrideError(
         fmt::format("forced indexer selection for sequence {} layer {}: {} rows, but the sequence has "
@@ -544,7 +540,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     be_.scale_bf16(wt.data(), wt.size(), wscale);
     report(L, "indexer.weights", DType::f32, {T_, Hi}, wt.data());
 
-    k4 = indexer_width(c_, p0_ + T_);
+    k4 = c_.indexer_width(p0_ + T_);  // a chunk: the width of a prefill of the positions so far
     sel = be_.ints(T_ * k4);
     FBuf margin = be_.floats(T_);
     FBuf score = be_.floats(T_ * k4);

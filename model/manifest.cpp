@@ -28,7 +28,7 @@ std::vector<TensorSpecT> tensor_manifest(const ModelConfig& c, int64_t T) {
     add(L, "attn.kv", DType::bf16, {T, Dh});
     if (r > 0) add(L, "attn.compressed_kv", DType::bf16, {compressor_groups(T, r), Dh});
     if (r == 4) {
-      const int64_t k = std::min<int64_t>(c.index_topk, compressor_groups(T, 4));
+      const int64_t k = c.indexer_width(T);
       add(L, "indexer.q", DType::bf16, {T, int64_t(c.index_n_heads) * c.index_head_dim});
       add(L, "indexer.k", DType::bf16, {compressor_groups(T, 4), c.index_head_dim});
       add(L, "indexer.weights", DType::f32, {T, c.index_n_heads});

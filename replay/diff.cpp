@@ -2,8 +2,6 @@
 // for decisions and full tensors; only the digest tables of every sequence are held at once.
 #include "replay/diff.h"
 
-#include "model/compare.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,7 +17,7 @@
 
 #include "capture/errors.h"
 #include "capture/trace_reader.h"
-#include "model/profile.h"
+#include "model/decision_sets.h"
 
 namespace dsv4 {
 
@@ -102,20 +100,6 @@ void check_batches(const Side& a, const Side& b) {
   }
 }
 
-// The relative tie factor of the default rule (diff.h): FP8 e4m3 when either profile simulates FP8,
-// else bf16. An unknown profile name (a newer producer) gets the coarser factor.
-double relative_factor(const std::string& pa, const std::string& pb) {
-  auto fp8 = [](const std::string& name) {
-    try {
-      const NumericsProfile p = profile_by_name(name);
-      return p.fp8_kv || p.fp8_indexer;
-    } catch (const InputError&) {
-      return true;
-    }
-  };
-  return (fp8(pa) || fp8(pb)) ? 0.0625 : 0.0078125;  // 2^-4 : 2^-7
-}
-
 // Monotonic integer image of a float's bit pattern: adjacent floats differ by 1.
 int64_t ordered_key(float x) {
   int32_t i;
@@ -172,20 +156,6 @@ std::optional<std::vector<double>> compare_full(const TensorCopy& a, const Tenso
   return row_sq;
 }
 
-// A row's valid ids (−1 padding dropped), ascending.
-std::vector<int32_t> row_set(const int32_t* ids, int k) {
-  std::vector<int32_t> s;
-  s.reserve(size_t(k));
-  for (int j = 0; j < k; ++j)
-    if (ids[j] >= 0) s.push_back(ids[j]);
-  std::sort(s.begin(), s.end());
-  return s;
-}
-
-size_t intersection_size(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  return size_t(sorted_intersection_size(a, b));
-}
-
 // The selections of one layer and decision kind, all sequences concatenated.
 struct SetRows {
   std::vector<std::vector<int32_t>> a, b;
@@ -195,29 +165,21 @@ struct SetRows {
   void add(int seq, int64_t T, const std::vector<int32_t>& ids_a, int ka, const std::vector<float>& marg_a,
            const std::vector<int32_t>& ids_b, int kb, const std::vector<float>& marg_b) {
     for (int64_t t = 0; t < T; ++t) {
-      a.push_back(row_set(ids_a.data() + t * ka, ka));
-      b.push_back(row_set(ids_b.data() + t * kb, kb));
+      a.push_back(valid_ids(ids_a.data() + t * ka, ka));
+      b.push_back(valid_ids(ids_b.data() + t * kb, kb));
       ma.push_back(marg_a[size_t(t)]);
       mb.push_back(marg_b[size_t(t)]);
       where.emplace_back(seq, t);
     }
   }
 
-  // The default rule's threshold: factor × the median (element of rank ⌊n/2⌋) of the finite |margin|
-  // of both traces; 0 when no margin is finite (every row chose everything it could see).
+  // The default rule's threshold over both traces (model/decision_sets.h); 0 when no margin is finite.
   double threshold(const DiffOptions& opt, double factor) const {
     if (opt.tie_threshold >= 0) return opt.tie_threshold;
-    std::vector<double> m;
-    m.reserve(ma.size() + mb.size());
-    for (const auto* v : {&ma, &mb})
-      for (float x : *v)
-        if (std::isfinite(x)) m.push_back(std::fabs(double(x)));
-    if (m.empty()) return 0;
-    std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
-    return factor * m[m.size() / 2];
+    return relative_tie_threshold({&ma, &mb}, factor).value_or(0);
   }
 
-  bool tie(size_t i, double thr) const { return ma[i] < thr || mb[i] < thr; }
+  bool tie(size_t i, double thr) const { return is_tie_flip(ma[i], mb[i], thr); }
 };
 
 void max_abs_into(const std::vector<float>& a, const std::vector<float>& b, double& m) {
@@ -259,7 +221,7 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
     rep.tie_threshold = opt.tie_threshold;
   } else {
     rep.tie_rule = "relative";
-    rep.tie_threshold = relative_factor(A.step.profile, B.step.profile);
+    rep.tie_threshold = tie_factor(A.step.profile, B.step.profile);
   }
   const int sa = A.step.index, sb = B.step.index;
 
@@ -417,9 +379,7 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
       for (size_t i = 0; i < idx.a.size(); ++i) {
         const auto& a = idx.a[i];
         const auto& b = idx.b[i];
-        const double ov = (a.empty() && b.empty())
-                              ? 1.0
-                              : double(intersection_size(a, b)) / double(std::max<size_t>(a.size(), 1));
+        const double ov = set_overlap(a, b);
         sum += ov;
         mn = std::min(mn, ov);
         if (a == b) continue;
@@ -437,9 +397,7 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
       for (size_t i = 0; i < rt.a.size(); ++i) {
         const auto& a = rt.a[i];
         const auto& b = rt.b[i];
-        const size_t inter = intersection_size(a, b);
-        const size_t uni = a.size() + b.size() - inter;
-        jac += uni == 0 ? 1.0 : double(inter) / double(uni);
+        jac += set_jaccard(a, b);
         if (a == b) {
           ++exact;
           continue;

@@ -9,9 +9,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <hdf5.h>
 #include <omp.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <bit>
@@ -27,8 +25,10 @@
 
 #include "capture/digest.h"
 #include "capture/errors.h"
+#include "capture/trace_writer.h"
 #include "model/checkpoint.h"
 #include "model/collect.h"
+#include "model/decision_sets.h"
 #include "model/forward.h"
 
 namespace dsv4 {
@@ -225,17 +225,6 @@ class Verifier : public Observer {
 
 // ---- decisions -------------------------------------------------------------------------------------
 
-// Row t of an id table as a sorted set (-1 padding dropped): decisions compare as sets (DESIGN.md §4).
-std::vector<int32_t> row_set(const std::vector<int32_t>& ids, int k, int64_t t) {
-  std::vector<int32_t> s;
-  for (int j = 0; j < k; ++j) {
-    const int32_t v = ids[size_t(t * k + j)];
-    if (v >= 0) s.push_back(v);
-  }
-  std::sort(s.begin(), s.end());
-  return s;
-}
-
 // Rows whose sets differ between two [T, k] tables; a shape mismatch counts every row.
 void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const std::vector<int32_t>& a,
                  int64_t Tb, int kb, const std::vector<int32_t>& b, std::vector<DecisionChange>& out) {
@@ -248,7 +237,7 @@ void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const
     c.first_row = 0;
   } else {
     for (int64_t t = 0; t < Ta; ++t) {
-      if (row_set(a, ka, t) == row_set(b, kb, t)) continue;
+      if (valid_ids(a, ka, t) == valid_ids(b, kb, t)) continue;  // decisions compare as sets
       ++c.rows_changed;
       if (c.first_row < 0) c.first_row = t;
     }
@@ -366,50 +355,6 @@ int env_rank(const std::string& key) {
 }
 
 // ---- files ----------------------------------------------------------------------------------------
-
-uint64_t file_xxh3(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot read", p.string()));
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  std::vector<char> buf(size_t(1) << 20);
-  while (f) {
-    f.read(buf.data(), std::streamsize(buf.size()));
-    if (f.gcount() > 0) XXH3_64bits_update(st, buf.data(), size_t(f.gcount()));
-  }
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
-}
-
-// Sets a variable-length UTF-8 string attribute on a group of an HDF5 file (replacing it).
-void set_string_attr(const std::string& file, const std::string& group, const std::string& name,
-                     const std::string& value) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  auto fail = [&](const char* what) {
-    throw TraceError(fmt::format("{}: {}: cannot {} attribute {}", file, group, what, name));
-  };
-  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  if (f < 0) fail("open the file to set");
-  const hid_t g = H5Oopen(f, group.c_str(), H5P_DEFAULT);
-  hid_t type = -1, space = -1, attr = -1;
-  bool ok = g >= 0;
-  if (ok && H5Aexists(g, name.c_str()) > 0) ok = H5Adelete(g, name.c_str()) >= 0;
-  if (ok) {
-    type = H5Tcopy(H5T_C_S1);
-    ok = type >= 0 && H5Tset_size(type, H5T_VARIABLE) >= 0 && H5Tset_cset(type, H5T_CSET_UTF8) >= 0;
-  }
-  if (ok) ok = (space = H5Screate(H5S_SCALAR)) >= 0;
-  if (ok) ok = (attr = H5Acreate2(g, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)) >= 0;
-  const char* v = value.c_str();
-  if (ok) ok = H5Awrite(attr, type, &v) >= 0;
-  if (attr >= 0) H5Aclose(attr);
-  if (space >= 0) H5Sclose(space);
-  if (type >= 0) H5Tclose(type);
-  if (g >= 0) H5Oclose(g);
-  if (H5Fclose(f) < 0) ok = false;
-  if (!ok) fail("write");
-}
 
 // The files that make a checkpoint directory: config.json, *.safetensors and the shard index.
 bool is_checkpoint_file(const fs::path& p) {
@@ -757,8 +702,7 @@ void bundle_trace(const std::string& trace, const std::string& model_dir, const 
   fs::copy_file(trace, trace_out, ec);
   if (ec) throw InputError(fmt::format("{}: cannot copy to {}: {}", trace, trace_out.string(), ec.message()));
   // Relative weights paths resolve beside the trace (weights_for_trace), so the bundle replays as it is.
-  set_string_attr(trace_out.string(), "/meta/model", "weights_path_recorded", meta.weights_path);
-  set_string_attr(trace_out.string(), "/meta/model", "weights_path", "model");
+  set_trace_weights_path(trace_out.string(), "model");
 
   std::vector<fs::path> files{trace_out};
   std::vector<fs::path> model_files;
@@ -772,7 +716,7 @@ void bundle_trace(const std::string& trace, const std::string& model_dir, const 
   for (const fs::path& f : files)
     manifest["files"].push_back({{"name", fs::relative(f, out).generic_string()},
                                  {"bytes", int64_t(fs::file_size(f))},
-                                 {"xxh3", hex16(file_xxh3(f))}});
+                                 {"xxh3", hex16(file_digest(f.string()))}});
   std::ofstream m(out / "MANIFEST.json");
   m << manifest.dump(2) << "\n";
   if (!m) throw InputError(fmt::format("{}: cannot write MANIFEST.json", out_dir));

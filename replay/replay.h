@@ -105,6 +105,8 @@ struct ReplayReport {
 // Throws InputError for bad input (unreadable trace, missing weights, step out of range, a
 // counterfactual trace of other tokens). A weights digest mismatch is reported, not thrown.
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt);
+// The report as JSON (`dsv4 replay --json`), indented by 2.
+std::string replay_to_json(const ReplayReport& r);
 // Weights for a recorded trace: --model dir, or the recorded path, or "init:seed=N".
 // A relative recorded path is looked up beside the trace first, then in the working directory (a
 // bundle records "model", see bundle_trace). Throws InputError when no weights can be found, or when

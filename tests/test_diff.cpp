@@ -21,22 +21,21 @@
 
 #include "capture/policy.h"
 #include "capture/trace_writer.h"
+#include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/forward.h"
 #include "model/profile.h"
 #include "model/tokens.h"
 #include "model/weights.h"
 #include "replay/diff.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 // Two sequences: one long enough for several compressed groups of the C4 layers and one C128 group,
 // and a short one (batch composition must not matter).
@@ -671,6 +670,37 @@ TEST(Diff, JsonTableAndCsv) {
     EXPECT_EQ(n, rows) << name;
     EXPECT_NE(header.find(name == "tokens.csv" ? "logprob_a" : "layer"), std::string::npos) << header;
   }
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+TEST(DecisionSets, RowsOverlapJaccardAndTieRule) {
+  const std::vector<int32_t> table{5, -1, 2, 3, 1, -1};
+  EXPECT_EQ(valid_ids(table, 3, 0), (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(valid_ids(table, 3, 1), (std::vector<int32_t>{1, 3}));
+  EXPECT_TRUE(valid_ids(table, 3, 2).empty());
+  EXPECT_DOUBLE_EQ(set_overlap({1, 2, 3, 4}, {2, 4, 6, 8}), 0.5);
+  EXPECT_DOUBLE_EQ(set_overlap({}, {}), 1.0);
+  EXPECT_DOUBLE_EQ(set_jaccard({1, 2, 3}, {2, 3, 4}), 0.5);
+  EXPECT_DOUBLE_EQ(set_jaccard({}, {}), 1.0);
+  // FP8 from the profile's flags; an unknown profile gets the coarser factor.
+  EXPECT_EQ(tie_factor("train"), 0.0078125);
+  EXPECT_EQ(tie_factor("rollout"), 0.0625);
+  EXPECT_EQ(tie_factor("from-a-newer-producer"), 0.0625);
+  EXPECT_EQ(tie_factor("train", "rollout"), 0.0625);
+  // The median is the element of rank n/2 of the finite |margin| of every list.
+  const std::vector<float> a{1, -3, INFINITY}, b{2, 4};
+  EXPECT_EQ(relative_tie_threshold({&a, &b}, 0.5), 1.5);
+  EXPECT_EQ(relative_tie_threshold({&a}, 1.0), 3.0);
+  const std::vector<float> none{INFINITY, NAN};
+  EXPECT_FALSE(relative_tie_threshold({&none}, 1.0).has_value());
+  EXPECT_TRUE(is_tie_flip(0.1f, 5.0f, 0.2));
+  EXPECT_FALSE(is_tie_flip(0.3f, 5.0f, 0.2));
+  EXPECT_FALSE(is_tie_flip(0.1f, 0.1f, NAN));
 }
 
 }  // namespace

@@ -13,16 +13,14 @@
 #include "model/tokens.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 const Weights& tiny_b() {
   static const Weights w = Weights::init(preset("tiny-b"), 11);
   return w;

@@ -35,6 +35,7 @@
 #include "model/weights.h"
 #include "replay/replay.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #include "trace_test_util.h"
 
 namespace dsv4 {
@@ -42,10 +43,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 // A fresh directory per test, named after it, removed when the test ends.
 struct Scratch {

@@ -28,6 +28,7 @@
 #include "model/tokens.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 extern char** environ;
 
@@ -36,10 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 // A fresh directory per test, removed afterwards.
 struct TempDir {

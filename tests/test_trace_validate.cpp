@@ -19,16 +19,14 @@
 #include "model/forward.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 std::vector<int32_t> tokens(const std::string& name, int T) {
   auto g = test::rng_for(name);

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "model/error.h"
+
 namespace dsv4::gui {
 
 namespace {
@@ -40,7 +42,7 @@ Metric metric_from_name(const std::string& name) {
     if (name == m.name) return m.metric;
     known += (known.empty() ? "" : ", ") + std::string(m.name);
   }
-  throw std::invalid_argument("unknown metric '" + name + "' (known: " + known + ")");
+  throw InputError("unknown metric '" + name + "' (known: " + known + ")");
 }
 
 const LayerChunk* Dataset::chunk(int seq, int layer) const {

@@ -53,7 +53,7 @@ struct MetricInfo {
 
 const MetricInfo& metric_info(Metric m);
 const std::array<MetricInfo, kMetricCount>& all_metrics();
-// Throws std::invalid_argument listing the known names.
+// Throws InputError listing the known names.
 Metric metric_from_name(const std::string& name);
 
 // Stage 1, per trace: what the file says about itself.

@@ -1,6 +1,7 @@
 #include "gui/models/metrics.h"
 
-#include "model/compare.h"
+#include "model/decision_sets.h"
+#include "model/error.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,17 +11,6 @@
 namespace dsv4::gui {
 
 namespace {
-
-std::vector<int32_t> valid_row(const std::vector<int32_t>& ids, int64_t width, int64_t t) {
-  std::vector<int32_t> row;
-  if (width <= 0 || (t + 1) * width > int64_t(ids.size())) return row;
-  for (int64_t j = 0; j < width; ++j) {
-    const int32_t id = ids[t * width + j];
-    if (id >= 0) row.push_back(id);
-  }
-  std::sort(row.begin(), row.end());
-  return row;
-}
 
 int64_t row_elems_of(const TensorCopy& t) {
   int64_t n = 1;
@@ -46,23 +36,18 @@ float safe_at(const std::vector<float>& v, int64_t t) {
 }  // namespace
 
 std::vector<int32_t> indexer_row(const IndexerRecord& r, int64_t t) {
-  return r.T > 0 ? valid_row(r.ids, int64_t(r.ids.size()) / r.T, t) : std::vector<int32_t>{};
+  return r.T > 0 ? valid_ids(r.ids, int64_t(r.ids.size()) / r.T, t) : std::vector<int32_t>{};
 }
 
 std::vector<int32_t> routing_row(const RoutingRecord& r, int64_t t) {
-  return valid_row(r.ids, r.k, t);
+  return valid_ids(r.ids, r.k, t);
 }
 
 std::vector<float> indexer_overlap(const IndexerRecord& a, const IndexerRecord& b) {
   const int64_t T = std::min(a.T, b.T);
   std::vector<float> out(size_t(std::max(a.T, b.T)), kNoValue);
   for (int64_t t = 0; t < T; ++t) {
-    const auto ra = indexer_row(a, t), rb = indexer_row(b, t);
-    if (ra.empty() && rb.empty()) {
-      out[t] = 1.0f;
-    } else {
-      out[t] = float(double(sorted_intersection_size(ra, rb)) / double(std::max<size_t>(ra.size(), 1)));
-    }
+    out[t] = float(set_overlap(indexer_row(a, t), indexer_row(b, t)));
   }
   return out;
 }
@@ -71,10 +56,7 @@ std::vector<float> routing_agreement(const RoutingRecord& a, const RoutingRecord
   const int64_t T = std::min(a.T, b.T);
   std::vector<float> out(size_t(std::max(a.T, b.T)), kNoValue);
   for (int64_t t = 0; t < T; ++t) {
-    const auto ra = routing_row(a, t), rb = routing_row(b, t);
-    const int64_t inter = sorted_intersection_size(ra, rb);
-    const int64_t uni = int64_t(ra.size() + rb.size()) - inter;
-    out[t] = uni == 0 ? 1.0f : float(double(inter) / double(uni));
+    out[t] = float(set_jaccard(routing_row(a, t), routing_row(b, t)));
   }
   return out;
 }
@@ -143,7 +125,7 @@ std::vector<std::string> differing_tensors(const DigestTable& a, const DigestTab
 
 std::vector<float> row_rel_l2(const TensorCopy& a, const TensorCopy& b) {
   if (a.shape != b.shape || a.dtype != b.dtype)
-    throw std::invalid_argument("row_rel_l2: tensors differ in shape or dtype");
+    throw InputError("row_rel_l2: tensors differ in shape or dtype");
   const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
   const int64_t n = row_elems_of(a);
   std::vector<float> out(size_t(rows), 0.0f);
@@ -184,24 +166,8 @@ std::vector<float> expert_load(const RoutingRecord& r, int n_experts) {
   return load;
 }
 
-double tie_factor(const std::string& profile) {
-  return profile == "rollout" ? 1.0 / 16 : 1.0 / 128;
-}
-
-double relative_tie_threshold(const std::vector<float>& margins, const std::string& profile) {
-  std::vector<float> m;
-  m.reserve(margins.size());
-  for (float x : margins)
-    if (std::isfinite(x)) m.push_back(std::fabs(x));
-  if (m.empty()) return kNoValue;
-  const size_t mid = m.size() / 2;
-  std::nth_element(m.begin(), m.begin() + mid, m.end());
-  double median = m[mid];
-  if (m.size() % 2 == 0) {
-    const float lower = *std::max_element(m.begin(), m.begin() + mid);
-    median = 0.5 * (double(lower) + median);
-  }
-  return tie_factor(profile) * median;
+double single_trace_tie_threshold(const std::vector<float>& margins, const std::string& profile) {
+  return relative_tie_threshold({&margins}, tie_factor(profile)).value_or(kNoValue);
 }
 
 int64_t digest_row_token(const ModelConfig& c, const std::string& name, int layer, int64_t row, int64_t T) {
@@ -328,7 +294,6 @@ CellDetail cell_detail(const LoadSummary& s, const SeqTokens& seq, const LayerCh
       if (l.layer == chunk.layer) ld = &l;
   d.indexer_tie_threshold = ld ? ld->indexer_tie_threshold : chunk.indexer_tie_threshold;
   d.router_tie_threshold = ld ? ld->routing_tie_threshold : chunk.router_tie_threshold;
-  auto below = [](float margin, double threshold) { return !std::isnan(threshold) && margin < threshold; };
 
   if (chunk.a.indexer && token < chunk.a.indexer->T) {
     d.has_indexer = true;
@@ -345,8 +310,8 @@ CellDetail cell_detail(const LoadSummary& s, const SeqTokens& seq, const LayerCh
       std::set_difference(d.indexer_b.begin(), d.indexer_b.end(), d.indexer_a.begin(), d.indexer_a.end(),
                           std::back_inserter(d.indexer_only_b));
       d.indexer_differs = d.indexer_a != d.indexer_b;
-      d.indexer_tie_flip = d.indexer_differs && (below(d.indexer_margin_a, d.indexer_tie_threshold) ||
-                                                 below(d.indexer_margin_b, d.indexer_tie_threshold));
+      d.indexer_tie_flip =
+          d.indexer_differs && is_tie_flip(d.indexer_margin_a, d.indexer_margin_b, d.indexer_tie_threshold);
     } else {
       d.indexer_common = d.indexer_a;
     }
@@ -374,8 +339,8 @@ CellDetail cell_detail(const LoadSummary& s, const SeqTokens& seq, const LayerCh
         e.id = id, e.in_b = true, e.weight_b = rb.weights[token * rb.k + j];
       }
       d.routing_differs = routing_row(ra, token) != routing_row(rb, token);
-      d.routing_tie_flip = d.routing_differs && (below(d.router_margin_a, d.router_tie_threshold) ||
-                                                 below(d.router_margin_b, d.router_tie_threshold));
+      d.routing_tie_flip =
+          d.routing_differs && is_tie_flip(d.router_margin_a, d.router_margin_b, d.router_tie_threshold);
     }
     for (const auto& [id, e] : experts) d.experts.push_back(e);
   }

@@ -12,13 +12,13 @@
 
 namespace dsv4::gui {
 
-// Row t of a decision table: the valid ids (−1 padding dropped), ascending.
+// Row t of a decision table: the valid ids (−1 padding dropped), ascending (model/decision_sets.h).
 std::vector<int32_t> indexer_row(const IndexerRecord& r, int64_t t);
 std::vector<int32_t> routing_row(const RoutingRecord& r, int64_t t);
 
-// Per token: |A ∩ B| / max(|A|, 1), 1 where both sets are empty (LayerDiff::indexer_overlap_*).
+// Per token: set_overlap of the two rows (LayerDiff::indexer_overlap_*).
 std::vector<float> indexer_overlap(const IndexerRecord& a, const IndexerRecord& b);
-// Per token: |A ∩ B| / |A ∪ B| (1 where both are empty).
+// Per token: set_jaccard of the two rows (LayerDiff::routing_jaccard).
 std::vector<float> routing_agreement(const RoutingRecord& a, const RoutingRecord& b);
 // Per token: max |A − B| over pre, post and comb of both sublayers; kNoValue where neither sublayer
 // is recorded in both traces.
@@ -29,17 +29,16 @@ std::vector<float> digest_difference(const DigestTable& a, const DigestTable& b,
 // Names of `layer`'s tensors whose digest differs at token t (token-row tensors only).
 std::vector<std::string> differing_tensors(const DigestTable& a, const DigestTable& b, int layer, int64_t t);
 // Per row: ||a_r − b_r|| / ||a_r|| (0 when equal, +inf when ||a_r|| = 0 < ||a_r − b_r||, NaN when a
-// non-finite value differs). Throws std::invalid_argument when the shapes differ.
+// non-finite value differs). Throws InputError when the shapes differ.
 std::vector<float> row_rel_l2(const TensorCopy& a, const TensorCopy& b);
 // Per token: the smaller of the two margins (b may be null: a copy of a).
 std::vector<float> min_margin(const std::vector<float>& a, const std::vector<float>* b);
 // Tokens routed to each expert.
 std::vector<float> expert_load(const RoutingRecord& r, int n_experts);
 
-// The relative near-tie rule of replay/diff.h for one trace: f × median |margin| over the finite
-// margins, f = 2^-4 for the `rollout` profile, else 2^-7. NaN when no margin is finite.
-double tie_factor(const std::string& profile);
-double relative_tie_threshold(const std::vector<float>& margins, const std::string& profile);
+// The relative tie threshold of replay/diff.h (model/decision_sets.h) over one trace's margins;
+// kNoValue when no margin is finite.
+double single_trace_tie_threshold(const std::vector<float>& margins, const std::string& profile);
 
 // Maps a digest row of tensor (name, layer) to the token that row belongs to: the row itself for
 // token-row tensors, the last token of a compressed group for `attn.compressed_kv` / `indexer.k`.

@@ -318,14 +318,14 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
         if (A.indexer) {
           v[int(Metric::IndexerMargin)] =
               min_margin(A.indexer->margin, rb && B.indexer ? &B.indexer->margin : nullptr);
-          chunk->indexer_tie_threshold = relative_tie_threshold(A.indexer->margin, profile_a);
+          chunk->indexer_tie_threshold = single_trace_tie_threshold(A.indexer->margin, profile_a);
         } else {
           v[int(Metric::IndexerMargin)] = none;
         }
         if (A.routing) {
           v[int(Metric::RouterMargin)] =
               min_margin(A.routing->margin, rb && B.routing ? &B.routing->margin : nullptr);
-          chunk->router_tie_threshold = relative_tie_threshold(A.routing->margin, profile_a);
+          chunk->router_tie_threshold = single_trace_tie_threshold(A.routing->margin, profile_a);
         } else {
           v[int(Metric::RouterMargin)] = none;
         }
@@ -399,7 +399,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
 
 void TraceWorker::runDetail(quint64 id, const DetailRequest& rq) {
   try {
-    if (!rq.summary || !rq.seq || !rq.chunk) throw std::invalid_argument("nothing loaded");
+    if (!rq.summary || !rq.seq || !rq.chunk) throw InputError("nothing loaded");
     const LoadSummary& s = *rq.summary;
     const int seq = rq.chunk->seq, layer = rq.chunk->layer;
     std::vector<TensorRowPair> rows;
@@ -447,7 +447,7 @@ void TraceWorker::runExport(const ExportRequest& r) {
         if (!r.image.save(r.path, "PNG")) error = QStringLiteral("cannot write %1").arg(r.path);
         break;
       case ExportRequest::Kind::Json: {
-        if (!r.report) throw std::invalid_argument("no diff report (open two traces)");
+        if (!r.report) throw InputError("no diff report (open two traces)");
         QFile f(r.path);
         if (!f.open(QIODevice::WriteOnly | QIODevice::Truncate)) {
           error = QStringLiteral("cannot write %1: %2").arg(r.path, f.errorString());
@@ -459,7 +459,7 @@ void TraceWorker::runExport(const ExportRequest& r) {
         break;
       }
       case ExportRequest::Kind::Csv:
-        if (!r.report) throw std::invalid_argument("no diff report (open two traces)");
+        if (!r.report) throw InputError("no diff report (open two traces)");
         diff_to_csv(*r.report, r.path.toStdString());
         break;
     }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "capture/version.h"
 #include "gui/widgets/heatmap_view.h"
 #include "gui/widgets/main_window.h"
 
@@ -218,7 +219,7 @@ int view_main(int argc, char** argv) {
   QApplication app(argc, argv);
   QApplication::setOrganizationName(QStringLiteral("dsv4"));
   QApplication::setApplicationName(QStringLiteral("dsv4-view"));
-  QApplication::setApplicationVersion(QStringLiteral(DSV4_VIEW_VERSION));
+  QApplication::setApplicationVersion(QString::fromLatin1(version()));
   if (info_only) {
     QCommandLineParser p;
     add_options(p);

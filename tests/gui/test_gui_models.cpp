@@ -18,8 +18,11 @@
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
 #include "gui_test_util.h"
+#include "model/decision_sets.h"
+#include "model/error.h"
 #include "model/tokens.h"
 #include "replay/diff.h"
+#include "tiny_model.h"
 #include "trace_test_util.h"
 
 namespace {
@@ -140,14 +143,14 @@ TEST(GuiMetrics, MhcDigestsAndRelL2) {
   TensorCopy tc{DType::f32, {1, 2}, {0, 0}, {}};
   TensorCopy td{DType::f32, {1, 2}, {0, 1}, {}};
   EXPECT_TRUE(std::isinf(row_rel_l2(tc, td)[0]));
-  EXPECT_THROW(row_rel_l2(ta, tc), std::invalid_argument);
+  EXPECT_THROW(row_rel_l2(ta, tc), InputError);
 }
 
 TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
-  // Relative rule: f × median |margin| over the finite margins.
-  EXPECT_DOUBLE_EQ(relative_tie_threshold({1, 3, INFINITY, 2}, "train"), 2.0 / 128);
-  EXPECT_DOUBLE_EQ(relative_tie_threshold({1, 3, 2, 4}, "rollout"), 2.5 / 16);
-  EXPECT_TRUE(std::isnan(relative_tie_threshold({INFINITY}, "train")));
+  // Relative rule of the diff engine: f × the median (element of rank n/2) of the finite |margin|.
+  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, INFINITY, 2}, "train"), 2.0 / 128);
+  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, 2, 4}, "rollout"), 3.0 / 16);
+  EXPECT_TRUE(std::isnan(single_trace_tie_threshold({INFINITY}, "train")));
 
   TensorRowPair p{"moe.out", DType::bf16, 7, {1, 2, 3, 4}, {1, 2.5f, 3, 3}};
   const TensorDetail t = tensor_detail(p);
@@ -166,7 +169,7 @@ TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
   try {
     metric_from_name("entropy");
     FAIL() << "no exception";
-  } catch (const std::invalid_argument& e) {
+  } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("indexer-overlap"), std::string::npos) << e.what();
   }
 }
@@ -699,3 +702,134 @@ TEST_F(GuiModels, KernelLaunchesSideBySide) {
 }
 
 }  // namespace
+
+namespace dsv4 {
+namespace {
+
+// Forwards everything to the writer's observer, but sets the margins of every decision of `layer`
+// to 1 and, at the planted tokens, swaps one selected id for an unselected one and gives the row the
+// planted margin: a tiny one (a tie flip) or 1 (a confident flip).
+class PlantingObserver : public Observer {
+ public:
+  struct Plant {
+    int64_t token;
+    float margin;
+  };
+  PlantingObserver(Observer& inner, int layer, std::vector<Plant> indexer, std::vector<Plant> routing,
+                   int64_t id_range)
+      : inner_(inner),
+        layer_(layer),
+        indexer_(std::move(indexer)),
+        routing_(std::move(routing)),
+        id_range_(id_range) {}
+  void on_tensor(const TensorRecord& r) override { inner_.on_tensor(r); }
+  void on_mhc(const MhcDecision& d) override { inner_.on_mhc(d); }
+  bool wants_tensors() const override { return inner_.wants_tensors(); }
+  void on_indexer(const IndexerDecision& d) override {
+    if (d.layer != layer_) return inner_.on_indexer(d);
+    std::vector<int32_t> ids(d.ids, d.ids + d.T * d.k);
+    std::vector<float> margin(size_t(d.T), 1.0f);
+    for (const Plant& p : indexer_) plant(ids, d.k, p, (p.token + 1) / 4, margin);
+    IndexerDecision e = d;
+    e.ids = ids.data();
+    e.margin = margin.data();
+    inner_.on_indexer(e);
+  }
+  void on_routing(const RoutingDecision& d) override {
+    if (d.layer != layer_) return inner_.on_routing(d);
+    std::vector<int32_t> ids(d.ids, d.ids + d.T * d.k);
+    std::vector<float> margin(size_t(d.T), 1.0f);
+    for (const Plant& p : routing_) plant(ids, d.k, p, id_range_, margin);
+    RoutingDecision e = d;
+    e.ids = ids.data();
+    e.margin = margin.data();
+    inner_.on_routing(e);
+  }
+
+ private:
+  static void plant(std::vector<int32_t>& ids, int k, const Plant& p, int64_t range,
+                    std::vector<float>& margin) {
+    int32_t* row = ids.data() + p.token * k;
+    int32_t unused = 0;
+    while (std::find(row, row + k, unused) != row + k) ++unused;
+    ASSERT_LT(unused, range) << "no unselected id at token " << p.token;
+    row[0] = unused;
+    std::sort(row, row + k);
+    margin[size_t(p.token)] = p.margin;
+  }
+  Observer& inner_;
+  int layer_;
+  std::vector<Plant> indexer_, routing_;
+  int64_t id_range_;
+};
+
+TEST_F(GuiModels, DiffAndViewerClassifyPlantedFlipsIdentically) {
+  const std::string dir = test::temp_dir("planted");
+  const Weights& w = test::tiny();
+  const int layer = 3;  // C4, learned routing
+  const std::vector<int32_t> tokens = random_tokens(64, 512, 3);
+  const std::vector<PlantingObserver::Plant> idx{{40, 1e-6f}, {41, 1e-6f}, {50, 1.0f}, {51, 1.0f}};
+  const std::vector<PlantingObserver::Plant> rt{{10, 1e-6f}, {11, 1e-6f}, {20, 1.0f}, {21, 1.0f}};
+  auto record = [&](const std::string& path, bool planted) {
+    auto wr = TraceWriter::create(path, w.config(), make_trace_header(w), TraceWriter::Options{});
+    StepSpec spec;
+    spec.seqs = {tokens};
+    PlantingObserver obs(wr->begin_step(spec), layer, planted ? idx : std::vector<PlantingObserver::Plant>{},
+                         planted ? rt : std::vector<PlantingObserver::Plant>{}, w.config().n_routed_experts);
+    RunOptions ro;
+    ro.observer = &obs;
+    wr->end_step(forward(w, spec.seqs, ro));
+    wr->close();
+    return path;
+  };
+  const std::string a = record(dir + "/a.h5", false), b = record(dir + "/b.h5", true);
+
+  // The diff: every margin but the planted ties is 1, so the threshold is f × 1 and the tiny
+  // margins are ties, the others confident.
+  const DiffReport rep = diff_traces(a, b, DiffOptions{});
+  const LayerDiff& L = rep.layers.at(layer);
+  EXPECT_EQ(L.indexer_tie_flips, 2);
+  EXPECT_EQ(L.indexer_confident_flips, 2);
+  EXPECT_EQ(L.routing_tie_flips, 2);
+  EXPECT_EQ(L.routing_confident_flips, 2);
+  EXPECT_DOUBLE_EQ(L.indexer_tie_threshold, tie_factor("train"));
+
+  // The viewer, the same pair: each planted token is a flip of the same kind; an unplanted one none.
+  TraceDocument doc;
+  ASSERT_TRUE(load(doc, a, b).finished);
+  auto detail = [&](TraceDocument& d, int64_t token) {
+    DetailPtr got;
+    auto c = QObject::connect(&d, &TraceDocument::detailReady, [&](DetailPtr x) { got = x; });
+    EXPECT_TRUE(d.requestDetail(0, layer, token));
+    EXPECT_TRUE(wait_until([&] { return got != nullptr; }));
+    QObject::disconnect(c);
+    return got;
+  };
+  for (const auto& p : idx) {
+    const DetailPtr d = detail(doc, p.token);
+    ASSERT_TRUE(d);
+    EXPECT_TRUE(d->indexer_differs) << p.token;
+    EXPECT_EQ(d->indexer_tie_flip, p.margin < 1.0f) << p.token;
+  }
+  for (const auto& p : rt) {
+    const DetailPtr d = detail(doc, p.token);
+    ASSERT_TRUE(d);
+    EXPECT_TRUE(d->routing_differs) << p.token;
+    EXPECT_EQ(d->routing_tie_flip, p.margin < 1.0f) << p.token;
+  }
+  const DetailPtr same = detail(doc, 30);
+  ASSERT_TRUE(same);
+  EXPECT_FALSE(same->indexer_differs || same->routing_differs);
+
+  // One trace alone: the viewer's own threshold over B's margins is the diff's.
+  TraceDocument single;
+  ASSERT_TRUE(load(single, b).finished);
+  const DetailPtr d = detail(single, 40);
+  ASSERT_TRUE(d);
+  EXPECT_DOUBLE_EQ(d->indexer_tie_threshold, L.indexer_tie_threshold);
+  EXPECT_DOUBLE_EQ(d->router_tie_threshold, L.routing_tie_threshold);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,84 @@
+#include "capture/record.h"
+
+#include <chrono>
+#include <csignal>
+
+#include "capture/cupti.h"
+#include "model/fanout.h"
+#include "model/forward.h"
+#include "model/profile.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Kills the process halfway through the layers of the step (RecordOptions::fault).
+class MidStepKill : public Observer {
+ public:
+  explicit MidStepKill(int layers) : layers_(layers) {}
+  void on_mhc(const MhcDecision& d) override {
+    if (d.sublayer == Sublayer::ffn && d.layer == layers_ / 2) raise(SIGKILL);
+  }
+  bool wants_tensors() const override { return false; }
+
+ private:
+  int layers_;
+};
+
+}  // namespace
+
+RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                         const std::string& out, const RecordOptions& opt) {
+  const CapturePolicy policy = CapturePolicy::parse(opt.capture);
+  const NumericsProfile profile = profile_by_name(opt.profile);  // both checked before the file exists
+  StepSpec step;
+  step.profile = opt.profile;
+  step.kind = opt.kind.empty() ? (opt.profile == "rollout" ? "rollout" : "train") : opt.kind;
+  step.seed = opt.seed;
+  step.threads = opt.threads;
+  step.seqs = batch;
+
+  TraceWriter::Options wo;
+  wo.policy = policy;
+  const TraceHeader header = make_trace_header(w);
+  auto writer = opt.append ? TraceWriter::append(out, w.config(), header, wo)
+                           : TraceWriter::create(out, w.config(), header, wo);
+  MidStepKill kill(w.config().num_hidden_layers);
+  std::vector<Observer*> targets{&writer->begin_step(step)};
+  if (opt.also) targets.push_back(opt.also);
+  if (opt.fault == "kill-mid-step") targets.push_back(&kill);
+  FanoutObserver fan(targets);
+  RunOptions ro;
+  ro.profile = profile;
+  ro.threads = opt.threads;
+  ro.device = opt.device;
+  ro.observer = &fan;
+  // On CUDA the step's kernel launches are recorded with CUPTI; where CUPTI cannot record, the trace
+  // says why (available = 0) and the recording goes on.
+  KernelRecorder kernels;
+  if (ro.device == Device::cuda && !kernels.start() && opt.note)
+    opt.note("no kernel records for this step: " + kernels.reason());
+  const auto t0 = std::chrono::steady_clock::now();
+  const ForwardResult result = forward(w, batch, ro);
+  if (ro.device == Device::cuda) {
+    writer->set_kernel_records(kernels.stop());
+  } else {
+    KernelRecords none;
+    none.reason = "recorded on the cpu";
+    writer->set_kernel_records(std::move(none));
+  }
+  writer->end_step(result);
+  if (opt.fault == "kill-after-step") raise(SIGKILL);
+  writer->close();
+
+  RecordResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& s : batch) r.tokens += int64_t(s.size());
+  r.step = writer->steps_written() - 1;
+  r.path = writer->final_path();
+  r.capture = policy.text();
+  r.stats = writer->stats();
+  return r;
+}
+
+}  // namespace dsv4

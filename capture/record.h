@@ -1,0 +1,48 @@
+// Recording one step: the forward of a batch with its trace writer, the GPU kernel recorder and the
+// step's bookkeeping (kind from the profile, kernel records or the reason there are none). The
+// `dsv4 record` command, the Python package and later commands all record through record_step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "capture/trace_writer.h"
+#include "model/device.h"
+#include "model/observer.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct RecordOptions {
+  std::string profile = "train";  // numerics profile name
+  std::string kind;  // "train" | "rollout"; empty: "rollout" for the rollout profile, else "train"
+  std::string capture = "decisions";  // capture policy (capture/policy.h)
+  uint64_t seed = 0;                  // the model seed the step records
+  int threads = 0;
+  Device device = Device::cpu;
+  bool append = false;                           // add the step to an existing complete trace
+  Observer* also = nullptr;                      // sees the step too (e.g. progress), after the writer
+  std::function<void(const std::string&)> note;  // remarks worth telling the user (no kernel records)
+  // Fault injection for crash tests: "kill-mid-step" kills the process with SIGKILL halfway through
+  // the layers of the step; "kill-after-step" right after the step was flushed, before the clean
+  // close. Empty: none.
+  std::string fault;
+};
+
+struct RecordResult {
+  int step = 0;  // index of the step written
+  int64_t tokens = 0;
+  double seconds = 0;
+  std::string path;     // the trace, renamed to its final name
+  std::string capture;  // the policy as text
+  WriterStats stats;
+};
+
+// Records `batch` as one step into the trace `out` (created, or appended to with opt.append).
+// Throws InputError for a bad profile, device or capture policy; the writer's errors otherwise.
+RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                         const std::string& out, const RecordOptions& opt);
+
+}  // namespace dsv4
