@@ -16,6 +16,28 @@ namespace dsv4 {
 //   lse[t,h] = M + log_f(Z)
 // An empty row gives o = 0 and lse = sink[h] exactly. Cost O(T * H * K * Dh): only selected rows are
 // touched. Multithreaded over (t, h).
+//
+// splits = S >= 1 replaces the softmax and P·V above by the split-KV ("flash-decoding") order of an
+// inference engine's decode kernel (docs/NUMERICS.md "Split-KV decode attention"). With the z_v of the
+// nv valid slots (v = 0 .. nv-1, slot order, computed as above):
+//   L = ceil(nv / S); part i holds v in [i*L, min((i+1)*L, nv)), i = 0 .. n-1, n = ceil(nv / L)
+//     (parts without a slot are skipped, so n <= S)
+//   per part i, without the sink:
+//     m_i = max_v z_v                     (scanned from the part's first z with `z > m`)
+//     Z_i = sum_v exp_f(z_v - m_i)        (sequential from the part's first slot, starting at 0)
+//     P_v = bf16(exp_f(z_v - m_i) / Z_i)
+//     o_i[d] = fma chain over the part's slots of P_v * kv[slot v][d], from 0  (fp32, not rounded)
+//     lse_i = m_i + log_f(Z_i)
+//   combine, in part order 0 .. n-1, with the sink as one more logit that has no value:
+//     M   = max(sink[h], lse_0, ..., lse_(n-1))   (scanned from the sink with `x > M`)
+//     w_i = exp_f(lse_i - M)
+//     W   = (w_0 + w_1 + ... sequentially from 0) + exp_f(sink[h] - M)
+//     c_i = w_i / W                               (fp32, not rounded)
+//     o[t,h,d] = bf16(fma chain over i of c_i * o_i[d], from 0)
+//     lse[t,h] = M + log_f(W)
+// Same maths as the exact order, other roundings. S = 1 is not the exact order: its P are normalised
+// without the sink and bf16-rounded before the sink enters (through c_0 = w_0 / W, in fp32). An empty
+// row gives o = 0 and lse = sink[h] exactly, as above.
 struct SparseAttnParams {
   int64_t T = 0;
   int H = 0;
@@ -30,6 +52,7 @@ struct SparseAttnParams {
   ReduceOrder order{};
   float* o = nullptr;    // [T, H, Dh]
   float* lse = nullptr;  // [T, H] (may be nullptr)
+  int splits = 0;        // 0: the exact row order; N >= 1: split-KV into N parts (decode, see above)
 };
 const char* sparse_attention_check(const SparseAttnParams& p);  // also scans idx for out-of-range
 void sparse_attention(const SparseAttnParams& p);

@@ -33,4 +33,27 @@ NumericsProfile profile_by_name(const std::string& name) {
   throw InputError(fmt::format("unknown numerics profile '{}' (known: train, rollout)", name));
 }
 
+std::string decode_attention_name(const NumericsProfile& p) {
+  return p.decode_attention_splits <= 0 ? "exact" : fmt::format("split:{}", p.decode_attention_splits);
+}
+
+int parse_decode_attention(const std::string& s) {
+  constexpr int kMaxSplits = 65536;
+  if (s == "exact") return 0;
+  const std::string prefix = "split:";
+  if (s.compare(0, prefix.size(), prefix) == 0 && s.size() > prefix.size() && s.size() <= prefix.size() + 5) {
+    int n = 0;
+    bool digits = true;
+    for (size_t i = prefix.size(); i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9')
+        digits = false;
+      else
+        n = n * 10 + (s[i] - '0');
+    }
+    if (digits && n >= 1 && n <= kMaxSplits) return n;
+  }
+  throw InputError(
+      fmt::format("unknown decode attention '{}' (accepted: exact, split:N with N in 1..{})", s, kMaxSplits));
+}
+
 }  // namespace dsv4

@@ -23,9 +23,60 @@ const char* sparse_attention_check(const SparseAttnParams& p) {
   return nullptr;
 }
 
+namespace {
+
+// The split-KV order (p.splits > 0), one (t, h) per iteration like the exact order below; the whole
+// row's arithmetic is in kernels/detail/attention.h, shared with the CUDA kernel.
+void sparse_attention_split(const SparseAttnParams& p) {
+  const int64_t TH = p.T * p.H;
+  const int64_t max_parts = p.K < p.splits ? p.K : p.splits;
+#pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
+  {
+    std::vector<float> e(size_t(p.K));                     // z, then P, of the valid slots in slot order
+    std::vector<int32_t> slots(size_t(p.K));               // their kv rows
+    std::vector<float> c(static_cast<size_t>(max_parts));  // lse_i, then the combine weights c_i
+#pragma omp for schedule(static)
+    for (int64_t th = 0; th < TH; ++th) {
+      const int64_t t = th / p.H;
+      const int h = int(th % p.H);
+      const float* q = p.q + th * p.Dh;
+      const int32_t* idx = p.idx + t * p.K;
+      float* o = p.o + th * p.Dh;
+      const float sink = p.sink[h];
+
+      int64_t nv = 0;
+      for (int64_t j = 0; j < p.K; ++j) {
+        if (idx[j] < 0) continue;
+        slots[size_t(nv)] = idx[j];
+        e[size_t(nv++)] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
+      }
+      if (nv == 0) {  // only the sink: o = 0, lse = sink exactly
+        for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
+        if (p.lse) p.lse[th] = sink;
+        continue;
+      }
+      const int64_t L = common::attn_split_len(nv, p.splits), n = common::attn_split_parts(nv, p.splits);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = i * L, len = b + L < nv ? L : nv - b;
+        c[size_t(i)] = common::attn_part_softmax(e.data() + b, len);
+      }
+      const float lse = common::attn_combine_weights(c.data(), n, sink);
+      for (int64_t d = 0; d < p.Dh; ++d)
+        o[d] = common::attn_split_out(e.data(), c.data(), slots.data(), nv, L, p.kv, p.Dh, d);
+      if (p.lse) p.lse[th] = lse;
+    }
+  }
+}
+
+}  // namespace
+
 // One (t, h) per iteration. Masked (-1) slots are never loaded (no address is formed from them), so
 // garbage can never reach the sums; each iteration writes only its own o[t,h] and lse[t,h].
 void sparse_attention(const SparseAttnParams& p) {
+  if (p.splits > 0) {
+    sparse_attention_split(p);
+    return;
+  }
   const int64_t TH = p.T * p.H;
 #pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
   {

@@ -13,6 +13,18 @@
 //   4. Thread d (d = tid, tid + 256, ...) keeps one fp32 accumulator per head of the tile and runs the
 //      fma chain over the valid slots in slot order, loading kv[slot][d] once for all heads of the
 //      tile; o = bf16(acc). An empty row gives o = 0 and lse = sink exactly.
+//
+// Kernel contract (sparse_attention_split_kernel, p.splits > 0, the split-KV order of
+// kernels/attention.h): the same grid, blocks and steps 1 and 2 (same helpers); then, with
+// L = ceil(nv / splits) and n parts (common::attn_split_len / attn_split_parts):
+//   3. Thread q (q = tid, tid + 256, ...) takes the pair (head h = q / n, part i = q % n) of the tile
+//      and runs common::attn_part_softmax over the part's scores (z -> P in place), storing lse_i.
+//   4. Thread h of the tile turns its n lse_i into the combine weights c_i and the row's lse with
+//      common::attn_combine_weights (one thread per row: the sums are sequential in part order).
+//   5. Thread e (e = tid, tid + 256, ...) takes the output element (head e / Dh, dim e % Dh) and runs
+//      common::attn_split_out: the per-part fma chains and their combine, then bf16. No partial output
+//      is stored: element d of o_i is formed and consumed in part order, the CPU's order.
+//   Shared memory adds [ht][min(splits, K)] floats (lse_i, then c_i) to the exact kernel's.
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/attention.h"
 
@@ -23,6 +35,49 @@ namespace {
 constexpr int kThreads = 256, kGroups = kThreads / 8, kMaxHeadTile = 8;
 constexpr size_t kMaxShared = 200 * 1024;
 
+// Step 1, all threads of the block: the valid slots of idx [K] (not -1, inside [0, N)) compacted in
+// slot order into slots; returns their count nv (the same in every thread).
+__device__ int compact_valid_slots(const int32_t* idx, int64_t K, int64_t N, int tid, int32_t* slots,
+                                   int* red) {
+  const int64_t chunk = (K + kThreads - 1) / kThreads, lo = tid * chunk, hi = lo + chunk < K ? lo + chunk : K;
+  int mine = 0;
+  for (int64_t j = lo; j < hi; ++j) mine += idx[j] >= 0 && idx[j] < N;
+  int nv = 0;
+  int pos = detail::block_exclusive_scan(mine, red, &nv);
+  for (int64_t j = lo; j < hi; ++j)
+    if (idx[j] >= 0 && idx[j] < N) slots[pos++] = idx[j];
+  __syncthreads();
+  return nv;
+}
+
+// Only the sink (nv == 0): o = 0 and lse = sink for the nh heads from h0 of row t.
+__device__ void write_empty_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int tid) {
+  for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
+  if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
+}
+
+// Step 2, all threads of the block: q rows of the tile staged in qs [nh][Dh], then
+// zs[h * K + v] = scale * dot(q[t, h0 + h], kv[slots[v]], order) for h < nh, v < nv; one group of 8
+// threads per slot (multi_dot8, the canonical order).
+__device__ void tile_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, const int32_t* slots,
+                            int nv, int tid, float* qs, float* zs) {
+  const int lane = tid & 7, group = tid >> 3;
+  const unsigned mask = detail::group8_mask();
+  for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) qs[e] = p.q[(t * p.H + h0) * p.Dh + e];
+  __syncthreads();
+  for (int64_t v = group; v < nv; v += kGroups) {
+    float d[kMaxHeadTile];
+    detail::multi_dot8<kMaxHeadTile>(qs, p.Dh, nh, p.kv + int64_t(slots[v]) * p.Dh, p.Dh, p.order.block, lane,
+                                     mask, d);
+    if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < kMaxHeadTile; ++h)
+        if (h < nh) zs[h * p.K + v] = p.scale * d[h];
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnParams p, int ht) {
   extern __shared__ float sh[];
   float* zs = sh;                                                        // [ht][K]: z, then e, then P
@@ -30,8 +85,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
   int32_t* slots = reinterpret_cast<int32_t*>(qs + int64_t(ht) * p.Dh);  // [K] valid kv rows, slot order
   __shared__ int red[32];
   __shared__ float Zs[kMaxHeadTile], Ms[kMaxHeadTile];
-  const int tid = threadIdx.x, lane = tid & 7, group = tid >> 3;
-  const unsigned mask = detail::group8_mask();
+  const int tid = threadIdx.x;
   const int tiles = (p.H + ht - 1) / ht;
   const int64_t K = p.K;
 
@@ -42,37 +96,15 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     const int32_t* idx = p.idx + t * K;
 
     // 1. valid slots in slot order
-    const int64_t chunk = (K + kThreads - 1) / kThreads, lo = tid * chunk,
-                  hi = lo + chunk < K ? lo + chunk : K;
-    int mine = 0;
-    for (int64_t j = lo; j < hi; ++j) mine += idx[j] >= 0 && idx[j] < p.N;
-    int nv = 0;
-    int pos = detail::block_exclusive_scan(mine, red, &nv);
-    for (int64_t j = lo; j < hi; ++j)
-      if (idx[j] >= 0 && idx[j] < p.N) slots[pos++] = idx[j];
-    __syncthreads();
-
+    const int nv = compact_valid_slots(idx, K, p.N, tid, slots, red);
     if (nv == 0) {  // only the sink: o = 0, lse = sink
-      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
-      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
+      write_empty_rows(p, t, h0, nh, tid);
       __syncthreads();
       continue;
     }
 
     // 2. scores: one group per valid slot, all heads of the tile at once (q staged in shared memory)
-    for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) qs[e] = p.q[(t * p.H + h0) * p.Dh + e];
-    __syncthreads();
-    for (int64_t v = group; v < nv; v += kGroups) {
-      float d[kMaxHeadTile];
-      detail::multi_dot8<kMaxHeadTile>(qs, p.Dh, nh, p.kv + int64_t(slots[v]) * p.Dh, p.Dh, p.order.block,
-                                       lane, mask, d);
-      if (lane == 0) {
-#pragma unroll
-        for (int h = 0; h < kMaxHeadTile; ++h)
-          if (h < nh) zs[h * K + v] = p.scale * d[h];
-      }
-    }
-    __syncthreads();
+    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
 
     // 3. softmax with the sink, sequential where the CPU is
     if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * K, nv, p.sink[h0 + tid]);
@@ -115,9 +147,70 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
   }
 }
 
-// Heads per block: as many as fit (at most 8) next to the slot list in shared memory.
+// Lse_i / combine weights kept per head by the split kernel: at most min(splits, K) parts.
+int64_t split_slots(const SparseAttnParams& p) {
+  return p.splits <= 0 ? 0 : (p.K < p.splits ? p.K : int64_t(p.splits));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sparse_attention_split_kernel(SparseAttnParams p, int ht, int64_t np) {
+  extern __shared__ float sh[];
+  float* zs = sh;                                                        // [ht][K]: z, then P
+  float* qs = sh + int64_t(ht) * p.K;                                    // [ht][Dh]: q of the tile
+  int32_t* slots = reinterpret_cast<int32_t*>(qs + int64_t(ht) * p.Dh);  // [K] valid kv rows, slot order
+  float* cs = reinterpret_cast<float*>(slots + p.K);                     // [ht][np]: lse_i, then c_i
+  __shared__ int red[32];
+  const int tid = threadIdx.x;
+  const int tiles = (p.H + ht - 1) / ht;
+  const int64_t K = p.K;
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * ht;
+    const int nh = p.H - h0 < ht ? p.H - h0 : ht;
+
+    // 1. valid slots in slot order
+    const int nv = compact_valid_slots(p.idx + t * K, K, p.N, tid, slots, red);
+    if (nv == 0) {  // only the sink: o = 0, lse = sink
+      write_empty_rows(p, t, h0, nh, tid);
+      __syncthreads();
+      continue;
+    }
+
+    // 2. scores
+    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+
+    // 3. each part's softmax without the sink, one thread per (head, part)
+    const int64_t L = common::attn_split_len(nv, p.splits), n = common::attn_split_parts(nv, p.splits);
+    for (int64_t q = tid; q < int64_t(nh) * n; q += kThreads) {
+      const int h = int(q / n);
+      const int64_t i = q % n, b = i * L, len = b + L < nv ? L : nv - b;
+      cs[h * np + i] = common::attn_part_softmax(zs + h * K + b, len);
+    }
+    __syncthreads();
+
+    // 4. combine weights and lse, one thread per head
+    if (tid < nh) {
+      const float lse = common::attn_combine_weights(cs + tid * np, n, p.sink[h0 + tid]);
+      if (p.lse) p.lse[t * p.H + h0 + tid] = lse;
+    }
+    __syncthreads();
+
+    // 5. o, one thread per output element
+    for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) {
+      const int h = int(e / p.Dh);
+      const int64_t d = e % p.Dh;
+      p.o[(t * p.H + h0) * p.Dh + e] =
+          common::attn_split_out(zs + h * K, cs + h * np, slots, nv, L, p.kv, p.Dh, d);
+    }
+    __syncthreads();
+  }
+}
+
+// Heads per block: as many as fit (at most 8) next to the slot list in shared memory (with the split
+// kernel's lse_i / c_i when p.splits > 0).
 int head_tile(const SparseAttnParams& p) {
-  const int64_t per_head = sizeof(float) * (p.K + p.Dh), fixed = sizeof(int32_t) * p.K;
+  const int64_t per_head = sizeof(float) * (p.K + p.Dh + split_slots(p)), fixed = sizeof(int32_t) * p.K;
   int ht = kMaxHeadTile < p.H ? kMaxHeadTile : p.H;
   while (ht > 1 && size_t(fixed + ht * per_head) > kMaxShared) --ht;
   return ht;
@@ -128,7 +221,8 @@ int head_tile(const SparseAttnParams& p) {
 const char* sparse_attention_check(const SparseAttnParams& p) {
   if (const char* why = common::sparse_attention_check_dims(p)) return why;
   if (p.N > INT32_MAX) return "N";
-  if (size_t(p.K) * 8 + size_t(p.Dh) * 4 > kMaxShared) return "K or Dh (too large for one block)";
+  if (size_t(p.K) * 8 + size_t(p.Dh) * 4 + size_t(split_slots(p)) * 4 > kMaxShared)
+    return "K or Dh (too large for one block)";
   return common::sparse_attention_check_pointers(p);
 }
 
@@ -136,8 +230,17 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   require(cuda::sparse_attention_check(p), "sparse_attention");
   if (p.T <= 0) return;
   const int ht = head_tile(p);
-  const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh) + sizeof(int32_t) * size_t(p.K);
+  const int64_t np = split_slots(p);
+  const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np) + sizeof(int32_t) * size_t(p.K);
   const int64_t items = p.T * ((p.H + ht - 1) / ht);
+  if (p.splits > 0) {
+    CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_split_kernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+    sparse_attention_split_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht,
+                                                                                                    np);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
   CUDA_CHECK(
       cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
   sparse_attention_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht);

@@ -49,6 +49,59 @@ DSV4_HD float attn_softmax_row(float* z, int64_t nv, float sink) {
   return attn_lse(M, Z);
 }
 
+// ---- split-KV order (SparseAttnParams::splits > 0, kernels/attention.h) ----
+// Valid slots per part: L = ceil(nv / splits) (nv >= 0, splits >= 1).
+DSV4_HD int64_t attn_split_len(int64_t nv, int splits) {
+  return (nv + splits - 1) / splits;
+}
+
+// Parts that hold a slot: ceil(nv / L), 0 for an empty row; at most splits and at most nv.
+DSV4_HD int64_t attn_split_parts(int64_t nv, int splits) {
+  const int64_t L = attn_split_len(nv, splits);
+  return L == 0 ? 0 : (nv + L - 1) / L;
+}
+
+// One part's softmax without the sink: z [n] (n >= 1) becomes P [n] in place; returns
+// lse_i = m_i + log_f(Z_i). m_i = max z scanned from z_0 with `z > m`; Z_i = 0 + e_0 + e_1 + ...
+// sequentially; P_v = bf16(e_v / Z_i).
+DSV4_HD float attn_part_softmax(float* z, int64_t n) {
+  float m = z[0];
+  for (int64_t v = 1; v < n; ++v)
+    if (z[v] > m) m = z[v];
+  for (int64_t v = 0; v < n; ++v) z[v] = attn_exp(z[v], m);
+  float Z = 0.0f;
+  for (int64_t v = 0; v < n; ++v) Z = Z + z[v];
+  for (int64_t v = 0; v < n; ++v) z[v] = attn_prob(z[v], Z);
+  return attn_lse(m, Z);
+}
+
+// The combine weights of n parts (n >= 1) with the sink: lse_i [n] becomes c_i = w_i / W in place
+// (fp32, not rounded); returns the row's lse = M + log_f(W). M = max(sink, lse_0, ...) scanned from
+// the sink, w_i = exp_f(lse_i - M), W = (w_0 + w_1 + ... sequentially) + exp_f(sink - M): the exact
+// row's max, sum and lse applied to the parts' lse.
+DSV4_HD float attn_combine_weights(float* lw, int64_t n, float sink) {
+  const float M = attn_row_max(lw, n, sink);
+  for (int64_t i = 0; i < n; ++i) lw[i] = attn_exp(lw[i], M);
+  const float W = attn_row_sum(lw, n, sink, M);
+  for (int64_t i = 0; i < n; ++i) lw[i] = lw[i] / W;
+  return attn_lse(M, W);
+}
+
+// o[d] of a split row: for each part i in order, o_i = fma chain over its slots of P_v * kv[slots[v]][d]
+// from 0; then o = bf16(fma chain over i of c_i * o_i from 0). P [nv]: the parts' probabilities in slot
+// order; c [parts]: attn_combine_weights; slots [nv]: the kv rows of the valid slots in slot order.
+DSV4_HD float attn_split_out(const float* P, const float* c, const int32_t* slots, int64_t nv, int64_t L,
+                             const float* kv, int64_t Dh, int64_t d) {
+  float acc = 0.0f;
+  for (int64_t b = 0, i = 0; b < nv; b += L, ++i) {
+    const int64_t e = b + L < nv ? b + L : nv;
+    float part = 0.0f;
+    for (int64_t v = b; v < e; ++v) part = std::fma(P[v], kv[int64_t(slots[v]) * Dh + d], part);
+    acc = std::fma(c[i], part, acc);
+  }
+  return num::bf16_round(acc);
+}
+
 // ---- parameter checks (host), in the order both backends report them ----
 // The dimensions.
 inline const char* sparse_attention_check_dims(const SparseAttnParams& p) {
@@ -57,6 +110,7 @@ inline const char* sparse_attention_check_dims(const SparseAttnParams& p) {
   if (p.Dh < 1) return "Dh";
   if (p.N < 0) return "N";
   if (p.K < 0) return "K";
+  if (p.splits < 0) return "splits";
   return nullptr;
 }
 // The pointers (none is needed when T == 0).

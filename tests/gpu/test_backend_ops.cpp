@@ -471,10 +471,13 @@ void build_index_case(int64_t T, int W, CompressedKind kind, int ratio, int k) {
 }
 
 // ---- sparse attention ---------------------------------------------------------------------------
-void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order) {
+// splits > 0: the split-KV order (its own kernel). `few` > 0 also keeps rows 2, 3, ... at 1, 2, ...
+// up to `few` valid slots (fewer valid slots than parts when few < splits).
+void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order, int splits = 0, int few = 0) {
   const std::string name = "ATTN(T=" + std::to_string(T) + ",H=" + std::to_string(H) +
                            ",K=" + std::to_string(K) + ",Dh=" + std::to_string(Dh) + "," + order_name(order) +
-                           ")";
+                           (splits ? ",splits=" + std::to_string(splits) : std::string()) +
+                           (few ? ",few=" + std::to_string(few) : std::string()) + ")";
   add_case("sparse_attention", name, [=](const std::string& nm) {
     auto g = test::rng_for(nm);
     const int64_t N = T + T / 4;
@@ -486,12 +489,20 @@ void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order) 
       for (int64_t j = 0; j < K; ++j)
         idx[size_t(t * K + j)] =
             (t == 0 || (t == 1 && j != K - 1) || g() % 3 == 0) ? -1 : int32_t(g() % uint64_t(N));
+    for (int64_t t = 2; t < T && t - 1 <= few; ++t) {  // row t: its first t - 1 valid slots only
+      int64_t seen = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        int32_t& v = idx[size_t(t * K + j)];
+        if (v >= 0 && seen++ >= t - 1) v = -1;
+      }
+    }
     const float fv = test::fill_value();
     std::vector<float> o(size_t(T * H * Dh), fv), lse(size_t(T * H), fv);
     SparseAttnParams p;
     p.T = T, p.H = H, p.Dh = Dh, p.N = N, p.K = K, p.scale = 1.0f / std::sqrt(float(Dh)), p.order = order;
     p.q = q.data(), p.kv = kv.data(), p.idx = idx.data(), p.sink = sink.data(), p.o = o.data(),
     p.lse = lse.data();
+    p.splits = splits;
     ASSERT_EQ(sparse_attention_check(p), nullptr);
     sparse_attention(p);
     DeviceBuffers d;
@@ -805,8 +816,18 @@ void register_other_cases() {
   }
   attention_case(4, 3, 0, 64, ReduceOrder{});
   attention_case(5, 43, 300, 40, ReduceOrder{64});
-  attention_case(6, 61, 129, 64, ReduceOrder{});  // 61 heads: no head tile divides it
+  attention_case(6, 61, 129, 64, ReduceOrder{});   // 61 heads: no head tile divides it
   attention_case(7, 16, 640, 512, ReduceOrder{});  // Flash-like: head dim 512, window + top-512
+  // The split-KV (decode) order: parts of every size, rows with fewer valid slots than parts, empty
+  // rows (row 0 of every case; all rows when K = 0), a head tile that does not divide H.
+  for (int splits : {1, 2, 3, 7}) {
+    attention_case(17, 5, 40, 192, ReduceOrder{}, splits, 8);
+    attention_case(9, 12, 70, 64, ReduceOrder{64}, splits, 3);
+  }
+  attention_case(4, 3, 0, 64, ReduceOrder{}, 3);
+  attention_case(6, 61, 129, 64, ReduceOrder{}, 7, 5);
+  attention_case(3, 16, 640, 512, ReduceOrder{}, 4);   // Flash-like decode rows
+  attention_case(2, 16, 640, 512, ReduceOrder{}, 64);  // many parts of 7 to 10 slots
   for (const char* mode : {"learned", "learned-unnormalised", "hash", "forced"}) {
     router_case(17, 8, 2, mode, false);
     router_case(33, 6, 3, mode, true);
