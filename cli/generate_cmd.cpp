@@ -24,6 +24,7 @@ struct GenerateArgs {
   rollout::GenerateDefaults defaults;
   std::string stop;
   std::string profile = "rollout";
+  std::string decode_attention = "exact";
   std::string device = "cpu";
   int threads = 0;
   rollout::EngineOptions engine;
@@ -79,6 +80,7 @@ int run_generate(GenerateArgs& a) {
   const std::vector<rollout::PromptRequest> reqs = rollout::read_prompts(a.prompts, c, a.defaults);
 
   a.engine.profile = profile_by_name(a.profile);
+  a.engine.profile.decode_attention_splits = parse_decode_attention(a.decode_attention);
   a.engine.device = parse_device(a.device);
   a.engine.threads = a.threads;
   a.engine.prefix_sharing = !a.no_prefix_sharing;
@@ -155,6 +157,18 @@ void register_generate_command(CLI::App& app) {
   g->add_option("--profile", ga->profile, "Numerics profile: train or rollout")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "rollout"}));
+  g->add_option("--decode-attention", ga->decode_attention,
+                "Decode-step attention order: exact (decode = prefill bit for bit) or split:N (an inference "
+                "engine's split-KV reduction over N parts)")
+      ->capture_default_str()
+      ->check([](const std::string& s) {
+        try {
+          parse_decode_attention(s);
+          return std::string();
+        } catch (const InputError& e) {
+          return std::string(e.what());
+        }
+      });
   g->add_option("--device", ga->device, "cpu or cuda (same bits on both)")->capture_default_str();
   g->add_option("--threads", ga->threads, "CPU threads (0: all); results do not depend on it")
       ->capture_default_str();

@@ -623,6 +623,9 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   sp.sink = be_.weight(a + "attn_sink");
   sp.scale = float(1.0 / std::sqrt(double(Dh)));
   sp.order = P_.order;
+  // A decode step (one token after a cache) may use an inference engine's split-KV order; prefill
+  // chunks always take the exact order (model/profile.h decode_attention_splits).
+  sp.splits = (cache_ && T_ == 1) ? P_.decode_attention_splits : 0;
   sp.o = o.data();
   be_.sparse_attention(sp, L);
   rope_rows(o, H, Dh, freq, true, L);
