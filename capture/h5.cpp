@@ -279,6 +279,12 @@ void write_attr(const Object& o, const std::string& name, uint64_t value) {
 void write_attr(const Object& o, const std::string& name, uint8_t value) {
   write_numeric_attr(o, name, H5T_STD_U8LE, H5T_NATIVE_UINT8, &value);
 }
+void write_attr(const Object& o, const std::string& name, int64_t value) {
+  write_numeric_attr(o, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+void write_attr(const Object& o, const std::string& name, float value) {
+  write_numeric_attr(o, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &value);
+}
 
 std::string read_attr_string(const Object& o, const std::string& name) {
   Object a = open_attr(o, name);
@@ -311,6 +317,16 @@ int64_t read_attr_int(const Object& o, const std::string& name) {
   if (H5Tget_class(type.get()) != H5T_INTEGER) a.fail("expected an integer");
   int64_t v = 0;
   check(H5Aread(a.get(), H5T_NATIVE_INT64, &v), a, "cannot read");
+  return v;
+}
+
+float read_attr_f32(const Object& o, const std::string& name) {
+  Object a = open_attr(o, name);
+  check_scalar_attr(a);
+  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
+  if (H5Tget_class(type.get()) != H5T_FLOAT) a.fail("expected a floating-point value");
+  float v = 0;
+  check(H5Aread(a.get(), H5T_NATIVE_FLOAT, &v), a, "cannot read");
   return v;
 }
 

@@ -92,9 +92,12 @@ void write_attr(const Object& o, const std::string& name, const std::string& val
 void write_attr(const Object& o, const std::string& name, int32_t value);
 void write_attr(const Object& o, const std::string& name, uint64_t value);
 void write_attr(const Object& o, const std::string& name, uint8_t value);
+void write_attr(const Object& o, const std::string& name, int64_t value);
+void write_attr(const Object& o, const std::string& name, float value);
 std::string read_attr_string(const Object& o, const std::string& name);  // vlen or fixed-length strings
 int64_t read_attr_int(const Object& o, const std::string& name);         // any integer type
 uint64_t read_attr_u64(const Object& o, const std::string& name);
+float read_attr_f32(const Object& o, const std::string& name);
 std::vector<std::string> attr_names(const Object& o);
 
 // ---- datasets ---------------------------------------------------------------------------------

@@ -15,7 +15,11 @@ struct Object;
 }
 
 // Bump when a name, a shape or an encoding below changes meaning; see traces/FORMAT.md "Versioning".
-constexpr int kTraceFormatVersion = 1;
+// Version 2 added generation steps (kind "generate", the `generation` groups): a trace holding one is
+// written as version 2; a trace of prefill steps only keeps version 1 (its layout did not change), so
+// earlier readers still read it.
+constexpr int kTraceFormatVersion = 2;
+constexpr int kPrefillFormatVersion = 1;
 
 namespace trace_layout {
 
@@ -94,6 +98,34 @@ inline constexpr char kStream[] = "stream";
 inline constexpr char kStartNs[] = "start_ns";
 inline constexpr char kEndNs[] = "end_ns";
 inline constexpr char kCorrelation[] = "correlation";
+
+// Generation steps (kind "generate", format version 2; capture/generation.h).
+inline constexpr char kKindGenerate[] = "generate";
+inline constexpr char kGeneration[] = "generation";  // group in the step and in each seq_SSS
+inline constexpr char kGenMaxBatch[] = "max_batch";
+inline constexpr char kGenPageSize[] = "page_size";
+inline constexpr char kGenPrefillChunk[] = "prefill_chunk";
+inline constexpr char kGenTokenBudget[] = "token_budget";
+inline constexpr char kGenPrefixSharing[] = "prefix_sharing";
+inline constexpr char kGenDecodeAttention[] = "decode_attention";
+inline constexpr char kGenScheduleStep[] = "schedule_step";
+inline constexpr char kGenScheduleRequest[] = "schedule_request";
+inline constexpr char kGenSchedulePos0[] = "schedule_pos0";
+inline constexpr char kGenScheduleLength[] = "schedule_length";
+inline constexpr char kGenScheduleSampled[] = "schedule_sampled";
+inline constexpr char kGenId[] = "id";
+inline constexpr char kGenRequestKey[] = "request_key";
+inline constexpr char kGenPromptLength[] = "prompt_length";
+inline constexpr char kGenMaxNewTokens[] = "max_new_tokens";
+inline constexpr char kGenTemperature[] = "temperature";
+inline constexpr char kGenTopK[] = "top_k";
+inline constexpr char kGenTopP[] = "top_p";
+inline constexpr char kGenSamplingSeed[] = "sampling_seed";
+inline constexpr char kGenFinishReason[] = "finish_reason";
+inline constexpr char kGenPrefixSource[] = "prefix_source";
+inline constexpr char kGenSharedPrefix[] = "shared_prefix";
+inline constexpr char kGenCounters[] = "counters";
+inline constexpr char kGenStopIds[] = "stop_ids";
 
 // ---- composed names ---------------------------------------------------------------------------
 inline std::string step_name(int step) {  // under /steps

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "capture/errors.h"
+#include "capture/generation.h"
 #include "capture/h5.h"
 #include "capture/layout.h"
 
@@ -261,6 +262,16 @@ std::vector<float> TraceReader::logprobs(int step, int seq) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
   return h5::read<float>(Impl::dataset(g, kLogprobs, {hsize_t(std::max<int64_t>(T - 1, 0))}));
+}
+
+std::optional<GenerationRecord> TraceReader::generation(int step) const {
+  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  const TraceStepInfo& st = impl_->step(step);
+  if (st.kind != kKindGenerate) return std::nullopt;
+  const h5::Object sg = h5::open(impl_->f(), st.group.substr(1));
+  std::vector<std::string> seqs;
+  for (size_t i = 0; i < st.seq_lengths.size(); ++i) seqs.push_back(seq_name(int(i)));
+  return read_generation(sg, seqs, fmt::format("{} step {}", path(), step));
 }
 
 KernelRecords TraceReader::kernels(int step) const {

@@ -11,6 +11,7 @@
 
 #include "capture/cupti.h"
 #include "capture/env.h"
+#include "capture/generation.h"
 #include "capture/layout.h"  // kTraceFormatVersion
 #include "model/collect.h"
 #include "model/config.h"
@@ -88,6 +89,8 @@ class TraceReader {
   // The GPU kernel records of a complete step (/steps/NNNNNN/kernels). A trace written before kernel
   // records existed gives available = false, reason "not recorded in this trace".
   KernelRecords kernels(int step) const;
+  // The generation record of a step of kind "generate" (capture/generation.h); nullopt for other steps.
+  std::optional<GenerationRecord> generation(int step) const;
 
   std::vector<GroupSize> sizes() const;  // per step, per sequence group and its subgroups
   int64_t file_bytes() const;

@@ -180,7 +180,8 @@ struct TraceWriter::Impl {
   bool step_open = false;
   bool closed = false;
   std::unique_ptr<StepObserver> observer;
-  KernelRecords kernels;  // of the open step (set_kernel_records)
+  KernelRecords kernels;                       // of the open step (set_kernel_records)
+  std::optional<GenerationRecord> generation;  // of the open step (set_generation)
 
   // The queue.
   mutable std::mutex mu;
@@ -317,7 +318,7 @@ struct TraceWriter::Impl {
     h5::Object f = h5::create_file(writing_path, fapl.get());
     {
       h5::write_attr(f, kFormat, std::string(kFormatValue));
-      h5::write_attr(f, kFormatVersion, int32_t(kTraceFormatVersion));
+      h5::write_attr(f, kFormatVersion, int32_t(kPrefillFormatVersion));
       h5::write_attr(f, kProducer, std::string("dsv4 ") + version());
       h5::write_attr(f, kCreated, utc_now_iso8601());
       h5::Object meta = h5::create_group(f, kMeta);
@@ -356,6 +357,8 @@ struct TraceWriter::Impl {
       if (h5::exists(steps, step_name(step_index)))
         steps.fail(fmt::format("step {} exists already", step_name(step_index)));
       h5::Object g = h5::create_group(steps, step_name(step_index));
+      // A generation step needs format version 2; a trace of prefill steps stays version 1.
+      if (s.kind == kKindGenerate) h5::write_attr(file, kFormatVersion, int32_t(kTraceFormatVersion));
       h5::write_attr(g, kKind, s.kind);
       h5::write_attr(g, kProfile, s.profile);
       h5::write_attr(g, kSeed, uint64_t(s.seed));
@@ -662,6 +665,12 @@ struct TraceWriter::Impl {
       file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
     }
     write_kernels(file, k);
+    if (generation) {
+      std::vector<std::string> seq_groups;
+      for (size_t i = 0; i < seqs.size(); ++i) seq_groups.push_back(seq_name(int(i)));
+      write_generation(h5::open(file, step_group.substr(1)), seq_groups, *generation);
+      generation.reset();
+    }
     h5::Object status = h5::open(file, step_group.substr(1) + "/" + kStatus);
     h5::write(status, std::vector<uint8_t>{1});
     status = h5::Object{};
@@ -816,8 +825,8 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
   if (w.closed) throw Error("begin_step() on a closed trace writer");
   if (w.step_open)
     throw Error(fmt::format("begin_step(): step {} is still open; call end_step() first", w.next_step));
-  if (s.kind != "train" && s.kind != "rollout")
-    throw InputError(fmt::format("step kind '{}': expected 'train' or 'rollout'", s.kind));
+  if (s.kind != "train" && s.kind != "rollout" && s.kind != kKindGenerate)
+    throw InputError(fmt::format("step kind '{}': expected 'train', 'rollout' or 'generate'", s.kind));
   if (s.seqs.empty()) throw InputError("begin_step(): the batch has no sequences");
   for (size_t i = 0; i < s.seqs.size(); ++i)
     if (s.seqs[i].empty()) throw InputError(fmt::format("begin_step(): sequence {} is empty", i));
@@ -827,6 +836,12 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
   w.step_open = true;
   w.observer = std::make_unique<StepObserver>(w, w.opt.policy);
   return *w.observer;
+}
+
+void TraceWriter::set_generation(GenerationRecord g) {
+  Impl& w = *impl_;
+  if (!w.step_open) throw Error("set_generation() without begin_step()");
+  w.generation = std::move(g);
 }
 
 void TraceWriter::set_kernel_records(KernelRecords k) {

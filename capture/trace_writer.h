@@ -18,6 +18,7 @@
 #include "capture/cupti.h"
 #include "capture/digest.h"
 #include "capture/env.h"
+#include "capture/generation.h"
 #include "capture/policy.h"
 #include "model/config.h"
 #include "model/forward.h"
@@ -35,7 +36,7 @@ struct TraceHeader {
 TraceHeader make_trace_header(const Weights& w);  // env of this machine + the model's digests
 
 struct StepSpec {
-  std::string kind = "train";     // "train" | "rollout"
+  std::string kind = "train";     // "train" | "rollout" | "generate"
   std::string profile = "train";  // numerics profile name
   uint64_t seed = 0;
   int threads = 0;
@@ -70,6 +71,9 @@ class TraceWriter {
   // The GPU kernels of the open step (capture/cupti.h), written by end_step() to
   // /steps/NNNNNN/kernels. Without a call the step records available = 0 with reason "not recorded".
   void set_kernel_records(KernelRecords k);
+  // The generation record of the open step (kind "generate"; capture/generation.h), written by
+  // end_step() before the step is marked complete.
+  void set_generation(GenerationRecord g);
   void end_step(const ForwardResult& r);
   void close();
 

@@ -416,8 +416,10 @@ class Validator {
         if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
       if (h5::has_attr(step, kKind)) {
         const std::string kind = h5::read_attr_string(step, kKind);
-        if (kind != "train" && kind != "rollout")
-          problem(step.path, fmt::format("kind '{}', expected 'train' or 'rollout'", kind));
+        if (kind != "train" && kind != "rollout" && kind != kKindGenerate)
+          problem(step.path, fmt::format("kind '{}', expected 'train', 'rollout' or 'generate'", kind));
+        if (kind == kKindGenerate && !h5::exists(step, kGeneration))
+          problem(step.path, fmt::format("a generation step without its '{}' group", kGeneration));
       }
       if (h5::has_attr(step, kProfile)) {
         const std::string profile = h5::read_attr_string(step, kProfile);

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "model/error.h"
+#include "replay/generation.h"
 #include "rollout/engine.h"
 #include "rollout/prompts.h"
 
@@ -30,6 +31,9 @@ struct GenerateArgs {
   rollout::EngineOptions engine;
   bool no_prefix_sharing = false;
   std::string out;
+  std::string record;
+  std::string capture = "decisions";
+  bool append = false;
   bool quiet = false;
 };
 
@@ -84,9 +88,9 @@ int run_generate(GenerateArgs& a) {
   a.engine.device = parse_device(a.device);
   a.engine.threads = a.threads;
   a.engine.prefix_sharing = !a.no_prefix_sharing;
-  rollout::Engine engine(w, a.engine);
+  std::vector<rollout::Request> requests;
   for (const auto& r : reqs)
-    engine.submit(rollout::Request{r.id, r.prompt, r.max_new_tokens, r.stop_ids, r.sampling});
+    requests.push_back(rollout::Request{r.id, r.prompt, r.max_new_tokens, r.stop_ids, r.sampling});
 
   // Progress on stderr at most twice a second, and once at the end.
   auto last = std::chrono::steady_clock::now() - std::chrono::seconds(1);
@@ -101,7 +105,18 @@ int run_generate(GenerateArgs& a) {
     fmt::print(stderr, "\rgenerate: step {}, {}/{} requests done, {} tokens generated, {:.1f} tok/s   ",
                s.step, s.finished, s.total, s.generated, s.seconds > 0 ? s.generated / s.seconds : 0.0);
   };
-  const std::vector<rollout::Generation> gens = engine.run(progress);
+  std::vector<rollout::Generation> gens;
+  if (!a.record.empty()) {
+    GenerateRecordOptions ro;
+    ro.capture = a.capture;
+    ro.seed = a.model.seed;
+    ro.append = a.append;
+    gens = record_generation(w, requests, a.engine, a.record, ro, progress).gens;
+  } else {
+    rollout::Engine engine(w, a.engine);
+    for (const auto& r : requests) engine.submit(r);
+    gens = engine.run(progress);
+  }
 
   // The samples file appears only complete: written beside, renamed at the end.
   std::string text;
@@ -123,10 +138,11 @@ int run_generate(GenerateArgs& a) {
     fmt::print(
         stderr,
         "\rgenerate: {} requests, {} prompt + {} generated tokens in {} steps, {:.3f} s ({:.1f} generated "
-        "tok/s), profile {}, device {}{}\n",
+        "tok/s), profile {}, device {}{}{}\n",
         gens.size(), prompt_tokens, final_info.generated, final_info.step + 1, secs,
         secs > 0 ? final_info.generated / secs : 0.0, a.profile, a.device,
-        a.out.empty() ? "" : fmt::format(", wrote {}", a.out));
+        a.out.empty() ? "" : fmt::format(", wrote {}", a.out),
+        a.record.empty() ? "" : fmt::format(", recorded {}", a.record));
   return 0;
 }
 
@@ -188,6 +204,12 @@ void register_generate_command(CLI::App& app) {
   g->add_flag("--no-prefix-sharing", ga->no_prefix_sharing,
               "Prefill every prompt itself instead of forking the cache of an earlier equal prompt");
   g->add_option("--out", ga->out, "Write the samples (JSONL) here (default: stdout)");
+  g->add_option(
+      "--record", ga->record,
+      "Record the generation into this trace (one step of kind generate; replay it with dsv4 replay)");
+  g->add_option("--capture", ga->capture, "With --record: capture policy (decisions, full, or patterns)")
+      ->capture_default_str();
+  g->add_flag("--append", ga->append, "With --record: add the step to an existing trace");
   g->add_flag("--quiet", ga->quiet, "No progress on stderr");
   g->callback([ga] { set_action([ga] { return run_generate(*ga); }); });
 }

@@ -7,6 +7,9 @@
 // and, where the trace holds the full tensor, the element-level difference.
 #include "replay/replay.h"
 
+#include "capture/layout.h"
+#include "replay/generation.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <omp.h>
@@ -496,6 +499,82 @@ void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepRep
   sr.kernels_equal = true;
 }
 
+// A generation step: the engine runs again with the recorded requests and settings; every request's
+// reports, laid out as a prefill of its computed tokens (capture/generation.h), are verified against
+// the recorded digests in execution order, then the sampled tokens, their log-probs and the generator
+// counters are compared. A divergence names the request, the position and the decode step.
+static StepReplay replay_generation_step(const TraceReader& r, int index, const TraceStepInfo& info,
+                                         const Weights& w, const ReplayOptions& opt) {
+  StepReplay sr;
+  sr.step = index;
+  sr.threads = opt.threads > 0 ? opt.threads : info.threads;
+  const GenerationRecord g = *r.generation(index);
+  const int n = int(info.seq_lengths.size());
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<DigestTable> tables;
+  std::vector<SeqDecisions> recorded;
+  for (int s = 0; s < n; ++s) {
+    toks.push_back(r.tokens(index, s));
+    tables.push_back(r.digests(index, s));
+    recorded.push_back(read_decisions(r, index, s));
+  }
+  rollout::EngineOptions eo = recorded_engine_options(g, profile_by_name(info.profile));
+  eo.device = opt.device;
+  eo.threads = sr.threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  CollectedGeneration c =
+      run_collected(w, recorded_requests(g, toks), eo, [](std::string_view, int) { return true; });
+  sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Verifier v(r, index, std::move(tables), sr);
+  for (int s = 0; s < n; ++s)
+    c.collector->emit(s, int64_t(c.computed[size_t(s)].size()), s, c.gens[size_t(s)].logprobs, v);
+  v.finish();
+  sr.decision_changes = compare_decisions_with(v.log, recorded);
+  // The sampling record: tokens, log-probs (bits) and generator counters, request by request.
+  for (int s = 0; s < n && !sr.first; ++s) {
+    const GenerationRequestRecord& want = g.requests[size_t(s)];
+    const rollout::Generation& got = c.gens[size_t(s)];
+    const size_t m = std::max(want.tokens.size(), got.tokens.size());
+    for (size_t i = 0; i < m; ++i) {
+      const bool tok = i >= want.tokens.size() || i >= got.tokens.size() || want.tokens[i] != got.tokens[i];
+      const bool lp = !tok && std::memcmp(&want.logprobs[i], &got.logprobs[i], 4) != 0;
+      const bool ctr = !tok && !lp && want.counters[i] != got.counters[i];
+      if (!tok && !lp && !ctr) continue;
+      Divergence d;
+      d.step = index;
+      d.seq = s;
+      d.tensor = tok ? "generation:tokens" : lp ? "generation:logprobs" : "generation:counters";
+      d.row = int64_t(i);
+      d.reason = tok ? fmt::format("generated token {} of request '{}': {} recorded, {} replayed", i, want.id,
+                                   i < want.tokens.size() ? std::to_string(want.tokens[i]) : "none",
+                                   i < got.tokens.size() ? std::to_string(got.tokens[i]) : "none")
+                 : lp
+                     ? fmt::format("log-prob of generated token {} of request '{}': {} recorded, {} replayed",
+                                   i, want.id, want.logprobs[i], got.logprobs[i])
+                     : fmt::format("generator counter of token {} of request '{}' differs", i, want.id);
+      sr.first = std::move(d);
+      ++sr.records_differing;
+      break;
+    }
+  }
+  if (sr.first && sr.first->tensor.rfind("generation:", 0) != 0) {
+    // Name the place in the engine's schedule: a row of a per-group tensor is the group's last position.
+    Divergence& d = *sr.first;
+    int64_t pos = d.row;
+    if ((d.tensor == "attn.compressed_kv" || d.tensor == "indexer.k") && d.layer >= 0)
+      pos = (d.row + 1) * r.config().ratio(d.layer) - 1;
+    const std::string where = schedule_context(g, d.seq, pos);
+    if (!where.empty()) d.reason += " — " + where;
+  } else if (sr.first) {
+    Divergence& d = *sr.first;
+    const std::string where = schedule_context(g, d.seq, g.requests[size_t(d.seq)].prompt_length + d.row - 1);
+    if (!where.empty()) d.reason += " — drawn from the logits of " + where;
+  }
+  sr.kernels_note = "generation steps hold no kernel records";
+  sr.identical = !sr.first && sr.decision_changes.empty();
+  return sr;
+}
+
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   TraceReader r = TraceReader::open(trace);
   ReplayReport rep;
@@ -550,6 +629,15 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
 
   for (int index : selected) {
     const TraceStepInfo& info = steps[size_t(index)];
+    if (info.kind == trace_layout::kKindGenerate) {
+      if (source || opt.force_indexer || opt.force_routing)
+        throw InputError(
+            fmt::format("{}: step {} is a generation; it replays as recorded (forced decisions and "
+                        "counterfactuals apply to prefill steps)",
+                        trace, index));
+      rep.steps.push_back(replay_generation_step(r, index, info, w, opt));
+      continue;
+    }
     StepReplay sr;
     sr.step = index;
     sr.threads = opt.threads > 0 ? opt.threads : info.threads;

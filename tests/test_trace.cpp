@@ -250,7 +250,7 @@ TEST(Trace, FullRoundTripBothProfiles) {
   EXPECT_FALSE(fs::exists(path + ".incomplete"));
 
   const TraceReader t = TraceReader::open(path);
-  EXPECT_EQ(t.format_version(), kTraceFormatVersion);
+  EXPECT_EQ(t.format_version(), kPrefillFormatVersion);  // prefill steps only: still version 1
   EXPECT_EQ(t.producer().rfind("dsv4 ", 0), 0u);
   EXPECT_EQ(t.created().size(), 20u);  // 2026-01-01T00:00:00Z
   EXPECT_EQ(t.env(), header().env);
@@ -559,7 +559,7 @@ TEST(Trace, ForeignAndDamagedFiles) {
     H5Fclose(f);
   }
   expect_error<UnsupportedTraceVersion>(newer,
-                                        "format_version 999 is newer than this dsv4 reads (1); upgrade dsv4");
+                                        "format_version 999 is newer than this dsv4 reads (2); upgrade dsv4");
   expect_error<UnsupportedTraceVersion>(newer, "written by dsv4 ");
 
   const std::string truncated = d / "truncated.h5";

@@ -1,0 +1,73 @@
+// Raw edits of trace copies for the tests, with the HDF5 C API (no dsv4 code in between): what a
+// corrupted or doctored file looks like.
+#pragma once
+
+#include <hdf5.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dsv4::test {
+
+class H5Edit {
+ public:
+  explicit H5Edit(const std::filesystem::path& p) {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    f_ = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f_ < 0) throw std::runtime_error("cannot open " + p.string() + " for writing");
+  }
+  ~H5Edit() { H5Fclose(f_); }
+
+  // The whole dataset converted to T (mem: the matching native HDF5 type); dims in `dims`.
+  template <typename T>
+  std::vector<T> read(const std::string& path, hid_t mem, std::vector<hsize_t>* dims = nullptr) {
+    const hid_t ds = open(path);
+    const hid_t sp = H5Dget_space(ds);
+    std::vector<hsize_t> d(size_t(H5Sget_simple_extent_ndims(sp)));
+    H5Sget_simple_extent_dims(sp, d.data(), nullptr);
+    std::vector<T> v(size_t(H5Sget_simple_extent_npoints(sp)));
+    const herr_t rc = H5Dread(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Sclose(sp);
+    H5Dclose(ds);
+    if (rc < 0) throw std::runtime_error("cannot read " + path);
+    if (dims) *dims = d;
+    return v;
+  }
+  template <typename T>
+  void write(const std::string& path, hid_t mem, const std::vector<T>& v) {
+    const hid_t ds = open(path);
+    const herr_t rc = H5Dwrite(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+    if (rc < 0) throw std::runtime_error("cannot write " + path);
+  }
+  // Replaces a string attribute (the trace's attributes are variable-length UTF-8).
+  void set_attr(const std::string& object, const std::string& name, const std::string& value) {
+    const hid_t o = H5Oopen(f_, object.c_str(), H5P_DEFAULT);
+    if (o < 0) throw std::runtime_error("no object " + object);
+    if (H5Aexists(o, name.c_str()) > 0) H5Adelete(o, name.c_str());
+    const hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, H5T_VARIABLE);
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    const hid_t sp = H5Screate(H5S_SCALAR);
+    const hid_t a = H5Acreate2(o, name.c_str(), t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    const char* s = value.c_str();
+    const herr_t rc = a < 0 ? -1 : H5Awrite(a, t, &s);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Oclose(o);
+    if (rc < 0) throw std::runtime_error("cannot write attribute " + object + " " + name);
+  }
+
+ private:
+  hid_t open(const std::string& path) {
+    const hid_t ds = H5Dopen2(f_, path.c_str(), H5P_DEFAULT);
+    if (ds < 0) throw std::runtime_error("no dataset " + path);
+    return ds;
+  }
+  hid_t f_ = -1;
+};
+
+}  // namespace dsv4::test

@@ -1,0 +1,222 @@
+// Generations in traces: `record_generation` writes one step of kind "generate" (format version 2)
+// whose sequences are laid out exactly as a prefill of the computed tokens — so its digests, decisions
+// and log-probs equal those of a recorded prefill of the same tokens — plus the sampling record;
+// replay re-runs the engine and is bit-identical; a doctored token, log-prob or digest is named at
+// its request, position and decode step.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "capture/layout.h"
+#include "capture/record.h"
+#include "capture/trace_reader.h"
+#include "h5_edit.h"
+#include "model/error.h"
+#include "model/forward.h"
+#include "replay/generation.h"
+#include "replay/replay.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace dsv4 {
+namespace {
+
+namespace fs = std::filesystem;
+using test::tiny;
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    dir = fs::temp_directory_path() / ("dsv4-gen-" + std::to_string(::getpid()) + "-" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempDir() { fs::remove_all(dir); }
+};
+
+std::vector<rollout::Request> requests() {
+  std::vector<rollout::Request> out;
+  std::uniform_int_distribution<int32_t> tok(0, tiny().config().vocab_size - 1);
+  for (int i = 0; i < 4; ++i) {
+    rollout::Request q;
+    q.id = "r" + std::to_string(i);
+    const int len = i == 3 ? 41 : 5 + 17 * i;  // r3 repeats r2's prompt and forks its cache
+    std::mt19937_64 pg(i == 3 ? 2 : i);
+    for (int t = 0; t < len; ++t) q.prompt.push_back(tok(pg));
+    q.max_new_tokens = 9 + i;
+    q.sampling.temperature = i == 1 ? 0.0f : 0.9f;
+    q.sampling.top_p = 0.95f;
+    q.sampling.seed = 4;
+    out.push_back(q);
+  }
+  return out;
+}
+
+rollout::EngineOptions engine_options() {
+  rollout::EngineOptions o;
+  o.profile = profile_rollout();
+  o.max_batch = 2;
+  o.prefill_chunk = 7;
+  o.page_size = 8;
+  return o;
+}
+
+TEST(GenerationTrace, RecordsAPrefillLayoutAndReplaysBitIdentically) {
+  TempDir tmp;
+  const std::string path = (tmp.dir / "gen.h5").string();
+  GenerateRecordOptions ro;
+  ro.capture = "decisions,logits";
+  ro.seed = 7;
+  const CollectedGeneration c = record_generation(tiny(), requests(), engine_options(), path, ro);
+  ASSERT_EQ(c.gens.size(), 4u);
+  EXPECT_EQ(c.gens[3].prefix_source, 2);
+
+  const TraceReader r = TraceReader::open(path);
+  EXPECT_EQ(r.format_version(), 2);
+  const auto steps = r.steps();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, "generate");
+  const auto g = r.generation(0);
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->requests.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(g->requests[i].tokens, c.gens[i].tokens);
+    EXPECT_TRUE(test::bitwise_equal(g->requests[i].logprobs, c.gens[i].logprobs));
+    EXPECT_EQ(r.tokens(0, int(i)), c.computed[i]);
+  }
+  EXPECT_FALSE(g->schedule.empty());
+
+  // The same computed tokens recorded as a prefill in the same profile: the same digests, decisions
+  // and log-probs, sequence by sequence.
+  const std::string prefill = (tmp.dir / "prefill.h5").string();
+  RecordOptions po;
+  po.profile = "rollout";
+  po.capture = "decisions";
+  record_step(tiny(), c.computed, prefill, po);
+  const TraceReader p = TraceReader::open(prefill);
+  const auto reqs = requests();
+  for (int s = 0; s < 4; ++s) {
+    // Every digest but the log-probs' (the prefill records them at temperature 1, a generation at each
+    // request's sampling temperature).
+    const DigestTable a = r.digests(0, s), b = p.digests(0, s);
+    ASSERT_EQ(a.records.size(), b.records.size());
+    int64_t rows = 0;
+    for (size_t i = 0; i < a.records.size(); ++i) {
+      ASSERT_EQ(a.records[i].name, b.records[i].name);
+      if (a.records[i].name == "logprobs") continue;
+      for (int64_t j = 0; j < a.records[i].rows; ++j, ++rows)
+        ASSERT_EQ(a.values[size_t(a.records[i].first + j)], b.values[size_t(b.records[i].first + j)])
+            << "sequence " << s << " " << a.records[i].name << " layer " << a.records[i].layer << " row "
+            << j;
+    }
+    EXPECT_GT(rows, 0);
+    RunOptions fo;
+    fo.profile = profile_rollout();
+    fo.temperature = reqs[size_t(s)].sampling.temperature > 0 ? reqs[size_t(s)].sampling.temperature : 1.0f;
+    const auto lp = forward(tiny(), {c.computed[size_t(s)]}, fo).seqs[0].logprobs;
+    EXPECT_TRUE(test::bitwise_equal(r.logprobs(0, s), lp)) << "sequence " << s;
+    for (int L : r.decision_layers(0, s)) {
+      const auto a = r.indexer(0, s, L), b = p.indexer(0, s, L);
+      ASSERT_EQ(a.has_value(), b.has_value());
+      if (a) EXPECT_EQ(a->ids, b->ids) << "indexer layer " << L;
+      const auto ra = r.routing(0, s, L), rb = p.routing(0, s, L);
+      ASSERT_TRUE(ra && rb);
+      EXPECT_EQ(ra->ids, rb->ids);
+    }
+  }
+
+  ReplayOptions opt;
+  const ReplayReport rep = replay_trace(path, opt);
+  ASSERT_EQ(rep.steps.size(), 1u);
+  EXPECT_TRUE(rep.identical()) << (rep.steps[0].first ? rep.steps[0].first->reason : "decision changes");
+  EXPECT_GT(rep.steps[0].records_compared, 0);
+  // A second prefill-recorded step in the same file stays version-2 readable; the prefill trace alone
+  // is version 1.
+  EXPECT_EQ(p.format_version(), 1);
+}
+
+TEST(GenerationTrace, DoctoredTraceIsNamedAtTheRightPlace) {
+  TempDir tmp;
+  const std::string path = (tmp.dir / "gen.h5").string();
+  GenerateRecordOptions ro;
+  ro.seed = 7;
+  const CollectedGeneration c = record_generation(tiny(), requests(), engine_options(), path, ro);
+
+  {  // a generated token
+    const std::string bad = (tmp.dir / "token.h5").string();
+    fs::copy_file(path, bad);
+    {
+      test::H5Edit e(bad);
+      auto toks = e.read<int32_t>("/steps/000000/seq_001/generation/tokens", H5T_NATIVE_INT32);
+      toks[4] = (toks[4] + 1) % tiny().config().vocab_size;
+      e.write("/steps/000000/seq_001/generation/tokens", H5T_NATIVE_INT32, toks);
+    }
+    const ReplayReport rep = replay_trace(bad, {});
+    ASSERT_TRUE(rep.steps[0].first);
+    const Divergence& d = *rep.steps[0].first;
+    EXPECT_EQ(d.seq, 1);
+    EXPECT_EQ(d.tensor, "generation:tokens");
+    EXPECT_EQ(d.row, 4);
+    EXPECT_NE(d.reason.find("request 'r1'"), std::string::npos) << d.reason;
+    EXPECT_NE(d.reason.find("decode step 3"), std::string::npos) << d.reason;
+  }
+  {  // a digest of a decode row: attn.q of layer 2 at the request's second generated position
+    const std::string bad = (tmp.dir / "digest.h5").string();
+    fs::copy_file(path, bad);
+    const TraceReader r = TraceReader::open(path);
+    const DigestTable t = r.digests(0, 2);
+    const int64_t P = int64_t(requests()[2].prompt.size());
+    int64_t first = -1;
+    for (const auto& rec : t.records)
+      if (rec.name == "attn.q" && rec.layer == 2) first = rec.first;
+    ASSERT_GE(first, 0);
+    {
+      test::H5Edit e(bad);
+      auto v = e.read<uint64_t>("/steps/000000/seq_002/digests/value", H5T_NATIVE_UINT64);
+      v[size_t(first + P + 1)] ^= 1;
+      e.write("/steps/000000/seq_002/digests/value", H5T_NATIVE_UINT64, v);
+    }
+    const ReplayReport rep = replay_trace(bad, {});
+    ASSERT_TRUE(rep.steps[0].first);
+    const Divergence& d = *rep.steps[0].first;
+    EXPECT_EQ(d.seq, 2);
+    EXPECT_EQ(d.layer, 2);
+    EXPECT_EQ(d.tensor, "attn.q");
+    EXPECT_EQ(d.row, P + 1);
+    EXPECT_NE(d.reason.find("decode step 1"), std::string::npos) << d.reason;
+  }
+  {  // a log-prob of a generated token
+    const std::string bad = (tmp.dir / "logprob.h5").string();
+    fs::copy_file(path, bad);
+    {
+      test::H5Edit e(bad);
+      auto lp = e.read<float>("/steps/000000/seq_000/generation/logprobs", H5T_NATIVE_FLOAT);
+      lp[2] = std::nextafter(lp[2], 0.0f);
+      e.write("/steps/000000/seq_000/generation/logprobs", H5T_NATIVE_FLOAT, lp);
+    }
+    const ReplayReport rep = replay_trace(bad, {});
+    ASSERT_TRUE(rep.steps[0].first);
+    EXPECT_EQ(rep.steps[0].first->tensor, "generation:logprobs");
+    EXPECT_EQ(rep.steps[0].first->row, 2);
+  }
+}
+
+TEST(GenerationTrace, ForcedDecisionsAreRefusedOnGenerationSteps) {
+  TempDir tmp;
+  const std::string path = (tmp.dir / "gen.h5").string();
+  GenerateRecordOptions ro;
+  record_generation(tiny(), {requests()[0]}, engine_options(), path, ro);
+  ReplayOptions opt;
+  opt.force_routing = true;
+  try {
+    replay_trace(path, opt);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("generation"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
