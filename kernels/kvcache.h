@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/numerics/hd.h"
+
 namespace dsv4 {
 
 // One cached row of `dim` values: the first `fp8_dims` as e4m3 codes with one power-of-two (ue8m0)
@@ -17,8 +19,8 @@ struct KvRowFormat {
   int64_t dim = 0;
   int64_t fp8_dims = 0;
   int block = 64;
-  int64_t scales() const { return fp8_dims > 0 ? fp8_dims / block : 0; }
-  int64_t bytes() const { return fp8_dims + scales() + 2 * (dim - fp8_dims); }
+  DSV4_HD int64_t scales() const { return fp8_dims > 0 ? fp8_dims / block : 0; }
+  DSV4_HD int64_t bytes() const { return fp8_dims + scales() + 2 * (dim - fp8_dims); }
   friend bool operator==(const KvRowFormat&, const KvRowFormat&) = default;
 };
 const char* kv_row_format_check(const KvRowFormat& f);
