@@ -2,7 +2,7 @@
 // "mid" preset, per-op times of one layer (a mid-preset C4 layer and a Flash-shaped attention layer:
 // hidden 4096, 64 heads, head dim 512, window 128, C4 with indexer top-512, fewer experts), and the
 // card's measured copy bandwidth and exact-GEMM rate as the roofline references (the GEMM also with
-// the previous kernel, cuda::gemm_baseline, there and at the Flash projection shapes). With cuBLAS
+// the tiled kernel, cuda::gemm_tiled, there and at the Flash projection shapes). With cuBLAS
 // (DSV4_HAVE_CUBLAS) the card's bf16 tensor-core GEMM rate is measured too, and each op also gets a
 // hardware roofline: max(bytes / copy bandwidth, FLOPs / bf16 rate), what a tensor-core
 // implementation could reach; exact mode (fp32 fma in the CPU order) cannot. A plain timer
@@ -163,10 +163,10 @@ struct Dumper {
 };
 
 struct Roofline {
-  double copy_gbs = 0;         // device-to-device copy bandwidth (read + write bytes / s)
-  double gemm_gflops = 0;      // exact fp32 GEMM rate at a large square shape (cuda::gemm)
-  double baseline_gflops = 0;  // the same with the previous kernel (cuda::gemm_baseline)
-  double bf16_gflops = 0;      // cuBLAS bf16 tensor-core GEMM (fp32 accumulate) at 8192^3; 0 without cuBLAS
+  double copy_gbs = 0;      // device-to-device copy bandwidth (read + write bytes / s)
+  double gemm_gflops = 0;   // exact fp32 GEMM rate at a large square shape (cuda::gemm)
+  double tiled_gflops = 0;  // the same with the tiled kernel (cuda::gemm_tiled)
+  double bf16_gflops = 0;   // cuBLAS bf16 tensor-core GEMM (fp32 accumulate) at 8192^3; 0 without cuBLAS
 };
 
 // GFLOP/s of a cuBLAS bf16 GEMM (inputs bf16, fp32 compute and output) at m = n = k: the card's
@@ -200,7 +200,7 @@ double bf16_gemm_gflops(int64_t m) {
 #endif
 }
 
-// GFLOP/s of cuda::gemm and of cuda::gemm_baseline on one m x n x k GEMM (dense rows).
+// GFLOP/s of cuda::gemm and of cuda::gemm_tiled on one m x n x k GEMM (dense rows).
 std::pair<double, double> gemm_rates(int64_t m, int64_t n, int64_t k, ReduceOrder order) {
   Dev d;
   GemmParams g;
@@ -208,7 +208,7 @@ std::pair<double, double> gemm_rates(int64_t m, int64_t n, int64_t k, ReduceOrde
   g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
   const double flop = 2.0 * double(m) * double(n) * double(k);
   const double ms = time_ms([&] { cuda::gemm(g, nullptr); });
-  const double base_ms = time_ms([&] { cuda::gemm_baseline(g, nullptr); });
+  const double base_ms = time_ms([&] { cuda::gemm_tiled(g, nullptr); });
   return {flop / (ms * 1e6), flop / (base_ms * 1e6)};
 }
 
@@ -224,7 +224,7 @@ Roofline measure_roofline(bool quick) {
   cudaFree(a);
   cudaFree(b);
   const int64_t m = quick ? 1024 : 4096;
-  std::tie(r.gemm_gflops, r.baseline_gflops) = gemm_rates(m, m, m, ReduceOrder{});
+  std::tie(r.gemm_gflops, r.tiled_gflops) = gemm_rates(m, m, m, ReduceOrder{});
   r.bf16_gflops = bf16_gemm_gflops(quick ? 4096 : 8192);
   return r;
 }
@@ -233,9 +233,8 @@ Roofline measure_roofline(bool quick) {
 // both reduction orders.
 void print_gemm_table(bool quick) {
   const int64_t m = quick ? 1024 : 8192;
-  std::printf("\nExact GEMM, GFLOP/s (m=%ld): cuda::gemm vs cuda::gemm_baseline\n", long(m));
-  std::printf("%-18s %10s %10s %7s %10s %10s %7s\n", "n x k", "chain", "baseline", "x", "block64", "baseline",
-              "x");
+  std::printf("\nExact GEMM, GFLOP/s (m=%ld): cuda::gemm vs cuda::gemm_tiled\n", long(m));
+  std::printf("%-18s %10s %10s %7s %10s %10s %7s\n", "n x k", "chain", "tiled", "x", "block64", "tiled", "x");
   for (const auto& [n, k] :
        std::vector<std::pair<int64_t, int64_t>>{{1024, 4096}, {32768, 1024}, {4096, 8192}}) {
     const auto [c, cb] = gemm_rates(m, n, k, ReduceOrder{});
@@ -380,7 +379,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     const double flops = 2.0 * T * (G / 2) * s.Hi * s.Di,
                  bytes = 4.0 * (T * s.Hi * s.Di + T * (G / 2) * s.Di);
     add("indexer_topk", flops, bytes, [=] { cuda::indexer_topk(p, nullptr); });
-    add("indexer_topk (baseline)", flops, bytes, [=] { cuda::indexer_topk_baseline(p, nullptr); });
+    add("indexer_topk_row_per_block", flops, bytes, [=] { cuda::indexer_topk_row_per_block(p, nullptr); });
     out.back().in_total = false;  // the same op again: not part of the layer
   }
   int32_t* idx = d.upload(std::vector<int32_t>(size_t(T * K)));
@@ -608,10 +607,10 @@ int main(int argc, char** argv) {
     const Roofline rf = measure_roofline(quick);
     std::printf("roofline references: device copy %.0f GB/s, exact fp32 GEMM %.0f GFLOP/s\n", rf.copy_gbs,
                 rf.gemm_gflops);
-    std::printf("exact fp32 GEMM with the baseline kernel: %.0f GFLOP/s (new kernel x%.2f)\n",
-                rf.baseline_gflops, rf.gemm_gflops / rf.baseline_gflops);
-    std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\nRESULT baseline_gemm_gflops %.1f\n",
-                rf.copy_gbs, rf.gemm_gflops, rf.baseline_gflops);
+    std::printf("exact fp32 GEMM with the tiled kernel: %.0f GFLOP/s (lane-split kernel x%.2f)\n",
+                rf.tiled_gflops, rf.gemm_gflops / rf.tiled_gflops);
+    std::printf("RESULT copy_gbs %.1f\nRESULT exact_gemm_gflops %.1f\nRESULT tiled_gemm_gflops %.1f\n",
+                rf.copy_gbs, rf.gemm_gflops, rf.tiled_gflops);
     if (rf.bf16_gflops > 0) {
       std::printf("bf16 tensor-core GEMM (cuBLAS): %.0f GFLOP/s\n", rf.bf16_gflops);
       std::printf("RESULT bf16_gemm_gflops %.1f\n", rf.bf16_gflops);

@@ -118,13 +118,15 @@ struct Msg {
   DType dtype = DType::f32;
   Sublayer sub = Sublayer::attn;
   int64_t T = 0;
-  int k = 0;
+  int k = 0;  // indexer, routing: ids per row; mhc: hc
   bool hashed = false;
   bool store = false;  // tensor: write `bytes` to tensors/<name>/<layer>
   std::vector<uint64_t> digests;
   std::vector<uint8_t> bytes;
-  std::vector<int32_t> ids;
-  std::vector<float> a, b, c;  // indexer: margin; routing: weights, margin; mhc: pre, post, comb
+  std::vector<int32_t> ids;            // indexer, routing
+  std::vector<float> margin;           // indexer, routing
+  std::vector<float> weights;          // routing
+  std::vector<float> pre, post, comb;  // mhc
 };
 
 // What the writer thread knows about one sequence of the open step.
@@ -550,7 +552,7 @@ struct TraceWriter::Impl {
     h5::Object ds = open_in_seq(L, d + kIndexerGaps);
     h5::set_extent(ds, {hsize_t(gaps.size())});
     write_narrowed(ds, L.gap_type, gaps);
-    h5::write(open_in_seq(L, d + kIndexerMargin), m.a);
+    h5::write(open_in_seq(L, d + kIndexerMargin), m.margin);
     done_decision(L, m, "indexer");
   }
 
@@ -573,8 +575,8 @@ struct TraceWriter::Impl {
     h5::Object ex = open_in_seq(L, d + kExperts);
     write_narrowed(ex, unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0))), ids);
     const h5::Object wts = open_in_seq(L, d + kExpertWeights), margin = open_in_seq(L, d + kRouterMargin);
-    h5::write_all(
-        {{&wts, h5::Type::f32, m.a.data(), m.a.size()}, {&margin, h5::Type::f32, m.b.data(), m.b.size()}});
+    h5::write_all({{&wts, h5::Type::f32, m.weights.data(), m.weights.size()},
+                   {&margin, h5::Type::f32, m.margin.data(), m.margin.size()}});
     done_decision(L, m, "routing");
   }
 
@@ -588,9 +590,9 @@ struct TraceWriter::Impl {
     const h5::Object pre = open_in_seq(L, d + mhc_name(sub, "pre")),
                      post = open_in_seq(L, d + mhc_name(sub, "post")),
                      comb = open_in_seq(L, d + mhc_name(sub, "comb"));
-    h5::write_all({{&pre, h5::Type::f32, m.a.data(), m.a.size()},
-                   {&post, h5::Type::f32, m.b.data(), m.b.size()},
-                   {&comb, h5::Type::f32, m.c.data(), m.c.size()}});
+    h5::write_all({{&pre, h5::Type::f32, m.pre.data(), m.pre.size()},
+                   {&post, h5::Type::f32, m.post.data(), m.post.size()},
+                   {&comb, h5::Type::f32, m.comb.data(), m.comb.size()}});
     done_decision(L, m, mhc_name(sub));
   }
 
@@ -710,8 +712,8 @@ class StepObserver : public Observer {
     m.T = d.T;
     m.k = d.k;
     m.ids.assign(d.ids, d.ids + d.T * d.k);
-    m.a.assign(d.margin, d.margin + d.T);
-    m.cost = int64_t(m.ids.size() * 4 + m.a.size() * 4) + 64;
+    m.margin.assign(d.margin, d.margin + d.T);
+    m.cost = int64_t(m.ids.size() * 4 + m.margin.size() * 4) + 64;
     w_.push(std::move(m));
   }
 
@@ -724,9 +726,9 @@ class StepObserver : public Observer {
     m.k = d.k;
     m.hashed = d.hashed;
     m.ids.assign(d.ids, d.ids + d.T * d.k);
-    m.a.assign(d.weights, d.weights + d.T * d.k);
-    m.b.assign(d.margin, d.margin + d.T);
-    m.cost = int64_t((m.ids.size() + m.a.size() + m.b.size()) * 4) + 64;
+    m.weights.assign(d.weights, d.weights + d.T * d.k);
+    m.margin.assign(d.margin, d.margin + d.T);
+    m.cost = int64_t((m.ids.size() + m.weights.size() + m.margin.size()) * 4) + 64;
     w_.push(std::move(m));
   }
 
@@ -738,10 +740,10 @@ class StepObserver : public Observer {
     m.sub = d.sublayer;
     m.T = d.T;
     m.k = d.hc;
-    m.a.assign(d.pre, d.pre + d.T * d.hc);
-    m.b.assign(d.post, d.post + d.T * d.hc);
-    m.c.assign(d.comb, d.comb + d.T * d.hc * d.hc);
-    m.cost = int64_t((m.a.size() + m.b.size() + m.c.size()) * 4) + 64;
+    m.pre.assign(d.pre, d.pre + d.T * d.hc);
+    m.post.assign(d.post, d.post + d.T * d.hc);
+    m.comb.assign(d.comb, d.comb + d.T * d.hc * d.hc);
+    m.cost = int64_t((m.pre.size() + m.post.size() + m.comb.size()) * 4) + 64;
     w_.push(std::move(m));
   }
 

@@ -1,5 +1,5 @@
-// Checking a trace against traces/FORMAT.md and the recorded model config, and salvaging the whole
-// steps of a trace whose recorder died.
+// Checking a trace against traces/FORMAT.md and the recorded model config (salvaging the whole steps
+// of a trace whose recorder died: capture/salvage.h).
 #pragma once
 
 #include <string>
@@ -32,9 +32,5 @@ struct ValidateReport {
 // the manifest and nothing else, log-probs finite and <= 0, status flags. Never throws for a bad
 // trace: every finding is a problem in the report.
 ValidateReport validate_trace(const std::string& path);
-
-// Copies /meta and every complete step of `in` into a new trace `out` (steps renumbered from 0).
-// Returns the number of steps copied; throws TraceError when none can be read.
-int salvage_trace(const std::string& in, const std::string& out);
 
 }  // namespace dsv4

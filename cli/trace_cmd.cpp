@@ -15,6 +15,7 @@
 
 #include "capture/errors.h"
 #include "capture/record.h"
+#include "capture/salvage.h"
 #include "capture/trace_reader.h"
 #include "capture/trace_writer.h"
 #include "capture/validate.h"

@@ -1,15 +1,14 @@
-// The host-side error vocabulary. Messages name the thing (file, tensor, field, layer, token) and say
-// what was expected and what was found. Library code throws; only cli/ decides exit codes.
+// The host-side error vocabulary: the root Error (kernels/error.h) and the input errors. Messages
+// name the thing (file, tensor, field, layer, token) and say what was expected and what was found.
+// Library code throws; only cli/ decides exit codes.
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include "kernels/error.h"
 
 namespace dsv4 {
 
-struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 // Bad user input (files, configs, arguments, forced decisions): the CLI exits with 2.
 struct InputError : Error {
   using Error::Error;

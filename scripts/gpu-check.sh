@@ -200,13 +200,13 @@ fi
   printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
   printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
   if [[ -f "$logs/bench_gpu.log" ]]; then
-    grep -E "^RESULT (tokens_per_s|copy_gbs|exact_gemm_gflops|baseline_gemm_gflops|bf16_gemm_gflops)" "$logs/bench_gpu.log" |
+    grep -E "^RESULT (tokens_per_s|copy_gbs|exact_gemm_gflops|tiled_gemm_gflops|bf16_gemm_gflops)" "$logs/bench_gpu.log" |
       sed -E 's/^RESULT //' | while read -r key rest; do
         case "$key" in
           tokens_per_s) set -- $rest; printf '%-34s %s tokens/s\n' "tokens/s $1 $2 $3" "$4" ;;
           copy_gbs) printf '%-34s %s GB/s\n' "device copy bandwidth" "$rest" ;;
           exact_gemm_gflops) printf '%-34s %s GFLOP/s\n' "exact fp32 GEMM" "$rest" ;;
-          baseline_gemm_gflops) printf '%-34s %s GFLOP/s\n' "exact fp32 GEMM (baseline kernel)" "$rest" ;;
+          tiled_gemm_gflops) printf '%-34s %s GFLOP/s\n' "exact fp32 GEMM (tiled kernel)" "$rest" ;;
           bf16_gemm_gflops) printf '%-34s %s GFLOP/s\n' "bf16 tensor-core GEMM (cuBLAS)" "$rest" ;;
         esac
       done

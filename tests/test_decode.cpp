@@ -14,18 +14,12 @@
 #include "rollout/kv_cache.h"
 #include "rollout_test_util.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
-const Weights& tiny_b() {
-  static const Weights w = Weights::init(preset("tiny-b"), 11);
-  return w;
-}
+using test::tiny;
 
 std::vector<int32_t> tokens_for(const ModelConfig& c, int64_t T, uint64_t seed) {
   std::mt19937_64 g(seed);
@@ -111,7 +105,7 @@ struct Case {
 
 class DecodeEquivalence : public ::testing::TestWithParam<Case> {
  protected:
-  const Weights& weights() const { return std::string(GetParam().preset) == "tiny" ? tiny() : tiny_b(); }
+  const Weights& weights() const { return test::tiny_by_name(GetParam().preset); }
   NumericsProfile profile() const { return profile_by_name(GetParam().profile); }
 };
 

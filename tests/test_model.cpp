@@ -21,10 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using test::tiny;
-const Weights& tiny_b() {
-  static const Weights w = Weights::init(preset("tiny-b"), 11);
-  return w;
-}
+using test::tiny_b;
 
 struct Run {
   SequenceResult result;

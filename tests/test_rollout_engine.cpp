@@ -12,6 +12,7 @@
 #include "rollout/engine.h"
 #include "rollout_test_util.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
@@ -21,10 +22,7 @@ using rollout::EngineOptions;
 using rollout::Generation;
 using rollout::Request;
 
-const Weights& tiny() {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  return w;
-}
+using test::tiny;
 
 std::vector<int32_t> random_prompt(int64_t n, uint64_t seed) {
   std::mt19937_64 g(seed);

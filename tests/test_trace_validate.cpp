@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "capture/errors.h"
+#include "capture/salvage.h"
 #include "capture/trace_writer.h"
 #include "capture/validate.h"
 #include "model/config.h"

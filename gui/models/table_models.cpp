@@ -22,6 +22,22 @@ QVariant right_aligned() {
   return QVariant::fromValue(Qt::Alignment(Qt::AlignRight | Qt::AlignVCenter));
 }
 
+// A cell of the set tables (indexer groups, experts): `value(column)` before the set column (3), the
+// set's label and colour in it, the side under SetTableModel::SideRole.
+template <typename Value>
+QVariant set_cell(int column, int role, SetSide side, bool comparison, Value value) {
+  switch (role) {
+    case Qt::DisplayRole:
+      return column == 3 ? QVariant(set_label(side, comparison)) : value(column);
+    case Qt::ForegroundRole:
+      return column == 3 ? QVariant(set_color(side)) : QVariant();
+    case SetTableModel::SideRole:
+      return int(side);
+    default:
+      return {};
+  }
+}
+
 const TraceStepInfo* step_info(const TraceInfo& t) {
   for (const auto& s : t.steps)
     if (s.index == t.step) return &s;
@@ -55,9 +71,26 @@ QString set_label(SetSide s, bool comparison) {
   return {};
 }
 
+// ---- ColumnTableModel ------------------------------------------------------------------------
+
+int ColumnTableModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : rows();
+}
+
+int ColumnTableModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : int(columns().size());
+}
+
+QVariant ColumnTableModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (role != Qt::DisplayRole || o != Qt::Horizontal)
+    return QAbstractTableModel::headerData(section, o, role);
+  const QStringList names = columns();
+  return section >= 0 && section < names.size() ? QVariant(names[section]) : QVariant();
+}
+
 // ---- TokenModel ------------------------------------------------------------------------------
 
-TokenModel::TokenModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
+TokenModel::TokenModel(TraceDocument* doc, QObject* parent) : ColumnTableModel(parent), doc_(doc) {
   connect(doc_, &TraceDocument::datasetReset, this, [this] {
     beginResetModel();
     if (seq_ >= doc_->data().seq_count()) seq_ = 0;
@@ -81,13 +114,16 @@ void TokenModel::setSeq(int seq) {
   endResetModel();
 }
 
-int TokenModel::rowCount(const QModelIndex& parent) const {
+int TokenModel::rows() const {
   const SeqTokens* s = tokens();
-  return parent.isValid() || !s ? 0 : int(s->logprobs_a.size());
+  return s ? int(s->logprobs_a.size()) : 0;
 }
 
-int TokenModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : (comparison() ? 6 : 3);
+QStringList TokenModel::columns() const {
+  if (!comparison())
+    return {QStringLiteral("position"), QStringLiteral("next token"), QStringLiteral("log p")};
+  return {QStringLiteral("position"), QStringLiteral("next token"), QStringLiteral("log p A"),
+          QStringLiteral("log p B"),  QStringLiteral("|Δ|"),        QStringLiteral("p_B / p_A")};
 }
 
 QVariant TokenModel::data(const QModelIndex& index, int role) const {
@@ -116,18 +152,9 @@ QVariant TokenModel::data(const QModelIndex& index, int role) const {
   }
 }
 
-QVariant TokenModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  static const char* names[] = {"position", "next token", "log p A", "log p B", "|Δ|", "p_B / p_A"};
-  if (section < 0 || section >= columnCount()) return {};
-  if (!comparison() && section == LogprobA) return QStringLiteral("log p");
-  return QString::fromUtf8(names[section]);
-}
-
 // ---- SummaryModel ----------------------------------------------------------------------------
 
-SummaryModel::SummaryModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
+SummaryModel::SummaryModel(TraceDocument* doc, QObject* parent) : ColumnTableModel(parent), doc_(doc) {
   auto reset = [this] {
     beginResetModel();
     rebuild();
@@ -207,11 +234,11 @@ void SummaryModel::rebuild() {
   if (!r.unmatched.empty()) add(QStringLiteral("unmatched records"), QString::number(r.unmatched.size()));
 }
 
-int SummaryModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : int(lines_.size());
+int SummaryModel::rows() const {
+  return int(lines_.size());
 }
-int SummaryModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : 2;
+QStringList SummaryModel::columns() const {
+  return {QStringLiteral("quantity"), QStringLiteral("value")};
 }
 
 QVariant SummaryModel::data(const QModelIndex& index, int role) const {
@@ -219,12 +246,6 @@ QVariant SummaryModel::data(const QModelIndex& index, int role) const {
   if (role != Qt::DisplayRole && role != Qt::ToolTipRole) return {};
   const auto& l = lines_[index.row()];
   return index.column() == 0 ? l.first : l.second;
-}
-
-QVariant SummaryModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  return section == 0 ? QStringLiteral("quantity") : section == 1 ? QStringLiteral("value") : QVariant();
 }
 
 QString SummaryModel::value(const QString& key) const {
@@ -235,7 +256,8 @@ QString SummaryModel::value(const QString& key) const {
 
 // ---- LayerDiffModel --------------------------------------------------------------------------
 
-LayerDiffModel::LayerDiffModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
+ReportTableModel::ReportTableModel(TraceDocument* doc, QObject* parent)
+    : ColumnTableModel(parent), doc_(doc) {
   auto reset = [this] {
     beginResetModel();
     endResetModel();
@@ -244,31 +266,30 @@ LayerDiffModel::LayerDiffModel(TraceDocument* doc, QObject* parent) : QAbstractT
   connect(doc_, &TraceDocument::reportLoaded, this, reset);
 }
 
-namespace {
-const char* kLayerColumns[] = {"layer",
-                               "ratio",
-                               "overlap mean",
-                               "overlap min",
-                               "indexer flips tie/conf",
-                               "routing exact",
-                               "routing Jaccard",
-                               "routing flips tie/conf",
-                               "mHC comb max",
-                               "same-selection share",
-                               "rows out differing"};
-constexpr int kLayerColumnCount = 11;
-}  // namespace
-
-int LayerDiffModel::rowCount(const QModelIndex& parent) const {
+const DiffReport* ReportTableModel::report() const {
   const auto& r = doc_->data().report;
-  return parent.isValid() || !r ? 0 : int(r->layers.size());
+  return r ? &*r : nullptr;
 }
-int LayerDiffModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : kLayerColumnCount;
+
+int LayerDiffModel::rows() const {
+  return report() ? int(report()->layers.size()) : 0;
+}
+QStringList LayerDiffModel::columns() const {
+  return {QStringLiteral("layer"),
+          QStringLiteral("ratio"),
+          QStringLiteral("overlap mean"),
+          QStringLiteral("overlap min"),
+          QStringLiteral("indexer flips tie/conf"),
+          QStringLiteral("routing exact"),
+          QStringLiteral("routing Jaccard"),
+          QStringLiteral("routing flips tie/conf"),
+          QStringLiteral("mHC comb max"),
+          QStringLiteral("same-selection share"),
+          QStringLiteral("rows out differing")};
 }
 
 QVariant LayerDiffModel::data(const QModelIndex& index, int role) const {
-  const auto& r = doc_->data().report;
+  const DiffReport* r = report();
   if (!index.isValid() || !r || index.row() >= int(r->layers.size())) return {};
   if (role == Qt::TextAlignmentRole) return right_aligned();
   if (role != Qt::DisplayRole) return {};
@@ -306,40 +327,20 @@ QVariant LayerDiffModel::data(const QModelIndex& index, int role) const {
   }
 }
 
-QVariant LayerDiffModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  return section >= 0 && section < kLayerColumnCount ? QString::fromUtf8(kLayerColumns[section]) : QVariant();
-}
-
 // ---- TensorDiffModel -------------------------------------------------------------------------
 
-TensorDiffModel::TensorDiffModel(TraceDocument* doc, QObject* parent)
-    : QAbstractTableModel(parent), doc_(doc) {
-  auto reset = [this] {
-    beginResetModel();
-    endResetModel();
-  };
-  connect(doc_, &TraceDocument::datasetReset, this, reset);
-  connect(doc_, &TraceDocument::reportLoaded, this, reset);
+int TensorDiffModel::rows() const {
+  return report() ? int(report()->tensors.size()) : 0;
 }
-
-namespace {
-const char* kTensorColumns[] = {"tensor",  "layer",   "full",         "rows differing", "rel-L2",
-                                "max |Δ|", "max ulp", "non-finite Δ", "first differing"};
-constexpr int kTensorColumnCount = 9;
-}  // namespace
-
-int TensorDiffModel::rowCount(const QModelIndex& parent) const {
-  const auto& r = doc_->data().report;
-  return parent.isValid() || !r ? 0 : int(r->tensors.size());
-}
-int TensorDiffModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : kTensorColumnCount;
+QStringList TensorDiffModel::columns() const {
+  return {
+      QStringLiteral("tensor"),         QStringLiteral("layer"),        QStringLiteral("full"),
+      QStringLiteral("rows differing"), QStringLiteral("rel-L2"),       QStringLiteral("max |Δ|"),
+      QStringLiteral("max ulp"),        QStringLiteral("non-finite Δ"), QStringLiteral("first differing")};
 }
 
 QVariant TensorDiffModel::data(const QModelIndex& index, int role) const {
-  const auto& r = doc_->data().report;
+  const DiffReport* r = report();
   if (!index.isValid() || !r || index.row() >= int(r->tensors.size())) return {};
   const TensorDiff& t = r->tensors[index.row()];
   if (role == Qt::BackgroundRole)
@@ -372,22 +373,18 @@ QVariant TensorDiffModel::data(const QModelIndex& index, int role) const {
   }
 }
 
-QVariant TensorDiffModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  return section >= 0 && section < kTensorColumnCount ? QString::fromUtf8(kTensorColumns[section])
-                                                      : QVariant();
-}
+// ---- DatasetTableModel -----------------------------------------------------------------------
 
-// ---- EnvModel --------------------------------------------------------------------------------
-
-EnvModel::EnvModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
+DatasetTableModel::DatasetTableModel(TraceDocument* doc, QObject* parent)
+    : ColumnTableModel(parent), doc_(doc) {
   connect(doc_, &TraceDocument::datasetReset, this, [this] {
     beginResetModel();
     rebuild();
     endResetModel();
   });
 }
+
+// ---- EnvModel --------------------------------------------------------------------------------
 
 void EnvModel::rebuild() {
   rows_.clear();
@@ -428,11 +425,12 @@ void EnvModel::rebuild() {
   step_field(QStringLiteral("step capture"), [](const TraceStepInfo& s) { return s.capture; });
 }
 
-int EnvModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : int(rows_.size());
+int EnvModel::rows() const {
+  return int(rows_.size());
 }
-int EnvModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : (doc_->data().comparison() ? 3 : 2);
+QStringList EnvModel::columns() const {
+  if (!doc_->data().comparison()) return {QStringLiteral("key"), QStringLiteral("value")};
+  return {QStringLiteral("key"), QStringLiteral("A (reference)"), QStringLiteral("B (candidate)")};
 }
 
 QVariant EnvModel::data(const QModelIndex& index, int role) const {
@@ -446,21 +444,6 @@ QVariant EnvModel::data(const QModelIndex& index, int role) const {
       return r.differs ? QVariant(QColor(0xfd, 0xe0, 0xdd)) : QVariant();
     case DiffersRole:
       return r.differs;
-    default:
-      return {};
-  }
-}
-
-QVariant EnvModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  switch (section) {
-    case 0:
-      return QStringLiteral("key");
-    case 1:
-      return doc_->data().comparison() ? QStringLiteral("A (reference)") : QStringLiteral("value");
-    case 2:
-      return QStringLiteral("B (candidate)");
     default:
       return {};
   }
@@ -491,14 +474,6 @@ QString micros(const KernelRecord& k) {
 }
 
 }  // namespace
-
-KernelModel::KernelModel(TraceDocument* doc, QObject* parent) : QAbstractTableModel(parent), doc_(doc) {
-  connect(doc_, &TraceDocument::datasetReset, this, [this] {
-    beginResetModel();
-    rebuild();
-    endResetModel();
-  });
-}
 
 void KernelModel::rebuild() {
   rows_.clear();
@@ -549,11 +524,16 @@ void KernelModel::rebuild() {
   }
 }
 
-int KernelModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : int(rows_.size());
+int KernelModel::rows() const {
+  return int(rows_.size());
 }
-int KernelModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : (doc_->data().comparison() ? 7 : 5);
+QStringList KernelModel::columns() const {
+  if (!doc_->data().comparison())
+    return {QStringLiteral("#"), QStringLiteral("kernel"), QStringLiteral("launch"),
+            QStringLiteral("registers"), QStringLiteral("µs")};
+  return {QStringLiteral("#"),    QStringLiteral("A kernel"), QStringLiteral("A launch"),
+          QStringLiteral("A µs"), QStringLiteral("B kernel"), QStringLiteral("B launch"),
+          QStringLiteral("B µs")};
 }
 
 QVariant KernelModel::data(const QModelIndex& index, int role) const {
@@ -574,26 +554,18 @@ QVariant KernelModel::data(const QModelIndex& index, int role) const {
   }
 }
 
-QVariant KernelModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  static const QStringList single{QStringLiteral("#"), QStringLiteral("kernel"), QStringLiteral("launch"),
-                                  QStringLiteral("registers"), QStringLiteral("µs")};
-  static const QStringList pair{QStringLiteral("#"),        QStringLiteral("A kernel"),
-                                QStringLiteral("A launch"), QStringLiteral("A µs"),
-                                QStringLiteral("B kernel"), QStringLiteral("B launch"),
-                                QStringLiteral("B µs")};
-  const QStringList& h = doc_->data().comparison() ? pair : single;
-  return section < h.size() ? QVariant(h[section]) : QVariant();
-}
-
 // ---- IndexerSetModel -------------------------------------------------------------------------
 
-IndexerSetModel::IndexerSetModel(QObject* parent) : QAbstractTableModel(parent) {}
+SetTableModel::SetTableModel(QObject* parent) : ColumnTableModel(parent) {}
 
-void IndexerSetModel::setDetail(DetailPtr d) {
+void SetTableModel::setDetail(DetailPtr d) {
   beginResetModel();
   detail_ = std::move(d);
+  detail_changed();
+  endResetModel();
+}
+
+void IndexerSetModel::detail_changed() {
   rows_.clear();
   if (detail_ && detail_->has_indexer) {
     for (int32_t g : detail_->indexer_common) rows_.emplace_back(g, SetSide::Common);
@@ -601,14 +573,14 @@ void IndexerSetModel::setDetail(DetailPtr d) {
     for (int32_t g : detail_->indexer_only_b) rows_.emplace_back(g, SetSide::OnlyB);
     std::sort(rows_.begin(), rows_.end());
   }
-  endResetModel();
 }
 
-int IndexerSetModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : int(rows_.size());
+int IndexerSetModel::rows() const {
+  return int(rows_.size());
 }
-int IndexerSetModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : (detail_ && !detail_->comparison ? 2 : 4);
+QStringList IndexerSetModel::columns() const {
+  if (detail_ && !detail_->comparison) return {QStringLiteral("group"), QStringLiteral("set")};
+  return {QStringLiteral("group"), QStringLiteral("A"), QStringLiteral("B"), QStringLiteral("set")};
 }
 
 QVariant IndexerSetModel::data(const QModelIndex& index, int role) const {
@@ -617,52 +589,22 @@ QVariant IndexerSetModel::data(const QModelIndex& index, int role) const {
   const bool cmp = detail_ && detail_->comparison;
   if (index.column() >= columnCount()) return {};
   const int column = cmp ? index.column() : (index.column() == 0 ? 0 : 3);  // single: group, set
-  switch (role) {
-    case Qt::DisplayRole:
-      switch (column) {
-        case 0:
-          return g;
-        case 1:
-          return side != SetSide::OnlyB ? QStringLiteral("✓") : QString();
-        case 2:
-          return cmp && side != SetSide::OnlyA ? QStringLiteral("✓") : QString();
-        case 3:
-          return set_label(side, cmp);
-      }
-      return {};
-    case Qt::ForegroundRole:
-      return column == 3 ? QVariant(set_color(side)) : QVariant();
-    case SideRole:
-      return int(side);
-    default:
-      return {};
-  }
-}
-
-QVariant IndexerSetModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  static const char* names[] = {"group", "A", "B", "set"};
-  if (section < 0 || section >= columnCount()) return {};
-  const bool cmp = !detail_ || detail_->comparison;
-  return QString::fromUtf8(names[cmp ? section : (section == 0 ? 0 : 3)]);
+  return set_cell(column, role, side, cmp, [&](int c) -> QVariant {
+    if (c == 0) return g;
+    if (c == 1) return side != SetSide::OnlyB ? QStringLiteral("✓") : QString();
+    return cmp && side != SetSide::OnlyA ? QStringLiteral("✓") : QString();
+  });
 }
 
 // ---- ExpertModel -----------------------------------------------------------------------------
 
-ExpertModel::ExpertModel(QObject* parent) : QAbstractTableModel(parent) {}
-
-void ExpertModel::setDetail(DetailPtr d) {
-  beginResetModel();
-  detail_ = std::move(d);
-  endResetModel();
+int ExpertModel::rows() const {
+  return detail_ ? int(detail_->experts.size()) : 0;
 }
-
-int ExpertModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() || !detail_ ? 0 : int(detail_->experts.size());
-}
-int ExpertModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : (detail_ && !detail_->comparison ? 2 : 4);
+QStringList ExpertModel::columns() const {
+  if (detail_ && !detail_->comparison) return {QStringLiteral("expert"), QStringLiteral("weight")};
+  return {QStringLiteral("expert"), QStringLiteral("weight A"), QStringLiteral("weight B"),
+          QStringLiteral("set")};
 }
 
 QVariant ExpertModel::data(const QModelIndex& index, int role) const {
@@ -673,40 +615,16 @@ QVariant ExpertModel::data(const QModelIndex& index, int role) const {
                                                                   : SetSide::OnlyB;
   if (index.column() >= columnCount()) return {};
   const int column = index.column();  // single mode: expert, weight
-  switch (role) {
-    case Qt::DisplayRole:
-      switch (column) {
-        case 0:
-          return e.id;
-        case 1:
-          return e.in_a ? QVariant(double(e.weight_a)) : QVariant();
-        case 2:
-          return e.in_b ? QVariant(double(e.weight_b)) : QVariant();
-        case 3:
-          return set_label(side, detail_->comparison);
-      }
-      return {};
-    case Qt::ForegroundRole:
-      return column == 3 ? QVariant(set_color(side)) : QVariant();
-    case SideRole:
-      return int(side);
-    default:
-      return {};
-  }
-}
-
-QVariant ExpertModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  static const char* names[] = {"expert", "weight A", "weight B", "set"};
-  if (section < 0 || section >= columnCount()) return {};
-  if (detail_ && !detail_->comparison && section == 1) return QStringLiteral("weight");
-  return QString::fromUtf8(names[section]);
+  return set_cell(column, role, side, detail_->comparison, [&](int c) -> QVariant {
+    if (c == 0) return e.id;
+    if (c == 1) return e.in_a ? QVariant(double(e.weight_a)) : QVariant();
+    return e.in_b ? QVariant(double(e.weight_b)) : QVariant();
+  });
 }
 
 // ---- WorstElementsModel ----------------------------------------------------------------------
 
-WorstElementsModel::WorstElementsModel(QObject* parent) : QAbstractTableModel(parent) {}
+WorstElementsModel::WorstElementsModel(QObject* parent) : ColumnTableModel(parent) {}
 
 void WorstElementsModel::setDetail(DetailPtr d, int tensor) {
   beginResetModel();
@@ -720,12 +638,12 @@ const TensorDetail* WorstElementsModel::tensor() const {
                                                                            : nullptr;
 }
 
-int WorstElementsModel::rowCount(const QModelIndex& parent) const {
+int WorstElementsModel::rows() const {
   const TensorDetail* t = tensor();
-  return parent.isValid() || !t ? 0 : int(t->worst.size());
+  return t ? int(t->worst.size()) : 0;
 }
-int WorstElementsModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : 4;
+QStringList WorstElementsModel::columns() const {
+  return {QStringLiteral("element"), QStringLiteral("A"), QStringLiteral("B"), QStringLiteral("|B − A|")};
 }
 
 QVariant WorstElementsModel::data(const QModelIndex& index, int role) const {
@@ -746,13 +664,6 @@ QVariant WorstElementsModel::data(const QModelIndex& index, int role) const {
     default:
       return {};
   }
-}
-
-QVariant WorstElementsModel::headerData(int section, Qt::Orientation o, int role) const {
-  if (role != Qt::DisplayRole || o != Qt::Horizontal)
-    return QAbstractTableModel::headerData(section, o, role);
-  static const char* names[] = {"element", "A", "B", "|B − A|"};
-  return section >= 0 && section < 4 ? QString::fromUtf8(names[section]) : QVariant();
 }
 
 }  // namespace dsv4::gui

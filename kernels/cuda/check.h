@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "model/error.h"
+#include "kernels/error.h"
 
 namespace dsv4::cuda {
 

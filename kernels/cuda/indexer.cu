@@ -18,14 +18,14 @@
 //      of S are never written nor read.
 //   3. indexer_select_kernel: one block of 256 threads per query row of a block of Ts rows (several
 //      chunks; S holds Ts x G floats): the row's n = visible(t) scores are copied into shared memory
-//      and select_row (below, shared with the baseline) picks the top-k. When visible(T - 1) floats do
-//      not fit in shared memory, indexer_topk runs the baseline instead.
+//      and select_row (below, shared with the row-per-block kernel) picks the top-k. When visible(T - 1)
+//      floats do not fit in shared memory, indexer_topk runs the row-per-block kernel instead.
 // Scratch (stream-ordered): D of Tc * Hi * visible(T - 1) floats and S of Ts * G floats, Tc and Ts
 // chosen from fixed budgets (kDotBudget, kScoreBudget) and caps (kMaxChunkRows, kMaxSelectRows);
 // those only change how the work is cut, never a value.
 //
-// indexer_topk_baseline_kernel (cuda::indexer_topk_baseline): one block of 256 threads per query row t
-// (grid-stride over rows).
+// indexer_topk_row_per_block_kernel (cuda::indexer_topk_row_per_block): one block of 256 threads per query
+// row t (grid-stride over rows).
 //   1. q[t] and wt[t] are staged in shared memory; the n = min(G, (t+1)/ratio) candidate scores are
 //      computed by 32 groups of 8 threads (one candidate per group at a time): the group forms
 //      dot(q[t,h], ki[g]) for a tile of 4, 8 or 16 heads at once with multi_dot8 (the canonical order per
@@ -168,7 +168,7 @@ __device__ __forceinline__ void select_row(const IndexerParams p, int64_t t, int
 
 template <int kHeadTile>
 __global__ void __launch_bounds__(kThreads)
-    indexer_topk_baseline_kernel(IndexerParams p, bool scores_in_shared, float* scratch) {
+    indexer_topk_row_per_block_kernel(IndexerParams p, bool scores_in_shared, float* scratch) {
   extern __shared__ float sh[];
   float* qs = sh;                                                                  // [Hi * Di]
   float* ws = qs + p.Hi * p.Di;                                                    // [Hi]
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared memory of the top-k kernels: (baseline) q and the head weights, plus the score row when it
+// Shared memory of the top-k kernels: (row per block) q and the head weights, plus the score row when it
 // fits.
 constexpr size_t kMaxShared = 200 * 1024;
 // Work cuts of cuda::indexer_topk (kernels/cuda/indexer.cu header): none of them changes a value.
@@ -291,9 +291,9 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk");
   // The most keys any row sees (visible_groups grows with t); the D buffer has this many columns.
   const int64_t nmax = common::row_candidates(p, p.T - 1);
-  // A score row that does not fit in shared memory (more than 51200 visible keys) takes the baseline
+  // A score row that does not fit in shared memory (more than 51200 visible keys) takes the row-per-block
   // kernel, which keeps such rows in global scratch.
-  if (sizeof(float) * size_t(nmax) > kMaxShared) return indexer_topk_baseline(p, stream);
+  if (sizeof(float) * size_t(nmax) > kMaxShared) return indexer_topk_row_per_block(p, stream);
   // Chunk of query rows for one GEMM: D (Tc * Hi * nmax floats) within kDotBudget, Tc * Hi within
   // kMaxGemmRows (the GEMM grid), at most kMaxChunkRows rows.
   int64_t tc = kDotBudget / (int64_t(p.Hi) * (nmax > 0 ? nmax : 1));
@@ -343,12 +343,13 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   }
 }
 
-void indexer_topk_baseline(const IndexerParams& p, cudaStream_t stream) {
-  require(dsv4::indexer_check(p), "indexer_topk_baseline");
+void indexer_topk_row_per_block(const IndexerParams& p, cudaStream_t stream) {
+  require(dsv4::indexer_check(p), "indexer_topk_row_per_block");
   if (p.T <= 0) return;
-  if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk_baseline");
+  if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk_row_per_block");
   const size_t qbytes = sizeof(float) * size_t(p.Hi * p.Di + p.Hi);
-  if (qbytes > kMaxShared / 2) require("Hi * Di is too large for shared memory", "indexer_topk_baseline");
+  if (qbytes > kMaxShared / 2)
+    require("Hi * Di is too large for shared memory", "indexer_topk_row_per_block");
   const bool in_shared = qbytes + sizeof(float) * size_t(p.G) <= kMaxShared;
   const size_t shmem = qbytes + (in_shared ? sizeof(float) * size_t(p.G) : 0);
   const unsigned blocks = unsigned(p.T < 2048 ? p.T : 2048);
@@ -359,11 +360,11 @@ void indexer_topk_baseline(const IndexerParams& p, cudaStream_t stream) {
     kernel<<<blocks, kThreads, shmem, stream>>>(p, in_shared, scratch.get());
   };
   if (p.Hi <= 4)
-    launch(indexer_topk_baseline_kernel<4>);
+    launch(indexer_topk_row_per_block_kernel<4>);
   else if (p.Hi <= 8)
-    launch(indexer_topk_baseline_kernel<8>);
+    launch(indexer_topk_row_per_block_kernel<8>);
   else
-    launch(indexer_topk_baseline_kernel<16>);
+    launch(indexer_topk_row_per_block_kernel<16>);
   DSV4_LAUNCH_CHECK();
 }
 

@@ -15,7 +15,7 @@
 // computed on whatever is loaded for them and never stored. A row's result never depends on other
 // rows, the kernel, the tile shape or the grid (batch invariance).
 //
-// gemm_tiled_kernel<TM, TN> (narrow outputs, few tiles; cuda::gemm_baseline): grid (ceil(n / BN),
+// gemm_tiled_kernel<TM, TN> (narrow outputs, few tiles; cuda::gemm_tiled): grid (ceil(n / BN),
 // ceil(m / BM), problems), 256 threads, BM = 16 TM, BN = 16 TN. Thread (ty, tx) = (tid / 16, tid % 16)
 // owns the TM x TN outputs (ty + 16 r, tx + 16 c) and keeps all 8 lane accumulators of each: k is
 // consumed one step at a time and element (step start + l) goes to accumulator l.
@@ -43,7 +43,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// ---- the baseline kernel: 8 lane accumulators per output in one thread ------------------------------
+// ---- the tiled kernel: 8 lane accumulators per output in one thread ---------------------------------
 constexpr int BK = 32;       // k per shared-memory stage (a multiple of 8)
 constexpr int LDS = BK + 4;  // padded row stride: the rows tx + 16c of a warp hit distinct banks
 static_assert(BK % 8 == 0, "k stages must hold whole groups of 8");
@@ -534,7 +534,7 @@ void gemm(const GemmParams& p, cudaStream_t stream) {
   detail::run_group(detail::GemmShape{p.n, p.k, p.round, p.order}, &g, 1, stream, detail::Kernel::automatic);
 }
 
-void gemm_baseline(const GemmParams& p, cudaStream_t stream) {
+void gemm_tiled(const GemmParams& p, cudaStream_t stream) {
   require(dsv4::gemm_check(p), "gemm");
   if (p.m <= 0 || p.n <= 0) return;
   const detail::GemmProblem g = detail::single_problem(p);

@@ -38,9 +38,9 @@ bool device_available();
 
 // ---- dense ----------------------------------------------------------------------------------
 void gemm(const GemmParams& p, cudaStream_t stream);
-// The same GEMM (same contract, same bits) with the previous tiled kernel only: a reference point
-// for the tests and the benchmark.
-void gemm_baseline(const GemmParams& p, cudaStream_t stream);
+// The same GEMM (same contract, same bits) with the tiled kernel only (8 lane accumulators per
+// output in one thread): a reference point for the tests and the benchmark.
+void gemm_tiled(const GemmParams& p, cudaStream_t stream);
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 // pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
 void rope_apply(const RopeApplyParams& p, cudaStream_t stream);
@@ -60,9 +60,9 @@ void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream
 void kv_store(const KvStoreParams& p, cudaStream_t stream);
 void kv_load(const KvLoadParams& p, cudaStream_t stream);
 void indexer_topk(const IndexerParams& p, cudaStream_t stream);
-// The same top-k (same contract, same bits) with the previous one-block-per-row kernel only: a
+// The same top-k (same contract, same bits) with the one-block-per-query-row kernel only: a
 // reference point for the tests and the benchmark.
-void indexer_topk_baseline(const IndexerParams& p, cudaStream_t stream);
+void indexer_topk_row_per_block(const IndexerParams& p, cudaStream_t stream);
 // ids [T, k] and score [T, k] are device arrays.
 void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score, cudaStream_t stream);
 const char* build_index_check(const IndexBuildParams& p);

@@ -50,7 +50,7 @@ struct OpInfo {
 const std::vector<OpInfo>& all_ops() {
   static const std::vector<OpInfo> ops = {
       {"gemm", "linear.h", false},
-      {"gemm_baseline", "cuda/ops.h (previous GEMM kernel)", false},
+      {"gemm_tiled", "cuda/ops.h (tiled GEMM kernel)", false},
       {"gemm_reference", "linear.h", true},
       {"rmsnorm", "norm.h", false},
       {"rope_freqs", "rope.h", true},
@@ -63,7 +63,7 @@ const std::vector<OpInfo>& all_ops() {
       {"hadamard", "compressor.h", false},
       {"topk_row", "indexer.h", true},
       {"indexer_topk", "indexer.h", false},
-      {"indexer_topk_baseline", "cuda/ops.h (previous indexer kernel)", false},
+      {"indexer_topk_row_per_block", "cuda/ops.h (one block per query row)", false},
       {"indexer_score_ids", "indexer.h", false},
       {"build_index", "indexer.h", false},
       {"sparse_attention", "attention.h", false},
@@ -88,17 +88,17 @@ std::string order_name(ReduceOrder o) {
 }
 
 // ---- GEMM ----------------------------------------------------------------------------------------
-// Runs through cuda::gemm (op "gemm") and cuda::gemm_baseline (op "gemm_baseline"). `tiny` scales x
+// Runs through cuda::gemm (op "gemm") and cuda::gemm_tiled (op "gemm_tiled"). `tiny` scales x
 // rows from the third on by 1e-25 and w by 1e-22, so that most products underflow to +0 or -0 (and
 // some to subnormals): the signs of zero lanes and sums must then match too.
 void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, OutRound round,
                bool tiny = false) {
   for (const bool baseline : {false, true}) {
-    const std::string name = std::string(baseline ? "GEMM_BASELINE" : "GEMM") + "(m=" + std::to_string(m) +
+    const std::string name = std::string(baseline ? "GEMM_TILED" : "GEMM") + "(m=" + std::to_string(m) +
                              ",n=" + std::to_string(n) + ",k=" + std::to_string(k) +
                              ",pad=" + std::to_string(pad) + "," + order_name(order) +
                              (round == OutRound::bf16 ? ",bf16" : ",f32") + (tiny ? ",tiny" : "") + ")";
-    add_case(baseline ? "gemm_baseline" : "gemm", name, [=](const std::string& nm) {
+    add_case(baseline ? "gemm_tiled" : "gemm", name, [=](const std::string& nm) {
       auto g = test::rng_for(nm);
       const int64_t ldx = k + pad, ldw = k + pad, ldy = n + pad;
       auto x = test::randn_bf16(g, size_t(m * ldx));
@@ -116,7 +116,7 @@ void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, 
       float* dy = d.upload(std::vector<float>(y.size(), test::fill_value()), "y");
       p.x = d.upload(x, "x"), p.w = d.upload(w, "w"), p.y = dy;
       if (baseline)
-        cuda::gemm_baseline(p, nullptr);
+        cuda::gemm_tiled(p, nullptr);
       else
         cuda::gemm(p, nullptr);
       ASSERT_TRUE(d.guards_intact());
@@ -358,8 +358,8 @@ void hadamard_case(int64_t rows, int64_t n, int64_t ld) {
 }
 
 // ---- indexer ------------------------------------------------------------------------------------
-// Runs through cuda::indexer_topk (op "indexer_topk") and cuda::indexer_topk_baseline (op
-// "indexer_topk_baseline"). G = T / ratio. Values: "randn" (distinct scores), "ties" (dyadic values:
+// Runs through cuda::indexer_topk (op "indexer_topk") and cuda::indexer_topk_row_per_block (op
+// "indexer_topk_row_per_block"). G = T / ratio. Values: "randn" (distinct scores), "ties" (dyadic values:
 // many equal scores, many exact zeros after relu), "nan" (randn with NaN in some keys, so whole score
 // columns are NaN), "dup" (randn with planted equal scores: key g = 2 mod 5 copies key g - 1, key
 // g = 3 mod 7 copies key g / 2, so every row that sees both has exactly equal scores there).
@@ -367,10 +367,10 @@ void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& va
                   int ratio = 4) {
   for (const bool baseline : {false, true}) {
     const std::string name =
-        std::string(baseline ? "INDEXER_BASELINE" : "INDEXER") + "(T=" + std::to_string(T) +
+        std::string(baseline ? "INDEXER_ROW_PER_BLOCK" : "INDEXER") + "(T=" + std::to_string(T) +
         ",Hi=" + std::to_string(Hi) + ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," +
         values + "," + order_name(order) + (ratio != 4 ? ",ratio=" + std::to_string(ratio) : "") + ")";
-    add_case(baseline ? "indexer_topk_baseline" : "indexer_topk", name, [=](const std::string& nm) {
+    add_case(baseline ? "indexer_topk_row_per_block" : "indexer_topk", name, [=](const std::string& nm) {
       auto g = test::rng_for(nm);
       const int64_t G = T / ratio;
       const int k = int(std::min<int64_t>(topk, G));
@@ -406,7 +406,7 @@ void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& va
       p.margin = d.upload(std::vector<float>(margin.size(), fv), "margin");
       p.score = d.upload(std::vector<float>(score.size(), fv), "score");
       if (baseline)
-        cuda::indexer_topk_baseline(p, nullptr);
+        cuda::indexer_topk_row_per_block(p, nullptr);
       else
         cuda::indexer_topk(p, nullptr);
       ASSERT_TRUE(d.guards_intact());

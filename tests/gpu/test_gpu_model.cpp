@@ -15,15 +15,10 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
+#include "tiny_model.h"
 
 namespace dsv4 {
 namespace {
-
-const Weights& model(const std::string& name) {
-  static const Weights tiny = Weights::init(preset("tiny"), 7);
-  static const Weights tiny_b = Weights::init(preset("tiny-b"), 11);
-  return name == "tiny" ? tiny : tiny_b;
-}
 
 struct Run {
   SequenceResult result;
@@ -90,7 +85,7 @@ class GpuModel : public ::testing::TestWithParam<Case> {
 
 TEST_P(GpuModel, CpuAndCudaBitwiseEqual) {
   const auto& [preset_name, T, profile] = GetParam();
-  const Weights& w = model(preset_name);
+  const Weights& w = test::tiny_by_name(preset_name);
   const auto toks = random_tokens(T, w.config().vocab_size, uint64_t(T) + 100);
   const NumericsProfile p = profile_by_name(profile);
   auto cpu = run(w, toks, p, Device::cpu);
@@ -101,7 +96,7 @@ TEST_P(GpuModel, CpuAndCudaBitwiseEqual) {
 
 TEST_P(GpuModel, CudaRunToRunBitwise) {
   const auto& [preset_name, T, profile] = GetParam();
-  const Weights& w = model(preset_name);
+  const Weights& w = test::tiny_by_name(preset_name);
   const auto toks = random_tokens(T, w.config().vocab_size, uint64_t(T) + 200);
   const NumericsProfile p = profile_by_name(profile);
   auto a = run(w, toks, p, Device::cuda), b = run(w, toks, p, Device::cuda);
@@ -130,7 +125,7 @@ class GpuModelSeams : public ::testing::Test {
 // CPU run does (and reproduces the CPU's margins for the free choice).
 TEST_F(GpuModelSeams, OverridesBehaveLikeTheCpu) {
   for (const char* name : {"tiny", "tiny-b"}) {
-    const Weights& w = model(name);
+    const Weights& w = test::tiny_by_name(name);
     const auto toks = random_tokens(150, w.config().vocab_size, 15);
     auto roll = run(w, toks, profile_rollout(), Device::cpu, nullptr, false);
     const Overrides ov = roll->log.to_overrides();
@@ -145,7 +140,7 @@ TEST_F(GpuModelSeams, OverridesBehaveLikeTheCpu) {
 
 // An observer that wants no tensors still receives every decision.
 TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
-  const Weights& w = model("tiny");
+  const Weights& w = test::tiny();
   const auto toks = random_tokens(77, 512, 4);
   auto cpu = run(w, toks, profile_rollout(), Device::cpu, nullptr, false);
   auto gpu = run(w, toks, profile_rollout(), Device::cuda, nullptr, false);
@@ -157,7 +152,7 @@ TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
 // A batch on the GPU: each sequence equals its single-sequence CPU run (batch invariance holds
 // across devices).
 TEST_F(GpuModelSeams, BatchMatchesSingleCpuRuns) {
-  const Weights& w = model("tiny-b");
+  const Weights& w = test::tiny_b();
   const auto a = random_tokens(41, 512, 5), b = random_tokens(130, 512, 6), c = random_tokens(7, 512, 8);
   RunOptions o;
   o.device = Device::cuda;
@@ -176,11 +171,11 @@ TEST_F(GpuModelSeams, BatchMatchesSingleCpuRuns) {
 TEST_F(GpuModelSeams, InputErrorsOnTheDevice) {
   RunOptions o;
   o.device = Device::cuda;
-  EXPECT_THROW(forward(model("tiny"), {{1, 2, 512}}, o), InputError);
+  EXPECT_THROW(forward(test::tiny(), {{1, 2, 512}}, o), InputError);
   Overrides ov;
   ov.force_experts(0, 0, ForcedSelection{3, 2, std::vector<int32_t>(6, 0)});
   o.overrides = &ov;
-  EXPECT_THROW(forward(model("tiny"), {{1, 2, 3}}, o), OverrideError);
+  EXPECT_THROW(forward(test::tiny(), {{1, 2, 3}}, o), OverrideError);
 }
 
 // Needs no device.
@@ -196,7 +191,7 @@ TEST(Device, CudaWithoutADeviceIsAnInputError) {
   if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present";
   RunOptions o;
   o.device = Device::cuda;
-  EXPECT_THROW(forward(model("tiny"), {{1, 2, 3}}, o), InputError);
+  EXPECT_THROW(forward(test::tiny(), {{1, 2, 3}}, o), InputError);
 }
 
 }  // namespace

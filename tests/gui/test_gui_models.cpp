@@ -4,6 +4,10 @@
 // from TraceReader and diff_traces.
 #include <gtest/gtest.h>
 
+// Before any Qt header: Qt's `slots` macro would rewrite field names in the libraries' headers
+// (KvStoreParams::slots).
+#include "trace_test_util.h"
+
 #include <QAbstractItemModelTester>
 #include <algorithm>
 #include <cmath>
@@ -23,7 +27,6 @@
 #include "model/tokens.h"
 #include "replay/diff.h"
 #include "tiny_model.h"
-#include "trace_test_util.h"
 
 namespace {
 
@@ -640,8 +643,7 @@ TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
 
 // A one-step trace of the tiny preset whose step holds the given GPU kernel records.
 std::string trace_with_kernels(const std::string& path, const KernelRecords& k) {
-  static const Weights w = Weights::init(preset("tiny"), 7);
-  test::write_trace_with_kernels(path, w, random_tokens(20, 512, 5), {k});
+  test::write_trace_with_kernels(path, test::tiny(), random_tokens(20, 512, 5), {k});
   return path;
 }
 

@@ -1,0 +1,145 @@
+#include "capture/salvage.h"
+
+#include <fmt/format.h>
+#include <hdf5.h>
+
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "capture/env.h"
+#include "capture/errors.h"
+#include "capture/h5.h"
+#include "capture/layout.h"
+#include "capture/trace_open.h"
+
+namespace dsv4 {
+namespace {
+
+using namespace trace_layout;  // the format's names
+
+// Copies every attribute of `src` onto `dst` by value (same file type and dataspace).
+void copy_attributes(const h5::Object& src, const h5::Object& dst) {
+  struct Ctx {
+    hid_t dst;
+    std::string failed;
+  } ctx{dst.get(), ""};
+  auto copy_one = [](hid_t loc, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    auto& c = *static_cast<Ctx*>(data);
+    h5::Id a(H5Aopen(loc, name, H5P_DEFAULT));
+    h5::Id ftype(a.valid() ? H5Aget_type(a.get()) : H5I_INVALID_HID);
+    h5::Id space(a.valid() ? H5Aget_space(a.get()) : H5I_INVALID_HID);
+    h5::Id mtype(ftype.valid() ? H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND) : H5I_INVALID_HID);
+    const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+    if (!mtype.valid() || n < 0) {
+      c.failed = name;
+      return -1;
+    }
+    std::vector<uint8_t> buf(size_t(std::max<hssize_t>(n, 1)) * H5Tget_size(mtype.get()));
+    if (H5Aread(a.get(), mtype.get(), buf.data()) < 0) {
+      c.failed = name;
+      return -1;
+    }
+    h5::Id b(H5Acreate2(c.dst, name, ftype.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+    const bool ok = b.valid() && H5Awrite(b.get(), mtype.get(), buf.data()) >= 0;
+    H5Dvlen_reclaim(mtype.get(), space.get(), H5P_DEFAULT, buf.data());  // variable-length strings
+    if (!ok) c.failed = name;
+    return ok ? 0 : -1;
+  };
+  hsize_t idx = 0;
+  if (H5Aiterate2(src.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, copy_one, &ctx) < 0)
+    h5::fail(dst.file, dst.path,
+             fmt::format("cannot copy attribute '{}' from {}:{}", ctx.failed, src.file, src.path));
+}
+
+// Copies the object `name` of `src` (a group with everything below it) to `dst_parent/dst_name`.
+// Datasets keep their filters and stored chunks. Attributes are copied one by one rather than by
+// H5Ocopy: HDF5 1.10 crashes copying an object whose attributes are in dense storage (more than 8,
+// as /meta/env has) when they include variable-length strings.
+void copy_tree(const h5::Object& src, const std::string& name, const h5::Object& dst_parent,
+               const std::string& dst_name) {
+  h5::Id ocpypl(
+      h5::check(H5Pcreate(H5P_OBJECT_COPY), dst_parent, "cannot create an object-copy property list"));
+  h5::check(H5Pset_copy_object(ocpypl.get(), H5O_COPY_WITHOUT_ATTR_FLAG), dst_parent,
+            "cannot set the object-copy flags");
+  h5::check(H5Ocopy(src.get(), name.c_str(), dst_parent.get(), dst_name.c_str(), ocpypl.get(), H5P_DEFAULT),
+            dst_parent, fmt::format("cannot copy {} from {}", src.child(name), src.file));
+  const h5::Object from = h5::open(src, name), to = h5::open(dst_parent, dst_name);
+  std::vector<std::string> below;
+  auto collect = [](hid_t, const char* n, const H5O_info_t*, void* data) -> herr_t {
+    if (std::string(n) != ".") static_cast<std::vector<std::string>*>(data)->emplace_back(n);
+    return 0;
+  };
+  h5::check(H5Ovisit2(from.get(), H5_INDEX_NAME, H5_ITER_INC, collect, &below, H5O_INFO_BASIC), from,
+            "cannot list the objects");
+  copy_attributes(from, to);
+  for (const std::string& rel : below) copy_attributes(h5::open(from, rel), h5::open(to, rel));
+}
+
+}  // namespace
+
+int salvage_trace(const std::string& in, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out, ec))
+    throw InputError(fmt::format(
+        "{}: already exists; salvage writes a new trace (remove it or choose another name)", out));
+  if (!fs::exists(in, ec)) throw TraceError(fmt::format("{}: no such file", in));
+  classify_with_reader(in);
+  OpenedTrace src = open_for_reading(in);
+  trace_layout::check_trace_root(src.file, in);
+
+  // The complete steps, in order.
+  std::vector<std::string> complete;
+  int groups = 0;
+  if (h5::exists(src.file, kSteps)) {
+    const h5::Object steps = h5::open(src.file, kSteps);
+    for (const std::string& name : h5::children(steps)) {
+      if (!is_step_name(name)) continue;
+      ++groups;
+      std::optional<int> status;
+      try {
+        status = step_status(h5::open(steps, name));
+      } catch (const std::exception&) {
+      }
+      if (status == 1) complete.push_back(name);
+    }
+  }
+  if (complete.empty())
+    throw TraceIncomplete(fmt::format("{}: no complete step to salvage ({} step group{}, none with status 1)",
+                                      in, groups, groups == 1 ? "" : "s"));
+  if (!h5::exists(src.file, kMeta))
+    throw TraceError(fmt::format("{}: /meta is missing; nothing to salvage", in));
+
+  // Written under NAME.incomplete and renamed at the end, as the recorder does: a file named `out`
+  // is whole.
+  const std::string tmp = out + ".incomplete";
+  try {
+    h5::Id fapl = h5::file_access(true, false);
+    h5::Object dst = h5::create_file(tmp, fapl.get());
+    h5::write_attr(dst, kFormat, std::string(kFormatValue));
+    h5::write_attr(dst, kFormatVersion, int32_t(kTraceFormatVersion));
+    h5::write_attr(dst, kProducer,
+                   h5::has_attr(src.file, kProducer) ? h5::read_attr_string(src.file, kProducer) : "unknown");
+    h5::write_attr(dst, kCreated, utc_now_iso8601());
+    h5::write_attr(dst, kSalvagedFrom, in);
+    copy_tree(src.file, kMeta, dst, kMeta);
+    {
+      const h5::Object steps = h5::create_group(dst, kSteps);
+      for (size_t i = 0; i < complete.size(); ++i) {
+        const std::string from = std::string(kSteps) + "/" + complete[i], to = step_name(int(i));
+        copy_tree(src.file, from, steps, to);
+      }
+    }
+    h5::close_file(dst);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+  h5::close_file(src.file);
+  fs::rename(tmp, out, ec);
+  if (ec) throw Error(fmt::format("{}: cannot rename to {}: {}", tmp, out, ec.message()));
+  return int(complete.size());
+}
+
+}  // namespace dsv4
