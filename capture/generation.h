@@ -1,7 +1,8 @@
 // Generations in traces (traces/FORMAT.md, "Generation steps"): a rollout engine's run recorded as one
-// step of kind "generate" whose sequences are the requests' computed tokens (the prompt and every
-// generated token but the last, which no chunk fed back), laid out exactly like a prefill of those
-// tokens, plus per request the sampling record and per step the engine's settings and schedule.
+// step of kind "generate" whose sequences are the requests' samples, prompt + response (the recorder
+// has the engine feed the last generated token too, so every position has its rows), laid out exactly
+// like a prefill of those tokens, plus per request the sampling record and per step the engine's
+// settings and schedule.
 //
 // GenerationCollector is the Observer of the engine's run: it files every reported row under its
 // request and absolute position and later emits each request's reports as one whole sequence, the

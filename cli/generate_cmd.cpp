@@ -62,7 +62,7 @@ nlohmann::json generation_json(const rollout::Generation& g, const rollout::Prom
   j["id"] = g.id;
   j["index"] = g.index;
   j["prompt"] = g.prompt;
-  j["tokens"] = g.tokens;
+  j["response"] = g.tokens;
   j["logprobs"] = g.logprobs;
   j["finish_reason"] = rollout::to_string(g.finish);
   j["sampling"] = {{"temperature", r.sampling.temperature},

@@ -377,7 +377,9 @@ void register_trace_commands(CLI::App& app) {
   rec->add_option("--tokens", ra->tokens, "Token ids: 1,2,3 or @file");
   rec->add_option("--random", ra->random, "Use N seeded random token ids");
   rec->add_option("--token-seed", ra->token_seed, "Seed of --random")->capture_default_str();
-  rec->add_option("--batch", ra->batch, "JSONL file, one sequence per line ([ids] or {\"tokens\": [ids]})");
+  rec->add_option("--batch", ra->batch,
+                  "JSONL file, one sequence per line: [ids], {\"tokens\": [ids]}, or a dsv4 generate sample "
+                  "(prompt + response)");
   rec->add_option("--profile", ra->profile, "Numerics profile: train or rollout")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "rollout"}));

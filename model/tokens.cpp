@@ -72,14 +72,25 @@ std::vector<std::vector<int32_t>> parse_batch_jsonl(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
       const auto j = nlohmann::json::parse(line);
-      const auto& arr = j.is_object() ? j.at("tokens") : j;
-      if (!arr.is_array() || arr.empty()) throw InputError("expected a non-empty array of token ids");
+      // [ids], {"tokens": [ids]}, or a sample of `dsv4 generate` ({"prompt": [ids], "response": [ids]}:
+      // the sequence is prompt + response, what a trainer recomputes).
+      std::vector<const nlohmann::json*> parts;
+      if (!j.is_object())
+        parts = {&j};
+      else if (j.contains("prompt") && j.contains("response"))
+        parts = {&j.at("prompt"), &j.at("response")};
+      else
+        parts = {&j.at("tokens")};
       std::vector<int32_t> seq;
-      for (const auto& v : arr) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-          throw InputError(fmt::format("item {} is not a token id", seq.size()));
-        seq.push_back(v.get<int32_t>());
+      for (const nlohmann::json* arr : parts) {
+        if (!arr->is_array()) throw InputError("expected an array of token ids");
+        for (const auto& v : *arr) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+            throw InputError(fmt::format("item {} is not a token id", seq.size()));
+          seq.push_back(v.get<int32_t>());
+        }
       }
+      if (seq.empty()) throw InputError("expected a non-empty array of token ids");
       out.push_back(std::move(seq));
     } catch (const std::exception& e) {
       throw InputError(fmt::format("{}:{}: {}", path, lineno, e.what()));

@@ -18,6 +18,7 @@ CollectedGeneration run_collected(const Weights& w, const std::vector<rollout::R
   for (const auto& r : requests)
     c.collector->add_request(r.prompt, r.sampling.temperature > 0 ? r.sampling.temperature : 1.0f);
   opt.observer = c.collector.get();
+  opt.feed_last_token = true;
   rollout::Engine engine(w, opt);
   for (const auto& r : requests) engine.submit(r);
   const auto t0 = std::chrono::steady_clock::now();
@@ -58,10 +59,10 @@ CollectedGeneration run_collected(const Weights& w, const std::vector<rollout::R
     r.shared_prefix = gen.shared_prefix;
     g.requests.push_back(std::move(r));
 
-    std::vector<int32_t> computed = gen.prompt;
-    computed.insert(computed.end(), gen.tokens.begin(), gen.tokens.end() - 1);
-    std::vector<float> lp = c.collector->prompt_logprobs(int(i));                        // rows 0 .. P-2
-    for (size_t k = 0; k + 1 < gen.logprobs.size(); ++k) lp.push_back(gen.logprobs[k]);  // rows P-1 ..
+    std::vector<int32_t> computed = gen.prompt;  // prompt + response: the recorder feeds every token
+    computed.insert(computed.end(), gen.tokens.begin(), gen.tokens.end());
+    std::vector<float> lp = c.collector->prompt_logprobs(int(i));   // rows 0 .. P-2
+    lp.insert(lp.end(), gen.logprobs.begin(), gen.logprobs.end());  // rows P-1 .. P+N-2
     c.computed.push_back(std::move(computed));
     c.logprobs.push_back(std::move(lp));
   }

@@ -19,8 +19,7 @@ struct CollectedGeneration {
   std::vector<rollout::Generation> gens;
   std::unique_ptr<GenerationCollector> collector;
   GenerationRecord record;
-  std::vector<std::vector<int32_t>>
-      computed;  // per request: the tokens the engine fed (prompt + all but the last generated)
+  std::vector<std::vector<int32_t>> computed;  // per request: prompt + response (every token fed)
   std::vector<std::vector<float>>
       logprobs;  // per request: [computed - 1], as a prefill of `computed` reports them
   double seconds = 0;

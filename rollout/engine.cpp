@@ -96,6 +96,11 @@ struct Engine::Impl {
   bool finished(const Live& l) const {
     return l.gen.finish == FinishReason::stop || int(l.gen.tokens.size()) >= l.req.max_new_tokens;
   }
+  // The last generated token is still to be fed (EngineOptions::feed_last_token).
+  bool last_token_pending(const Live& l) const {
+    return opt.feed_last_token && !l.gen.tokens.empty() &&
+           l.cache->length() < int64_t(l.req.prompt.size() + l.gen.tokens.size());
+  }
 
   // A waiting request whose prompt starts with the prompt of a running request still in prefill waits
   // for that prompt's snapshot.
@@ -161,7 +166,8 @@ struct Engine::Impl {
       }
       for (size_t i = 0; i < running.size() && budget > 0; ++i) {
         Live& l = running[i];
-        if (l.prefilled == int64_t(l.req.prompt.size()) && !l.gen.tokens.empty() && !finished(l)) {
+        if (l.prefilled == int64_t(l.req.prompt.size()) && !l.gen.tokens.empty() &&
+            (!finished(l) || last_token_pending(l))) {
           plan.push_back({i, 1});
           --budget;
         }
@@ -197,7 +203,7 @@ struct Engine::Impl {
             sample_into(l, r.last_logits);
             sampled = true;
           }
-        } else {
+        } else if (!finished(l)) {  // a finished request fed its last token only to report its rows
           sample_into(l, r.last_logits);
           sampled = true;
         }
@@ -207,7 +213,7 @@ struct Engine::Impl {
 
       // Retire finished requests (their pages go back to the pools).
       for (size_t i = 0; i < running.size();) {
-        if (finished(running[i]) && running[i].ready_logits.empty()) {
+        if (finished(running[i]) && running[i].ready_logits.empty() && !last_token_pending(running[i])) {
           running[i].cache.reset();
           done.push_back(std::move(running[i].gen));
           running.erase(running.begin() + std::ptrdiff_t(i));

@@ -26,13 +26,17 @@ namespace dsv4::rollout {
 struct EngineOptions {
   NumericsProfile profile = profile_rollout();
   Device device = Device::cpu;
-  int threads = 0;               // 0: OpenMP default
-  int max_batch = 64;            // running requests at most
-  int page_size = 64;            // rows per cache page
-  int prefill_chunk = 0;         // prompt tokens per chunk at most (0: the whole prompt at once)
-  int64_t token_budget = 0;      // tokens per step over all requests (0: no limit); decodes go first
-  bool prefix_sharing = true;    // requests whose prompt starts with an earlier request's whole prompt
-                                 // fork its cache instead of prefilling that part again
+  int threads = 0;             // 0: OpenMP default
+  int max_batch = 64;          // running requests at most
+  int page_size = 64;          // rows per cache page
+  int prefill_chunk = 0;       // prompt tokens per chunk at most (0: the whole prompt at once)
+  int64_t token_budget = 0;    // tokens per step over all requests (0: no limit); decodes go first
+  bool prefix_sharing = true;  // requests whose prompt starts with an earlier request's whole prompt
+                               // fork its cache instead of prefilling that part again
+  // Run the last generated token through the model too (its rows are reported; nothing is sampled
+  // from them): the recorded generation then covers every position of prompt + response, as the
+  // trainer's prefill of the sample does (routing replay needs the decisions of every position).
+  bool feed_last_token = false;
   Observer* observer = nullptr;  // TensorRecord::seq etc. = the request's index in submission order
 };
 

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "capture/layout.h"
 #include "capture/record.h"
 #include "capture/trace_reader.h"
+#include "cli_util.h"
 #include "h5_edit.h"
 #include "model/error.h"
 #include "model/forward.h"
@@ -215,6 +218,55 @@ TEST(GenerationTrace, ForcedDecisionsAreRefusedOnGenerationSteps) {
     ADD_FAILURE() << "accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("generation"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// The user's flow through the CLI: generate with --record and --out, record the samples as a training
+// prefill (`record --batch samples.jsonl`), replay the generation, diff the two. In one profile the
+// decode path agrees with the prefill to the bit: no first divergence, zero log-prob mismatch; across
+// profiles the diff measures the mismatch.
+TEST(GenerationTrace, GenerateRecordReplayDiffThroughTheCli) {
+  TempDir tmp;
+  const fs::path d = tmp.dir;
+  {
+    std::ofstream f(d / "prompts.jsonl");
+    f << "{\"id\": \"x\", \"prompt\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, "
+         "20]}\n"
+      << "{\"id\": \"y\", \"prompt\": [9, 8, 7], \"temperature\": 1, \"top_k\": 30}\n";
+  }
+  const std::string base = "--preset tiny --seed 7 --prompts " + (d / "prompts.jsonl").string() +
+                           " --max-new-tokens 24 --prefill-chunk 6 --quiet";
+  auto r = test::run_cli("generate " + base + " --out " + (d / "samples.jsonl").string() + " --record " +
+                         (d / "gen.h5").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("replay " + (d / "gen.h5").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* profile : {"rollout", "train"}) {
+    const std::string train = (d / (std::string(profile) + ".h5")).string();
+    r = test::run_cli("record --preset tiny --seed 7 --batch " + (d / "samples.jsonl").string() +
+                      " --profile " + profile + " --out " + train);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string json = (d / (std::string(profile) + ".json")).string();
+    r = test::run_cli("diff " + train + " " + (d / "gen.h5").string() + " --json " + json);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::ifstream jf(json);
+    const nlohmann::json j = nlohmann::json::parse(jf);
+    const double abs_mean = j["logprobs"]["abs_mean"].get<double>();
+    // Sample y draws at temperature 1, sample x at the default 1: every log-prob is at temperature 1.
+    EXPECT_EQ(j["logprobs"]["tokens"].get<int64_t>(), 20 + 24 - 1 + 3 + 24 - 1);
+    if (std::string(profile) == "rollout") {
+      EXPECT_TRUE(j["first_divergence"].is_null()) << j["first_divergence"].dump();
+      EXPECT_EQ(abs_mean, 0.0);
+    } else {
+      EXPECT_FALSE(j["first_divergence"].is_null());
+      EXPECT_GT(abs_mean, 0.0);
+    }
   }
 }
 
