@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "model/error.h"
+#include "replay/attribution.h"
 #include "replay/diff.h"
 #include "replay/replay.h"
 
@@ -111,6 +112,8 @@ struct DiffArgs {
   std::vector<int> steps;
   bool allow_model_mismatch = false;
   double tie = -1;
+  bool attribute = false;
+  std::string model;
 };
 
 int run_diff(const DiffArgs& d) {
@@ -131,6 +134,8 @@ int run_diff(const DiffArgs& d) {
     if (!f) throw Error(fmt::format("{}: write failed", d.json_out));
   }
   if (!d.csv_dir.empty()) diff_to_csv(r, d.csv_dir);
+  if (d.attribute)
+    fmt::print("{}", attribution_to_table(attribute_mismatch(d.b, o.step_b, d.a, o.step_a, d.model)));
   return 0;
 }
 
@@ -171,6 +176,11 @@ void register_replay_commands(CLI::App& app) {
                  "Margin below which a flip counts as a tie flip (default: see docs)");
   df->add_option("--json", da->json_out, "Also write the report as JSON to this file");
   df->add_option("--csv", da->csv_dir, "Also write layers.csv, tensors.csv, tokens.csv into this directory");
+  df->add_flag(
+      "--attribute", da->attribute,
+      "B is a generation step (dsv4 generate --record): split the log-prob and decision mismatch into "
+      "decode vs prefill, the FP8 caches and the rest of the profile (re-runs the model on B's tokens)");
+  df->add_option("--model", da->model, "With --attribute: weights directory (default: B's recorded weights)");
   df->callback([da] { set_action([da] { return run_diff(*da); }); });
 }
 

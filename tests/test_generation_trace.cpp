@@ -17,6 +17,7 @@
 #include "h5_edit.h"
 #include "model/error.h"
 #include "model/forward.h"
+#include "replay/attribution.h"
 #include "replay/generation.h"
 #include "replay/replay.h"
 #include "test_util.h"
@@ -267,6 +268,43 @@ TEST(GenerationTrace, GenerateRecordReplayDiffThroughTheCli) {
       EXPECT_FALSE(j["first_divergence"].is_null());
       EXPECT_GT(abs_mean, 0.0);
     }
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// --attribute: the decode stage is exactly zero in exact mode (decode ≡ prefill), the FP8 caches of
+// the rollout profile account for a real part of the mismatch, the signed stages add up to the total,
+// and a prefill step given as the rollout is refused.
+TEST(GenerationTrace, AttributionStagesAddUp) {
+  TempDir tmp;
+  const std::string gen = (tmp.dir / "gen.h5").string(), train = (tmp.dir / "train.h5").string();
+  auto reqs = requests();
+  for (auto& q : reqs) q.sampling.temperature = q.sampling.temperature == 0.0f ? 0.0f : 1.0f;
+  GenerateRecordOptions ro;
+  ro.seed = 7;
+  const CollectedGeneration c = record_generation(tiny(), reqs, engine_options(), gen, ro);
+  RecordOptions po;
+  po.profile = "train";
+  record_step(tiny(), c.computed, train, po);
+  const Attribution a = attribute_mismatch(gen, 0, train, 0);
+  ASSERT_EQ(a.stages.size(), 4u);
+  EXPECT_EQ(a.stages[0].logprob_abs_mean, 0.0);
+  EXPECT_EQ(a.stages[0].indexer_rows_differing, 0);
+  EXPECT_GT(a.stages[0].tokens, 0);
+  EXPECT_GT(a.stages[1].logprob_abs_mean, 0.0);
+  EXPECT_GT(a.stages[3].logprob_abs_mean, 0.0);
+  const double sum = a.stages[0].logprob_mean + a.stages[1].logprob_mean + a.stages[2].logprob_mean;
+  EXPECT_NEAR(sum, a.stages[3].logprob_mean, 1e-9);
+  try {
+    attribute_mismatch(train, 0, gen, 0);
+    ADD_FAILURE() << "a prefill step accepted as the rollout";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("generation step"), std::string::npos) << e.what();
   }
 }
 
