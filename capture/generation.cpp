@@ -206,7 +206,7 @@ std::vector<float> GenerationCollector::prompt_logprobs(int request) const {
   return r.prompt_lp;
 }
 
-void GenerationCollector::emit(int request, int64_t T, int seq, const std::vector<float>& sampled_logprobs,
+void GenerationCollector::report_request(int request, int64_t T, int seq, const std::vector<float>& sampled_logprobs,
                                Observer& out) const {
   const Request& r = reqs_.at(size_t(request));
   // The tensor order: this request's, or the one's whose prompt it forked when it ran no chunk itself.

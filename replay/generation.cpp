@@ -92,7 +92,7 @@ CollectedGeneration record_generation(const Weights& w, const std::vector<rollou
   Observer& obs = writer->begin_step(spec);
   ForwardResult fr;
   for (size_t i = 0; i < c.gens.size(); ++i) {
-    c.collector->emit(int(i), int64_t(c.computed[i].size()), int(i), c.gens[i].logprobs, obs);
+    c.collector->report_request(int(i), int64_t(c.computed[i].size()), int(i), c.gens[i].logprobs, obs);
     SequenceResult sr;
     sr.tokens = c.computed[i];
     sr.logprobs = c.logprobs[i];

@@ -527,7 +527,7 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Verifier v(r, index, std::move(tables), sr);
   for (int s = 0; s < n; ++s)
-    c.collector->emit(s, int64_t(c.computed[size_t(s)].size()), s, c.gens[size_t(s)].logprobs, v);
+    c.collector->report_request(s, int64_t(c.computed[size_t(s)].size()), s, c.gens[size_t(s)].logprobs, v);
   v.finish();
   sr.decision_changes = compare_decisions_with(v.log, recorded);
   // The sampling record: tokens, log-probs (bits) and generator counters, request by request.

@@ -76,7 +76,15 @@ struct LoadSummary {
   std::optional<TraceInfo> b;
   int layers = 0;
   std::vector<int64_t> seq_lengths;  // tokens of each sequence of the step shown
+  // When a trace's step is a generation (kind "generate"), per sequence its request id and prompt
+  // length (positions from it on were generated); empty otherwise.
+  std::vector<std::string> request_ids;
+  std::vector<int64_t> prompt_lengths;
   bool comparison() const { return b.has_value(); }
+  // The first generated position of sequence `seq`, or -1 when the step is no generation.
+  int64_t prompt_length(int seq) const {
+    return seq >= 0 && seq < int(prompt_lengths.size()) ? prompt_lengths[size_t(seq)] : -1;
+  }
 };
 
 // One trace's decisions at one (sequence, layer).

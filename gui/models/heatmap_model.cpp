@@ -111,6 +111,13 @@ void HeatmapModel::setMetric(Metric m) {
   endResetModel();
 }
 
+int HeatmapModel::promptBoundary() const {
+  const auto& s = doc_->data().summary;
+  if (!s || !isTokenAxis()) return -1;
+  const int64_t p = s->prompt_length(seq_);
+  return p > 0 && p < cols_ ? int(p) : -1;
+}
+
 void HeatmapModel::setSeq(int seq) {
   if (seq == seq_ || seq < 0 || seq >= std::max(doc_->data().seq_count(), 1)) return;
   beginResetModel();

@@ -71,6 +71,8 @@ class HeatmapModel : public QAbstractTableModel {
   QString cellToolTip(int row, int col) const;
   QString rowLabel(int row) const;  // "3 C4"
   bool isTokenAxis() const { return info().axis == MetricAxis::Tokens; }
+  // The first generated column of the sequence shown (a generation step on the token axis), or -1.
+  int promptBoundary() const;
   // A per-column value shown above the heatmap: |Δ log-prob| (comparison) or −log-prob (single).
   float stripValue(int col) const { return col >= 0 && col < int(strip_.size()) ? strip_[col] : kNoValue; }
   float stripMax() const { return strip_max_; }

@@ -258,6 +258,15 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
       if (summary->b->config.num_hidden_layers != cfg.num_hidden_layers)
         throw InputError("the traces are of models with different layer counts");
     }
+    // A generation step (in A, else in B) names its requests and where their responses start.
+    for (auto [r, step] : {std::pair{ra, rq.step_a}, std::pair{rb, rq.step_b}}) {
+      if (!r || !summary->request_ids.empty()) continue;
+      if (const auto g = r->generation(step))
+        for (const auto& q : g->requests) {
+          summary->request_ids.push_back(q.id);
+          summary->prompt_lengths.push_back(q.prompt_length);
+        }
+    }
     if (canceledNow()) return emit canceled(id);
     const SummaryPtr sp = summary;
     emit summaryReady(id, sp);

@@ -440,6 +440,16 @@ void HeatmapView::renderCache() {
                  model_->rowLabel(r));
     }
     p.setClipping(false);
+    // A generation: the boundary between prompt and response, across the strip and the cells.
+    if (const int b = model_->promptBoundary(); b >= 0) {
+      const double x = columnX(b);
+      if (x >= area.left() && x <= area.right()) {
+        p.setPen(QPen(QColor(0x1a, 0x5f, 0xb4), 2));
+        p.drawLine(QPointF(x, 2), QPointF(x, area.bottom()));
+        p.setPen(QColor(0x1a, 0x5f, 0xb4));
+        p.drawText(QRectF(x + 4, 2, 120, 14), Qt::AlignLeft | Qt::AlignTop, QStringLiteral("generated →"));
+      }
+    }
     renderLegend(p, QRect(area.right() + 1, area.top(), kLegendW, area.height()));
   }
   last_render_ms_ = timer.nsecsElapsed() / 1e6;

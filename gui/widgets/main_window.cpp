@@ -274,6 +274,7 @@ void MainWindow::buildToolbar() {
   tb->addSeparator();
   tb->addWidget(new QLabel(QStringLiteral(" Sequence ")));
   seq_combo_ = new QComboBox;
+  seq_combo_->setSizeAdjustPolicy(QComboBox::AdjustToContents);  // request names of a generation
   tb->addWidget(seq_combo_);
   connect(seq_combo_, &QComboBox::activated, this, &MainWindow::setSequence);
   tb->addWidget(new QLabel(QStringLiteral(" Step A ")));
@@ -470,7 +471,13 @@ void MainWindow::onDatasetReset() {
   updateMetricControls();
   seq_combo_->clear();
   for (int s = 0; s < d.seq_count(); ++s)
-    seq_combo_->addItem(QStringLiteral("%1 (%2 tokens)").arg(s).arg(d.tokens(s)));
+    seq_combo_->addItem(d.summary && d.summary->prompt_length(s) >= 0
+                            ? QStringLiteral("%1: request '%2' (%3 prompt + %4 generated)")
+                                  .arg(s)
+                                  .arg(QString::fromStdString(d.summary->request_ids[size_t(s)]))
+                                  .arg(d.summary->prompt_length(s))
+                                  .arg(d.tokens(s) - d.summary->prompt_length(s))
+                            : QStringLiteral("%1 (%2 tokens)").arg(s).arg(d.tokens(s)));
   seq_combo_->setCurrentIndex(seq_);
   const LoadSummary& s = *d.summary;
   step_a_->setRange(0, std::max<int>(0, int(s.a.steps.size()) - 1));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -835,3 +836,39 @@ TEST_F(GuiModels, DiffAndViewerClassifyPlantedFlipsIdentically) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4::gui {
+namespace {
+
+// A generation trace: the summary names each sequence's request and its prompt length, and the
+// heatmap marks the first generated position on the token axis (nothing on the layer axis).
+TEST(GuiGeneration, RequestsAndThePromptBoundary) {
+  const std::string dir = dsv4::test::temp_dir("gui-generation");
+  {
+    std::ofstream f(dir + "/prompts.jsonl");
+    f << "{\"id\": \"first\", \"prompt\": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]}\n"
+      << "{\"id\": \"second\", \"prompt\": [1, 2, 3]}\n";
+  }
+  const std::string trace = dir + "/gen.h5";
+  std::filesystem::remove(trace);
+  const auto r =
+      test::run_cli("generate --preset tiny --seed 7 --prompts " + dir +
+                    "/prompts.jsonl --max-new-tokens 9 --quiet --out " + dir + "/s.jsonl --record " + trace);
+  ASSERT_EQ(r.code, 0) << r.out;
+  TraceDocument doc;
+  HeatmapModel heat(&doc);
+  ASSERT_TRUE(load(doc, trace).finished);
+  const auto& s = doc.data().summary;
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->request_ids, (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(s->prompt_lengths, (std::vector<int64_t>{12, 3}));
+  EXPECT_EQ(doc.data().tokens(0), 21);
+  heat.setMetric(Metric::RouterMargin);  // a token-axis metric
+  ASSERT_TRUE(heat.isTokenAxis());
+  EXPECT_EQ(heat.promptBoundary(), 12);
+  heat.setSeq(1);
+  EXPECT_EQ(heat.promptBoundary(), 3);
+}
+
+}  // namespace
+}  // namespace dsv4::gui
