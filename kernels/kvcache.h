@@ -33,14 +33,14 @@ struct KvStoreParams {
   int64_t n = 0;
   const float* src = nullptr;
   int64_t ld = 0;
-  const int64_t* slots = nullptr;  // [n]
+  const int64_t* slot_ids = nullptr;  // [n]
   uint8_t* pool = nullptr;
 };
 // Decodes pool slots into rows dst [n, ld]: fp8 dims bf16(fp32(e4m3) * s), bf16 dims as stored.
 struct KvLoadParams {
   KvRowFormat f;
   int64_t n = 0;
-  const int64_t* slots = nullptr;  // [n]
+  const int64_t* slot_ids = nullptr;  // [n]
   const uint8_t* pool = nullptr;
   float* dst = nullptr;
   int64_t ld = 0;

@@ -105,7 +105,8 @@ RequestCache::~RequestCache() {
     for (int32_t page : tables_[i]) store_.pool(CacheStream(i % 3)).unref(page);
 }
 
-std::vector<int64_t> RequestCache::slots(int layer, CacheStream s, int64_t first, int64_t n, bool for_write) {
+std::vector<int64_t> RequestCache::pool_slots(int layer, CacheStream s, int64_t first, int64_t n,
+                                              bool for_write) {
   const ModelConfig& c = store_.config();
   if (layer < 0 || layer >= c.num_hidden_layers) throw Error(fmt::format("cache: no layer {}", layer));
   PagePool& pool = store_.pool(s);
@@ -138,13 +139,13 @@ std::vector<int64_t> RequestCache::slots(int layer, CacheStream s, int64_t first
 void RequestCache::load(int layer, CacheStream stream, int64_t first, int64_t n, float* dst) {
   if (n <= 0) return;
   backend::Backend& be = store_.backend();
-  const std::vector<int64_t> host = slots(layer, stream, first, n, false);
+  const std::vector<int64_t> host = pool_slots(layer, stream, first, n, false);
   backend::Buffer<int64_t> dev = be.longs(n);
   be.upload(dev.data(), host);
   PagePool& pool = store_.pool(stream);
   KvLoadParams p{.f = pool.format(),
                  .n = n,
-                 .slots = dev.data(),
+                 .slot_ids = dev.data(),
                  .pool = pool.data(),
                  .dst = dst,
                  .ld = pool.format().dim};
@@ -154,7 +155,7 @@ void RequestCache::load(int layer, CacheStream stream, int64_t first, int64_t n,
 void RequestCache::store(int layer, CacheStream stream, int64_t first, int64_t n, const float* src) {
   if (n <= 0) return;
   backend::Backend& be = store_.backend();
-  const std::vector<int64_t> host = slots(layer, stream, first, n, true);
+  const std::vector<int64_t> host = pool_slots(layer, stream, first, n, true);
   backend::Buffer<int64_t> dev = be.longs(n);
   be.upload(dev.data(), host);
   PagePool& pool = store_.pool(stream);
@@ -162,7 +163,7 @@ void RequestCache::store(int layer, CacheStream stream, int64_t first, int64_t n
                   .n = n,
                   .src = src,
                   .ld = pool.format().dim,
-                  .slots = dev.data(),
+                  .slot_ids = dev.data(),
                   .pool = pool.data()};
   be.kv_store(p);
 }

@@ -101,7 +101,7 @@ class RequestCache final : public SequenceCache {
   std::vector<int32_t>& table(int layer, CacheStream s) { return tables_[size_t(layer) * 3 + size_t(s)]; }
   // Pool slots of rows [first, first + n) of a stream; with `for_write`, pages are allocated and
   // shared pages copied first.
-  std::vector<int64_t> slots(int layer, CacheStream s, int64_t first, int64_t n, bool for_write);
+  std::vector<int64_t> pool_slots(int layer, CacheStream s, int64_t first, int64_t n, bool for_write);
 
   CacheStore& store_;
   int64_t length_ = 0;

@@ -171,10 +171,10 @@ TEST(KvRowCodec, DecodeOfEncodeIsFp8Sim) {
     std::vector<int64_t> slots(50);
     for (int i = 0; i < 50; ++i) slots[size_t(i)] = 59 - i;  // rows land anywhere
     kv_store(KvStoreParams{
-        .f = f, .n = 50, .src = x.data(), .ld = dim, .slots = slots.data(), .pool = pool.data()});
+        .f = f, .n = 50, .src = x.data(), .ld = dim, .slot_ids = slots.data(), .pool = pool.data()});
     std::vector<float> y(x.size());
     kv_load(KvLoadParams{
-        .f = f, .n = 50, .slots = slots.data(), .pool = pool.data(), .dst = y.data(), .ld = dim});
+        .f = f, .n = 50, .slot_ids = slots.data(), .pool = pool.data(), .dst = y.data(), .ld = dim});
     std::vector<float> want = x;
     fp8_sim(Fp8SimParams{
         .rows = 50, .cols = fp8, .ld = dim, .block = block, .fmt = ScaleFmt::ue8m0, .x = want.data()});

@@ -22,7 +22,7 @@ const char* kv_store_check(const KvStoreParams& p) {
   if (p.n == 0) return nullptr;
   if (p.ld < p.f.dim) return "ld";
   if (!p.src) return "src";
-  if (!p.slots) return "slots";
+  if (!p.slot_ids) return "slot_ids";
   if (!p.pool) return "pool";
   return nullptr;
 }
@@ -33,7 +33,7 @@ const char* kv_load_check(const KvLoadParams& p) {
   if (p.n == 0) return nullptr;
   if (p.ld < p.f.dim) return "ld";
   if (!p.dst) return "dst";
-  if (!p.slots) return "slots";
+  if (!p.slot_ids) return "slot_ids";
   if (!p.pool) return "pool";
   return nullptr;
 }
@@ -41,13 +41,15 @@ const char* kv_load_check(const KvLoadParams& p) {
 void kv_store(const KvStoreParams& p) {
   const int64_t bytes = p.f.bytes();
 #pragma omp parallel for schedule(static) if (p.n >= kParallelRows)
-  for (int64_t i = 0; i < p.n; ++i) common::kv_encode_row(p.f, p.src + i * p.ld, p.pool + p.slots[i] * bytes);
+  for (int64_t i = 0; i < p.n; ++i)
+    common::kv_encode_row(p.f, p.src + i * p.ld, p.pool + p.slot_ids[i] * bytes);
 }
 
 void kv_load(const KvLoadParams& p) {
   const int64_t bytes = p.f.bytes();
 #pragma omp parallel for schedule(static) if (p.n >= kParallelRows)
-  for (int64_t i = 0; i < p.n; ++i) common::kv_decode_row(p.f, p.pool + p.slots[i] * bytes, p.dst + i * p.ld);
+  for (int64_t i = 0; i < p.n; ++i)
+    common::kv_decode_row(p.f, p.pool + p.slot_ids[i] * bytes, p.dst + i * p.ld);
 }
 
 }  // namespace dsv4

@@ -12,13 +12,13 @@ constexpr int kThreads = 128;
 __global__ void __launch_bounds__(kThreads) kv_store_kernel(KvStoreParams p, int64_t bytes) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += int64_t(gridDim.x) * blockDim.x)
-    common::kv_encode_row(p.f, p.src + i * p.ld, p.pool + p.slots[i] * bytes);
+    common::kv_encode_row(p.f, p.src + i * p.ld, p.pool + p.slot_ids[i] * bytes);
 }
 
 __global__ void __launch_bounds__(kThreads) kv_load_kernel(KvLoadParams p, int64_t bytes) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += int64_t(gridDim.x) * blockDim.x)
-    common::kv_decode_row(p.f, p.pool + p.slots[i] * bytes, p.dst + i * p.ld);
+    common::kv_decode_row(p.f, p.pool + p.slot_ids[i] * bytes, p.dst + i * p.ld);
 }
 
 }  // namespace

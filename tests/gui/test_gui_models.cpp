@@ -4,8 +4,8 @@
 // from TraceReader and diff_traces.
 #include <gtest/gtest.h>
 
-// Before any Qt header: Qt's `slots` macro would rewrite field names in the libraries' headers
-// (KvStoreParams::slots).
+// Before any Qt header: Qt's `emit`, `slots` and `signals` macros rewrite such names wherever a
+// library header uses them (the libraries avoid them; this order keeps a future slip out of here).
 #include "trace_test_util.h"
 
 #include <QAbstractItemModelTester>
