@@ -75,7 +75,7 @@ inline hid_t check(hid_t r, const Object& at, const std::string& what) {
 
 // ---- files and groups ------------------------------------------------------------------------
 // File access property list: latest file format (needed for SWMR) and, when `lock` is false, no
-// POSIX file locks (see trace_writer.cpp for why the writer does not lock). Where the file system
+// POSIX file locks (see step_layout.cpp for why the writer does not lock). Where the file system
 // does not support locks, files open without them.
 Id file_access(bool latest, bool lock);
 Object create_file(const std::string& path, hid_t fapl);                // truncates

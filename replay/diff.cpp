@@ -7,11 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
@@ -194,43 +191,38 @@ std::string layer_name(int layer) {
   return layer < 0 ? std::string("model") : fmt::format("layer {}", layer);
 }
 
-}  // namespace
+// ---- the stages of diff_traces: one per decision kind ------------------------------------------------
 
-DiffReport diff_traces(const std::string& path_a, const std::string& path_b, const DiffOptions& opt) {
-  Side A = open_side(path_a, opt.step_a, "A");
-  Side B = open_side(path_b, opt.step_b, "B");
+// The two steps every stage reads.
+struct Steps {
+  Side& A;
+  Side& B;
+  int sa, sb;  // step indices in A and B
+  int S;       // sequences (the same batch in both)
+};
 
-  DiffReport rep;
-  rep.trace_a = path_a;
-  rep.trace_b = path_b;
-  rep.step_a = opt.step_a;
-  rep.step_b = opt.step_b;
-  rep.profile_a = A.step.profile;
-  rep.profile_b = B.step.profile;
-  rep.model_digest_a = A.meta.model_digest;
-  rep.model_digest_b = B.meta.model_digest;
-  if (const std::string why = model_difference(A, B); !why.empty()) {
-    if (!opt.allow_model_mismatch) throw InputError(why + "; allow a model mismatch to compare them anyway");
-    rep.model_mismatch = true;
-  }
-  check_batches(A, B);
-  const int S = int(A.step.seq_lengths.size());
-  rep.seq_count = S;
-  if (opt.tie_threshold >= 0) {
-    rep.tie_rule = "absolute";
-    rep.tie_threshold = opt.tie_threshold;
-  } else {
-    rep.tie_rule = "relative";
-    rep.tie_threshold = tie_factor(A.step.profile, B.step.profile);
-  }
-  const int sa = A.step.index, sb = B.step.index;
+// Per (sequence, layer): the ffn.hc_post rows whose digests differ and, where both traces hold the
+// tensor in full, their squared difference; what attribution weighs.
+struct LayerOutputs {
+  std::map<std::pair<int, int>, std::vector<char>> diff;
+  std::map<std::pair<int, int>, std::vector<double>> mass;
+};
 
-  // ---- tensors: digests row by row, full tensors element by element, the first divergence -------
+// Per sequence, the positions of one layer whose selections (indexer and routing) agree.
+using Agreement = std::vector<std::vector<char>>;
+
+// Per sequence, one layer's unmatched records of one stage; merged in sequence order.
+using SeqNotes = std::vector<std::vector<std::string>>;
+
+// Tensors: digests row by row, full tensors element by element, the first divergence.
+LayerOutputs diff_tensors(const Steps& st, DiffReport& rep) {
+  Side& A = st.A;
+  Side& B = st.B;
+  const int sa = st.sa, sb = st.sb, S = st.S;
+  LayerOutputs out;
   std::map<Key, size_t> tensor_index;  // into rep.tensors
   std::vector<Norms> norms;
-  std::map<Key, std::vector<bool>> full_everywhere;             // per tensor: full in each sequence compared
-  std::map<std::pair<int, int>, std::vector<char>> out_diff;    // (seq, layer): ffn.hc_post rows differing
-  std::map<std::pair<int, int>, std::vector<double>> out_mass;  // (seq, layer): ffn.hc_post row |Δ|²
+  std::map<Key, std::vector<bool>> full_everywhere;  // per tensor: full in each sequence compared
   for (int s = 0; s < S; ++s) {
     const DigestTable da = A.r.digests(sa, s);
     const DigestTable db = B.r.digests(sb, s);
@@ -290,8 +282,8 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
         }
       }
       if (ra.name == "ffn.hc_post") {
-        out_diff[{s, ra.layer}] = std::move(differing);
-        if (mass) out_mass[{s, ra.layer}] = std::move(*mass);
+        out.diff[{s, ra.layer}] = std::move(differing);
+        if (mass) out.mass[{s, ra.layer}] = std::move(*mass);
       }
     }
     for (size_t i = 0; i < db.records.size(); ++i)
@@ -312,137 +304,173 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
       td.rel_l2 = std::sqrt(nm.sum_sq_d) / std::sqrt(nm.sum_sq_a);
   }
 
-  // ---- layers: selections, flips, mHC, attribution ------------------------------------------------
+  return out;
+}
+
+// Indexer (C4 layers): overlap, flips; positions whose selections differ leave `agree`.
+void diff_indexer(const Steps& st, int layer, const DiffOptions& opt, double factor, LayerDiff& L,
+                  Agreement& agree, SeqNotes& notes) {
+  SetRows idx;
+  for (int s = 0; s < st.S; ++s) {
+    const auto ia = st.A.r.indexer(st.sa, s, layer);
+    const auto ib = st.B.r.indexer(st.sb, s, layer);
+    if (ia && ib) {
+      if (ia->T != ib->T) {
+        notes[size_t(s)].push_back(
+            fmt::format("seq {} layer {} indexer: {} rows in A, {} in B", s, layer, ia->T, ib->T));
+      } else {
+        idx.add(s, ia->T, ia->ids, ia->k, ia->margin, ib->ids, ib->k, ib->margin);
+      }
+    } else if (ia || ib) {
+      notes[size_t(s)].push_back(
+          fmt::format("seq {} layer {} indexer decisions: only in {}", s, layer, ia ? "A" : "B"));
+    }
+  }
+  if (idx.a.empty()) return;
+  L.has_indexer = true;
+  L.indexer_tie_threshold = idx.threshold(opt, factor);
+  double sum = 0, mn = 1;
+  for (size_t i = 0; i < idx.a.size(); ++i) {
+    const auto& a = idx.a[i];
+    const auto& b = idx.b[i];
+    const double ov = set_overlap(a, b);
+    sum += ov;
+    mn = std::min(mn, ov);
+    if (a == b) continue;
+    ++L.indexer_rows_differing;
+    agree[size_t(idx.where[i].first)][size_t(idx.where[i].second)] = 0;
+    ++(idx.tie(i, L.indexer_tie_threshold) ? L.indexer_tie_flips : L.indexer_confident_flips);
+  }
+  L.indexer_overlap_mean = sum / double(idx.a.size());
+  L.indexer_overlap_min = mn;
+}
+
+// Routing: exact agreement, Jaccard, flips, hash layers that disagree; positions whose experts
+// differ leave `agree`.
+void diff_routing(const Steps& st, int layer, const DiffOptions& opt, double factor, LayerDiff& L,
+                  Agreement& agree, SeqNotes& notes) {
+  SetRows rt;
+  for (int s = 0; s < st.S; ++s) {
+    const auto ra = st.A.r.routing(st.sa, s, layer);
+    const auto rb = st.B.r.routing(st.sb, s, layer);
+    if (ra && rb) {
+      if (ra->hashed || rb->hashed) L.hashed = true;
+      if (ra->hashed != rb->hashed) {
+        L.hash_disagreement = true;
+        notes[size_t(s)].push_back(
+            fmt::format("seq {} layer {} routing: hashed in {} only", s, layer, ra->hashed ? "A" : "B"));
+      }
+      if (ra->T != rb->T) {
+        notes[size_t(s)].push_back(
+            fmt::format("seq {} layer {} routing: {} rows in A, {} in B", s, layer, ra->T, rb->T));
+      } else {
+        rt.add(s, ra->T, ra->ids, ra->k, ra->margin, rb->ids, rb->k, rb->margin);
+      }
+    } else if (ra || rb) {
+      notes[size_t(s)].push_back(
+          fmt::format("seq {} layer {} routing decisions: only in {}", s, layer, ra ? "A" : "B"));
+    }
+  }
+  if (rt.a.empty()) return;
+  L.routing_tie_threshold = rt.threshold(opt, factor);
+  double jac = 0;
+  int64_t exact = 0;
+  for (size_t i = 0; i < rt.a.size(); ++i) {
+    const auto& a = rt.a[i];
+    const auto& b = rt.b[i];
+    jac += set_jaccard(a, b);
+    if (a == b) {
+      ++exact;
+      continue;
+    }
+    ++L.routing_rows_differing;
+    agree[size_t(rt.where[i].first)][size_t(rt.where[i].second)] = 0;
+    ++(rt.tie(i, L.routing_tie_threshold) ? L.routing_tie_flips : L.routing_confident_flips);
+  }
+  L.routing_exact = double(exact) / double(rt.a.size());
+  L.routing_jaccard = jac / double(rt.a.size());
+  if (L.hashed && L.routing_rows_differing > 0) L.hash_disagreement = true;
+}
+
+// mHC: max |A − B| of the mixing weights over both sublayers.
+void diff_mhc(const Steps& st, int layer, LayerDiff& L, SeqNotes& notes) {
+  for (int s = 0; s < st.S; ++s) {
+    for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
+      const auto ma = st.A.r.mhc(st.sa, s, layer, sub);
+      const auto mb = st.B.r.mhc(st.sb, s, layer, sub);
+      if (ma && mb) {
+        max_abs_into(ma->pre, mb->pre, L.mhc_pre_max_abs);
+        max_abs_into(ma->post, mb->post, L.mhc_post_max_abs);
+        max_abs_into(ma->comb, mb->comb, L.mhc_comb_max_abs);
+      } else if (ma || mb) {
+        notes[size_t(s)].push_back(
+            fmt::format("seq {} layer {} mhc {}: only in {}", s, layer, to_string(sub), ma ? "A" : "B"));
+      }
+    }
+  }
+}
+
+// Attribution: weigh by the squared row difference of ffn.hc_post when every sequence holds it in
+// full, else count the digest-differing rows.
+void attribute(int S, int layer, const LayerOutputs& out, const Agreement& agree, LayerDiff& L) {
+  bool have_mass = true, have_rows = false;
+  for (int s = 0; s < S; ++s) {
+    if (out.diff.count({s, layer})) have_rows = true;
+    if (!out.mass.count({s, layer})) have_mass = false;
+  }
+  if (!have_rows) return;
+  double total = 0, same = 0;
+  for (int s = 0; s < S; ++s) {
+    auto it = out.diff.find({s, layer});
+    if (it == out.diff.end()) continue;
+    const auto& ag = agree[size_t(s)];
+    const std::vector<double>* mass = have_mass ? &out.mass.at({s, layer}) : nullptr;
+    for (size_t t = 0; t < it->second.size(); ++t) {
+      if (it->second[t]) ++L.rows_out_differing;
+      const double w = mass ? (*mass)[t] : (it->second[t] ? 1.0 : 0.0);
+      total += w;
+      if (t < ag.size() && ag[t]) same += w;
+    }
+  }
+  L.same_selection_share = total > 0 ? same / total : 0.0;
+}
+
+// Layers: the indexer, routing and mHC stages, then attribution. A layer's unmatched records are
+// listed by sequence, in the order indexer, routing, mHC.
+void diff_layers(const Steps& st, const DiffOptions& opt, const LayerOutputs& out, DiffReport& rep) {
+  const int S = st.S;
   const double factor = rep.tie_threshold;
-  for (int layer = 0; layer < A.cfg.num_hidden_layers; ++layer) {
+  for (int layer = 0; layer < st.A.cfg.num_hidden_layers; ++layer) {
     LayerDiff L;
     L.layer = layer;
-    L.compress_ratio = A.cfg.ratio(layer);
-    L.hashed = A.cfg.is_hash_layer(layer);
-    std::vector<std::vector<char>> agree(static_cast<size_t>(S));
-    for (int s = 0; s < S; ++s) agree[size_t(s)].assign(size_t(A.step.seq_lengths[size_t(s)]), 1);
+    L.compress_ratio = st.A.cfg.ratio(layer);
+    L.hashed = st.A.cfg.is_hash_layer(layer);
+    Agreement agree(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) agree[size_t(s)].assign(size_t(st.A.step.seq_lengths[size_t(s)]), 1);
     L.rows = 0;
-    for (int s = 0; s < S; ++s) L.rows += A.step.seq_lengths[size_t(s)];
+    for (int s = 0; s < S; ++s) L.rows += st.A.step.seq_lengths[size_t(s)];
 
-    SetRows idx, rt;
-    for (int s = 0; s < S; ++s) {
-      const auto ia = A.r.indexer(sa, s, layer);
-      const auto ib = B.r.indexer(sb, s, layer);
-      if (ia && ib) {
-        if (ia->T != ib->T) {
-          rep.unmatched.push_back(
-              fmt::format("seq {} layer {} indexer: {} rows in A, {} in B", s, layer, ia->T, ib->T));
-        } else {
-          idx.add(s, ia->T, ia->ids, ia->k, ia->margin, ib->ids, ib->k, ib->margin);
-        }
-      } else if (ia || ib) {
-        rep.unmatched.push_back(
-            fmt::format("seq {} layer {} indexer decisions: only in {}", s, layer, ia ? "A" : "B"));
-      }
-      const auto ra = A.r.routing(sa, s, layer);
-      const auto rb = B.r.routing(sb, s, layer);
-      if (ra && rb) {
-        if (ra->hashed || rb->hashed) L.hashed = true;
-        if (ra->hashed != rb->hashed) {
-          L.hash_disagreement = true;
-          rep.unmatched.push_back(
-              fmt::format("seq {} layer {} routing: hashed in {} only", s, layer, ra->hashed ? "A" : "B"));
-        }
-        if (ra->T != rb->T) {
-          rep.unmatched.push_back(
-              fmt::format("seq {} layer {} routing: {} rows in A, {} in B", s, layer, ra->T, rb->T));
-        } else {
-          rt.add(s, ra->T, ra->ids, ra->k, ra->margin, rb->ids, rb->k, rb->margin);
-        }
-      } else if (ra || rb) {
-        rep.unmatched.push_back(
-            fmt::format("seq {} layer {} routing decisions: only in {}", s, layer, ra ? "A" : "B"));
-      }
-      for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
-        const auto ma = A.r.mhc(sa, s, layer, sub);
-        const auto mb = B.r.mhc(sb, s, layer, sub);
-        if (ma && mb) {
-          max_abs_into(ma->pre, mb->pre, L.mhc_pre_max_abs);
-          max_abs_into(ma->post, mb->post, L.mhc_post_max_abs);
-          max_abs_into(ma->comb, mb->comb, L.mhc_comb_max_abs);
-        } else if (ma || mb) {
-          rep.unmatched.push_back(
-              fmt::format("seq {} layer {} mhc {}: only in {}", s, layer, to_string(sub), ma ? "A" : "B"));
-        }
-      }
-    }
+    SeqNotes idx_notes(static_cast<size_t>(S)), rt_notes(static_cast<size_t>(S)),
+        mhc_notes(static_cast<size_t>(S));
+    diff_indexer(st, layer, opt, factor, L, agree, idx_notes);
+    diff_routing(st, layer, opt, factor, L, agree, rt_notes);
+    diff_mhc(st, layer, L, mhc_notes);
+    for (int s = 0; s < S; ++s)
+      for (const SeqNotes* n : {&idx_notes, &rt_notes, &mhc_notes})
+        for (const std::string& m : (*n)[size_t(s)]) rep.unmatched.push_back(m);
 
-    if (!idx.a.empty()) {
-      L.has_indexer = true;
-      L.indexer_tie_threshold = idx.threshold(opt, factor);
-      double sum = 0, mn = 1;
-      for (size_t i = 0; i < idx.a.size(); ++i) {
-        const auto& a = idx.a[i];
-        const auto& b = idx.b[i];
-        const double ov = set_overlap(a, b);
-        sum += ov;
-        mn = std::min(mn, ov);
-        if (a == b) continue;
-        ++L.indexer_rows_differing;
-        agree[size_t(idx.where[i].first)][size_t(idx.where[i].second)] = 0;
-        ++(idx.tie(i, L.indexer_tie_threshold) ? L.indexer_tie_flips : L.indexer_confident_flips);
-      }
-      L.indexer_overlap_mean = sum / double(idx.a.size());
-      L.indexer_overlap_min = mn;
-    }
-    if (!rt.a.empty()) {
-      L.routing_tie_threshold = rt.threshold(opt, factor);
-      double jac = 0;
-      int64_t exact = 0;
-      for (size_t i = 0; i < rt.a.size(); ++i) {
-        const auto& a = rt.a[i];
-        const auto& b = rt.b[i];
-        jac += set_jaccard(a, b);
-        if (a == b) {
-          ++exact;
-          continue;
-        }
-        ++L.routing_rows_differing;
-        agree[size_t(rt.where[i].first)][size_t(rt.where[i].second)] = 0;
-        ++(rt.tie(i, L.routing_tie_threshold) ? L.routing_tie_flips : L.routing_confident_flips);
-      }
-      L.routing_exact = double(exact) / double(rt.a.size());
-      L.routing_jaccard = jac / double(rt.a.size());
-      if (L.hashed && L.routing_rows_differing > 0) L.hash_disagreement = true;
-    }
-
-    // Attribution: weigh by the squared row difference of ffn.hc_post when every sequence holds it in
-    // full, else count the digest-differing rows.
-    bool have_mass = true, have_rows = false;
-    for (int s = 0; s < S; ++s) {
-      if (out_diff.count({s, layer})) have_rows = true;
-      if (!out_mass.count({s, layer})) have_mass = false;
-    }
-    if (have_rows) {
-      double total = 0, same = 0;
-      for (int s = 0; s < S; ++s) {
-        auto it = out_diff.find({s, layer});
-        if (it == out_diff.end()) continue;
-        const auto& ag = agree[size_t(s)];
-        const std::vector<double>* mass = have_mass ? &out_mass.at({s, layer}) : nullptr;
-        for (size_t t = 0; t < it->second.size(); ++t) {
-          if (it->second[t]) ++L.rows_out_differing;
-          const double w = mass ? (*mass)[t] : (it->second[t] ? 1.0 : 0.0);
-          total += w;
-          if (t < ag.size() && ag[t]) same += w;
-        }
-      }
-      L.same_selection_share = total > 0 ? same / total : 0.0;
-    }
+    attribute(S, layer, out, agree, L);
     rep.layers.push_back(L);
   }
+}
 
-  // ---- tokens: log-prob mismatch and importance ratios -------------------------------------------
+// Tokens: log-prob mismatch and importance ratios.
+void diff_tokens(const Steps& st, DiffReport& rep) {
   double sum_k1 = 0, sum_k3 = 0, sum_r = 0, sum_abs = 0;
   int64_t outside = 0;
-  for (int s = 0; s < S; ++s) {
-    const std::vector<float> la = A.r.logprobs(sa, s);
-    const std::vector<float> lb = B.r.logprobs(sb, s);
+  for (int s = 0; s < st.S; ++s) {
+    const std::vector<float> la = st.A.r.logprobs(st.sa, s);
+    const std::vector<float> lb = st.B.r.logprobs(st.sb, s);
     if (la.size() != lb.size())
       rep.unmatched.push_back(fmt::format("seq {} logprobs: {} in A, {} in B", s, la.size(), lb.size()));
     for (size_t t = 0; t < std::min(la.size(), lb.size()); ++t) {
@@ -474,268 +502,42 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
     rep.ratio_outside = double(outside) / n;
     rep.logprob_abs_mean = sum_abs / n;
   }
+}
+
+}  // namespace
+
+DiffReport diff_traces(const std::string& path_a, const std::string& path_b, const DiffOptions& opt) {
+  Side A = open_side(path_a, opt.step_a, "A");
+  Side B = open_side(path_b, opt.step_b, "B");
+
+  DiffReport rep;
+  rep.trace_a = path_a;
+  rep.trace_b = path_b;
+  rep.step_a = opt.step_a;
+  rep.step_b = opt.step_b;
+  rep.profile_a = A.step.profile;
+  rep.profile_b = B.step.profile;
+  rep.model_digest_a = A.meta.model_digest;
+  rep.model_digest_b = B.meta.model_digest;
+  if (const std::string why = model_difference(A, B); !why.empty()) {
+    if (!opt.allow_model_mismatch) throw InputError(why + "; allow a model mismatch to compare them anyway");
+    rep.model_mismatch = true;
+  }
+  check_batches(A, B);
+  const int S = int(A.step.seq_lengths.size());
+  rep.seq_count = S;
+  if (opt.tie_threshold >= 0) {
+    rep.tie_rule = "absolute";
+    rep.tie_threshold = opt.tie_threshold;
+  } else {
+    rep.tie_rule = "relative";
+    rep.tie_threshold = tie_factor(A.step.profile, B.step.profile);
+  }
+  Steps st{A, B, A.step.index, B.step.index, S};
+  const LayerOutputs out = diff_tensors(st, rep);
+  diff_layers(st, opt, out, rep);
+  diff_tokens(st, rep);
   return rep;
-}
-
-// ---- JSON (docs/DIFF_JSON.md) ------------------------------------------------------------------------
-
-std::string diff_to_json(const DiffReport& r) {
-  using J = nlohmann::ordered_json;
-  J j;
-  j["format"] = "dsv4-diff";
-  j["version"] = 1;
-  j["trace_a"] = {
-      {"path", r.trace_a}, {"step", r.step_a}, {"profile", r.profile_a}, {"model_digest", r.model_digest_a}};
-  j["trace_b"] = {
-      {"path", r.trace_b}, {"step", r.step_b}, {"profile", r.profile_b}, {"model_digest", r.model_digest_b}};
-  j["seq_count"] = r.seq_count;
-  j["model_mismatch"] = r.model_mismatch;
-  j["tie"] = {{"rule", r.tie_rule}, {"threshold", r.tie_threshold}};
-  if (r.first_divergence) {
-    const auto& f = *r.first_divergence;
-    j["first_divergence"] = {{"seq", f.seq}, {"layer", f.layer}, {"tensor", f.tensor}, {"row", f.row}};
-  } else {
-    j["first_divergence"] = nullptr;
-  }
-  j["logprobs"] = {{"tokens", r.tokens.size()},
-                   {"abs_mean", r.logprob_abs_mean},
-                   {"abs_max", r.logprob_abs_max},
-                   {"k1", r.k1},
-                   {"k3", r.k3},
-                   {"ratio_mean", r.ratio_mean},
-                   {"ratio_min", r.ratio_min},
-                   {"ratio_max", r.ratio_max},
-                   {"ratio_outside", r.ratio_outside}};
-  J layers = J::array();
-  for (const LayerDiff& L : r.layers) {
-    J l;
-    l["layer"] = L.layer;
-    l["compress_ratio"] = L.compress_ratio;
-    l["rows"] = L.rows;
-    if (L.has_indexer) {
-      l["indexer"] = {
-          {"overlap_mean", L.indexer_overlap_mean},       {"overlap_min", L.indexer_overlap_min},
-          {"rows_differing", L.indexer_rows_differing},   {"tie_flips", L.indexer_tie_flips},
-          {"confident_flips", L.indexer_confident_flips}, {"tie_threshold", L.indexer_tie_threshold}};
-    } else {
-      l["indexer"] = nullptr;
-    }
-    l["routing"] = {{"hashed", L.hashed},
-                    {"exact", L.routing_exact},
-                    {"jaccard", L.routing_jaccard},
-                    {"rows_differing", L.routing_rows_differing},
-                    {"tie_flips", L.routing_tie_flips},
-                    {"confident_flips", L.routing_confident_flips},
-                    {"tie_threshold", L.routing_tie_threshold},
-                    {"hash_disagreement", L.hash_disagreement}};
-    l["mhc"] = {{"pre_max_abs", L.mhc_pre_max_abs},
-                {"post_max_abs", L.mhc_post_max_abs},
-                {"comb_max_abs", L.mhc_comb_max_abs}};
-    l["attribution"] = {{"rows_out_differing", L.rows_out_differing},
-                        {"same_selection_share", L.same_selection_share}};
-    layers.push_back(std::move(l));
-  }
-  j["layers"] = std::move(layers);
-  J tensors = J::array();
-  for (const TensorDiff& t : r.tensors) {
-    tensors.push_back({{"name", t.name},
-                       {"layer", t.layer},
-                       {"rows", t.rows},
-                       {"rows_differing", t.rows_differing},
-                       {"first_digest_seq", t.first_digest_seq},
-                       {"first_digest_row", t.first_digest_row},
-                       {"full", t.full},
-                       {"rel_l2", t.rel_l2},
-                       {"max_abs", t.max_abs},
-                       {"max_ulp", t.max_ulp},
-                       {"nonfinite_differing", t.nonfinite_differing}});
-  }
-  j["tensors"] = std::move(tensors);
-  J tokens = J::array();
-  for (const TokenDiff& t : r.tokens) {
-    tokens.push_back({{"seq", t.seq},
-                      {"position", t.position},
-                      {"logprob_a", t.logprob_a},
-                      {"logprob_b", t.logprob_b},
-                      {"abs_diff", t.abs_diff},
-                      {"ratio", t.ratio}});
-  }
-  j["tokens"] = std::move(tokens);
-  j["unmatched"] = r.unmatched;
-  return j.dump(2) + "\n";
-}
-
-// ---- text table ------------------------------------------------------------------------------------
-
-namespace {
-
-std::string fmt_share(double x) {
-  return fmt::format("{:.4f}", x);
-}
-std::string fmt_sci(double x) {
-  return std::isfinite(x) ? fmt::format("{:.3g}", x) : fmt::format("{}", x);
-}
-
-// The worst tensors first: most digest rows differing (as a share), then largest rel-L2.
-std::vector<const TensorDiff*> worst_tensors(const DiffReport& r, size_t n) {
-  std::vector<const TensorDiff*> v;
-  for (const auto& t : r.tensors)
-    if (t.rows_differing > 0 || t.rel_l2 > 0) v.push_back(&t);
-  auto share = [](const TensorDiff* t) {
-    return t->rows > 0 ? double(t->rows_differing) / double(t->rows) : 0.0;
-  };
-  std::stable_sort(v.begin(), v.end(), [&](const TensorDiff* x, const TensorDiff* y) {
-    if (share(x) != share(y)) return share(x) > share(y);
-    return x->rel_l2 > y->rel_l2;
-  });
-  if (v.size() > n) v.resize(n);
-  return v;
-}
-
-}  // namespace
-
-std::string diff_to_table(const DiffReport& r) {
-  std::string o;
-  o += fmt::format("A: {} step {} (profile {}, model {})\n", r.trace_a, r.step_a, r.profile_a,
-                   r.model_digest_a);
-  o += fmt::format("B: {} step {} (profile {}, model {})\n", r.trace_b, r.step_b, r.profile_b,
-                   r.model_digest_b);
-  o += fmt::format("{} sequence{}", r.seq_count, r.seq_count == 1 ? "" : "s");
-  if (r.model_mismatch) o += "; MODEL MISMATCH (different weights)";
-  o += "\n";
-  if (r.tie_rule == "absolute")
-    o += fmt::format("tie flips: margin < {} (absolute)\n\n", fmt_sci(r.tie_threshold));
-  else
-    o += fmt::format("tie flips: margin < {} x median |margin| of the layer\n\n", fmt_sci(r.tie_threshold));
-
-  o += fmt::format(
-      "{:>5} {:>5} {:>4} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>9} {:>9} {:>9} "
-      "| {:>6} {:>8}\n",
-      "layer", "ratio", "hash", "idx.ovl", "idx.min", "diff", "tie", "conf", "rt.exact", "rt.jacc", "diff",
-      "tie", "conf", "mhc.pre", "mhc.post", "mhc.comb", "out.df", "same.sel");
-  for (const LayerDiff& L : r.layers) {
-    const std::string ia = L.has_indexer ? fmt_share(L.indexer_overlap_mean) : "-";
-    const std::string im = L.has_indexer ? fmt_share(L.indexer_overlap_min) : "-";
-    const std::string id = L.has_indexer ? std::to_string(L.indexer_rows_differing) : "-";
-    const std::string it = L.has_indexer ? std::to_string(L.indexer_tie_flips) : "-";
-    const std::string ic = L.has_indexer ? std::to_string(L.indexer_confident_flips) : "-";
-    o += fmt::format(
-        "{:>5} {:>5} {:>4} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>8} {:>8} {:>6} {:>5} {:>5} | {:>9} {:>9} "
-        "{:>9} | {:>6} "
-        "{:>8}{}\n",
-        L.layer, L.compress_ratio, L.hashed ? "yes" : "", ia, im, id, it, ic, fmt_share(L.routing_exact),
-        fmt_share(L.routing_jaccard), L.routing_rows_differing, L.routing_tie_flips,
-        L.routing_confident_flips, fmt_sci(L.mhc_pre_max_abs), fmt_sci(L.mhc_post_max_abs),
-        fmt_sci(L.mhc_comb_max_abs), L.rows_out_differing, fmt_share(L.same_selection_share),
-        L.hash_disagreement ? "  HASH-ROUTING DISAGREES (bug)" : "");
-  }
-
-  const auto worst = worst_tensors(r, 12);
-  o += "\n";
-  if (worst.empty()) {
-    o += "tensors: every digest row agrees\n";
-  } else {
-    o += fmt::format("worst tensors ({} of {} differ):\n",
-                     std::count_if(r.tensors.begin(), r.tensors.end(),
-                                   [](const TensorDiff& t) { return t.rows_differing > 0; }),
-                     r.tensors.size());
-    o += fmt::format("  {:<22} {:>5} {:>13} {:>11} {:>10} {:>10} {:>10}\n", "tensor", "layer", "rows differ",
-                     "first", "rel_l2", "max_abs", "max_ulp");
-    for (const TensorDiff* t : worst) {
-      const std::string first =
-          t->first_digest_row < 0 ? "-" : fmt::format("s{}:{}", t->first_digest_seq, t->first_digest_row);
-      o += fmt::format("  {:<22} {:>5} {:>13} {:>11} {:>10} {:>10} {:>10}\n", t->name,
-                       t->layer < 0 ? std::string("model") : std::to_string(t->layer),
-                       fmt::format("{}/{}", t->rows_differing, t->rows), first,
-                       t->full ? fmt_sci(t->rel_l2) : "-", t->full ? fmt_sci(t->max_abs) : "-",
-                       t->full ? std::to_string(t->max_ulp) : "-");
-    }
-  }
-
-  o += fmt::format(
-      "\nlog-probs over {} tokens: |d| mean {} max {}; k1 {} k3 {}; ratio mean {} min {} max {}, outside "
-      "[0.8, 1.25]: {:.2f}%\n",
-      r.tokens.size(), fmt_sci(r.logprob_abs_mean), fmt_sci(r.logprob_abs_max), fmt_sci(r.k1), fmt_sci(r.k3),
-      fmt_sci(r.ratio_mean), fmt_sci(r.ratio_min), fmt_sci(r.ratio_max), 100.0 * r.ratio_outside);
-  if (r.first_divergence) {
-    const auto& f = *r.first_divergence;
-    o += fmt::format("first divergence: seq {}, {}, {}, row {}\n", f.seq, layer_name(f.layer), f.tensor,
-                     f.row);
-  } else {
-    o += "first divergence: none (every digest agrees)\n";
-  }
-  if (!r.unmatched.empty()) {
-    o += fmt::format("unmatched ({}):\n", r.unmatched.size());
-    for (size_t i = 0; i < r.unmatched.size() && i < 20; ++i) o += "  " + r.unmatched[i] + "\n";
-    if (r.unmatched.size() > 20) o += fmt::format("  ... {} more\n", r.unmatched.size() - 20);
-  }
-  return o;
-}
-
-// ---- CSV ------------------------------------------------------------------------------------------
-
-namespace {
-
-// Numbers round-trip (17 significant digits); non-finite values are written as nan/inf/-inf.
-std::string num(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  return fmt::format("{:.17g}", x);
-}
-
-// Tensor names hold no commas or quotes today; quote anyway so a future name cannot break a row.
-std::string quoted(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
-
-void write_file(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw InputError(fmt::format("{}: cannot write", p.string()));
-}
-
-}  // namespace
-
-void diff_to_csv(const DiffReport& r, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw InputError(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
-  const std::filesystem::path d(dir);
-
-  std::string l =
-      "layer,compress_ratio,rows,has_indexer,indexer_overlap_mean,indexer_overlap_min,indexer_rows_differing,"
-      "indexer_tie_flips,indexer_confident_flips,indexer_tie_threshold,hashed,routing_exact,routing_jaccard,"
-      "routing_rows_differing,routing_tie_flips,routing_confident_flips,routing_tie_threshold,hash_"
-      "disagreement,"
-      "mhc_pre_max_abs,mhc_post_max_abs,mhc_comb_max_abs,rows_out_differing,same_selection_share\n";
-  for (const LayerDiff& L : r.layers)
-    l += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", L.layer,
-                     L.compress_ratio, L.rows, int(L.has_indexer), num(L.indexer_overlap_mean),
-                     num(L.indexer_overlap_min), L.indexer_rows_differing, L.indexer_tie_flips,
-                     L.indexer_confident_flips, num(L.indexer_tie_threshold), int(L.hashed),
-                     num(L.routing_exact), num(L.routing_jaccard), L.routing_rows_differing,
-                     L.routing_tie_flips, L.routing_confident_flips, num(L.routing_tie_threshold),
-                     int(L.hash_disagreement), num(L.mhc_pre_max_abs), num(L.mhc_post_max_abs),
-                     num(L.mhc_comb_max_abs), L.rows_out_differing, num(L.same_selection_share));
-  write_file(d / "layers.csv", l);
-
-  std::string t =
-      "name,layer,rows,rows_differing,first_digest_seq,first_digest_row,full,rel_l2,max_abs,max_ulp,"
-      "nonfinite_differing\n";
-  for (const TensorDiff& x : r.tensors)
-    t += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", quoted(x.name), x.layer, x.rows, x.rows_differing,
-                     x.first_digest_seq, x.first_digest_row, int(x.full), num(x.rel_l2), num(x.max_abs),
-                     x.max_ulp, x.nonfinite_differing);
-  write_file(d / "tensors.csv", t);
-
-  std::string k = "seq,position,logprob_a,logprob_b,abs_diff,ratio\n";
-  for (const TokenDiff& x : r.tokens)
-    k += fmt::format("{},{},{},{},{},{}\n", x.seq, x.position, num(x.logprob_a), num(x.logprob_b),
-                     num(x.abs_diff), num(x.ratio));
-  write_file(d / "tokens.csv", k);
 }
 
 }  // namespace dsv4

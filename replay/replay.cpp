@@ -11,7 +11,6 @@
 #include "replay/generation.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -19,24 +18,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "capture/digest.h"
 #include "capture/errors.h"
-#include "capture/trace_writer.h"
-#include "model/checkpoint.h"
 #include "model/collect.h"
 #include "model/decision_sets.h"
 #include "model/forward.h"
 
 namespace dsv4 {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -310,41 +302,6 @@ void add_overrides(const std::vector<SeqDecisions>& d, bool indexer, bool routin
   }
 }
 
-// ---- weights ----------------------------------------------------------------------------------------
-
-constexpr const char* kInitPrefix = "init:seed=";
-
-// The first config.json field whose value differs, or "" when both configs are equal.
-std::string first_config_difference(const ModelConfig& a, const ModelConfig& b) {
-  const nlohmann::json ja = nlohmann::json::parse(config_to_json(a));
-  const nlohmann::json jb = nlohmann::json::parse(config_to_json(b));
-  if (ja == jb) return "";
-  for (const auto& [k, v] : ja.items())
-    if (!jb.contains(k) || jb[k] != v) return k;
-  for (const auto& [k, v] : jb.items())
-    if (!ja.contains(k)) return k;
-  return "?";
-}
-
-// Where a recorded (non-init) weights path is found: absolute paths as they are; relative ones
-// beside the trace first (bundles), then in the working directory. "" when none exists.
-std::string resolve_recorded_path(const TraceReader& r, const std::string& recorded) {
-  std::error_code ec;
-  const fs::path p(recorded);
-  if (p.is_absolute()) return fs::exists(p, ec) ? recorded : "";
-  const fs::path beside = fs::path(r.path()).parent_path() / p;
-  if (fs::exists(beside, ec)) return beside.string();
-  if (fs::exists(p, ec)) return recorded;
-  return "";
-}
-
-std::optional<uint64_t> init_seed(const std::string& source) {
-  if (source.rfind(kInitPrefix, 0) != 0) return std::nullopt;
-  const std::string num = source.substr(std::strlen(kInitPrefix));
-  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  return std::stoull(num);
-}
-
 // ---- environment --------------------------------------------------------------------------------
 
 int env_rank(const std::string& key) {
@@ -355,17 +312,6 @@ int env_rank(const std::string& key) {
   };
   const auto it = ranks.find(key);
   return it == ranks.end() ? 7 : it->second;
-}
-
-// ---- files ----------------------------------------------------------------------------------------
-
-// The files that make a checkpoint directory: config.json, *.safetensors and the shard index.
-bool is_checkpoint_file(const fs::path& p) {
-  const std::string n = p.filename().string();
-  auto ends_with = [&](const std::string& s) {
-    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
-  };
-  return n == "config.json" || ends_with(".safetensors") || ends_with(".safetensors.index.json");
 }
 
 double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -396,52 +342,6 @@ bool ReplayReport::identical() const {
   for (const auto& s : steps)
     if (!s.identical) return false;
   return true;
-}
-
-Weights weights_for_trace(const TraceReader& r, const std::string& model_dir) {
-  const ModelConfig recorded = r.config();
-  const TraceModelMeta meta = r.model();
-  std::string path = model_dir;
-  if (path.empty()) {
-    if (const auto seed = init_seed(meta.weights_path)) return Weights::init(recorded, *seed);
-    if (meta.weights_path.empty())
-      throw InputError(fmt::format("{}: the trace records no weights path; pass --model DIR", r.path()));
-    path = resolve_recorded_path(r, meta.weights_path);
-    if (path.empty())
-      throw InputError(
-          fmt::format("{}: the recorded weights '{}' are not found here (looked beside the trace and in "
-                      "the working directory); pass --model DIR",
-                      r.path(), meta.weights_path));
-  }
-  Weights w = open_checkpoint(path);
-  const std::string field = first_config_difference(recorded, w.config());
-  if (!field.empty())
-    throw InputError(
-        fmt::format("{}: its config.json differs from the one recorded in {} (field '{}'); this is "
-                    "not the recorded model",
-                    path, r.path(), field));
-  return w;
-}
-
-std::vector<std::string> weight_mismatches(const TraceReader& r, const Weights& w) {
-  const TraceModelMeta meta = r.model();
-  if (meta.tensor_names.size() != meta.tensor_digests.size())
-    throw TraceError(fmt::format("{}: /meta/model holds {} tensor names but {} digests", r.path(),
-                                 meta.tensor_names.size(), meta.tensor_digests.size()));
-  const ModelDigest here = model_digest(w);
-  std::map<std::string, uint64_t> recorded, mine;
-  for (size_t i = 0; i < meta.tensor_names.size(); ++i)
-    recorded[meta.tensor_names[i]] = meta.tensor_digests[i];
-  for (size_t i = 0; i < here.names.size(); ++i) mine[here.names[i]] = here.digests[i];
-  std::vector<std::string> out;
-  for (const auto& [name, d] : recorded) {
-    const auto it = mine.find(name);
-    if (it == mine.end() || it->second != d) out.push_back(name);
-  }
-  for (const auto& [name, d] : mine)
-    if (!recorded.count(name)) out.push_back(name);
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const EnvFingerprint& here) {
@@ -745,69 +645,6 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
         std::to_string(rep.steps.front().threads > 0 ? rep.steps.front().threads : omp_get_max_threads());
   rep.env_differences = compare_env(r.env(), here);
   return rep;
-}
-
-void bundle_trace(const std::string& trace, const std::string& model_dir, const std::string& out_dir) {
-  std::error_code ec;
-  const fs::path out(out_dir);
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    throw InputError(fmt::format(
-        "{}: exists and is not an empty directory; give a new directory for the bundle", out_dir));
-
-  const TraceReader r = TraceReader::open(trace);
-  const TraceModelMeta meta = r.model();
-  const Weights w = weights_for_trace(r, model_dir);
-  const std::vector<std::string> bad = weight_mismatches(r, w);
-  if (!bad.empty())
-    throw InputError(fmt::format("{}: the weights of {} do not match the trace ({} tensor{} differ: {}{})",
-                                 trace, w.source(), bad.size(), bad.size() == 1 ? "" : "s",
-                                 fmt::join(bad.begin(), bad.begin() + std::min<size_t>(bad.size(), 5), ", "),
-                                 bad.size() > 5 ? ", ..." : ""));
-
-  const fs::path model_out = out / "model";
-  fs::create_directories(model_out, ec);
-  if (ec) throw InputError(fmt::format("{}: cannot create: {}", model_out.string(), ec.message()));
-  if (init_seed(w.source())) {
-    // Seeded weights have no files: write them out, so the bundle does not depend on this build's
-    // initialisation (the digests recorded in the trace check that the written values are the same).
-    w.save(model_out.string());
-  } else {
-    fs::path src(w.source());
-    if (!fs::is_directory(src, ec)) src = src.parent_path();
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(src, ec))
-      if (e.is_regular_file() && is_checkpoint_file(e.path())) files.push_back(e.path());
-    if (ec) throw InputError(fmt::format("{}: cannot list: {}", src.string(), ec.message()));
-    for (const fs::path& f : files) {
-      fs::copy_file(f, model_out / f.filename(), ec);
-      if (ec)
-        throw InputError(
-            fmt::format("{}: cannot copy to {}: {}", f.string(), model_out.string(), ec.message()));
-    }
-  }
-
-  const fs::path trace_out = out / fs::path(trace).filename();
-  fs::copy_file(trace, trace_out, ec);
-  if (ec) throw InputError(fmt::format("{}: cannot copy to {}: {}", trace, trace_out.string(), ec.message()));
-  // Relative weights paths resolve beside the trace (weights_for_trace), so the bundle replays as it is.
-  set_trace_weights_path(trace_out.string(), "model");
-
-  std::vector<fs::path> files{trace_out};
-  std::vector<fs::path> model_files;
-  for (const auto& e : fs::directory_iterator(model_out)) model_files.push_back(e.path());
-  std::sort(model_files.begin(), model_files.end());
-  files.insert(files.end(), model_files.begin(), model_files.end());
-  nlohmann::json manifest;
-  manifest["trace"] = trace_out.filename().string();
-  manifest["model_digest"] = meta.model_digest;
-  manifest["files"] = nlohmann::json::array();
-  for (const fs::path& f : files)
-    manifest["files"].push_back({{"name", fs::relative(f, out).generic_string()},
-                                 {"bytes", int64_t(fs::file_size(f))},
-                                 {"xxh3", hex16(file_digest(f.string()))}});
-  std::ofstream m(out / "MANIFEST.json");
-  m << manifest.dump(2) << "\n";
-  if (!m) throw InputError(fmt::format("{}: cannot write MANIFEST.json", out_dir));
 }
 
 }  // namespace dsv4

@@ -112,6 +112,9 @@ std::string replay_to_json(const ReplayReport& r);
 // bundle records "model", see bundle_trace). Throws InputError when no weights can be found, or when
 // the checkpoint's config differs from the recorded one (naming the field).
 Weights weights_for_trace(const TraceReader& r, const std::string& model_dir);
+// The seed of a weights source "init:seed=N" (preset weights re-created from the seed); nullopt for
+// a path.
+std::optional<uint64_t> init_seed(const std::string& source);
 // Names of the weight tensors whose digest differs from the recorded one (or that exist on one side
 // only), sorted.
 std::vector<std::string> weight_mismatches(const TraceReader& r, const Weights& w);

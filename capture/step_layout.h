@@ -1,0 +1,99 @@
+// The HDF5 layout of a trace (traces/FORMAT.md) as the trace writer's thread writes it: the file
+// header, then per step its groups and datasets, the streamed tensors and decisions, and the step's
+// end (log-probs, digests, kernels, generation record, status). Every HDF5 call of TraceWriter is
+// here; the queue and the thread that call it are in capture/trace_writer.cpp. Not thread-safe: one
+// thread owns a StepLayout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capture/cupti.h"
+#include "capture/generation.h"
+#include "capture/h5.h"
+#include "capture/policy.h"
+#include "capture/trace_writer.h"
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/manifest.h"
+
+namespace dsv4 {
+
+// One reported item of a step: a tensor's row digests (and its bytes when the policy stores it) or
+// one decision (indexer, routing, mHC) of one sequence and layer.
+struct StepRecord {
+  int seq = 0, layer = -1;
+  std::string name;
+  DType dtype = DType::f32;
+  Sublayer sub = Sublayer::attn;
+  int64_t T = 0;
+  int k = 0;  // indexer, routing: ids per row; mhc: hc
+  bool hashed = false;
+  bool store = false;  // tensor: write `bytes` to tensors/<name>/<layer>
+  std::vector<uint64_t> digests;
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> ids;            // indexer, routing
+  std::vector<float> margin;           // indexer, routing
+  std::vector<float> weights;          // routing
+  std::vector<float> pre, post, comb;  // mhc
+};
+
+class StepLayout {
+ public:
+  // The trace file at `writing_path`, of a model of config `c` (/meta/tensor_names).
+  StepLayout(std::string writing_path, const ModelConfig& c);
+
+  // Creates the file: the root attributes, /meta and an empty /steps.
+  void write_header(const TraceHeader& h);
+  // Opens the file, creates step `index` (status 0) with every group and dataset it will receive and
+  // switches the file to SWMR writing.
+  void create_step(int index, const StepSpec& s, const CapturePolicy& policy);
+  // Streamed data of the open step; each checks the record against the layout (Error on a mismatch).
+  void write_tensor(const StepRecord& m);
+  void write_indexer(const StepRecord& m);
+  void write_routing(const StepRecord& m);
+  void write_mhc(const StepRecord& m);
+  // Writes the log-probs and digests, the kernel records and the generation record (when not null),
+  // marks the step complete (status 1) and closes the file.
+  void finish_step(const ForwardResult& r, const KernelRecords& k, const GenerationRecord* generation);
+  // Closes whatever is still open (a step abandoned mid-way); never throws.
+  void close_file();
+
+ private:
+  // What the layout knows about one sequence of the open step.
+  struct SeqLayout {
+    int64_t T = 0;
+    std::string group;  // "/steps/000000/seq_000"
+    std::vector<TensorSpecT> manifest;
+    std::map<std::pair<int, std::string>, size_t> index;  // (layer, name) -> manifest record
+    std::vector<int64_t> first;                           // record -> offset into digests
+    std::vector<uint64_t> digests;
+    std::vector<char> got;
+    std::set<std::string> pending;  // decisions not yet received: "layer_001/indexer", ...
+    int width = 0;                  // indexer_width
+    h5::Type gap_type = h5::Type::u8;
+  };
+
+  void create_seq(const h5::Object& step, int si, const std::vector<int32_t>& tokens,
+                  const CapturePolicy& policy);
+  SeqLayout& seq_of(const StepRecord& m);
+  h5::Object open_in_seq(const SeqLayout& L, const std::string& rel);
+  void done_decision(SeqLayout& L, const StepRecord& m, const std::string& what);
+  void write_kernels(const h5::Object& f, const KernelRecords& k);
+
+  const std::string writing_path;
+  const ModelConfig cfg;
+  const std::vector<std::string> names;  // /meta/tensor_names
+  std::map<std::string, int32_t> name_index;
+
+  h5::Object file;
+  int step_index = -1;
+  std::string step_group;
+  std::vector<SeqLayout> seqs;
+};
+
+}  // namespace dsv4
