@@ -111,6 +111,35 @@ TEST(RolloutEngine, BatchAndScheduleInvariance) {
   }
 }
 
+// 64 requests running at once (max batch 64), against the same requests in batches of 8 and alone.
+TEST(RolloutEngine, BatchOf64) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < 64; ++i) {
+    Request q;
+    q.id = "b64-" + std::to_string(i);
+    q.prompt = random_prompt(2 + i % 9, 500 + i);
+    q.max_new_tokens = 3 + i % 4;
+    q.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    q.sampling.seed = 11;
+    reqs.push_back(q);
+  }
+  EngineOptions big;
+  big.max_batch = 64;
+  const auto all = generate(reqs, big);
+  EngineOptions eight;
+  eight.max_batch = 8;
+  const auto by8 = generate(reqs, eight);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    expect_same_generation(all->gens[i], by8->gens[i], "batch 64 vs 8");
+    EXPECT_TRUE(same_rows(*all, int(i), *by8, int(i)));
+  }
+  for (size_t i : {size_t(0), size_t(33), size_t(63)}) {
+    const auto alone = generate({reqs[i]}, big);
+    expect_same_generation(all->gens[i], alone->gens[0], "batch 64 vs alone");
+    EXPECT_TRUE(same_rows(*all, int(i), *alone, 0));
+  }
+}
+
 TEST(RolloutEngine, PageSizeAndPrefixSharingInvariance) {
   std::vector<Request> reqs;
   const auto prompt = random_prompt(45, 9);
