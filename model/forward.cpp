@@ -378,14 +378,12 @@ class SequenceForward {
     return out;
   }
 
-  // Rows [0, g_before) of a cached stream followed by the chunk's `fresh` rows: the compressed rows a
-  // query of this chunk can see.
-  FBuf with_history(int layer, CacheStream stream, int64_t g_before, FBuf fresh, int64_t dim) {
-    if (!cache_ || g_before == 0) return fresh;
-    FBuf all = be_.floats(g_before * dim + fresh.size());
-    cache_->load(layer, stream, 0, g_before, all.data());
-    be_.copy(all.data() + g_before * dim, fresh.data(), fresh.bytes());
-    return all;
+  // Writes rows [0, g_before) of a cached stream, then the chunk's `fresh` rows, to dst: the
+  // compressed rows a query of this chunk can see.
+  void put_with_history(int layer, CacheStream stream, int64_t g_before, const FBuf& fresh, int64_t dim,
+                        float* dst) {
+    if (cache_ && g_before > 0) cache_->load(layer, stream, 0, g_before, dst);
+    be_.copy(dst + g_before * dim, fresh.data(), fresh.bytes());
   }
 
   struct Mix {
@@ -507,7 +505,6 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
 
   // Compressed KV (C4 / C128) and the lightning indexer (C4). G counts the compressed rows visible
   // to this chunk: g_before from the cache, then the groups completing in the chunk.
-  FBuf comp;
   if (ratio > 0) {
     const int64_t g_before = groups_before(ratio);
     FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed);
@@ -515,7 +512,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
     if (P_.fp8_kv && n > 0) fp8(fresh, n, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
     report(L, "attn.compressed_kv", DType::bf16, {n, Dh}, fresh.data(), g_before);
-    comp = with_history(L, CacheStream::compressed, g_before, std::move(fresh), Dh);
+    put_with_history(L, CacheStream::compressed, g_before, fresh, Dh, kvcat.data() + (hist + T_) * Dh);
   }
   IBuf sel;
   int k4 = 0;
@@ -534,7 +531,13 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
     if (P_.fp8_indexer && n > 0) fp8(kfresh, n, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
     report(L, "indexer.k", DType::bf16, {n, Di}, kfresh.data(), g_before);
-    FBuf ki = with_history(L, CacheStream::indexer_keys, g_before, std::move(kfresh), Di);
+    FBuf ki;  // every key a query of this chunk can see: the cached ones, then the chunk's
+    if (g_before == 0) {
+      ki = std::move(kfresh);
+    } else {
+      ki = be_.floats(G * Di);
+      put_with_history(L, CacheStream::indexer_keys, g_before, kfresh, Di, ki.data());
+    }
     FBuf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L);
     const float wscale = float(1.0 / std::sqrt(double(Hi) * double(Di)));
     be_.scale_bf16(wt.data(), wt.size(), wscale);
@@ -595,7 +598,6 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   }
 
   be_.copy(kvcat.data() + hist * Dh, kv.data(), kv.bytes());
-  be_.copy(kvcat.data() + (hist + T_) * Dh, comp.data(), comp.bytes());
   IndexBuildParams bp;
   bp.T = T_;
   bp.pos0 = p0_;
