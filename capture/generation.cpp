@@ -206,9 +206,21 @@ std::vector<float> GenerationCollector::prompt_logprobs(int request) const {
   return r.prompt_lp;
 }
 
-void GenerationCollector::report_request(int request, int64_t T, int seq, const std::vector<float>& sampled_logprobs,
-                               Observer& out) const {
-  const Request& r = reqs_.at(size_t(request));
+std::vector<float> GenerationCollector::sequence_logprobs(int request, int64_t T,
+                                                          const std::vector<float>& sampled_logprobs) const {
+  std::vector<float> lp = prompt_logprobs(request);  // rows 0 .. P-2
+  const size_t need = size_t(std::max<int64_t>(T - 1, 0));
+  for (size_t i = 0; lp.size() < need && i < sampled_logprobs.size(); ++i) lp.push_back(sampled_logprobs[i]);
+  if (lp.size() != need)
+    throw Error(
+        fmt::format("generation: request {} has {} log-probs for {} computed tokens", request, lp.size(), T));
+  return lp;
+}
+
+void GenerationCollector::report_request(int request, int64_t T, int seq,
+                                         const std::vector<float>& sampled_logprobs, Observer& out) const {
+  if (request < 0 || size_t(request) >= reqs_.size())
+    throw Error(fmt::format("generation: no request {} of {}", request, reqs_.size()));
   // The tensor order: this request's, or the one's whose prompt it forked when it ran no chunk itself.
   int order_from = request;
   while (reqs_[size_t(order_from)].order.empty() && reqs_[size_t(order_from)].source >= 0)
@@ -260,12 +272,7 @@ void GenerationCollector::report_request(int request, int64_t T, int seq, const 
 
   // logprobs [T-1]: the prompt's (rows 0 .. P-2), then the sampled tokens' from row P-1 on; the last
   // computed row predicts the last generated token, so all generated log-probs but none beyond are used.
-  std::vector<float> lp = prompt_logprobs(request);
-  const size_t need = size_t(std::max<int64_t>(T - 1, 0));
-  for (size_t i = 0; lp.size() < need && i < sampled_logprobs.size(); ++i) lp.push_back(sampled_logprobs[i]);
-  if (lp.size() != need)
-    throw Error(
-        fmt::format("generation: request {} has {} log-probs for {} computed tokens", request, lp.size(), T));
+  std::vector<float> lp = sequence_logprobs(request, T, sampled_logprobs);
   TensorRecord t;
   t.seq = seq;
   t.layer = -1;
@@ -350,7 +357,6 @@ void GenerationCollector::report_request(int request, int64_t T, int seq, const 
       out.on_routing(d);
     }
   }
-  (void)r;
 }
 
 // ---- HDF5 ----------------------------------------------------------------------------------------

@@ -84,7 +84,12 @@ class GenerationCollector final : public Observer {
   // would: every named tensor (rows [0, T) or the groups of T), the `logprobs` [T-1] (the prompt's
   // from its logits rows, then `sampled_logprobs`), and every decision. Throws Error when a row is
   // missing (a bug: the engine must have computed every position once).
-  void report_request(int request, int64_t T, int seq, const std::vector<float>& sampled_logprobs, Observer& out) const;
+  void report_request(int request, int64_t T, int seq, const std::vector<float>& sampled_logprobs,
+                      Observer& out) const;
+  // The `logprobs` [T-1] of request `request` as T computed tokens: the prompt's (rows 0 .. P-2),
+  // then the sampled tokens' from row P-1 on.
+  std::vector<float> sequence_logprobs(int request, int64_t T,
+                                       const std::vector<float>& sampled_logprobs) const;
   // log_softmax(logits[p] / temperature)[prompt[p + 1]] for p < prompt length - 1 (the request's
   // temperature), from the logits rows the request or the request whose prompt it forked reported.
   std::vector<float> prompt_logprobs(int request) const;

@@ -61,8 +61,7 @@ CollectedGeneration run_collected(const Weights& w, const std::vector<rollout::R
 
     std::vector<int32_t> computed = gen.prompt;  // prompt + response: the recorder feeds every token
     computed.insert(computed.end(), gen.tokens.begin(), gen.tokens.end());
-    std::vector<float> lp = c.collector->prompt_logprobs(int(i));   // rows 0 .. P-2
-    lp.insert(lp.end(), gen.logprobs.begin(), gen.logprobs.end());  // rows P-1 .. P+N-2
+    std::vector<float> lp = c.collector->sequence_logprobs(int(i), int64_t(computed.size()), gen.logprobs);
     c.computed.push_back(std::move(computed));
     c.logprobs.push_back(std::move(lp));
   }
