@@ -265,8 +265,9 @@ int Engine::submit(Request r) {
   l.gen.index = impl_->submitted++;
   l.gen.prompt = r.prompt;
   l.req = std::move(r);
+  const int index = l.gen.index;
   impl_->waiting.push_back(std::move(l));
-  return l.gen.index;
+  return index;
 }
 
 std::vector<Generation> Engine::run(const std::function<void(const StepInfo&)>& progress) {

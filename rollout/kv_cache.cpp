@@ -136,12 +136,17 @@ std::vector<int64_t> RequestCache::pool_slots(int layer, CacheStream s, int64_t 
   return out;
 }
 
+backend::Buffer<int64_t> RequestCache::device_slots(int layer, CacheStream s, int64_t first, int64_t n,
+                                                    bool for_write) {
+  const std::vector<int64_t> host = pool_slots(layer, s, first, n, for_write);
+  backend::Buffer<int64_t> dev = store_.backend().longs(n);
+  store_.backend().upload(dev.data(), host);
+  return dev;
+}
+
 void RequestCache::load(int layer, CacheStream stream, int64_t first, int64_t n, float* dst) {
   if (n <= 0) return;
-  backend::Backend& be = store_.backend();
-  const std::vector<int64_t> host = pool_slots(layer, stream, first, n, false);
-  backend::Buffer<int64_t> dev = be.longs(n);
-  be.upload(dev.data(), host);
+  const backend::Buffer<int64_t> dev = device_slots(layer, stream, first, n, false);
   PagePool& pool = store_.pool(stream);
   KvLoadParams p{.f = pool.format(),
                  .n = n,
@@ -149,15 +154,12 @@ void RequestCache::load(int layer, CacheStream stream, int64_t first, int64_t n,
                  .pool = pool.data(),
                  .dst = dst,
                  .ld = pool.format().dim};
-  be.kv_load(p);
+  store_.backend().kv_load(p);
 }
 
 void RequestCache::store(int layer, CacheStream stream, int64_t first, int64_t n, const float* src) {
   if (n <= 0) return;
-  backend::Backend& be = store_.backend();
-  const std::vector<int64_t> host = pool_slots(layer, stream, first, n, true);
-  backend::Buffer<int64_t> dev = be.longs(n);
-  be.upload(dev.data(), host);
+  const backend::Buffer<int64_t> dev = device_slots(layer, stream, first, n, true);
   PagePool& pool = store_.pool(stream);
   KvStoreParams p{.f = pool.format(),
                   .n = n,
@@ -165,7 +167,7 @@ void RequestCache::store(int layer, CacheStream stream, int64_t first, int64_t n
                   .ld = pool.format().dim,
                   .slot_ids = dev.data(),
                   .pool = pool.data()};
-  be.kv_store(p);
+  store_.backend().kv_store(p);
 }
 
 CompressorState& RequestCache::compressor_state(int layer, CacheStream stream) {

@@ -102,6 +102,8 @@ class RequestCache final : public SequenceCache {
   // Pool slots of rows [first, first + n) of a stream; with `for_write`, pages are allocated and
   // shared pages copied first.
   std::vector<int64_t> pool_slots(int layer, CacheStream s, int64_t first, int64_t n, bool for_write);
+  // The same, uploaded to the backend for kv_load / kv_store.
+  backend::Buffer<int64_t> device_slots(int layer, CacheStream s, int64_t first, int64_t n, bool for_write);
 
   CacheStore& store_;
   int64_t length_ = 0;
