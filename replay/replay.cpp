@@ -399,6 +399,22 @@ void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepRep
   sr.kernels_equal = true;
 }
 
+// What a step's replay compares against, per sequence: its tokens, digests and decisions.
+struct RecordedStep {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<DigestTable> tables;
+  std::vector<SeqDecisions> decisions;
+};
+static RecordedStep read_recorded_step(const TraceReader& r, int index, int n_seqs) {
+  RecordedStep out;
+  for (int s = 0; s < n_seqs; ++s) {
+    out.tokens.push_back(r.tokens(index, s));
+    out.tables.push_back(r.digests(index, s));
+    out.decisions.push_back(read_decisions(r, index, s));
+  }
+  return out;
+}
+
 // A generation step: the engine runs again with the recorded requests and settings; every request's
 // reports, laid out as a prefill of its computed tokens (capture/generation.h), are verified against
 // the recorded digests in execution order, then the sampled tokens, their log-probs and the generator
@@ -410,14 +426,9 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   sr.threads = opt.threads > 0 ? opt.threads : info.threads;
   const GenerationRecord g = *r.generation(index);
   const int n = int(info.seq_lengths.size());
-  std::vector<std::vector<int32_t>> toks;
-  std::vector<DigestTable> tables;
-  std::vector<SeqDecisions> recorded;
-  for (int s = 0; s < n; ++s) {
-    toks.push_back(r.tokens(index, s));
-    tables.push_back(r.digests(index, s));
-    recorded.push_back(read_decisions(r, index, s));
-  }
+  RecordedStep rec = read_recorded_step(r, index, n);
+  std::vector<std::vector<int32_t>>& toks = rec.tokens;
+  std::vector<SeqDecisions>& recorded = rec.decisions;
   rollout::EngineOptions eo = recorded_engine_options(g, profile_by_name(info.profile));
   eo.device = opt.device;
   eo.threads = sr.threads;
@@ -425,7 +436,7 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   CollectedGeneration c =
       run_collected(w, recorded_requests(g, toks), eo, [](std::string_view, int) { return true; });
   sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  Verifier v(r, index, std::move(tables), sr);
+  Verifier v(r, index, std::move(rec.tables), sr);
   for (int s = 0; s < n; ++s)
     c.collector->report_request(s, int64_t(c.computed[size_t(s)].size()), s, c.gens[size_t(s)].logprobs, v);
   v.finish();
@@ -542,14 +553,10 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     sr.step = index;
     sr.threads = opt.threads > 0 ? opt.threads : info.threads;
     const int n_seqs = int(info.seq_lengths.size());
-    std::vector<std::vector<int32_t>> batch;
-    std::vector<DigestTable> tables;
-    std::vector<SeqDecisions> recorded;
-    for (int s = 0; s < n_seqs; ++s) {
-      batch.push_back(r.tokens(index, s));
-      tables.push_back(r.digests(index, s));
-      recorded.push_back(read_decisions(r, index, s));
-    }
+    RecordedStep rec = read_recorded_step(r, index, n_seqs);
+    const std::vector<std::vector<int32_t>>& batch = rec.tokens;
+    std::vector<DigestTable>& tables = rec.tables;
+    const std::vector<SeqDecisions>& recorded = rec.decisions;
 
     Overrides ov;
     std::vector<SeqDecisions> forced_from;  // counterfactual: the other trace's decisions
