@@ -29,16 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::tiny;
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    dir = fs::temp_directory_path() / ("dsv4-gen-" + std::to_string(::getpid()) + "-" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() { fs::remove_all(dir); }
-};
+using test::TempDir;
 
 std::vector<rollout::Request> requests() {
   std::vector<rollout::Request> out;

@@ -39,22 +39,7 @@ namespace fs = std::filesystem;
 
 using test::tiny;
 
-// A fresh directory per test, removed afterwards.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static std::atomic<int> n{0};
-    dir = fs::temp_directory_path() /
-          ("dsv4_trace_test_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string operator/(const std::string& name) const { return (dir / name).string(); }
-};
+using test::TempDir;
 
 // Forwards every report to several observers.
 class FanOut : public Observer {

@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +17,25 @@
 #include "kernels/numerics/numerics.h"
 
 namespace dsv4::test {
+
+// A fresh directory per test, removed afterwards.
+struct TempDir {
+  std::filesystem::path dir;
+  TempDir() {
+    static std::atomic<int> n{0};
+    dir = std::filesystem::temp_directory_path() /
+          ("dsv4_test_" + std::to_string(getpid()) + "_" + std::to_string(n++));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string operator/(const std::string& name) const { return (dir / name).string(); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 
 // Deterministic generator seeded from a string (the case name), so a failing case reruns the same.
 inline std::mt19937_64 rng_for(const std::string& name) {
