@@ -1,0 +1,291 @@
+// Backward kernels of the training step (MODEL.md §5): one Params struct and one function per op,
+// like the forward kernels. Conventions (docs/TRAINING.md "Gradient numerics"):
+//
+// - Every gradient is fp32 and is never rounded to bf16: the forward's bf16 roundings, the FP8
+//   simulation and the bf16 output of a GEMM are straight-through (derivative 1).
+// - Outputs marked "(+=)" are accumulated: out = out + contribution, one fp32 add per element per
+//   call, so a tensor fed to several consumers sums their gradients in the order the graph calls
+//   them. Outputs not marked are overwritten.
+// - A sum over the tokens of a sequence (weight gradients, d_sink, dnorm, dape, dfn, the embedding
+//   rows of repeated tokens, an expert's gradient over the tokens routed to it) is reduced in one
+//   documented order that depends on nothing but the tokens: GEMM weight gradients use the canonical
+//   dot of kernels/reduce.h over the token axis (in increasing token order); the others are a
+//   sequential fp32 sum in increasing token order, each token's contribution formed first. No
+//   atomics; results do not depend on the thread count.
+// - Products over a feature axis (D, Dh, hc*D) use the canonical dot with the given ReduceOrder.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/moe.h"
+#include "kernels/reduce.h"
+
+namespace dsv4 {
+
+// ---- dense linear: Y [m, n] = X [m, k] · W [n, k]^T -----------------------------------------------
+
+// dX[r, c] (+=) dot_n(dY[r, :], W[:, c]) over n = 0..n-1 in the canonical order (the column of W is
+// gathered contiguously first). Rows independent.
+struct GemmDxParams {
+  int64_t m = 0, n = 0, k = 0;
+  const float* dy = nullptr;  // [m, n], row stride lddy
+  int64_t lddy = 0;
+  const float* w = nullptr;  // [n, k], row stride ldw
+  int64_t ldw = 0;
+  float* dx = nullptr;  // [m, k], row stride lddx
+  int64_t lddx = 0;
+  bool accumulate = false;
+  ReduceOrder order{};
+};
+const char* gemm_dx_check(const GemmDxParams& p);
+void gemm_dx(const GemmDxParams& p);
+
+// dW[r, c] (+=) dot_m(dY[:, r], X[:, c]) over the m rows (tokens) in increasing order, canonical
+// order (both columns gathered contiguously first).
+struct GemmDwParams {
+  int64_t m = 0, n = 0, k = 0;
+  const float* dy = nullptr;  // [m, n], row stride lddy
+  int64_t lddy = 0;
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t ldx = 0;
+  float* dw = nullptr;  // [n, k], row stride lddw
+  int64_t lddw = 0;
+  bool accumulate = true;
+  ReduceOrder order{};
+};
+const char* gemm_dw_check(const GemmDwParams& p);
+void gemm_dw(const GemmDwParams& p);
+
+// ---- RMSNorm (kernels/norm.h), weighted or not ---------------------------------------------------
+
+// Per row, with x the forward input (fp32 values), r = 1 / sqrt(sum_squares(x)/dim + eps) recomputed
+// exactly as the forward does, g_i = dy_i * w_i (w_i = 1 when w is null):
+//   dx_i (+=) r * g_i - (r^3 / dim) * dot(g, x) * x_i
+//   dw_i (+=) sum over rows (sequential, increasing row) of dy_i * x_i * r    (if dw != nullptr)
+// dot(g, x) in the canonical order.
+struct RmsNormBwdParams {
+  int64_t rows = 0, dim = 0;
+  const float* x = nullptr;  // forward input
+  int64_t ldx = 0;
+  const float* w = nullptr;  // [dim] or nullptr
+  const float* dy = nullptr;
+  int64_t lddy = 0;
+  float* dx = nullptr;  // must not alias x or dy
+  int64_t lddx = 0;
+  bool accumulate_dx = false;
+  float* dw = nullptr;  // [dim] (+=), or nullptr
+  float eps = 1e-6f;
+  ReduceOrder order{};
+};
+const char* rmsnorm_backward_check(const RmsNormBwdParams& p);
+void rmsnorm_backward(const RmsNormBwdParams& p);
+
+// ---- embedding and log-probabilities -----------------------------------------------------------
+
+// dtable[tokens[t], d] += sum_j dH[t, j, d] for t = 0..T-1 in increasing order, j = 0..copies-1
+// inside each t, one fp32 add each (a vocabulary row of a repeated token sums in token order).
+void embed_backward(const float* dH, int64_t D, const int32_t* tokens, int64_t T, int copies, float* dtable);
+
+// logprob[t] = log_softmax(logits[t] / temperature)[target[t]]; given dlogprob[t]:
+//   dlogits[t, v] = (dlogprob[t] / temperature) * ((v == target[t]) - exp_f(l[v]/temperature - lse_t))
+// with lse_t recomputed by logsumexp_row of kernels/logits.h over l/temperature (each value divided
+// in fp32 first, as the forward's divide does). Rows independent; rows with dlogprob 0 give zeros.
+void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                          const float* dlogprob, float temperature, float* dlogits);
+
+// ---- sparse attention with sink (kernels/attention.h, exact order; MODEL.md §5.1) ----------------
+
+// From the forward's q, kv, idx, sink, o (bf16 output) and lse, and dO [T, H, Dh]:
+//   Δ[t,h]   = dot(o[t,h], dO[t,h])
+//   z_j      = scale * dot(q[t,h], kv[idx[t][j]])              (as the forward)
+//   P_j      = exp_f(z_j - lse[t,h]);   p_sink = exp_f(sink[h] - lse[t,h])
+//   dz_j     = P_j * (dot(dO[t,h], kv[idx[t][j]]) - Δ[t,h])
+//   dq[t,h]  = scale * sum_j dz_j * kv[idx[t][j]]              (fma chain in slot order from 0)
+//   dkv[n]   = sum over (t, j) with idx[t][j] == n, t increasing then j increasing, of
+//              sum_h (scale * dz_j * q[t,h] + P_j * dO[t,h])  (h increasing; one fp32 add per term)
+//   dsink[h] (+=) -(sum over t increasing of Δ[t,h] * p_sink[t,h])
+// dq and dkv are overwritten; every dkv row no slot points to is 0. Empty rows give dq = 0.
+struct SparseAttnBwdParams {
+  int64_t T = 0;
+  int H = 0;
+  int64_t Dh = 0;
+  int64_t N = 0, K = 0;
+  const float* q = nullptr;      // [T, H, Dh]
+  const float* kv = nullptr;     // [N, Dh]
+  const int32_t* idx = nullptr;  // [T, K]
+  const float* sink = nullptr;   // [H]
+  float scale = 0.0f;
+  const float* o = nullptr;    // [T, H, Dh] forward output (before the inverse RoPE)
+  const float* lse = nullptr;  // [T, H]
+  const float* dO = nullptr;   // [T, H, Dh]
+  ReduceOrder order{};
+  float* dq = nullptr;     // [T, H, Dh]
+  float* dkv = nullptr;    // [N, Dh]
+  float* dsink = nullptr;  // [H] (+=)
+};
+const char* sparse_attention_backward_check(const SparseAttnBwdParams& p);
+void sparse_attention_backward(const SparseAttnBwdParams& p);
+
+// ---- compressor pooling (kernels/compressor.h CompressorPoolParams, hadamard = false) ------------
+
+// Backward of compressor_pool for groups g0 .. g0+G-1 from the kept fp32 projections kvp, sc of
+// tokens [row0, row0 + rows) and dout [G, d] (the gradient of the pooled, normed, rotated rows):
+//   1. dc = inverse rotation of dout's last rd dims at position g * ratio (fp32, no rounding);
+//   2. RMSNorm backward with the forward's input bf16(c_g) (c_g recomputed as the forward pools it)
+//      and weight norm: dnorm (+=), dc_g;
+//   3. pooling: per channel, w_s = softmax over slots of (sc + ape) as the forward forms it;
+//      dkv_s = w_s * dc; dw_s = dc * kv_s; dscore_s = w_s * (dw_s - sum_s' w_s' dw_s') (slot order);
+//   4. scatter the slots back to their tokens and feature halves (ratio 4: slots 0..3 of group g are
+//      tokens of group g-1, features [0, d); slots 4..7 its own tokens, features [d, 2d); group 0's
+//      previous slots receive nothing). Each element of dkvp / dsc receives at most one term.
+//   dape[slot, c] (+=) sum over groups in increasing order of dscore.
+// dkvp and dsc [rows, coff*d] are overwritten (rows of the incomplete tail and unused halves: 0).
+struct CompressorPoolBwdParams {
+  int64_t g0 = 0, G = 0;
+  int64_t row0 = 0, rows = 0;
+  int ratio = 4;
+  int64_t d = 0;
+  int rd = 64;
+  const float* kvp = nullptr;
+  const float* sc = nullptr;
+  const float* ape = nullptr;
+  const float* norm = nullptr;
+  const float* freq = nullptr;
+  float rms_eps = 1e-6f;
+  ReduceOrder order{};
+  const float* dout = nullptr;  // [G, d]
+  float* dkvp = nullptr;        // [rows, coff*d]
+  float* dsc = nullptr;         // [rows, coff*d]
+  float* dape = nullptr;        // [ratio, coff*d] (+=) or nullptr
+  float* dnorm = nullptr;       // [d] (+=) or nullptr
+};
+const char* compressor_pool_backward_check(const CompressorPoolBwdParams& p);
+void compressor_pool_backward(const CompressorPoolBwdParams& p);
+
+// ---- manifold hyper-connections (kernels/mhc.h; MODEL.md §5.2) -----------------------------------
+
+// hc_post backward: out[t,k] = post_k f[t] + sum_j comb[j][k] R[t,j].
+//   df[t]        (+=) sum_k post_k * dout[t,k]             (fma chain over k from 0)
+//   dR[t,j]      (+=) sum_k comb[j][k] * dout[t,k]         (fma chain over k from 0)
+//   dpost[t,k]   = dot(dout[t,k], f[t])                    (canonical order over D)
+//   dcomb[t,j,k] = dot(dout[t,k], R[t,j])
+struct HcPostBwdParams {
+  int64_t T = 0;
+  int hc = 4;
+  int64_t D = 0;
+  const float* f = nullptr;     // [T, D]
+  const float* R = nullptr;     // [T, hc, D]
+  const float* post = nullptr;  // [T, hc]
+  const float* comb = nullptr;  // [T, hc, hc]
+  const float* dout = nullptr;  // [T, hc, D]
+  ReduceOrder order{};
+  float* df = nullptr;     // [T, D] (+=)
+  float* dR = nullptr;     // [T, hc, D] (+=)
+  float* dpost = nullptr;  // [T, hc]
+  float* dcomb = nullptr;  // [T, hc, hc]
+};
+void hc_post_backward(const HcPostBwdParams& p);
+
+// hc_pre backward (MODEL.md §5.2): recomputes rho, the fn products, a, pre/post and the Sinkhorn
+// iterates from X and the parameters exactly as hc_pre does, then
+//   dX[t,j]  (+=) pre_j * dy[t]                                         (always)
+//   full mode (mixer trained): dpre_j = dot(dy[t], X[t,j]); da from dpre, dpost, Sinkhorn backward of
+//   dcomb (through every iteration: each normalisation c' = c / (S + eps) gives
+//   dc = dc'/(S+eps) - (sum over the summed axis of dc' * c) / (S+eps)^2; the first row step is a
+//   softmax then + eps); dbase (+=) da; dscale[g] (+=) sum_i in group g of da_i * m_i; dm = da * s;
+//   dfn[i,:] (+=) (rho * dm_i) * x;  dx += rho * fn^T dm - (rho^3 / (hc*D)) * dot(dm, u) * x.
+//   Sums over tokens (dfn, dscale, dbase) are sequential in increasing t.
+// legacy mode (train_mixer = false; MODEL.md §5.2 (b)): pre, post, comb are constants: only the
+// first line; dpost / dcomb are ignored and dfn / dscale / dbase untouched.
+struct HcPreBwdParams {
+  int64_t T = 0;
+  int hc = 4;
+  int64_t D = 0;
+  const float* X = nullptr;  // [T, hc, D] streams that entered hc_pre
+  const float* fn = nullptr;
+  const float* scale = nullptr;
+  const float* base = nullptr;
+  float rms_eps = 1e-6f, hc_eps = 1e-6f;
+  int sinkhorn_iters = 20;
+  ReduceOrder order{};
+  const float* dy = nullptr;     // [T, D]
+  const float* dpost = nullptr;  // [T, hc]
+  const float* dcomb = nullptr;  // [T, hc, hc]
+  bool train_mixer = true;
+  float* dX = nullptr;      // [T, hc, D] (+=)
+  float* dfn = nullptr;     // [(2+hc)*hc, hc*D] (+=)
+  float* dscale = nullptr;  // [3] (+=)
+  float* dbase = nullptr;   // [(2+hc)*hc] (+=)
+};
+const char* hc_pre_backward_check(const HcPreBwdParams& p);
+void hc_pre_backward(const HcPreBwdParams& p);
+
+// hc_head backward: as hc_pre's without post / comb / Sinkhorn (w_j = sigmoid(a_j) + hc_eps, one
+// scale); dscale [1], dbase [hc], dfn [hc, hc*D].
+struct HcHeadBwdParams {
+  int64_t T = 0;
+  int hc = 4;
+  int64_t D = 0;
+  const float* X = nullptr;
+  const float* fn = nullptr;
+  const float* scale = nullptr;
+  const float* base = nullptr;
+  float rms_eps = 1e-6f, hc_eps = 1e-6f;
+  ReduceOrder order{};
+  const float* dy = nullptr;  // [T, D]
+  bool train_mixer = true;
+  float* dX = nullptr;  // (+=)
+  float* dfn = nullptr;
+  float* dscale = nullptr;
+  float* dbase = nullptr;
+};
+void hc_head_backward(const HcHeadBwdParams& p);
+
+// ---- MoE (kernels/moe.h; MODEL.md §5.3) ---------------------------------------------------------
+
+// Router backward: with s_e = sqrt(softplus_f(logit_e)) recomputed, S = sum_i s_(ids_i) (sequential
+// over i), lambda = routed_scaling_factor and dw the gradient of the routing weights [T, k]:
+//   norm_topk_prob: ds_i = lambda * (dw_i / S - (sum_j dw_j * s_j) / (S * S))   (sums sequential in i)
+//   else:           ds_i = lambda * dw_i
+//   dlogits[t, e] = ds_i * sigmoid_f(logit_e) / (2 * s_e) for e = ids_i, 0 for the other experts
+// (the ids are constants; the bias never receives a gradient). dlogits is overwritten.
+struct RouterBwdParams {
+  int64_t T = 0;
+  int E = 0, k = 0;
+  const float* logits = nullptr;  // [T, E]
+  const int32_t* ids = nullptr;   // [T, k]
+  const float* dweights = nullptr;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+  float* dlogits = nullptr;  // [T, E]
+};
+void router_backward(const RouterBwdParams& p);
+
+// Gradients of one SwiGLU expert's weights (layout of ExpertWeights), fp32.
+struct ExpertGrads {
+  float* dw1 = nullptr;  // [I, D] (+=), or nullptr (frozen)
+  float* dw3 = nullptr;  // [I, D] (+=)
+  float* dw2 = nullptr;  // [D, I] (+=)
+};
+// Experts backward: recomputes each routed and shared expert's g, u (bf16, clamped) and a from x as
+// moe_experts does; given dout [T, D]:
+//   da[t]  = dot_D(dout[t], w2 column) for each of the I hidden units (canonical order over D)
+//   routed: dweights[t, i] = dot_I(da, silu(g) * u) ; dh = weight * da; shared: dh = da
+//   dg = dh * u * silu'(g) where g passed its clamp (g <= L), else 0;
+//   du = dh * silu(g) where -L <= u <= L, else 0           (clamp only when L > 0; shared: only when
+//                                                            clamp_shared)
+//   dx[t] (+=) dot_I(dg, w1 column) + dot_I(du, w3 column), summed over the token's routed experts in
+//          ascending slot order, then the shared experts
+//   dw2 (+=) sum over the expert's tokens (increasing t) of dout[t] ⊗ a[t]; dw1 (+=) dg ⊗ x; dw3 (+=)
+//   du ⊗ x (canonical order over the gathered tokens).
+struct MoeBwdParams {
+  MoeParams fwd;                // the forward's parameters (out unused)
+  const float* dout = nullptr;  // [T, D]
+  float* dx = nullptr;          // [T, D] (+=)
+  float* dweights = nullptr;    // [T, k]
+  const ExpertGrads* grads = nullptr;         // [E]
+  const ExpertGrads* shared_grads = nullptr;  // [n_shared]
+};
+void moe_experts_backward(const MoeBwdParams& p);
+
+}  // namespace dsv4

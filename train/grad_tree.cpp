@@ -1,0 +1,1 @@
+#include "train/grad_tree.h"

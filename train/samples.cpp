@@ -1,0 +1,1 @@
+#include "train/samples.h"
