@@ -53,6 +53,32 @@ void require(const char* why, const char* op, int layer) {
   if (why) throw Error(fmt::format("internal: {} cannot run at layer {}: {}", op, layer, why));
 }
 
+[[noreturn]] static void no_backward(const Backend& be, const char* op) {
+  throw Error(fmt::format("the {} backend has no backward op '{}'", to_string(be.device()), op));
+}
+void Backend::zero(float*, int64_t) { no_backward(*this, "zero"); }
+void Backend::add(float*, const float*, int64_t) { no_backward(*this, "add"); }
+void Backend::gemm_dx(const GemmDxParams&) { no_backward(*this, "gemm_dx"); }
+void Backend::gemm_dw(const GemmDwParams&) { no_backward(*this, "gemm_dw"); }
+void Backend::rmsnorm_backward(const RmsNormBwdParams&) { no_backward(*this, "rmsnorm_backward"); }
+void Backend::embed_backward(const float*, int64_t, const int32_t*, int64_t, int, float*) {
+  no_backward(*this, "embed_backward");
+}
+void Backend::log_softmax_backward(const float*, int64_t, int64_t, const int32_t*, const float*, float, float*) {
+  no_backward(*this, "log_softmax_backward");
+}
+void Backend::sparse_attention_backward(const SparseAttnBwdParams&) {
+  no_backward(*this, "sparse_attention_backward");
+}
+void Backend::compressor_pool_backward(const CompressorPoolBwdParams&) {
+  no_backward(*this, "compressor_pool_backward");
+}
+void Backend::hc_post_backward(const HcPostBwdParams&) { no_backward(*this, "hc_post_backward"); }
+void Backend::hc_pre_backward(const HcPreBwdParams&) { no_backward(*this, "hc_pre_backward"); }
+void Backend::hc_head_backward(const HcHeadBwdParams&) { no_backward(*this, "hc_head_backward"); }
+void Backend::router_backward(const RouterBwdParams&) { no_backward(*this, "router_backward"); }
+void Backend::moe_experts_backward(const MoeBwdParams&) { no_backward(*this, "moe_experts_backward"); }
+
 namespace {
 
 // ---- CPU: the reference kernels on host memory ---------------------------------------------------
@@ -133,6 +159,31 @@ class CpuBackend final : public Backend {
     dsv4::log_softmax_gather(logits, rows, V, target, logprob);
   }
   void synchronize() override {}
+
+  void zero(float* x, int64_t n) override {
+    if (n > 0) std::memset(x, 0, size_t(n) * sizeof(float));
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] + x[i];
+  }
+  void gemm_dx(const GemmDxParams& p) override { dsv4::gemm_dx(p); }
+  void gemm_dw(const GemmDwParams& p) override { dsv4::gemm_dw(p); }
+  void rmsnorm_backward(const RmsNormBwdParams& p) override { dsv4::rmsnorm_backward(p); }
+  void embed_backward(const float* dH, int64_t D, const int32_t* tokens, int64_t T, int copies,
+                      float* dtable) override {
+    dsv4::embed_backward(dH, D, tokens, T, copies, dtable);
+  }
+  void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                            const float* dlogprob, float temperature, float* dlogits) override {
+    dsv4::log_softmax_backward(logits, rows, V, target, dlogprob, temperature, dlogits);
+  }
+  void sparse_attention_backward(const SparseAttnBwdParams& p) override { dsv4::sparse_attention_backward(p); }
+  void compressor_pool_backward(const CompressorPoolBwdParams& p) override { dsv4::compressor_pool_backward(p); }
+  void hc_post_backward(const HcPostBwdParams& p) override { dsv4::hc_post_backward(p); }
+  void hc_pre_backward(const HcPreBwdParams& p) override { dsv4::hc_pre_backward(p); }
+  void hc_head_backward(const HcHeadBwdParams& p) override { dsv4::hc_head_backward(p); }
+  void router_backward(const RouterBwdParams& p) override { dsv4::router_backward(p); }
+  void moe_experts_backward(const MoeBwdParams& p) override { dsv4::moe_experts_backward(p); }
 
  private:
   const Weights& w_;

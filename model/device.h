@@ -17,6 +17,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
+#include "kernels/grad.h"
 #include "kernels/indexer.h"
 #include "kernels/kvcache.h"
 #include "kernels/linear.h"
@@ -122,6 +123,25 @@ class Backend {
   virtual void moe_experts(const MoeParams& p, int layer) = 0;
   virtual void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                                   float* logprob) = 0;
+  // ---- backward ops of the training step (kernels/grad.h), same Params structs. A backend without
+  // them throws Error naming the op (the base class's answer).
+  virtual void zero(float* x, int64_t n);                    // x[0..n) = 0
+  virtual void add(float* y, const float* x, int64_t n);     // y = y + x elementwise
+  virtual void gemm_dx(const GemmDxParams& p);
+  virtual void gemm_dw(const GemmDwParams& p);
+  virtual void rmsnorm_backward(const RmsNormBwdParams& p);
+  virtual void embed_backward(const float* dH, int64_t D, const int32_t* tokens, int64_t T, int copies,
+                              float* dtable);
+  virtual void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                                    const float* dlogprob, float temperature, float* dlogits);
+  virtual void sparse_attention_backward(const SparseAttnBwdParams& p);
+  virtual void compressor_pool_backward(const CompressorPoolBwdParams& p);
+  virtual void hc_post_backward(const HcPostBwdParams& p);
+  virtual void hc_pre_backward(const HcPreBwdParams& p);
+  virtual void hc_head_backward(const HcHeadBwdParams& p);
+  virtual void router_backward(const RouterBwdParams& p);
+  virtual void moe_experts_backward(const MoeBwdParams& p);
+
   // Per-row XXH3-64 digests of a tensor in backend memory ([rows, row_elems] of `dt`; bf16 hashed as
   // its 2-byte patterns), written to the host array `out` [rows], computed where the tensor lives.
   // Returns false when the backend leaves digests to the host (the CPU: the data is there already).

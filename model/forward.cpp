@@ -23,6 +23,7 @@
 #include "kernels/rope.h"
 #include "model/device.h"
 #include "model/error.h"
+#include "model/tape.h"
 
 namespace dsv4 {
 
@@ -152,7 +153,7 @@ class SequenceForward {
   // cache == nullptr: the whole sequence `tokens` from position 0. Else a chunk: `tokens` at
   // positions cache->length() .. + T - 1, reading and extending the cache.
   SequenceForward(const Weights& w, const RunOptions& opt, Backend& be, int seq,
-                  const std::vector<int32_t>& tokens, SequenceCache* cache = nullptr)
+                  const std::vector<int32_t>& tokens, SequenceCache* cache = nullptr, Tape* tape = nullptr)
       : c_(w.config()),
         opt_(opt),
         P_(opt.profile),
@@ -161,7 +162,12 @@ class SequenceForward {
         tokens_(tokens),
         T_(int64_t(tokens.size())),
         cache_(cache),
+        tape_(tape),
         p0_(cache ? cache->length() : 0) {
+    if (tape_) {
+      tape_->attn.resize(size_t(c_.num_hidden_layers));
+      tape_->ffn.resize(size_t(c_.num_hidden_layers));
+    }
     std::vector<int64_t> pos(static_cast<size_t>(T_));
     for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = p0_ + t;
     RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
@@ -248,6 +254,13 @@ class SequenceForward {
     return keep.data();
   }
 
+  // A copy of a buffer for the tape (the graph goes on to change the original in place).
+  FBuf clone(const FBuf& b) {
+    FBuf c = be_.floats(b.size());
+    if (b.size() > 0) be_.copy(c.data(), b.data(), b.bytes());
+    return c;
+  }
+
   FBuf linear(const FBuf& x, int64_t rows, int64_t k, const std::string& wname, int64_t n, OutRound round,
               int layer) {
     FBuf y = be_.floats(rows * n);
@@ -319,8 +332,9 @@ class SequenceForward {
   // overlapping ratio 4 the group before that), pooled into the groups that complete in this chunk.
   // A whole sequence keeps no state: the same code with nothing kept. Returns the new groups' rows
   // [groups_after - groups_before, d].
+  // keep_kvp / keep_sc (whole sequences only): receive the projections, for the tape.
   FBuf compress(const FBuf& x, int layer, const std::string& prefix, int64_t d, int ratio, bool hadamard_rot,
-                CacheStream stream) {
+                CacheStream stream, FBuf* keep_kvp = nullptr, FBuf* keep_sc = nullptr) {
     const int64_t cw = common::compressor_row_width(ratio, d);
     FBuf kvp = linear(x, T_, c_.hidden_size, prefix + "wkv.weight", cw, OutRound::f32, layer);
     FBuf sc = linear(x, T_, c_.hidden_size, prefix + "wgate.weight", cw, OutRound::f32, layer);
@@ -375,6 +389,8 @@ class SequenceForward {
       be_.copy(next.sc.data(), sc.data() + (keep0 - row0) * cw, size_t(n * cw) * sizeof(float));
       *st = std::move(next);
     }
+    if (keep_kvp) *keep_kvp = std::move(kvp);
+    if (keep_sc) *keep_sc = std::move(sc);
     return out;
   }
 
@@ -402,6 +418,7 @@ class SequenceForward {
   const std::vector<int32_t>& tokens_;
   int64_t T_;
   SequenceCache* cache_;
+  Tape* tape_;  // the training forward: keep what the backward needs (model/tape.h)
   int64_t p0_;
   backend::Buffer<int64_t> pos_;
   FBuf freq_plain_, freq_comp_;
@@ -476,10 +493,13 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   const float* freq = ratio ? freq_comp_.data() : freq_plain_.data();
 
   // Query path: qr feeds both the main query and the indexer.
+  AttentionTape* tp = tape_ ? &tape_->attn[size_t(L)] : nullptr;
   FBuf qr = linear(x, T_, D, a + "wq_a.weight", ql, OutRound::bf16, L);
+  if (tp) tp->qa = clone(qr);
   norm_rows(qr, T_, ql, be_.weight(a + "q_norm.weight"), L);
   report(L, "attn.qr", DType::bf16, {T_, ql}, qr.data());
   FBuf q = linear(qr, T_, ql, a + "wq_b.weight", H * Dh, OutRound::bf16, L);
+  if (tp) tp->q_lin = clone(q);
   norm_rows(q, T_ * H, Dh, nullptr, L);  // per-head RMS normalisation, no weight
   rope_rows(q, H, Dh, freq, false, L);
   report(L, "attn.q", DType::bf16, {T_, H * Dh}, q.data());
@@ -487,6 +507,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   // Window KV: one shared K=V head. A chunk stores its last W rows in the cache before the FP8
   // simulation (the cache encodes them in its own format; decoding gives the simulated values).
   FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
+  if (tp) tp->kv_lin = clone(kv);
   norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
   rope_rows(kv, 1, Dh, freq, false, L);
   // KVcat = window rows (a chunk: the hist cached rows before it, then its own) then the G compressed
@@ -507,7 +528,8 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   // to this chunk: g_before from the cache, then the groups completing in the chunk.
   if (ratio > 0) {
     const int64_t g_before = groups_before(ratio);
-    FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed);
+    FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed,
+                          tp ? &tp->kvp : nullptr, tp ? &tp->sc : nullptr);
     const int64_t n = G - g_before;
     if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
     if (P_.fp8_kv && n > 0) fp8(fresh, n, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
@@ -629,7 +651,10 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   // chunks always take the exact order (model/profile.h decode_attention_splits).
   sp.splits = (cache_ && T_ == 1) ? P_.decode_attention_splits : 0;
   sp.o = o.data();
+  FBuf lse = tp ? be_.floats(T_ * H) : FBuf();
+  sp.lse = tp ? lse.data() : nullptr;
   be_.sparse_attention(sp, L);
+  if (tp) tp->o_attn = clone(o);
   rope_rows(o, H, Dh, freq, true, L);
   report(L, "attn.o", DType::bf16, {T_, H * Dh}, o.data());
 
@@ -657,6 +682,18 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   report(L, "attn.u", DType::bf16, {T_, Gr * R}, u.data());
   FBuf out = linear(u, T_, Gr * R, a + "wo_b.weight", D, OutRound::bf16, L);
   report(L, "attn.out", DType::bf16, {T_, D}, out.data());
+  if (tp) {
+    tp->qr = std::move(qr);
+    tp->q = std::move(q);
+    tp->kvcat = std::move(kvcat);
+    tp->idx = std::move(idx);
+    tp->N = sp.N;
+    tp->K = K;
+    tp->G = G;
+    tp->lse = std::move(lse);
+    tp->o = std::move(o);
+    tp->u = std::move(u);
+  }
   return out;
 }
 
@@ -749,6 +786,12 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.out = out.data();
   be_.moe_experts(mp, L);
   report(L, "moe.out", DType::bf16, {T_, D}, out.data());
+  if (tape_) {
+    FfnTape& tp = tape_->ffn[size_t(L)];
+    tp.logits = std::move(logits);
+    tp.ids = std::move(ids);
+    tp.weights = std::move(weights);
+  }
   return out;
 }
 
@@ -769,17 +812,39 @@ SequenceResult SequenceForward::run() {
   for (int L = 0; L < c_.num_hidden_layers; ++L) {
     const std::string p = layer_prefix(L);
     Mix ma = hc_pre_sublayer(H, L, Sublayer::attn);
+    FBuf a_in = tape_ ? clone(ma.y) : FBuf();
     norm_rows(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L);
     report(L, "attn.norm", DType::bf16, {T_, D}, ma.y.data());
     FBuf a = attention(ma.y, L);
-    H = hc_post_sublayer(a, H, ma);
+    FBuf Ha = hc_post_sublayer(a, H, ma);
+    if (tape_) {
+      AttentionTape& tp = tape_->attn[size_t(L)];
+      tp.H_in = std::move(H);
+      tp.post = std::move(ma.post);
+      tp.comb = std::move(ma.comb);
+      tp.a_in = std::move(a_in);
+      tp.x = std::move(ma.y);
+      tp.out = std::move(a);
+    }
+    H = std::move(Ha);
     report(L, "attn.hc_post", DType::bf16, {T_, hc * D}, H.data());
 
     Mix mf = hc_pre_sublayer(H, L, Sublayer::ffn);
+    FBuf f_in = tape_ ? clone(mf.y) : FBuf();
     norm_rows(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L);
     report(L, "ffn.norm", DType::bf16, {T_, D}, mf.y.data());
     FBuf f = moe(mf.y, L);
-    H = hc_post_sublayer(f, H, mf);
+    FBuf Hf = hc_post_sublayer(f, H, mf);
+    if (tape_) {
+      FfnTape& tp = tape_->ffn[size_t(L)];
+      tp.H_in = std::move(H);
+      tp.post = std::move(mf.post);
+      tp.comb = std::move(mf.comb);
+      tp.f_in = std::move(f_in);
+      tp.x = std::move(mf.y);
+      tp.out = std::move(f);
+    }
+    H = std::move(Hf);
     report(L, "ffn.hc_post", DType::bf16, {T_, hc * D}, H.data());
   }
 
@@ -798,6 +863,7 @@ SequenceResult SequenceForward::run() {
   hp.y = y.data();
   be_.hc_head(hp);
   report(-1, "head.hc", DType::bf16, {T_, D}, y.data());
+  if (tape_) tape_->y_hc = clone(y);
   norm_rows(y, T_, D, be_.weight("model.norm.weight"), -1);
   report(-1, "head.norm", DType::bf16, {T_, D}, y.data());
 
@@ -816,10 +882,38 @@ SequenceResult SequenceForward::run() {
   if (T_ > 1) be_.log_softmax_gather(logits.data(), T_ - 1, V, tokens_dev_.data() + 1, lp.data());
   r.logprobs = be_.download(lp.data(), T_ - 1);
   report(-1, "logprobs", DType::f32, {T_ - 1}, lp.data());
+  if (tape_) {
+    tape_->H_final = std::move(H);
+    tape_->y = std::move(y);
+    tape_->logits = std::move(logits);
+    tape_->tokens = std::move(tokens_dev_);
+  }
   return r;
 }
 
 }  // namespace
+
+void check_overrides(const Overrides& o, const ModelConfig& c, const std::vector<std::vector<int32_t>>& batch) {
+  check_override_targets(o, c, batch);
+}
+
+SequenceResult forward_with_tape(backend::Backend& be, const Weights& w, int seq,
+                                 const std::vector<int32_t>& tokens, const RunOptions& opt, Tape& tape) {
+  const ModelConfig& c = w.config();
+  if (tokens.empty()) throw InputError(fmt::format("forward: sequence {} is empty", seq));
+  for (size_t t = 0; t < tokens.size(); ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
+      throw InputError(fmt::format("forward: sequence {} position {}: token id {} is outside the vocabulary [0, {})",
+                                   seq, t, tokens[t], c.vocab_size));
+  if (int64_t(tokens.size()) > c.max_position_embeddings)
+    throw InputError(fmt::format("forward: sequence {}: {} tokens exceed max_position_embeddings = {}", seq,
+                                 tokens.size(), c.max_position_embeddings));
+  if (opt.temperature <= 0.0f || !std::isfinite(opt.temperature))
+    throw InputError(fmt::format("forward: temperature must be positive, got {}", opt.temperature));
+  tape = Tape{};
+  SequenceForward f(w, opt, be, seq, tokens, nullptr, &tape);
+  return f.run();
+}
 
 SequenceResult forward_chunk(backend::Backend& be, const Weights& w, int seq,
                              const std::vector<int32_t>& tokens, SequenceCache& cache,

@@ -54,6 +54,11 @@ struct ForwardResult {
 ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                       const RunOptions& opt);
 
+// Checks that every forced decision names a sequence of `batch`, an existing layer, a ratio-4 layer
+// (indexer) or a learned-routing layer (experts); throws OverrideError naming them. The rows
+// themselves are checked when the layer runs.
+void check_overrides(const Overrides& o, const ModelConfig& c, const std::vector<std::vector<int32_t>>& batch);
+
 // One chunk of sequence `seq` on backend `be` (which must have been made for `w` and own the cache's
 // memory): `tokens` at positions cache.length() .. + T - 1, attending to what the cache holds of the
 // earlier tokens and leaving this chunk's state in it (MODEL.md §7). A decode step is a chunk of one

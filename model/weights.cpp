@@ -207,6 +207,25 @@ Weights Weights::load(const ModelConfig& c, const std::string& path) {
   return w;
 }
 
+Weights Weights::with_values(const std::map<std::string, std::vector<float>>& values,
+                             const std::string& source) const {
+  Weights out = *this;
+  out.source_ = source;
+  for (const auto& [name, v] : values) {
+    auto it = out.tensors_.find(name);
+    if (it == out.tensors_.end()) throw WeightsError(fmt::format("weight update: no tensor '{}'", name));
+    WeightTensor& t = it->second;
+    if (t.dtype == StDType::I32 || t.dtype == StDType::I64)
+      throw WeightsError(fmt::format("weight update: '{}' is an integer tensor", name));
+    if (v.size() != t.f.size())
+      throw WeightsError(
+          fmt::format("weight update: '{}' has {} elements, the update {}", name, t.f.size(), v.size()));
+    const bool keep_f32 = t.dtype == StDType::F32 || t.dtype == StDType::F16;
+    for (size_t i = 0; i < v.size(); ++i) t.f[i] = keep_f32 ? v[i] : num::bf16_round(v[i]);
+  }
+  return out;
+}
+
 void Weights::save(const std::string& dir, int64_t max_shard_bytes) const {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -43,6 +43,11 @@ class Weights {
   // F32 — integer tensors I32/I64); unexpected tensors are an error too. Messages name the tensor,
   // what was expected and what was found.
   static Weights load(const ModelConfig& c, const std::string& path);
+  // A copy with the float tensors named in `values` replaced (same element counts, else WeightsError
+  // naming the tensor), each value rounded as save() stores it: to bf16 (round to nearest even) for
+  // tensors stored BF16 or F8_E4M3, unchanged for F32 / F16. The optimizer's master weights become the
+  // next step's compute weights this way. `source` names the new weights (e.g. "train-step:1").
+  Weights with_values(const std::map<std::string, std::vector<float>>& values, const std::string& source) const;
   // Writes dir/config.json and dir/model.safetensors (or shards when max_shard_bytes > 0).
   void save(const std::string& dir, int64_t max_shard_bytes = 0) const;
 

@@ -1,0 +1,502 @@
+#include "model/backward.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "kernels/compressor.h"
+#include "kernels/detail/compressor.h"
+#include "kernels/grad.h"
+#include "kernels/rope.h"
+#include "model/error.h"
+
+namespace dsv4 {
+
+namespace {
+
+using backend::Backend;
+using FBuf = backend::Buffer<float>;
+
+// The backward graph of one sequence, the forward's sublayers in reverse. Activation gradients are
+// fp32 backend buffers; a tensor that fed several consumers sums their gradients in the order
+// written here (docs/TRAINING.md "Order of accumulation").
+class SequenceBackward {
+ public:
+  SequenceBackward(Backend& be, const Weights& w, const Tape& tape, int seq, const RunOptions& opt,
+                   const BackwardOptions& bo)
+      : be_(be), w_(w), c_(w.config()), tape_(tape), seq_(seq), opt_(opt), bo_(bo), order_(opt.profile.order) {
+    T_ = tape.tokens.size();
+    std::vector<int64_t> pos(static_cast<size_t>(T_));
+    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
+    pos_ = be_.longs(T_);
+    be_.upload(pos_.data(), pos);
+    RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
+    RopeSpec comp{c_.qk_rope_head_dim,
+                  c_.compress_rope_theta,
+                  c_.rope_scaling.type == "yarn",
+                  c_.rope_scaling.factor,
+                  c_.rope_scaling.original_max_position_embeddings,
+                  c_.rope_scaling.beta_fast,
+                  c_.rope_scaling.beta_slow};
+    std::vector<float> fp(static_cast<size_t>(c_.qk_rope_head_dim / 2)), fc(fp.size());
+    rope_freqs(plain, fp.data());
+    rope_freqs(comp, fc.data());
+    freq_plain_ = be_.floats(int64_t(fp.size()));
+    be_.upload(freq_plain_.data(), fp);
+    freq_comp_ = be_.floats(int64_t(fc.size()));
+    be_.upload(freq_comp_.data(), fc);
+  }
+
+  GradSet run(const std::vector<float>& dlogprobs);
+
+ private:
+  FBuf zeros(int64_t n) {
+    FBuf b = be_.floats(n);
+    be_.zero(b.data(), n);
+    return b;
+  }
+  bool trainable(const std::string& name) const { return bo_.trainable && bo_.trainable(name); }
+  // The gradient buffer of a trainable weight (zero on first use), else nullptr.
+  float* grad(const std::string& name) {
+    if (!trainable(name)) return nullptr;
+    auto it = grads_.find(name);
+    if (it == grads_.end()) {
+      const int64_t n = int64_t(w_.get(name).f.size());
+      it = grads_.emplace(name, zeros(n)).first;
+    }
+    return it->second.data();
+  }
+  void report(int layer, const char* name, const FBuf& g, int64_t rows, int64_t cols) {
+    if (!bo_.on_grad) return;
+    GradRecord r;
+    r.seq = seq_;
+    r.layer = layer;
+    r.name = name;
+    r.rows = rows;
+    r.cols = cols;
+    std::vector<float> host;
+    if (be_.device() == Device::cpu) {
+      r.data = g.data();
+    } else {
+      host = be_.download(g.data(), rows * cols);
+      r.data = host.data();
+    }
+    bo_.on_grad(r);
+  }
+
+  // Backward of y [rows, n] = x [rows, k] · W^T for the weight `wname` (row stride k): the weight
+  // gradient when trainable (+=), then dx (+= when accumulate, else overwritten).
+  void linear_bwd(const float* dy, int64_t lddy, const float* x, int64_t ldx, int64_t rows, int64_t n,
+                  int64_t k, const std::string& wname, const float* w, int64_t ldw, float* dw, float* dx,
+                  int64_t lddx, bool accumulate) {
+    if (dw) {
+      GemmDwParams g;
+      g.m = rows;
+      g.n = n;
+      g.k = k;
+      g.dy = dy;
+      g.lddy = lddy;
+      g.x = x;
+      g.ldx = ldx;
+      g.dw = dw;
+      g.lddw = ldw;
+      g.accumulate = true;
+      g.order = order_;
+      backend::require(gemm_dw_check(g), ("gemm_dw(" + wname + ")").c_str(), -1);
+      be_.gemm_dw(g);
+    }
+    if (dx) {
+      GemmDxParams g;
+      g.m = rows;
+      g.n = n;
+      g.k = k;
+      g.dy = dy;
+      g.lddy = lddy;
+      g.w = w;
+      g.ldw = ldw;
+      g.dx = dx;
+      g.lddx = lddx;
+      g.accumulate = accumulate;
+      g.order = order_;
+      backend::require(gemm_dx_check(g), ("gemm_dx(" + wname + ")").c_str(), -1);
+      be_.gemm_dx(g);
+    }
+  }
+  void linear_bwd(const FBuf& dy, const FBuf& x, int64_t rows, int64_t n, int64_t k, const std::string& wname,
+                  float* dx, bool accumulate) {
+    linear_bwd(dy.data(), n, x.data(), k, rows, n, k, wname, be_.weight(wname), k, grad(wname), dx, k, accumulate);
+  }
+
+  // dx (+)= RMSNorm backward of rows [rows, dim] with forward input x and weight `wname` ("" = none).
+  void norm_bwd(const FBuf& x, int64_t rows, int64_t dim, const std::string& wname, const float* dy, float* dx,
+                bool accumulate) {
+    RmsNormBwdParams p;
+    p.rows = rows;
+    p.dim = dim;
+    p.x = x.data();
+    p.ldx = dim;
+    p.w = wname.empty() ? nullptr : be_.weight(wname);
+    p.dy = dy;
+    p.lddy = dim;
+    p.dx = dx;
+    p.lddx = dim;
+    p.accumulate_dx = accumulate;
+    p.dw = wname.empty() ? nullptr : grad(wname);
+    p.eps = c_.rms_norm_eps;
+    p.order = order_;
+    backend::require(rmsnorm_backward_check(p), "rmsnorm_backward", -1);
+    be_.rmsnorm_backward(p);
+  }
+
+  // The transpose of a RoPE application on the last rd dims of each head: the opposite rotation,
+  // fp32 (gradients are not rounded).
+  void rope_bwd(FBuf& g, int heads, int64_t head_dim, const float* freq, bool forward_was_inverse, int layer) {
+    RopeApplyParams p;
+    p.rows = T_;
+    p.heads = heads;
+    p.x = g.data();
+    p.ld = heads * head_dim;
+    p.head_stride = head_dim;
+    p.offset = head_dim - c_.qk_rope_head_dim;
+    p.pos = pos_.data();
+    p.freq = freq;
+    p.rd = c_.qk_rope_head_dim;
+    p.inverse = !forward_was_inverse;
+    p.round_bf16 = false;
+    backend::require(rope_apply_check(p), "rope (backward)", layer);
+    be_.rope_apply(p);
+  }
+
+  // hc_post then hc_pre of one sublayer: dH (the gradient of the sublayer's hc_post output) in,
+  // the gradient of the streams that entered hc_pre out; `sub_bwd` maps the gradient of the
+  // sublayer output f to the gradient of hc_pre's y.
+  template <typename SubBwd>
+  FBuf mhc_sublayer_bwd(const FBuf& dH, const FBuf& H_in, const FBuf& post, const FBuf& comb, const FBuf& f,
+                        const std::string& hc_prefix, int layer, SubBwd sub_bwd);
+
+  FBuf attention_bwd(const FBuf& dout, int L);  // -> d(attn_norm output)
+  FBuf moe_bwd(const FBuf& dout, int L);        // -> d(ffn_norm output)
+
+  Backend& be_;
+  const Weights& w_;
+  const ModelConfig& c_;
+  const Tape& tape_;
+  int seq_;
+  const RunOptions& opt_;
+  const BackwardOptions& bo_;
+  ReduceOrder order_;
+  int64_t T_ = 0;
+  backend::Buffer<int64_t> pos_;
+  FBuf freq_plain_, freq_comp_;
+  std::map<std::string, FBuf> grads_;
+};
+
+template <typename SubBwd>
+FBuf SequenceBackward::mhc_sublayer_bwd(const FBuf& dH, const FBuf& H_in, const FBuf& post, const FBuf& comb,
+                                        const FBuf& f, const std::string& hc_prefix, int layer, SubBwd sub_bwd) {
+  const int hc = c_.hc_mult;
+  const int64_t D = c_.hidden_size;
+  FBuf df = zeros(T_ * D), dR = zeros(T_ * hc * D), dpost = be_.floats(T_ * hc), dcomb = be_.floats(T_ * hc * hc);
+  HcPostBwdParams pp;
+  pp.T = T_;
+  pp.hc = hc;
+  pp.D = D;
+  pp.f = f.data();
+  pp.R = H_in.data();
+  pp.post = post.data();
+  pp.comb = comb.data();
+  pp.dout = dH.data();
+  pp.order = order_;
+  pp.df = df.data();
+  pp.dR = dR.data();
+  pp.dpost = dpost.data();
+  pp.dcomb = dcomb.data();
+  be_.hc_post_backward(pp);
+
+  const FBuf dy = sub_bwd(df);
+
+  HcPreBwdParams p;
+  p.T = T_;
+  p.hc = hc;
+  p.D = D;
+  p.X = H_in.data();
+  p.fn = be_.weight(hc_prefix + "fn");
+  p.scale = be_.weight(hc_prefix + "scale");
+  p.base = be_.weight(hc_prefix + "base");
+  p.rms_eps = c_.rms_norm_eps;
+  p.hc_eps = c_.hc_eps;
+  p.sinkhorn_iters = c_.hc_sinkhorn_iters;
+  p.order = order_;
+  p.dy = dy.data();
+  p.dpost = dpost.data();
+  p.dcomb = dcomb.data();
+  p.train_mixer = bo_.train_mixer;
+  p.dX = dR.data();
+  if (bo_.train_mixer) {
+    p.dfn = grad(hc_prefix + "fn");
+    p.dscale = grad(hc_prefix + "scale");
+    p.dbase = grad(hc_prefix + "base");
+  }
+  backend::require(hc_pre_backward_check(p), "hc_pre_backward", layer);
+  be_.hc_pre_backward(p);
+  return dR;
+}
+
+FBuf SequenceBackward::moe_bwd(const FBuf& dout, int L) {
+  const FfnTape& t = tape_.ffn[size_t(L)];
+  const std::string m = layer_prefix(L) + "mlp.";
+  const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
+  const int E = c_.n_routed_experts, k = c_.num_experts_per_tok;
+
+  std::vector<ExpertWeights> experts(static_cast<size_t>(E));
+  std::vector<ExpertGrads> egrads(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    const std::string ep = m + fmt::format("experts.{}.", e);
+    experts[size_t(e)] = ExpertWeights{be_.weight(ep + "gate_proj.weight"), be_.weight(ep + "up_proj.weight"),
+                                       be_.weight(ep + "down_proj.weight")};
+    egrads[size_t(e)] =
+        ExpertGrads{grad(ep + "gate_proj.weight"), grad(ep + "up_proj.weight"), grad(ep + "down_proj.weight")};
+  }
+  std::vector<ExpertWeights> shared;
+  std::vector<ExpertGrads> sgrads;
+  if (c_.n_shared_experts > 0) {
+    const std::string sp = m + "shared_experts.";
+    shared.push_back(ExpertWeights{be_.weight(sp + "gate_proj.weight"), be_.weight(sp + "up_proj.weight"),
+                                   be_.weight(sp + "down_proj.weight")});
+    sgrads.push_back(
+        ExpertGrads{grad(sp + "gate_proj.weight"), grad(sp + "up_proj.weight"), grad(sp + "down_proj.weight")});
+  }
+  FBuf dx = zeros(T_ * D), dweights = be_.floats(T_ * k);
+  MoeBwdParams p;
+  p.fwd.T = T_;
+  p.fwd.D = D;
+  p.fwd.I = I;
+  p.fwd.I_shared = I * c_.n_shared_experts;
+  p.fwd.E = E;
+  p.fwd.k = k;
+  p.fwd.n_shared = int(shared.size());
+  p.fwd.x = t.x.data();
+  p.fwd.ids = t.ids.data();
+  p.fwd.weights = t.weights.data();
+  p.fwd.experts = experts.data();
+  p.fwd.shared = shared.data();
+  p.fwd.swiglu_limit = c_.swiglu_limit;
+  p.fwd.clamp_shared = opt_.profile.clamp_shared_expert;
+  p.fwd.order = order_;
+  p.dout = dout.data();
+  p.dx = dx.data();
+  p.dweights = dweights.data();
+  p.grads = egrads.data();
+  p.shared_grads = sgrads.data();
+  be_.moe_experts_backward(p);
+
+  // The routing weights are differentiable (the ids are not): into the router logits, then through
+  // the gate GEMM into the MoE input (and into the gate weight when it is trained).
+  FBuf dlogits = be_.floats(T_ * E);
+  RouterBwdParams rp;
+  rp.T = T_;
+  rp.E = E;
+  rp.k = k;
+  rp.logits = t.logits.data();
+  rp.ids = t.ids.data();
+  rp.dweights = dweights.data();
+  rp.norm_topk_prob = c_.norm_topk_prob;
+  rp.routed_scaling_factor = c_.routed_scaling_factor;
+  rp.dlogits = dlogits.data();
+  be_.router_backward(rp);
+  report(L, "grad.moe.router_logits", dlogits, T_, E);
+  linear_bwd(dlogits, t.x, T_, E, D, m + "gate.weight", dx.data(), true);
+  return dx;
+}
+
+FBuf SequenceBackward::attention_bwd(const FBuf& dout, int L) {
+  const AttentionTape& t = tape_.attn[size_t(L)];
+  const std::string a = layer_prefix(L) + "self_attn.";
+  const int64_t D = c_.hidden_size, Dh = c_.head_dim, ql = c_.q_lora_rank;
+  const int H = c_.num_attention_heads;
+  const int ratio = c_.ratio(L);
+  const float* freq = ratio ? freq_comp_.data() : freq_plain_.data();
+
+  // out = u · wo_b^T; u[t, g] = wo_a[g] · o[t, heads of g].
+  const int Gr = c_.o_groups;
+  const int64_t R = c_.o_lora_rank, gw = int64_t(H / Gr) * Dh;
+  FBuf du = be_.floats(T_ * Gr * R);
+  linear_bwd(dout, t.u, T_, D, Gr * R, a + "wo_b.weight", du.data(), false);
+  report(L, "grad.attn.u", du, T_, Gr * R);
+  FBuf dO = be_.floats(T_ * H * Dh);
+  const float* wo_a = be_.weight(a + "wo_a.weight");
+  float* dwo_a = grad(a + "wo_a.weight");
+  for (int g = 0; g < Gr; ++g)
+    linear_bwd(du.data() + g * R, Gr * R, t.o.data() + g * gw, H * Dh, T_, R, gw, a + "wo_a.weight",
+               wo_a + g * R * gw, gw, dwo_a ? dwo_a + g * R * gw : nullptr, dO.data() + g * gw, H * Dh, false);
+  rope_bwd(dO, H, Dh, freq, true, L);  // the forward rotated o back (inverse RoPE)
+  report(L, "grad.attn.o", dO, T_, H * Dh);
+
+  FBuf dq = be_.floats(T_ * H * Dh), dkv = be_.floats(t.N * Dh);
+  SparseAttnBwdParams sp;
+  sp.T = T_;
+  sp.H = H;
+  sp.Dh = Dh;
+  sp.N = t.N;
+  sp.K = t.K;
+  sp.q = t.q.data();
+  sp.kv = t.kvcat.data();
+  sp.idx = t.idx.data();
+  sp.sink = be_.weight(a + "attn_sink");
+  sp.scale = float(1.0 / std::sqrt(double(Dh)));
+  sp.o = t.o_attn.data();
+  sp.lse = t.lse.data();
+  sp.dO = dO.data();
+  sp.order = order_;
+  sp.dq = dq.data();
+  sp.dkv = dkv.data();
+  FBuf dsink_scratch;
+  sp.dsink = grad(a + "attn_sink");
+  if (!sp.dsink) {  // frozen sink: the kernel still wants somewhere to add
+    dsink_scratch = zeros(H);
+    sp.dsink = dsink_scratch.data();
+  }
+  backend::require(sparse_attention_backward_check(sp), "sparse_attention_backward", L);
+  be_.sparse_attention_backward(sp);
+  report(L, "grad.attn.q", dq, T_, H * Dh);
+  report(L, "grad.attn.kvcat", dkv, t.N, Dh);
+
+  FBuf dx = zeros(T_ * D);
+  // Compressed rows (FP8 simulation straight-through) -> the main compressor.
+  if (ratio > 0 && t.G > 0) {
+    const int64_t cw = common::compressor_row_width(ratio, Dh);
+    const std::string cp = a + "compressor.";
+    FBuf dkvp = be_.floats(T_ * cw), dsc = be_.floats(T_ * cw);
+    CompressorPoolBwdParams p;
+    p.g0 = 0;
+    p.G = t.G;
+    p.row0 = 0;
+    p.rows = T_;
+    p.ratio = ratio;
+    p.d = Dh;
+    p.rd = c_.qk_rope_head_dim;
+    p.kvp = t.kvp.data();
+    p.sc = t.sc.data();
+    p.ape = be_.weight(cp + "ape");
+    p.norm = be_.weight(cp + "norm.weight");
+    p.freq = freq_comp_.data();
+    p.rms_eps = c_.rms_norm_eps;
+    p.order = order_;
+    p.dout = dkv.data() + T_ * Dh;
+    p.dkvp = dkvp.data();
+    p.dsc = dsc.data();
+    p.dape = grad(cp + "ape");
+    p.dnorm = grad(cp + "norm.weight");
+    backend::require(compressor_pool_backward_check(p), "compressor_pool_backward", L);
+    be_.compressor_pool_backward(p);
+    linear_bwd(dkvp, t.x, T_, cw, D, cp + "wkv.weight", dx.data(), true);
+    linear_bwd(dsc, t.x, T_, cw, D, cp + "wgate.weight", dx.data(), true);
+  }
+  // Window rows: RoPE, kv_norm, wkv.
+  FBuf dkvw = be_.floats(T_ * Dh);
+  be_.copy(dkvw.data(), dkv.data(), size_t(T_ * Dh) * sizeof(float));
+  rope_bwd(dkvw, 1, Dh, freq, false, L);
+  FBuf dkv_lin = be_.floats(T_ * Dh);
+  norm_bwd(t.kv_lin, T_, Dh, a + "kv_norm.weight", dkvw.data(), dkv_lin.data(), false);
+  linear_bwd(dkv_lin, t.x, T_, Dh, D, a + "wkv.weight", dx.data(), true);
+
+  // Query path: RoPE, the per-head norm (no weight), wq_b, q_norm, wq_a. The indexer is not
+  // differentiated (MODEL.md §3.7): no gradient reaches qr or x through it.
+  rope_bwd(dq, H, Dh, freq, false, L);
+  FBuf dq_lin = be_.floats(T_ * H * Dh);
+  norm_bwd(t.q_lin, T_ * H, Dh, "", dq.data(), dq_lin.data(), false);
+  FBuf dqr = be_.floats(T_ * ql);
+  linear_bwd(dq_lin, t.qr, T_, H * Dh, ql, a + "wq_b.weight", dqr.data(), false);
+  FBuf dqa = be_.floats(T_ * ql);
+  norm_bwd(t.qa, T_, ql, a + "q_norm.weight", dqr.data(), dqa.data(), false);
+  linear_bwd(dqa, t.x, T_, ql, D, a + "wq_a.weight", dx.data(), true);
+  report(L, "grad.attn.norm", dx, T_, D);
+  return dx;
+}
+
+GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
+  const int hc = c_.hc_mult;
+  const int64_t D = c_.hidden_size, V = c_.vocab_size;
+  if (int64_t(dlogprobs.size()) != std::max<int64_t>(T_ - 1, 0))
+    throw Error(fmt::format("backward: sequence {}: {} log-prob gradients for {} tokens", seq_, dlogprobs.size(), T_));
+
+  // Log-probs -> logits (the last row has no target) -> lm_head -> final norm -> hc_head.
+  FBuf dlogits = zeros(T_ * V);
+  if (T_ > 1) {
+    FBuf dlp = be_.floats(T_ - 1);
+    be_.upload(dlp.data(), dlogprobs);
+    be_.log_softmax_backward(tape_.logits.data(), T_ - 1, V, tape_.tokens.data() + 1, dlp.data(), opt_.temperature,
+                             dlogits.data());
+  }
+  report(-1, "grad.logits", dlogits, T_, V);
+  FBuf dy = be_.floats(T_ * D);
+  linear_bwd(dlogits, tape_.y, T_, V, D, "lm_head.weight", dy.data(), false);
+  FBuf dyhc = be_.floats(T_ * D);
+  norm_bwd(tape_.y_hc, T_, D, "model.norm.weight", dy.data(), dyhc.data(), false);
+  report(-1, "grad.head.hc", dyhc, T_, D);
+  FBuf dH = zeros(T_ * hc * D);
+  HcHeadBwdParams hp;
+  hp.T = T_;
+  hp.hc = hc;
+  hp.D = D;
+  hp.X = tape_.H_final.data();
+  hp.fn = be_.weight("model.hc_head_fn");
+  hp.scale = be_.weight("model.hc_head_scale");
+  hp.base = be_.weight("model.hc_head_base");
+  hp.rms_eps = c_.rms_norm_eps;
+  hp.hc_eps = c_.hc_eps;
+  hp.order = order_;
+  hp.dy = dyhc.data();
+  hp.train_mixer = bo_.train_mixer;
+  hp.dX = dH.data();
+  if (bo_.train_mixer) {
+    hp.dfn = grad("model.hc_head_fn");
+    hp.dscale = grad("model.hc_head_scale");
+    hp.dbase = grad("model.hc_head_base");
+  }
+  be_.hc_head_backward(hp);
+
+  for (int L = c_.num_hidden_layers - 1; L >= 0; --L) {
+    const std::string p = layer_prefix(L);
+    report(L, "grad.ffn.hc_post", dH, T_, hc * D);
+    const FfnTape& ft = tape_.ffn[size_t(L)];
+    dH = mhc_sublayer_bwd(dH, ft.H_in, ft.post, ft.comb, ft.out, p + "hc_ffn_", L, [&](const FBuf& df) {
+      report(L, "grad.moe.out", df, T_, D);
+      FBuf dx = moe_bwd(df, L);
+      report(L, "grad.ffn.norm", dx, T_, D);
+      FBuf dfin = be_.floats(T_ * D);
+      norm_bwd(ft.f_in, T_, D, p + "post_attention_layernorm.weight", dx.data(), dfin.data(), false);
+      report(L, "grad.ffn.hc_pre", dfin, T_, D);
+      return dfin;
+    });
+    report(L, "grad.attn.hc_post", dH, T_, hc * D);
+    const AttentionTape& at = tape_.attn[size_t(L)];
+    dH = mhc_sublayer_bwd(dH, at.H_in, at.post, at.comb, at.out, p + "hc_attn_", L, [&](const FBuf& da) {
+      report(L, "grad.attn.out", da, T_, D);
+      FBuf dx = attention_bwd(da, L);
+      FBuf dain = be_.floats(T_ * D);
+      norm_bwd(at.a_in, T_, D, p + "input_layernorm.weight", dx.data(), dain.data(), false);
+      report(L, "grad.attn.hc_pre", dain, T_, D);
+      return dain;
+    });
+  }
+  report(-1, "grad.embed", dH, T_, hc * D);
+  if (float* de = grad("model.embed_tokens.weight"))
+    be_.embed_backward(dH.data(), D, tape_.tokens.data(), T_, hc, de);
+
+  GradSet out;
+  for (auto& [name, buf] : grads_) out.emplace(name, be_.download(buf.data(), buf.size()));
+  return out;
+}
+
+}  // namespace
+
+GradSet backward(backend::Backend& be, const Weights& w, const Tape& tape, int seq,
+                 const std::vector<float>& dlogprobs, const RunOptions& opt, const BackwardOptions& bo) {
+  if (tape.attn.size() != size_t(w.config().num_hidden_layers) || tape.tokens.size() == 0)
+    throw Error(fmt::format("backward: sequence {}: the tape does not come from a training forward", seq));
+  SequenceBackward b(be, w, tape, seq, opt, bo);
+  return b.run(dlogprobs);
+}
+
+}  // namespace dsv4
