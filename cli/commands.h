@@ -15,6 +15,7 @@ std::string version_string();
 void register_model_commands(CLI::App& app);
 void register_forward_commands(CLI::App& app);
 void register_generate_command(CLI::App& app);
+void register_train_command(CLI::App& app);
 void register_trace_commands(CLI::App& app);
 void register_replay_commands(CLI::App& app);
 void register_bundle_command(CLI::App& trace);

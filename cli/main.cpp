@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   dsv4::cli::register_model_commands(app);
   dsv4::cli::register_forward_commands(app);
   dsv4::cli::register_generate_command(app);
+  dsv4::cli::register_train_command(app);
   dsv4::cli::register_trace_commands(app);
   dsv4::cli::register_replay_commands(app);
   try {

@@ -53,8 +53,10 @@ struct LossMetrics {
 // The loss over the whole batch: metrics, and per sample the gradient d loss / d logp_t [n]. Sums run
 // over samples in order, tokens in order, in fp64. Throws InputError naming the sample for arrays of
 // the wrong length, TIS without rollout log-probs or a KL coefficient without reference log-probs.
+// normaliser > 0 replaces N (the response tokens of `samples`): a step computes each sample's
+// gradient alone with the whole batch's N, which gives the same bits as the batch at once.
 LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogprobs>& samples,
-                        std::vector<std::vector<float>>* dlogp);
+                        std::vector<std::vector<float>>* dlogp, int64_t normaliser = 0);
 
 // Group-relative advantages (GRPO): A_i = (r_i - mean of its group) / (std of its group + eps) when
 // scale_by_std, else r_i - mean. Groups are the distinct `group` strings; std is the population std;
