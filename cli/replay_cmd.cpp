@@ -19,7 +19,7 @@ namespace dsv4::cli {
 namespace {
 
 struct ReplayArgs {
-  std::string trace, model, json_out, force, take_from;
+  std::string trace, model, json_out, force, take_from, optimizer_state;
   int step = -1;
   bool all = false;
   int threads = 0;
@@ -39,6 +39,7 @@ int run_replay(const ReplayArgs& a) {
   o.model_dir = a.model;
   o.threads = a.threads;
   o.device = parse_device(a.device);
+  o.optimizer_state = a.optimizer_state;
   for (const std::string& f : [&] {
          std::vector<std::string> v;
          size_t i = 0;
@@ -162,6 +163,9 @@ void register_replay_commands(CLI::App& app) {
                  "Feed recorded decisions through Overrides: indexer,routing");
   rp->add_option("--take-decisions-from", ra->take_from,
                  "Counterfactual: force the decisions of this other trace (same tokens)");
+  rp->add_option("--optimizer-state", ra->optimizer_state,
+                 "Training steps: the optimizer state the step started from, when it is no longer at the "
+                 "recorded path");
   rp->add_option("--json", ra->json_out, "Also write the report as JSON to this file");
   rp->callback([ra] { set_action([ra] { return run_replay(*ra); }); });
 

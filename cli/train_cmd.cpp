@@ -106,6 +106,7 @@ int run_train_step(TrainArgs& a) {
   train::TrainStepHooks hooks;
   if (!a.decisions_from.empty()) {
     a.o.decisions_source = a.decisions_from;
+    a.o.decisions_kinds = a.replay_kinds;
     decisions = decisions_from_trace(a, w, samples, &a.o.decisions_model_digest);
     hooks.decisions = &decisions;
   }

@@ -9,6 +9,7 @@
 
 #include "capture/layout.h"
 #include "replay/generation.h"
+#include "replay/training.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -557,6 +558,24 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     const std::vector<std::vector<int32_t>>& batch = rec.tokens;
     std::vector<DigestTable>& tables = rec.tables;
     const std::vector<SeqDecisions>& recorded = rec.decisions;
+
+    if (info.kind == trace_layout::kKindTrainStep) {
+      if (source || opt.force_indexer || opt.force_routing)
+        throw InputError(fmt::format(
+            "{}: step {} is a training step; it replays as recorded (with the decisions it was given)", trace,
+            index));
+      const TrainingReplayPlan plan = plan_training_replay(r, index);
+      Overrides forced;
+      add_overrides(recorded, plan.force_indexer, plan.force_routing, forced);
+      Verifier v(r, index, std::move(tables), sr);
+      replay_training_step(r, plan, w, opt, forced, v, sr);
+      v.finish();
+      sr.decision_changes = compare_decisions_with(v.log, recorded);
+      sr.kernels_note = "training steps hold no kernel records";
+      sr.identical = !sr.first && sr.decision_changes.empty();
+      rep.steps.push_back(std::move(sr));
+      continue;
+    }
 
     Overrides ov;
     std::vector<SeqDecisions> forced_from;  // counterfactual: the other trace's decisions

@@ -27,6 +27,9 @@ struct ReplayOptions {
   // Where the replay runs. With cuda, and kernel records in the trace, the replay records its own
   // kernels (capture/cupti.h) and compares the two launch sequences (StepReplay::kernels_*).
   Device device = Device::cpu;
+  // Training steps: the optimizer state the step started from, when it is no longer where the trace
+  // says ("" = the recorded path; a fresh state needs none).
+  std::string optimizer_state;
 };
 
 // Where two computations first differ.

@@ -69,6 +69,7 @@ std::string TrainStepOptions::to_json() const {
   j["group_scale_by_std"] = group_scale_by_std;
   j["micro_batch"] = micro_batch;
   j["decisions_source"] = decisions_source;
+  j["decisions_kinds"] = decisions_kinds;
   j["decisions_model_digest"] = decisions_model_digest;
   return j.dump();
 }
@@ -101,6 +102,7 @@ TrainStepOptions TrainStepOptions::from_json(const std::string& text) {
     o.group_scale_by_std = j.at("group_scale_by_std").get<bool>();
     o.micro_batch = j.at("micro_batch").get<int>();
     o.decisions_source = j.at("decisions_source").get<std::string>();
+    o.decisions_kinds = j.at("decisions_kinds").get<std::string>();
     o.decisions_model_digest = j.at("decisions_model_digest").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("training settings: {}", e.what()));

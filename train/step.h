@@ -38,6 +38,7 @@ struct TrainStepOptions {
   bool group_scale_by_std = true;  // group-relative advantages divided by the group's std
   int micro_batch = 1;             // samples per micro-batch (results do not depend on it)
   std::string decisions_source;    // the rollout trace R3 decisions come from ("" = none)
+  std::string decisions_kinds;     // which were forced: "indexer", "routing" or "indexer,routing"
   std::string decisions_model_digest;
 
   // The settings as a JSON document (the trace's record of them) and back; from_json throws
