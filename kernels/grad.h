@@ -163,12 +163,15 @@ const char* compressor_pool_backward_check(const CompressorPoolBwdParams& p);
 void compressor_pool_backward(const CompressorPoolBwdParams& p);
 
 // ---- manifold hyper-connections (kernels/mhc.h; MODEL.md §5.2) -----------------------------------
+// Per-token arithmetic in kernels/detail/grad_mhc.h (shared with a device backend); hc <= 16 for
+// hc_pre_backward / hc_head_backward.
 
 // hc_post backward: out[t,k] = post_k f[t] + sum_j comb[j][k] R[t,j].
-//   df[t]        (+=) sum_k post_k * dout[t,k]             (fma chain over k from 0)
-//   dR[t,j]      (+=) sum_k comb[j][k] * dout[t,k]         (fma chain over k from 0)
+//   df[t,d]      (+=) v, v = fma chain over k from 0 (v = 0 first) of post_k * dout[t,k,d]
+//   dR[t,j,d]    (+=) v, v = fma chain over k from 0 of comb[j][k] * dout[t,k,d]
 //   dpost[t,k]   = dot(dout[t,k], f[t])                    (canonical order over D)
 //   dcomb[t,j,k] = dot(dout[t,k], R[t,j])
+// Tokens independent. dR must not alias R or dout, df not f.
 struct HcPostBwdParams {
   int64_t T = 0;
   int hc = 4;
@@ -184,19 +187,35 @@ struct HcPostBwdParams {
   float* dpost = nullptr;  // [T, hc]
   float* dcomb = nullptr;  // [T, hc, hc]
 };
+const char* hc_post_backward_check(const HcPostBwdParams& p);
 void hc_post_backward(const HcPostBwdParams& p);
 
-// hc_pre backward (MODEL.md §5.2): recomputes rho, the fn products, a, pre/post and the Sinkhorn
-// iterates from X and the parameters exactly as hc_pre does, then
-//   dX[t,j]  (+=) pre_j * dy[t]                                         (always)
-//   full mode (mixer trained): dpre_j = dot(dy[t], X[t,j]); da from dpre, dpost, Sinkhorn backward of
-//   dcomb (through every iteration: each normalisation c' = c / (S + eps) gives
-//   dc = dc'/(S+eps) - (sum over the summed axis of dc' * c) / (S+eps)^2; the first row step is a
-//   softmax then + eps); dbase (+=) da; dscale[g] (+=) sum_i in group g of da_i * m_i; dm = da * s;
-//   dfn[i,:] (+=) (rho * dm_i) * x;  dx += rho * fn^T dm - (rho^3 / (hc*D)) * dot(dm, u) * x.
-//   Sums over tokens (dfn, dscale, dbase) are sequential in increasing t.
-// legacy mode (train_mixer = false; MODEL.md §5.2 (b)): pre, post, comb are constants: only the
-// first line; dpost / dcomb are ignored and dfn / dscale / dbase untouched.
+// hc_pre backward (MODEL.md §5.2). Per token, with x = X[t] flattened (n = hc*D values), everything
+// of the forward recomputed with hc_pre's operations (bit-identical): rho = rms_scale(sum_squares(x)),
+// u_i = raw_i = dot(fn_i, x) (one gemm with fp32 out, as the forward), m_i = rho * u_i,
+// a_i = m_i * scale[g(i)] + base_i, pre_j = sigmoid_f(a_j) + hc_eps, and the 2*iters + 1 Sinkhorn
+// iterates of a[2hc..] (the softmax p, then the input of each normalisation step, then comb). Then:
+//   dpre_j  = dot(dy[t], X[t,j])                                        (canonical order over D)
+//   da_j    = dpre_j * (s * (1 - s)),  s = sigmoid_f(a_j)                 j < hc
+//   da_hc+k = dpost_k * (2 * (s * (1 - s))), s = sigmoid_f(a_(hc+k))
+//   da_2hc+ = Sinkhorn backward of dcomb through every step, last first: a column (odd step) or row
+//             (even step) normalisation c' = c / d with d = sequential sum of the line of c + hc_eps
+//             gives, per line, w = fma chain over the line (increasing, from 0) of dc' * c,
+//             dc = (dc' - w / d) / d; the first row step (softmax p, then + eps) gives per row
+//             w = fma chain over k of dc1 * p, dC0 = p * (dc1 - w)
+//   dm_i = da_i * scale[g(i)];  gc_i = rho * dm_i
+//   c    = (((rho * rho) * rho) / float(n)) * (fma chain over i from 0 of dm_i * u_i)
+//   dX[t,q] (+=) v, q = j*D + d:  v = pre_j * dy[t,d];  v = fma(gc_i, fn[i,q], v) for the
+//           (2+hc)*hc rows i from 0 (24 for hc = 4);  v = fma(-c, x_q, v)
+//           (= pre_j dy + rho fn^T dm - (rho^3/n) <dm, u> x)
+//   dfn[i,q] (+=) sequential fp32 sum over t increasing (from 0) of (gc_i[t] * x_q[t])
+//   dbase[i] (+=) sequential sum over t of da_i[t]
+//   dscale[g] (+=) sequential sum over t of the token's (fma chain over the rows i of group g,
+//           increasing, from 0, of da_i * m_i)
+// Each "(+=)" is out = out + (the whole contribution of the call), one add per element.
+// legacy mode (train_mixer = false; MODEL.md §5.2 (b)): pre, post, comb are constants:
+// dX[t,q] (+=) pre_j * dy[t,d] only; dpost / dcomb are not read (may be null) and dfn / dscale /
+// dbase are untouched (may be null). dX must not alias X or dy.
 struct HcPreBwdParams {
   int64_t T = 0;
   int hc = 4;
@@ -220,8 +239,9 @@ struct HcPreBwdParams {
 const char* hc_pre_backward_check(const HcPreBwdParams& p);
 void hc_pre_backward(const HcPreBwdParams& p);
 
-// hc_head backward: as hc_pre's without post / comb / Sinkhorn (w_j = sigmoid(a_j) + hc_eps, one
-// scale); dscale [1], dbase [hc], dfn [hc, hc*D].
+// hc_head backward: as hc_pre's without post / comb / Sinkhorn: rows = hc, one scale group,
+// w_j = sigmoid_f(a_j) + hc_eps in place of pre_j, dw_j = dot(dy[t], X[t,j]), da_j = dw_j * (s * (1 - s));
+// dX, dfn [hc, hc*D], dbase [hc] and dscale [1] in the orders above; legacy mode: dX (+=) w_j * dy only.
 struct HcHeadBwdParams {
   int64_t T = 0;
   int hc = 4;
@@ -239,6 +259,7 @@ struct HcHeadBwdParams {
   float* dscale = nullptr;
   float* dbase = nullptr;
 };
+const char* hc_head_backward_check(const HcHeadBwdParams& p);
 void hc_head_backward(const HcHeadBwdParams& p);
 
 // ---- MoE (kernels/moe.h; MODEL.md §5.3) ---------------------------------------------------------
