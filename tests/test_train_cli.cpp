@@ -1,0 +1,125 @@
+// `dsv4 train-step` end to end: steps chain through the written checkpoint and optimizer state, a
+// recorded step replays bit-identically (exit 0), a doctored gradient digest or weight is named
+// exactly (exit 1), R3 from a recorded rollout trace, and bad input gets a clear message (exit 2).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "h5_edit.h"
+#include "test_util.h"
+
+namespace {
+
+using dsv4::test::run_cli;
+using dsv4::test::TempDir;
+
+// Four samples of two groups with rewards (prompt + response ids of the tiny vocabulary).
+void write_samples(const std::string& path) {
+  std::ofstream f(path);
+  f << R"({"id": "a", "prompt": [1, 2, 3, 4, 5], "response": [9, 8, 7, 6, 5, 4, 3], "reward": 1, "group": "g0"})"
+    << "\n"
+    << R"({"id": "b", "prompt": [1, 2, 3, 4, 5], "response": [11, 12, 13, 14], "reward": 0, "group": "g0"})"
+    << "\n"
+    << R"({"id": "c", "prompt": [40, 41, 42], "response": [50, 51, 52, 53, 54, 55, 56, 57, 58], "reward": 0.5, "group": "g1"})"
+    << "\n"
+    << R"({"id": "d", "prompt": [40, 41, 42], "response": [60, 61], "reward": 0, "group": "g1"})"
+    << "\n";
+}
+
+TEST(TrainStepCli, StepsChainAndReplayBitIdentically) {
+  TempDir d;
+  write_samples(d / "samples.jsonl");
+  auto r = run_cli("model init --preset tiny --seed 7 --out " + (d / "m0"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --model " + (d / "m0") + " --data " + (d / "samples.jsonl") + " --lr 1e-3 --out-model " +
+              (d / "m1") + " --record " + (d / "step1.h5") + " --capture-params '*.attn_sink,lm_head.weight' --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j1 = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j1["step"], 1);
+  EXPECT_EQ(j1["tokens"], 22);
+  r = run_cli("train-step --model " + (d / "m1") + " --optimizer-state " + (d / "m1/optimizer.safetensors") +
+              " --data " + (d / "samples.jsonl") + " --lr 1e-3 --out-model " + (d / "m2") + " --record " +
+              (d / "step2.h5") + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j2 = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j2["step"], 2);
+
+  r = run_cli("replay " + (d / "step1.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run_cli("replay --threads 1 " + (d / "step2.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // A state that is not the one the step started from is refused by name.
+  r = run_cli("replay " + (d / "step2.h5") + " --optimizer-state " + (d / "m2/optimizer.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("not the one step 0 started from"), std::string::npos) << r.out;
+  // The same step with another micro-batch size gives the same checkpoint, byte for byte.
+  r = run_cli("train-step --model " + (d / "m0") + " --data " + (d / "samples.jsonl") +
+              " --lr 1e-3 --micro-batch 3 --threads 1 --quiet --out-model " + (d / "m1b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = dsv4::test::run_shell("cmp " + (d / "m1/model.safetensors") + " " + (d / "m1b/model.safetensors") + " && cmp " +
+                            (d / "m1/optimizer.safetensors") + " " + (d / "m1b/optimizer.safetensors"));
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+TEST(TrainStepCli, ReplicatesRolloutDecisionsAndRefusesOtherWeights) {
+  TempDir d;
+  write_samples(d / "samples.jsonl");
+  // The rollout: the samples' tokens recorded in the rollout profile.
+  {
+    std::ofstream f(d / "batch.jsonl");
+    f << "[1, 2, 3, 4, 5, 9, 8, 7, 6, 5, 4, 3]\n[1, 2, 3, 4, 5, 11, 12, 13, 14]\n"
+      << "[40, 41, 42, 50, 51, 52, 53, 54, 55, 56, 57, 58]\n[40, 41, 42, 60, 61]\n";
+  }
+  auto r = run_cli("record --preset tiny --seed 7 --profile rollout --batch " + (d / "batch.jsonl") + " --out " +
+                   (d / "rollout.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "samples.jsonl") + " --replay-decisions-from " +
+              (d / "rollout.h5") + " --out-model " + (d / "m1") + " --record " + (d / "r3.h5") + " --quiet");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("replay " + (d / "r3.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Decisions made with other weights: refused by default, used with a warning on request.
+  r = run_cli("train-step --preset tiny --seed 8 --data " + (d / "samples.jsonl") + " --replay-decisions-from " +
+              (d / "rollout.h5") + " --out-model " + (d / "m2"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("made with other weights"), std::string::npos) << r.out;
+  r = run_cli("train-step --preset tiny --seed 8 --data " + (d / "samples.jsonl") + " --replay-decisions-from " +
+              (d / "rollout.h5") + " --on-other-weights warn --quiet --out-model " + (d / "m2"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning"), std::string::npos) << r.out;
+  // A sample the rollout never saw.
+  {
+    std::ofstream f(d / "other.jsonl");
+    f << R"({"prompt": [3, 3, 3], "response": [4, 4], "advantage": 1})" << "\n";
+  }
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "other.jsonl") + " --replay-decisions-from " +
+              (d / "rollout.h5") + " --out-model " + (d / "m3"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no sequence with the tokens of sample '0'"), std::string::npos) << r.out;
+}
+
+TEST(TrainStepCli, BadInputIsNamed) {
+  TempDir d;
+  {
+    std::ofstream f(d / "bad.jsonl");
+    f << R"({"prompt": [1, 2], "response": [99999], "advantage": 1})" << "\n";
+  }
+  auto r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "bad.jsonl") + " --out-model " + (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("bad.jsonl"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("line 1"), std::string::npos) << r.out;
+  write_samples(d / "s.jsonl");
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --train indexer --out-model " +
+              (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("cannot be trained"), std::string::npos) << r.out;
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --optimizer-state " +
+              (d / "missing.safetensors") + " --out-model " + (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("missing.safetensors"), std::string::npos) << r.out;
+}
+
+}  // namespace
