@@ -15,6 +15,7 @@
 
 #if defined(DSV4_HAVE_CUDA)
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/grad.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/xxh3.h"
 #endif
@@ -366,6 +367,27 @@ class CudaBackend final : public Backend {
     return true;
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+  void zero(float* x, int64_t n) override { cuda::zero(x, n, s_); }
+  void add(float* y, const float* x, int64_t n) override { cuda::add(y, x, n, s_); }
+  void gemm_dx(const GemmDxParams& p) override { cuda::gemm_dx(p, s_); }
+  void gemm_dw(const GemmDwParams& p) override { cuda::gemm_dw(p, s_); }
+  void rmsnorm_backward(const RmsNormBwdParams& p) override { cuda::rmsnorm_backward(p, s_); }
+  void embed_backward(const float* dH, int64_t D, const int32_t* tokens, int64_t T, int copies,
+                      float* dtable) override {
+    cuda::embed_backward(dH, D, tokens, T, copies, dtable, w_.config().vocab_size, s_);
+  }
+  void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const int32_t* target,
+                            const float* dlogprob, float temperature, float* dlogits) override {
+    cuda::log_softmax_backward(logits, rows, V, target, dlogprob, temperature, dlogits, s_);
+  }
+  void sparse_attention_backward(const SparseAttnBwdParams& p) override { cuda::sparse_attention_backward(p, s_); }
+  void compressor_pool_backward(const CompressorPoolBwdParams& p) override { cuda::compressor_pool_backward(p, s_); }
+  void hc_post_backward(const HcPostBwdParams& p) override { cuda::hc_post_backward(p, s_); }
+  void hc_pre_backward(const HcPreBwdParams& p) override { cuda::hc_pre_backward(p, s_); }
+  void hc_head_backward(const HcHeadBwdParams& p) override { cuda::hc_head_backward(p, s_); }
+  void router_backward(const RouterBwdParams& p) override { cuda::router_backward(p, s_); }
+  void moe_experts_backward(const MoeBwdParams& p) override { cuda::moe_experts_backward(p, s_); }
 
  private:
   template <typename T>
