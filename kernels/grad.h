@@ -25,7 +25,8 @@ namespace dsv4 {
 // ---- dense linear: Y [m, n] = X [m, k] · W [n, k]^T -----------------------------------------------
 
 // dX[r, c] (+=) dot_n(dY[r, :], W[:, c]) over n = 0..n-1 in the canonical order (the column of W is
-// gathered contiguously first). Rows independent.
+// gathered contiguously first). Rows independent. n == 0 gives dX = 0 (or dX + 0). dx must not
+// overlap dy or w.
 struct GemmDxParams {
   int64_t m = 0, n = 0, k = 0;
   const float* dy = nullptr;  // [m, n], row stride lddy
@@ -41,7 +42,8 @@ const char* gemm_dx_check(const GemmDxParams& p);
 void gemm_dx(const GemmDxParams& p);
 
 // dW[r, c] (+=) dot_m(dY[:, r], X[:, c]) over the m rows (tokens) in increasing order, canonical
-// order (both columns gathered contiguously first).
+// order (both columns gathered contiguously first). m == 0 gives dW = 0 (or dW + 0). dw must not
+// overlap dy or x.
 struct GemmDwParams {
   int64_t m = 0, n = 0, k = 0;
   const float* dy = nullptr;  // [m, n], row stride lddy
@@ -59,10 +61,12 @@ void gemm_dw(const GemmDwParams& p);
 // ---- RMSNorm (kernels/norm.h), weighted or not ---------------------------------------------------
 
 // Per row, with x the forward input (fp32 values), r = 1 / sqrt(sum_squares(x)/dim + eps) recomputed
-// exactly as the forward does, g_i = dy_i * w_i (w_i = 1 when w is null):
+// exactly as the forward does, g_i = dy_i * w_i (g_i = dy_i when w is null):
 //   dx_i (+=) r * g_i - (r^3 / dim) * dot(g, x) * x_i
 //   dw_i (+=) sum over rows (sequential, increasing row) of dy_i * x_i * r    (if dw != nullptr)
-// dot(g, x) in the canonical order.
+// dot(g, x) in the canonical order. Operation order (kernels/detail/grad_norm.h): c = (((r * r) * r)
+// / dim) * dot(g, x); dx_i = r * g_i - c * x_i; the dw term of a row is (dy_i * x_i) * r, summed per
+// element in an fp32 accumulator from 0, then added to dw once.
 struct RmsNormBwdParams {
   int64_t rows = 0, dim = 0;
   const float* x = nullptr;  // forward input
@@ -84,12 +88,14 @@ void rmsnorm_backward(const RmsNormBwdParams& p);
 
 // dtable[tokens[t], d] += sum_j dH[t, j, d] for t = 0..T-1 in increasing order, j = 0..copies-1
 // inside each t, one fp32 add each (a vocabulary row of a repeated token sums in token order).
+// dH is [T, copies, D]; the tokens must be rows of dtable (not checked).
 void embed_backward(const float* dH, int64_t D, const int32_t* tokens, int64_t T, int copies, float* dtable);
 
 // logprob[t] = log_softmax(logits[t] / temperature)[target[t]]; given dlogprob[t]:
 //   dlogits[t, v] = (dlogprob[t] / temperature) * ((v == target[t]) - exp_f(l[v]/temperature - lse_t))
 // with lse_t recomputed by logsumexp_row of kernels/logits.h over l/temperature (each value divided
-// in fp32 first, as the forward's divide does). Rows independent; rows with dlogprob 0 give zeros.
+// in fp32 first, as the forward's divide does). Rows independent; rows with dlogprob 0 or without a
+// target (target outside [0, V), as log_softmax_gather skips them) give zeros.
 void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                           const float* dlogprob, float temperature, float* dlogits);
 
@@ -270,6 +276,10 @@ void hc_head_backward(const HcHeadBwdParams& p);
 //   else:           ds_i = lambda * dw_i
 //   dlogits[t, e] = ds_i * sigmoid_f(logit_e) / (2 * s_e) for e = ids_i, 0 for the other experts
 // (the ids are constants; the bias never receives a gradient). dlogits is overwritten.
+// Operation order (kernels/detail/grad_moe.h router_backward_row): S and A = sum_j dw_j * s_j are
+// fp32 accumulators from 0 (one multiply, one add per term); ds_i = lambda * ((dw_i / S) - (A / (S * S)));
+// the term is (ds_i * sigmoid_f(logit_e)) / (2 * s_e), 0 where s_e == 0 (softplus underflowed); a
+// repeated id sums its slots' terms in slot order.
 struct RouterBwdParams {
   int64_t T = 0;
   int E = 0, k = 0;
@@ -280,6 +290,7 @@ struct RouterBwdParams {
   float routed_scaling_factor = 1.0f;
   float* dlogits = nullptr;  // [T, E]
 };
+const char* router_backward_check(const RouterBwdParams& p);
 void router_backward(const RouterBwdParams& p);
 
 // Gradients of one SwiGLU expert's weights (layout of ExpertWeights), fp32.
@@ -299,6 +310,15 @@ struct ExpertGrads {
 //          ascending slot order, then the shared experts
 //   dw2 (+=) sum over the expert's tokens (increasing t) of dout[t] ⊗ a[t]; dw1 (+=) dg ⊗ x; dw3 (+=)
 //   du ⊗ x (canonical order over the gathered tokens).
+// Precisely (kernels/detail/grad_moe.h): g, u are the forward's bf16 GEMM outputs, g_c, u_c the
+// clamped values, silu(g) * u is silu_f(g_c) * u_c (unweighted, unrounded), a is the forward's bf16
+// activation (swiglu_act); dh = weight * da; dg = (dh * u_c) * silu'(g_c) with silu'(g) =
+// s * (1 + g * (1 - s)), s = sigmoid_f(g); du = dh * silu_f(g_c); the clamp boundaries pass the
+// gradient; every dot uses fwd.order. The weight gradients' tokens are the expert's (token, slot)
+// pairs in increasing token (then slot) order, the m rows of a gemm_dw. dx: each term is
+// (dot_I(dg, w1 col) + dot_I(du, w3 col)); a token's terms are summed in an fp32 accumulator from 0
+// (routed in slot order, then shared experts in order), and the sum is added to dx once. dx,
+// dweights, grads, shared_grads and any dw* may be null (not wanted).
 struct MoeBwdParams {
   MoeParams fwd;                // the forward's parameters (out unused)
   const float* dout = nullptr;  // [T, D]
@@ -307,6 +327,7 @@ struct MoeBwdParams {
   const ExpertGrads* grads = nullptr;         // [E]
   const ExpertGrads* shared_grads = nullptr;  // [n_shared]
 };
+const char* moe_experts_backward_check(const MoeBwdParams& p);
 void moe_experts_backward(const MoeBwdParams& p);
 
 }  // namespace dsv4
