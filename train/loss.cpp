@@ -1,1 +1,210 @@
+// The policy loss and the group-relative advantages (train/loss.h).
 #include "train/loss.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+
+#include "model/error.h"
+
+namespace dsv4::train {
+
+namespace {
+
+// e^x in fp64 from IEEE +, -, *, / and an exact power-of-two scaling only. libm's exp is not the
+// same function on every machine (its last bit may differ between C libraries and versions); the
+// loss gradient is part of a bit-reproducible training step, so it uses this one.
+// x = k ln2 + r with |r| <= ln2 / 2 (Cody-Waite: ln2_hi has 32 significant bits, so k * ln2_hi and
+// x - k * ln2_hi are exact for |k| < 2^11); e^r by its Taylor series to degree 13 (the remainder is
+// below 2^-60 relative), evaluated by Horner's rule; then scaled by 2^k (std::ldexp is exact).
+// Error: a few fp64 ulps, far below the fp32 rounding of the results.
+double exp_det(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 709.8) return HUGE_VAL;
+  if (x < -745.2) return 0.0;
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  const double k = std::nearbyint(x * kLog2e);
+  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
+  // 1 / n! for n = 13 down to 2.
+  constexpr double kInvFact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                 1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
+                                 1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5};
+  double p = kInvFact[0];
+  for (int i = 1; i < 12; ++i) p = p * r + kInvFact[i];
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return std::ldexp(p, int(k));
+}
+
+void check_finite_nonneg(double v, const char* field, bool positive) {
+  if (!std::isfinite(v) || (positive ? !(v > 0) : !(v >= 0)))
+    throw InputError(fmt::format("policy loss config: field '{}' must be a finite number {} 0, found {}",
+                                 field, positive ? ">" : ">=", v));
+}
+
+// Checks the lengths of one sample's arrays against logp.
+void check_sample(const PolicyLossConfig& c, const SampleLogprobs& s, size_t i) {
+  const size_t n = s.logp.size();
+  auto wrong = [&](const char* field, size_t got) {
+    return InputError(
+        fmt::format("policy loss: sample {}: '{}' has {} values, expected {} (one per response "
+                    "token, as 'logp')",
+                    i, field, got, n));
+  };
+  if (s.old.size() != n) throw wrong("old", s.old.size());
+  if (c.tis && s.rollout.empty() && n > 0)
+    throw InputError(fmt::format(
+        "policy loss: sample {}: TIS is on but the sample has no rollout log-probs ('rollout' is empty)", i));
+  if (!s.rollout.empty() && s.rollout.size() != n) throw wrong("rollout", s.rollout.size());
+  if (c.kl_coef > 0 && s.ref.empty() && n > 0)
+    throw InputError(fmt::format(
+        "policy loss: sample {}: kl_coef is {} but the sample has no reference log-probs ('ref' is empty)", i,
+        c.kl_coef));
+  if (!s.ref.empty() && s.ref.size() != n) throw wrong("ref", s.ref.size());
+  if (!std::isfinite(s.advantage))
+    throw InputError(
+        fmt::format("policy loss: sample {}: the advantage must be finite, found {}", i, s.advantage));
+}
+
+}  // namespace
+
+void check(const PolicyLossConfig& c) {
+  check_finite_nonneg(c.eps_low, "eps_low", false);
+  check_finite_nonneg(c.eps_high, "eps_high", false);
+  check_finite_nonneg(c.tis_cap, "tis_cap", true);
+  check_finite_nonneg(c.kl_coef, "kl_coef", false);
+}
+
+LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogprobs>& samples,
+                        std::vector<std::vector<float>>* dlogp) {
+  check(c);
+  int64_t N = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    check_sample(c, samples[i], i);
+    N += int64_t(samples[i].logp.size());
+  }
+  if (N == 0)
+    throw InputError(
+        fmt::format("policy loss: the batch of {} samples has no response tokens", samples.size()));
+
+  const double lo = 1.0 - c.eps_low, hi = 1.0 + c.eps_high;
+  const double n_tokens = double(N);
+  const bool kl_on = c.kl_coef > 0;
+
+  LossMetrics m;
+  m.tokens = N;
+  m.ratio_min = HUGE_VAL;
+  m.ratio_max = -HUGE_VAL;
+  double sum_l = 0, sum_pg = 0, sum_kl = 0, sum_ratio = 0, sum_tis = 0, n_clipped = 0;
+  double sum_mm_abs = 0, sum_mm_k3 = 0;
+  if (dlogp) dlogp->assign(samples.size(), {});
+
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const SampleLogprobs& s = samples[i];
+    const size_t n = s.logp.size();
+    const double A = s.advantage;
+    std::vector<float>* g = dlogp ? &(*dlogp)[i] : nullptr;
+    if (g) g->resize(n);
+    for (size_t t = 0; t < n; ++t) {
+      const double lp = s.logp[t];
+      const double r = exp_det(lp - double(s.old[t]));
+      const double ra = r * A;
+      const double ca = std::clamp(r, lo, hi) * A;
+      // The clipped term is taken only where it is strictly the minimum; inside the range the two
+      // are equal and the unclipped term (with its gradient) counts.
+      const bool clipped = ca < ra;
+      const double pg = -(clipped ? ca : ra);
+      const double dpg = clipped ? 0.0 : -ra;
+      const double tis = c.tis ? std::min(exp_det(double(s.old[t]) - double(s.rollout[t])), c.tis_cap) : 1.0;
+      double kl = 0, dkl = 0;
+      if (kl_on) {
+        const double d = double(s.ref[t]) - lp;
+        const double e = exp_det(d);
+        kl = e - d - 1.0;
+        dkl = 1.0 - e;
+      }
+      const double l = tis * pg + c.kl_coef * kl;
+      if (g) (*g)[t] = float((tis * dpg + c.kl_coef * dkl) / n_tokens);
+
+      sum_l += l;
+      sum_pg += tis * pg;
+      sum_kl += kl;
+      sum_ratio += r;
+      sum_tis += tis;
+      if (clipped) n_clipped += 1;
+      m.ratio_min = std::min(m.ratio_min, r);
+      m.ratio_max = std::max(m.ratio_max, r);
+      if (!s.rollout.empty()) {
+        // k3 estimate of KL(rollout || train) on tokens sampled by the rollout: rho - 1 - log rho
+        // with rho = p_train / p_rollout.
+        const double d = lp - double(s.rollout[t]);
+        sum_mm_abs += std::fabs(d);
+        sum_mm_k3 += exp_det(d) - d - 1.0;
+        m.mismatch_max_abs = std::max(m.mismatch_max_abs, std::fabs(d));
+        ++m.mismatch_tokens;
+      }
+    }
+  }
+  m.loss = sum_l / n_tokens;
+  m.pg_loss = sum_pg / n_tokens;
+  m.kl = sum_kl / n_tokens;
+  m.clip_fraction = n_clipped / n_tokens;
+  m.ratio_mean = sum_ratio / n_tokens;
+  m.tis_mean = sum_tis / n_tokens;
+  if (m.mismatch_tokens > 0) {
+    m.mismatch_mean_abs = sum_mm_abs / double(m.mismatch_tokens);
+    m.mismatch_k3 = sum_mm_k3 / double(m.mismatch_tokens);
+  }
+  return m;
+}
+
+std::vector<double> group_advantages(const std::vector<double>& rewards,
+                                     const std::vector<std::string>& group, bool scale_by_std, double eps) {
+  if (rewards.size() != group.size())
+    throw InputError(
+        fmt::format("group advantages: {} rewards but {} group names", rewards.size(), group.size()));
+  // eps > 0 keeps a group of equal rewards (std 0, or a few ulps from rounding the mean) at ~0.
+  if (scale_by_std && (!std::isfinite(eps) || !(eps > 0)))
+    throw InputError(fmt::format("group advantages: eps must be a finite number > 0, found {}", eps));
+  for (size_t i = 0; i < rewards.size(); ++i)
+    if (!std::isfinite(rewards[i]))
+      throw InputError(
+          fmt::format("group advantages: sample {}: the reward must be finite, found {}", i, rewards[i]));
+
+  struct Stats {
+    double sum = 0, sq = 0, mean = 0, std = 0;
+    int64_t n = 0;
+  };
+  std::map<std::string, Stats> st;
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    Stats& s = st[group[i]];
+    s.sum += rewards[i];
+    ++s.n;
+  }
+  for (auto& [name, s] : st) s.mean = s.sum / double(s.n);
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    Stats& s = st[group[i]];
+    const double d = rewards[i] - s.mean;
+    s.sq += d * d;
+  }
+  for (auto& [name, s] : st) s.std = std::sqrt(s.sq / double(s.n));
+
+  std::vector<double> a(rewards.size());
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    const Stats& s = st.at(group[i]);
+    if (s.n == 1) {
+      a[i] = 0.0;
+      continue;
+    }
+    const double d = rewards[i] - s.mean;
+    a[i] = scale_by_std ? d / (s.std + eps) : d;
+  }
+  return a;
+}
+
+}  // namespace dsv4::train
