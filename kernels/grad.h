@@ -101,16 +101,22 @@ void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const in
 
 // ---- sparse attention with sink (kernels/attention.h, exact order; MODEL.md §5.1) ----------------
 
-// From the forward's q, kv, idx, sink, o (bf16 output) and lse, and dO [T, H, Dh]:
+// From the forward's q, kv, idx, sink, o (bf16 output) and lse, and dO [T, H, Dh], for each (t, h)
+// and valid slot j (idx[t][j] != -1; slot order):
 //   Δ[t,h]   = dot(o[t,h], dO[t,h])
 //   z_j      = scale * dot(q[t,h], kv[idx[t][j]])              (as the forward)
-//   P_j      = exp_f(z_j - lse[t,h]);   p_sink = exp_f(sink[h] - lse[t,h])
+//   P_j      = exp_f(z_j - lse[t,h]);   p_sink = exp_f(sink[h] - lse[t,h])   (unrounded)
 //   dz_j     = P_j * (dot(dO[t,h], kv[idx[t][j]]) - Δ[t,h])
-//   dq[t,h]  = scale * sum_j dz_j * kv[idx[t][j]]              (fma chain in slot order from 0)
-//   dkv[n]   = sum over (t, j) with idx[t][j] == n, t increasing then j increasing, of
-//              sum_h (scale * dz_j * q[t,h] + P_j * dO[t,h])  (h increasing; one fp32 add per term)
-//   dsink[h] (+=) -(sum over t increasing of Δ[t,h] * p_sink[t,h])
-// dq and dkv are overwritten; every dkv row no slot points to is 0. Empty rows give dq = 0.
+//   dq[t,h]  = scale * acc, acc = fma(dz_j, kv[idx[t][j]], acc) over the valid slots from 0
+//   dkv[n]   = sequential fp32 sum from 0 over the slots (t, j) with idx[t][j] == n, t increasing
+//              then j increasing, and inside each slot over h increasing, of the term
+//              (scale * dz_j) * q[t,h] + P_j * dO[t,h]   (two products, one add; one add per term)
+//   dsink[h] (+=) -S, S = sequential sum from 0 over t increasing of Δ[t,h] * p_sink[t,h]
+// (dots in the canonical order). A slot repeated in a row is one logit per slot, as in the forward.
+// dq and dkv are overwritten; every dkv row no slot points to is 0 (also when T == 0). Empty rows
+// give dq = 0 (and, their o being 0, a zero sink term). dsink may be nullptr (not formed). No
+// atomics: each kv row is one sum in the order above, built from the inverse map of idx
+// (kernels/detail/grad_attention.h); the CPU keeps P and scale * dz, 2 * T * K * H floats.
 struct SparseAttnBwdParams {
   int64_t T = 0;
   int H = 0;
@@ -127,7 +133,7 @@ struct SparseAttnBwdParams {
   ReduceOrder order{};
   float* dq = nullptr;     // [T, H, Dh]
   float* dkv = nullptr;    // [N, Dh]
-  float* dsink = nullptr;  // [H] (+=)
+  float* dsink = nullptr;  // [H] (+=) or nullptr
 };
 const char* sparse_attention_backward_check(const SparseAttnBwdParams& p);
 void sparse_attention_backward(const SparseAttnBwdParams& p);
@@ -135,17 +141,25 @@ void sparse_attention_backward(const SparseAttnBwdParams& p);
 // ---- compressor pooling (kernels/compressor.h CompressorPoolParams, hadamard = false) ------------
 
 // Backward of compressor_pool for groups g0 .. g0+G-1 from the kept fp32 projections kvp, sc of
-// tokens [row0, row0 + rows) and dout [G, d] (the gradient of the pooled, normed, rotated rows):
-//   1. dc = inverse rotation of dout's last rd dims at position g * ratio (fp32, no rounding);
-//   2. RMSNorm backward with the forward's input bf16(c_g) (c_g recomputed as the forward pools it)
-//      and weight norm: dnorm (+=), dc_g;
-//   3. pooling: per channel, w_s = softmax over slots of (sc + ape) as the forward forms it;
-//      dkv_s = w_s * dc; dw_s = dc * kv_s; dscore_s = w_s * (dw_s - sum_s' w_s' dw_s') (slot order);
+// tokens [row0, row0 + rows) and dout [G, d] (the gradient of the pooled, normed, rotated rows), per
+// group g (the bf16 roundings of the forward are straight-through):
+//   1. dy = dout[g] with its last rd dims turned back: each pair (a, b) -> (a c + b s, b c - a s),
+//      c, s = cos_f / sin_f of the forward's angle fp32(g * ratio) * freq[i] (fp32, not rounded);
+//   2. RMSNorm backward with x = bf16(c_g) (c_g recomputed as the forward pools it), weight norm,
+//      r = 1 / sqrt(sum_squares(x)/d + eps) as the forward: gw_i = dy_i * norm_i, s = dot(gw, x),
+//      k = (((r * r) * r) / d) * s, dc_i = r * gw_i - k * x_i; dnorm's term (dy_i * x_i) * r;
+//   3. pooling, per channel: w_s = e_s / Z with the forward's m, e_s = exp_f(sc + ape - m) and Z;
+//      A = fma(w_s, dc * kv_s, A) over the slots from 0; dkv_s = w_s * dc;
+//      dscore_s = w_s * (dc * kv_s - A);
 //   4. scatter the slots back to their tokens and feature halves (ratio 4: slots 0..3 of group g are
 //      tokens of group g-1, features [0, d); slots 4..7 its own tokens, features [d, 2d); group 0's
 //      previous slots receive nothing). Each element of dkvp / dsc receives at most one term.
-//   dape[slot, c] (+=) sum over groups in increasing order of dscore.
-// dkvp and dsc [rows, coff*d] are overwritten (rows of the incomplete tail and unused halves: 0).
+//   dape[k, col] (+=) S, S = sequential sum from 0 over groups in increasing order of the dscore of
+//   the slot that read ape[k, col]; dnorm[i] (+=) the same sum of the groups' terms of step 2.
+// dkvp and dsc [rows, coff*d] are overwritten whenever rows > 0 (elements no group reads, e.g. the
+// rows of the incomplete tail and the halves of groups outside g0 .. g0+G-1: 0). The dkvp / dsc
+// elements a group writes do not depend on the other groups of the call (a chunk gives the same bits
+// as the whole sequence). Arithmetic: kernels/detail/grad_compressor.h.
 struct CompressorPoolBwdParams {
   int64_t g0 = 0, G = 0;
   int64_t row0 = 0, rows = 0;
