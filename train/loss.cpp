@@ -81,7 +81,7 @@ void check(const PolicyLossConfig& c) {
 }
 
 LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogprobs>& samples,
-                        std::vector<std::vector<float>>* dlogp) {
+                        std::vector<std::vector<float>>* dlogp, int64_t normaliser) {
   check(c);
   int64_t N = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
@@ -93,6 +93,10 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
         fmt::format("policy loss: the batch of {} samples has no response tokens", samples.size()));
 
   const double lo = 1.0 - c.eps_low, hi = 1.0 + c.eps_high;
+  if (normaliser < 0) throw InputError(fmt::format("policy loss: normaliser {} < 0", normaliser));
+  // The loss and its gradient are divided by the batch's token count (normaliser when given); the
+  // per-token statistics below are means over these samples' own tokens.
+  const double n_norm = double(normaliser > 0 ? normaliser : N);
   const double n_tokens = double(N);
   const bool kl_on = c.kl_coef > 0;
 
@@ -129,7 +133,7 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
         dkl = 1.0 - e;
       }
       const double l = tis * pg + c.kl_coef * kl;
-      if (g) (*g)[t] = float((tis * dpg + c.kl_coef * dkl) / n_tokens);
+      if (g) (*g)[t] = float((tis * dpg + c.kl_coef * dkl) / n_norm);
 
       sum_l += l;
       sum_pg += tis * pg;
@@ -150,9 +154,9 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
       }
     }
   }
-  m.loss = sum_l / n_tokens;
-  m.pg_loss = sum_pg / n_tokens;
-  m.kl = sum_kl / n_tokens;
+  m.loss = sum_l / n_norm;
+  m.pg_loss = sum_pg / n_norm;
+  m.kl = sum_kl / n_norm;
   m.clip_fraction = n_clipped / n_tokens;
   m.ratio_mean = sum_ratio / n_tokens;
   m.tis_mean = sum_tis / n_tokens;

@@ -30,7 +30,7 @@ int64_t tensor_rows(const WeightTensor& t) {
 }
 
 std::vector<uint64_t> tensor_row_digests(const std::vector<float>& v, int64_t rows) {
-  std::vector<uint64_t> d(size_t(rows));
+  std::vector<uint64_t> d(static_cast<size_t>(rows > 0 ? rows : 0));
   if (rows <= 0) return d;
   const size_t per = v.size() / size_t(rows);
   for (int64_t r = 0; r < rows; ++r) d[size_t(r)] = xxh3_64(v.data() + size_t(r) * per, per * sizeof(float));

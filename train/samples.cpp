@@ -108,16 +108,21 @@ class LineReader {
 const char* const kFields[] = {"id",           "prompt",       "response",  "rollout_logprobs",
                                "old_logprobs", "ref_logprobs", "advantage", "reward",
                                "group"};
+// The other fields of a `dsv4 generate` sample (cli/generate_cmd.cpp): its "logprobs" are the
+// engine's log-probs of the response tokens (read as rollout_logprobs); the rest is ignored.
+const char* const kGenerateFields[] = {"index", "logprobs", "finish_reason", "sampling", "prefix"};
 
 TrainSample read_line(const json& j, const LineReader& r, const ModelConfig& config, size_t index) {
   if (!j.is_object()) r.fail(fmt::format("expected a JSON object, found {}", type_of(j)));
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* f : kFields) known = known || key == f;
+    for (const char* f : kGenerateFields) known = known || key == f;
     if (!known)
       r.fail(
           fmt::format("unknown field '{}' (known fields: id, prompt, response, rollout_logprobs, "
-                      "old_logprobs, ref_logprobs, advantage, reward, group)",
+                      "old_logprobs, ref_logprobs, advantage, reward, group; and those of dsv4 generate: "
+                      "index, logprobs, finish_reason, sampling, prefix)",
                       key));
   }
 
@@ -136,8 +141,12 @@ TrainSample read_line(const json& j, const LineReader& r, const ModelConfig& con
                     s.prompt.size(), s.response.size(), total, limit));
 
   const size_t n = s.response.size();
+  if (j.contains("rollout_logprobs") && j.contains("logprobs"))
+    r.fail("fields 'rollout_logprobs' and 'logprobs' (dsv4 generate's name for them) are both given");
   if (j.contains("rollout_logprobs"))
     s.rollout_logprobs = r.logprobs(j.at("rollout_logprobs"), "rollout_logprobs", n);
+  else if (j.contains("logprobs"))
+    s.rollout_logprobs = r.logprobs(j.at("logprobs"), "logprobs", n);
   if (j.contains("old_logprobs")) s.old_logprobs = r.logprobs(j.at("old_logprobs"), "old_logprobs", n);
   if (j.contains("ref_logprobs")) s.ref_logprobs = r.logprobs(j.at("ref_logprobs"), "ref_logprobs", n);
 

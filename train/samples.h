@@ -15,6 +15,8 @@
 //   advantage           number; or
 //   reward (+ group)    number, group string (default: all samples one group): advantages are then
 //                       group-relative (train/loss.h group_advantages). A file uses one or the other.
+// The output of `dsv4 generate --out` reads as it is (with a reward or advantage added): its "logprobs"
+// are taken as rollout_logprobs and its fields index, finish_reason, sampling and prefix are ignored.
 // Blank lines are skipped; unknown fields, ill-typed values, wrong lengths, non-finite numbers, token
 // ids outside the vocabulary, a prompt + response longer than max_position_embeddings and mixing
 // advantage and reward all throw InputError naming the file, the line and the field.
