@@ -5,6 +5,7 @@
 // Ratios: step / forward of the same preset, T and threads; digests / step.
 #include <benchmark/benchmark.h>
 
+#include "model/device.h"
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
@@ -30,12 +31,17 @@ dsv4::train::TrainSample sample(int64_t T, int vocab) {
   return s;
 }
 
-void forward_case(benchmark::State& state, const std::string& preset) {
+void forward_case(benchmark::State& state, const std::string& preset, dsv4::Device dev = dsv4::Device::cpu) {
+  if (dev == dsv4::Device::cuda && !dsv4::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
   const int64_t T = state.range(0);
   const dsv4::Weights& w = model(preset);
   const auto s = sample(T, w.config().vocab_size);
   dsv4::RunOptions opt;
   opt.threads = int(state.range(1));
+  opt.device = dev;
   for (auto _ : state) {
     auto r = dsv4::forward(w, {s.tokens()}, opt);
     benchmark::DoNotOptimize(r.seqs[0].logprobs.data());
@@ -43,12 +49,18 @@ void forward_case(benchmark::State& state, const std::string& preset) {
   state.counters["tokens/s"] = benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-void step_case(benchmark::State& state, const std::string& preset, bool digests) {
+void step_case(benchmark::State& state, const std::string& preset, bool digests,
+               dsv4::Device dev = dsv4::Device::cpu) {
+  if (dev == dsv4::Device::cuda && !dsv4::cuda_device_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
   const int64_t T = state.range(0);
   const dsv4::Weights& w = model(preset);
   const auto s = sample(T, w.config().vocab_size);
   dsv4::train::TrainStepOptions o;
   o.threads = int(state.range(1));
+  o.device = dev;
   int64_t tape = 0;
   for (auto _ : state) {
     dsv4::train::OptimizerState st = dsv4::train::fresh_optimizer_state(w, o.groups);
@@ -73,6 +85,21 @@ void BM_MidStepDigests(benchmark::State& s) { step_case(s, "mid", true); }
 
 #define DSV4_TRAIN_BENCH(fn, sizes) \
   BENCHMARK(fn)->ArgsProduct({sizes, {2}})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1)
+
+// The H200 (scripts/gpu-train-check.sh): the same cases on the CUDA backend, mid at T = 4096.
+void BM_TinyForwardCuda(benchmark::State& s) { forward_case(s, "tiny", dsv4::Device::cuda); }
+void BM_TinyStepCuda(benchmark::State& s) { step_case(s, "tiny", false, dsv4::Device::cuda); }
+void BM_TinyStepDigestsCuda(benchmark::State& s) { step_case(s, "tiny", true, dsv4::Device::cuda); }
+void BM_MidForwardCuda(benchmark::State& s) { forward_case(s, "mid", dsv4::Device::cuda); }
+void BM_MidStepCuda(benchmark::State& s) { step_case(s, "mid", false, dsv4::Device::cuda); }
+void BM_MidStepDigestsCuda(benchmark::State& s) { step_case(s, "mid", true, dsv4::Device::cuda); }
+
+DSV4_TRAIN_BENCH(BM_TinyForwardCuda, {4096});
+DSV4_TRAIN_BENCH(BM_TinyStepCuda, {4096});
+DSV4_TRAIN_BENCH(BM_TinyStepDigestsCuda, {4096});
+DSV4_TRAIN_BENCH(BM_MidForwardCuda, {4096});
+DSV4_TRAIN_BENCH(BM_MidStepCuda, {4096});
+DSV4_TRAIN_BENCH(BM_MidStepDigestsCuda, {4096});
 
 DSV4_TRAIN_BENCH(BM_TinyForward, {4096});
 DSV4_TRAIN_BENCH(BM_TinyStep, {4096});
