@@ -20,10 +20,8 @@ if [[ -x $bin ]]; then
   {
     printf '{"id":"a","prompt":[%s],"response":[%s],"reward":1,"group":"g"}\n' "$(seq -s, 1 40)" "$(seq -s, 50 120)"
     printf '{"id":"b","prompt":[%s],"response":[%s],"reward":0,"group":"g"}\n' "$(seq -s, 1 40)" "$(seq -s, 200 230)"
-    printf '{"id":"c","prompt":[%s],"response":[%s],"advantage":0.5}\n' "$(seq -s, 3 90)" "$(seq -s, 300 500)"
-  } >"$w/samples.jsonl" 2>/dev/null
-  # The third sample has an advantage while the others have rewards: keep one kind per file.
-  sed -i 's/"advantage":0.5/"reward":0.5,"group":"h"/' "$w/samples.jsonl"
+    printf '{"id":"c","prompt":[%s],"response":[%s],"reward":0.5,"group":"h"}\n' "$(seq -s, 3 90)" "$(seq -s, 300 500)"
+  } >"$w/samples.jsonl"
   if "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --device cuda \
       --out-model "$w/gpu" --record "$w/step-gpu.h5" >"$w/train.log" 2>&1 &&
     "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --device cpu \
