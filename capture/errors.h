@@ -8,6 +8,9 @@ namespace dsv4 {
 struct TraceError : InputError {  // a trace that cannot be read as one (corrupt, truncated, bad layout)
   using InputError::InputError;
 };
+struct TraceCorrupt : TraceError {  // a trace's group or dataset missing, mistyped or mis-sized
+  using TraceError::TraceError;
+};
 struct NotATrace : TraceError {  // an HDF5 file (or other file) that is not a dsv4 trace
   using TraceError::TraceError;
 };

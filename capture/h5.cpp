@@ -50,6 +50,10 @@ template <>
 struct TypeOf<float> {
   static constexpr Type value = Type::f32;
 };
+template <>
+struct TypeOf<double> {
+  static constexpr Type value = Type::f64;
+};
 
 // The in-memory type for `t`: native values, or (le_bytes) the little-endian storage type for
 // buffers that already hold little-endian bytes (digest.h storage_bytes()).
@@ -70,6 +74,8 @@ hid_t mem_type(Type t, bool le_bytes = false) {
       return H5T_NATIVE_INT64;
     case Type::f32:
       return H5T_NATIVE_FLOAT;
+    case Type::f64:
+      return H5T_NATIVE_DOUBLE;
     case Type::str:
       break;
   }
@@ -367,6 +373,8 @@ hid_t file_type(Type t) {
       return H5T_STD_I64LE;
     case Type::f32:
       return H5T_IEEE_F32LE;
+    case Type::f64:
+      return H5T_IEEE_F64LE;
     case Type::str:
       break;
   }
@@ -385,11 +393,36 @@ size_t type_size(Type t) {
       return 4;
     case Type::u64:
     case Type::i64:
+    case Type::f64:
       return 8;
     case Type::str:
       return sizeof(hvl_t);
   }
   return 0;
+}
+
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::u8:
+      return "uint8";
+    case Type::u16:
+      return "uint16";
+    case Type::u32:
+      return "uint32";
+    case Type::u64:
+      return "uint64";
+    case Type::i32:
+      return "int32";
+    case Type::i64:
+      return "int64";
+    case Type::f32:
+      return "float32";
+    case Type::f64:
+      return "float64";
+    case Type::str:
+      return "string";
+  }
+  return "?";
 }
 
 std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem) {
@@ -473,7 +506,9 @@ std::optional<Type> stored_type(const Object& ds) {
       return std::nullopt;
     }
     case H5T_FLOAT:
-      return size == 4 ? std::optional<Type>(Type::f32) : std::nullopt;
+      if (size == 4) return Type::f32;
+      if (size == 8) return Type::f64;
+      return std::nullopt;
     case H5T_STRING:
       return Type::str;
     default:
@@ -725,6 +760,7 @@ DSV4_H5_INSTANTIATE(uint64_t)
 DSV4_H5_INSTANTIATE(int32_t)
 DSV4_H5_INSTANTIATE(int64_t)
 DSV4_H5_INSTANTIATE(float)
+DSV4_H5_INSTANTIATE(double)
 #undef DSV4_H5_INSTANTIATE
 
 }  // namespace dsv4::h5

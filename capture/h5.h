@@ -102,9 +102,10 @@ std::vector<std::string> attr_names(const Object& o);
 
 // ---- datasets ---------------------------------------------------------------------------------
 // The storage type of a dataset (little-endian standard types, what h5py reads everywhere).
-enum class Type { u8, u16, u32, u64, i32, i64, f32, str };
+enum class Type { u8, u16, u32, u64, i32, i64, f32, f64, str };
 hid_t file_type(Type t);  // a predefined type (not to be closed); str is handled separately
 size_t type_size(Type t);
+const char* type_name(Type t);  // "uint8" ... "float64", "string" (numpy's names)
 
 // Chunk dimensions for a dataset of `dims` with `elem` bytes per element: whole rows, about 64 KiB.
 std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem);
@@ -141,7 +142,7 @@ void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsi
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);
 
 template <typename T>
-void write(const Object& ds, const std::vector<T>& v);  // T: uint8_t ... float (see h5.cpp)
+void write(const Object& ds, const std::vector<T>& v);  // T: uint8_t ... double (see h5.cpp)
 void write_strings(const Object& ds, const std::vector<std::string>& v);
 
 // Reads the whole dataset converted to T. Integer datasets read into integer T, float into float T;

@@ -5,6 +5,20 @@
 
 namespace dsv4::trace_layout {
 
+bool is_step_kind(const std::string& kind) {
+  return kind == "train" || kind == "rollout" || kind == kKindGenerate || kind == kKindTrainStep;
+}
+
+std::string step_kinds_text() {
+  return fmt::format("'train', 'rollout', '{}' or '{}'", kKindGenerate, kKindTrainStep);
+}
+
+int step_format_version(const std::string& kind) {
+  if (kind == kKindTrainStep) return kTrainingFormatVersion;
+  if (kind == kKindGenerate) return kGenerationFormatVersion;
+  return kPrefillFormatVersion;
+}
+
 int check_trace_root(const h5::Object& root, const std::string& path, std::string* producer) {
   if (!h5::has_attr(root, kFormat))
     throw NotATrace(fmt::format("{}: an HDF5 file but not a dsv4 trace (no format attribute)", path));

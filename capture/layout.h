@@ -15,10 +15,13 @@ struct Object;
 }
 
 // Bump when a name, a shape or an encoding below changes meaning; see traces/FORMAT.md "Versioning".
-// Version 2 added generation steps (kind "generate", the `generation` groups): a trace holding one is
-// written as version 2; a trace of prefill steps only keeps version 1 (its layout did not change), so
-// earlier readers still read it.
-constexpr int kTraceFormatVersion = 2;
+// Version 2 added generation steps (kind "generate", the `generation` groups), version 3 training steps
+// (kind "train-step", the `training` group). A trace is written as the version its steps' kinds need
+// (step_format_version), so a trace of prefill steps only is still version 1 and one with generation
+// steps but no training step version 2: earlier readers keep reading every trace they could read.
+constexpr int kTraceFormatVersion = 3;  // the newest this build writes and reads
+constexpr int kTrainingFormatVersion = 3;
+constexpr int kGenerationFormatVersion = 2;
 constexpr int kPrefillFormatVersion = 1;
 
 namespace trace_layout {
@@ -127,6 +130,47 @@ inline constexpr char kGenSharedPrefix[] = "shared_prefix";
 inline constexpr char kGenCounters[] = "counters";
 inline constexpr char kGenStopIds[] = "stop_ids";
 
+// Training steps (kind "train-step", format version 3; capture/training.h). A ragged list (per sample,
+// per parameter) is stored as one concatenated dataset X plus X_count (count_name) holding each
+// entry's length; entry i is X[first:first + X_count[i]] with first the sum of the counts before it.
+inline constexpr char kKindTrainStep[] = "train-step";
+inline constexpr char kTraining[] = "training";  // group in the step
+inline constexpr char kTrainSettingsJson[] = "settings_json";
+inline constexpr char kTrainOptimizerStepBefore[] = "optimizer_step_before";
+inline constexpr char kTrainOptimizerStatePath[] = "optimizer_state_path";
+inline constexpr char kTrainOptimizerStateDigest[] = "optimizer_state_digest";
+inline constexpr char kTrainMetricNames[] = "metric_names";
+inline constexpr char kTrainMetricValues[] = "metric_values";
+inline constexpr char kTrainSamples[] = "samples";  // group: one entry per sequence of the step
+inline constexpr char kTrainSampleId[] = "id";
+inline constexpr char kTrainPromptLength[] = "prompt_length";
+inline constexpr char kTrainAdvantage[] = "advantage";
+inline constexpr char kTrainReward[] = "reward";
+inline constexpr char kTrainHasReward[] = "has_reward";
+inline constexpr char kTrainGroup[] = "group";
+inline constexpr char kTrainRolloutLogprobs[] = "rollout_logprobs";
+inline constexpr char kTrainOldLogprobs[] = "old_logprobs";
+inline constexpr char kTrainRefLogprobs[] = "ref_logprobs";
+inline constexpr char kTrainParams[] = "params";  // group: one entry per weight tensor
+inline constexpr char kTrainParamName[] = "name";
+inline constexpr char kTrainParamRows[] = "rows";
+inline constexpr char kTrainParamRowElems[] = "row_elems";
+inline constexpr char kTrainGrad[] = "grad";
+inline constexpr char kTrainWeight[] = "weight";
+inline constexpr char kTrainMaster[] = "master";
+inline constexpr char kTrainM[] = "m";
+inline constexpr char kTrainV[] = "v";
+inline constexpr char kTrainActGrads[] = "act_grads";  // group: one entry per activation gradient
+inline constexpr char kTrainActSeq[] = "seq";
+inline constexpr char kTrainActLayer[] = "layer";
+inline constexpr char kTrainActName[] = "name";
+inline constexpr char kTrainActRows[] = "rows";
+inline constexpr char kTrainActCols[] = "cols";
+inline constexpr char kTrainActDigests[] = "digests";
+inline constexpr char kTrainFullGrads[] = "full_grads";      // group: a dataset per tensor name
+inline constexpr char kTrainFullWeights[] = "full_weights";  // group: a dataset per tensor name
+inline constexpr char kCountSuffix[] = "_count";
+
 // ---- composed names ---------------------------------------------------------------------------
 inline std::string step_name(int step) {  // under /steps
   return fmt::format("{:06}", step);
@@ -153,6 +197,17 @@ inline std::string mhc_name(const std::string& sublayer) {
 inline std::string mhc_name(const std::string& sublayer, const char* part) {
   return fmt::format("mhc_{}_{}", sublayer, part);
 }
+
+// The lengths of the entries of the ragged dataset `data` (its X_count companion).
+inline std::string count_name(const char* data) {
+  return std::string(data) + kCountSuffix;
+}
+
+// Step kinds: "train" and "rollout" (prefill steps), kKindGenerate, kKindTrainStep.
+bool is_step_kind(const std::string& kind);
+std::string step_kinds_text();  // "'train', 'rollout', 'generate' or 'train-step'", for messages
+// The format version a trace needs to hold a step of `kind` (kPrefillFormatVersion for prefill steps).
+int step_format_version(const std::string& kind);
 
 // Checks the root's identity and version: NotATrace without format = "dsv4-trace",
 // UnsupportedTraceVersion when newer than this build reads (naming the producer), TraceError without

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <hdf5.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -87,7 +88,7 @@ int salvage_trace(const std::string& in, const std::string& out) {
   if (!fs::exists(in, ec)) throw TraceError(fmt::format("{}: no such file", in));
   classify_with_reader(in);
   OpenedTrace src = open_for_reading(in);
-  trace_layout::check_trace_root(src.file, in);
+  const int version = trace_layout::check_trace_root(src.file, in);
 
   // The complete steps, in order.
   std::vector<std::string> complete;
@@ -118,7 +119,9 @@ int salvage_trace(const std::string& in, const std::string& out) {
     h5::Id fapl = h5::file_access(true, false);
     h5::Object dst = h5::create_file(tmp, fapl.get());
     h5::write_attr(dst, kFormat, std::string(kFormatValue));
-    h5::write_attr(dst, kFormatVersion, int32_t(kTraceFormatVersion));
+    // The steps keep their layout, so the copy keeps the source's version (readers of that version
+    // read the copy too).
+    h5::write_attr(dst, kFormatVersion, int32_t(std::max(version, kPrefillFormatVersion)));
     h5::write_attr(dst, kProducer,
                    h5::has_attr(src.file, kProducer) ? h5::read_attr_string(src.file, kProducer) : "unknown");
     h5::write_attr(dst, kCreated, utc_now_iso8601());

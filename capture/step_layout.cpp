@@ -5,8 +5,9 @@
 // group and dataset the step will receive, closes them and switches to SWMR writing; from then on a
 // reader in another process can follow the step while the forward streams into it. end_step() writes
 // the last raw data, closes the SWMR file and reopens it read-write without SWMR to create the step's
-// `kernels` group (its size is known only once the step ran), then marks the step complete
-// (status = 1), flushes and closes the file, so between steps the file on disk is whole and closed.
+// `kernels` group (its size is known only once the step ran) and its `generation` or `training` group,
+// then marks the step complete (status = 1), flushes and closes the file, so between steps the file on
+// disk is whole and closed.
 //
 // The writer opens files without POSIX locks: a reader following the trace in SWMR mode holds a
 // shared lock that would otherwise make the next begin_step() fail. Concurrent access is governed by
@@ -135,8 +136,10 @@ void StepLayout::create_step(int index, const StepSpec& s, const CapturePolicy& 
     if (h5::exists(steps, step_name(step_index)))
       steps.fail(fmt::format("step {} exists already", step_name(step_index)));
     h5::Object g = h5::create_group(steps, step_name(step_index));
-    // A generation step needs format version 2; a trace of prefill steps stays version 1.
-    if (s.kind == kKindGenerate) h5::write_attr(file, kFormatVersion, int32_t(kTraceFormatVersion));
+    // The file's version is the highest its steps' kinds need: a trace of prefill steps stays
+    // version 1, one with a generation step (and no training step) version 2.
+    if (step_format_version(s.kind) > h5::read_attr_int(file, kFormatVersion))
+      h5::write_attr(file, kFormatVersion, int32_t(step_format_version(s.kind)));
     h5::write_attr(g, kKind, s.kind);
     h5::write_attr(g, kProfile, s.profile);
     h5::write_attr(g, kSeed, uint64_t(s.seed));
@@ -410,7 +413,7 @@ void StepLayout::write_kernels(const h5::Object& f, const KernelRecords& k) {
 }
 
 void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
-                             const GenerationRecord* generation) {
+                             const GenerationRecord* generation, const TrainingRecord* training) {
   if (r.seqs.size() != seqs.size())
     throw Error(
         fmt::format("end_step: the result has {} sequences, the step {}", r.seqs.size(), seqs.size()));
@@ -449,6 +452,7 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
     for (size_t i = 0; i < seqs.size(); ++i) seq_groups.push_back(seq_name(int(i)));
     write_generation(h5::open(file, step_group.substr(1)), seq_groups, *generation);
   }
+  if (training) write_training(h5::open(file, step_group.substr(1)), *training);
   h5::Object status = h5::open(file, step_group.substr(1) + "/" + kStatus);
   h5::write(status, std::vector<uint8_t>{1});
   status = h5::Object{};

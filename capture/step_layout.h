@@ -1,8 +1,8 @@
 // The HDF5 layout of a trace (traces/FORMAT.md) as the trace writer's thread writes it: the file
 // header, then per step its groups and datasets, the streamed tensors and decisions, and the step's
-// end (log-probs, digests, kernels, generation record, status). Every HDF5 call of TraceWriter is
-// here; the queue and the thread that call it are in capture/trace_writer.cpp. Not thread-safe: one
-// thread owns a StepLayout.
+// end (log-probs, digests, kernels, generation and training records, status). Every HDF5 call of
+// TraceWriter is here; the queue and the thread that call it are in capture/trace_writer.cpp. Not
+// thread-safe: one thread owns a StepLayout.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include "capture/h5.h"
 #include "capture/policy.h"
 #include "capture/trace_writer.h"
+#include "capture/training.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/manifest.h"
@@ -57,9 +58,10 @@ class StepLayout {
   void write_indexer(const StepRecord& m);
   void write_routing(const StepRecord& m);
   void write_mhc(const StepRecord& m);
-  // Writes the log-probs and digests, the kernel records and the generation record (when not null),
-  // marks the step complete (status 1) and closes the file.
-  void finish_step(const ForwardResult& r, const KernelRecords& k, const GenerationRecord* generation);
+  // Writes the log-probs and digests, the kernel records, the generation record and the training
+  // record (each when not null), marks the step complete (status 1) and closes the file.
+  void finish_step(const ForwardResult& r, const KernelRecords& k, const GenerationRecord* generation,
+                   const TrainingRecord* training);
   // Closes whatever is still open (a step abandoned mid-way); never throws.
   void close_file();
 

@@ -15,6 +15,7 @@
 #include "capture/generation.h"
 #include "capture/h5.h"
 #include "capture/layout.h"
+#include "capture/training.h"
 
 namespace dsv4 {
 namespace {
@@ -186,7 +187,8 @@ TraceReader TraceReader::open(const std::string& path) {
   const h5::Object& f = impl->file;
   const int v = trace_layout::check_trace_root(f, path, &impl->producer);
   if (v < 1) throw TraceError(fmt::format("{}: format_version {} is not a dsv4 trace version", path, v));
-  // Version 1 is the only one so far; readers of later versions branch on impl->version here.
+  // Versions 1 to kTraceFormatVersion share the layout of what they have in common (later versions
+  // only add step kinds and their groups), so no accessor branches on the version.
   impl->version = v;
   impl->load_steps();
   return TraceReader(std::move(impl));
@@ -272,6 +274,14 @@ std::optional<GenerationRecord> TraceReader::generation(int step) const {
   std::vector<std::string> seqs;
   for (size_t i = 0; i < st.seq_lengths.size(); ++i) seqs.push_back(seq_name(int(i)));
   return read_generation(sg, seqs, fmt::format("{} step {}", path(), step));
+}
+
+std::optional<TrainingRecord> TraceReader::training(int step) const {
+  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  const TraceStepInfo& st = impl_->step(step);
+  if (st.kind != kKindTrainStep) return std::nullopt;
+  const h5::Object sg = h5::open(impl_->f(), st.group.substr(1));
+  return read_training(sg, fmt::format("{} step {}", path(), step));
 }
 
 KernelRecords TraceReader::kernels(int step) const {

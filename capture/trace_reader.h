@@ -13,6 +13,7 @@
 #include "capture/env.h"
 #include "capture/generation.h"
 #include "capture/layout.h"  // kTraceFormatVersion
+#include "capture/training.h"
 #include "model/collect.h"
 #include "model/config.h"
 
@@ -91,6 +92,9 @@ class TraceReader {
   KernelRecords kernels(int step) const;
   // The generation record of a step of kind "generate" (capture/generation.h); nullopt for other steps.
   std::optional<GenerationRecord> generation(int step) const;
+  // The training record of a step of kind "train-step" (capture/training.h); nullopt for other steps.
+  // Throws TraceCorrupt naming the dataset when it is missing or malformed.
+  std::optional<TrainingRecord> training(int step) const;
 
   std::vector<GroupSize> sizes() const;  // per step, per sequence group and its subgroups
   int64_t file_bytes() const;

@@ -87,6 +87,9 @@ struct TraceWriter::Impl {
   std::unique_ptr<StepObserver> observer;
   KernelRecords kernels;                       // of the open step (set_kernel_records)
   std::optional<GenerationRecord> generation;  // of the open step (set_generation)
+  std::optional<TrainingRecord> training;      // of the open step (set_training)
+  std::string kind;                            // of the open step
+  std::vector<int64_t> seq_lengths;            // of the open step
 
   // The queue.
   mutable std::mutex mu;
@@ -350,14 +353,17 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
   if (w.closed) throw Error("begin_step() on a closed trace writer");
   if (w.step_open)
     throw Error(fmt::format("begin_step(): step {} is still open; call end_step() first", w.next_step));
-  if (s.kind != "train" && s.kind != "rollout" && s.kind != kKindGenerate)
-    throw InputError(fmt::format("step kind '{}': expected 'train', 'rollout' or 'generate'", s.kind));
+  if (!is_step_kind(s.kind))
+    throw InputError(fmt::format("step kind '{}': expected {}", s.kind, step_kinds_text()));
   if (s.seqs.empty()) throw InputError("begin_step(): the batch has no sequences");
   for (size_t i = 0; i < s.seqs.size(); ++i)
     if (s.seqs[i].empty()) throw InputError(fmt::format("begin_step(): sequence {} is empty", i));
   w.run_on_writer([&] { w.layout.create_step(w.next_step, s, w.opt.policy); });
   w.kernels = KernelRecords{};
   w.kernels.reason = "not recorded";
+  w.kind = s.kind;
+  w.seq_lengths.clear();
+  for (const auto& q : s.seqs) w.seq_lengths.push_back(int64_t(q.size()));
   w.step_open = true;
   w.observer = std::make_unique<StepObserver>(w, w.opt.policy);
   return *w.observer;
@@ -369,6 +375,18 @@ void TraceWriter::set_generation(GenerationRecord g) {
   w.generation = std::move(g);
 }
 
+void TraceWriter::set_training(TrainingRecord t) {
+  Impl& w = *impl_;
+  if (!w.step_open) throw Error("set_training() without begin_step()");
+  if (w.kind != kKindTrainStep)
+    throw Error(
+        fmt::format("set_training(): step {} is of kind '{}'; a training record belongs to a '{}' step",
+                    w.next_step, w.kind, kKindTrainStep));
+  if (const std::string why = training_record_problem(t, w.seq_lengths); !why.empty())
+    throw Error(fmt::format("set_training(): step {}: {}", w.next_step, why));
+  w.training = std::move(t);
+}
+
 void TraceWriter::set_kernel_records(KernelRecords k) {
   Impl& w = *impl_;
   if (!w.step_open) throw Error("set_kernel_records() without begin_step()");
@@ -378,9 +396,14 @@ void TraceWriter::set_kernel_records(KernelRecords k) {
 void TraceWriter::end_step(const ForwardResult& r) {
   Impl& w = *impl_;
   if (!w.step_open) throw Error("end_step() without begin_step()");
+  if (w.kind == kKindTrainStep && !w.training)
+    throw Error(fmt::format("end_step(): step {} is a '{}' step without its training record (set_training)",
+                            w.next_step, kKindTrainStep));
   w.run_on_writer([&] {
-    w.layout.finish_step(r, w.kernels, w.generation ? &*w.generation : nullptr);
+    w.layout.finish_step(r, w.kernels, w.generation ? &*w.generation : nullptr,
+                         w.training ? &*w.training : nullptr);
     w.generation.reset();
+    w.training.reset();
   });
   w.kernels = KernelRecords{};
   w.kernels.reason = "not recorded";

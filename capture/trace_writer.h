@@ -5,9 +5,9 @@
 //
 // Life of a step: begin_step() creates the step's groups and datasets (shapes from the model's
 // tensor manifest) with status 0 and switches the file to SWMR writing; the forward streams into
-// them; end_step() writes the log-probs and the kernel records (set_kernel_records), sets status 1,
-// flushes and closes the file. close() renames
-// NAME.h5.incomplete to NAME.h5.
+// them; end_step() writes the log-probs, the kernel records (set_kernel_records) and the generation or
+// training record (set_generation, set_training), sets status 1, flushes and closes the file. close()
+// renames NAME.h5.incomplete to NAME.h5.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,7 @@
 #include "capture/env.h"
 #include "capture/generation.h"
 #include "capture/policy.h"
+#include "capture/training.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/observer.h"
@@ -36,7 +37,7 @@ struct TraceHeader {
 TraceHeader make_trace_header(const Weights& w);  // env of this machine + the model's digests
 
 struct StepSpec {
-  std::string kind = "train";     // "train" | "rollout" | "generate"
+  std::string kind = "train";     // "train" | "rollout" | "generate" | "train-step"
   std::string profile = "train";  // numerics profile name
   uint64_t seed = 0;
   int threads = 0;
@@ -74,6 +75,11 @@ class TraceWriter {
   // The generation record of the open step (kind "generate"; capture/generation.h), written by
   // end_step() before the step is marked complete.
   void set_generation(GenerationRecord g);
+  // The training record of the open step, which must be of kind "train-step" (capture/training.h),
+  // written by end_step() before the step is marked complete. Throws Error, keeping the step open,
+  // for another kind or a record that does not fit the step (training_record_problem); end_step() of
+  // a "train-step" step without one throws Error likewise.
+  void set_training(TrainingRecord t);
   void end_step(const ForwardResult& r);
   void close();
 

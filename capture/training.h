@@ -53,16 +53,26 @@ struct TrainingRecord {
   // trained groups, mHC mode, micro-batch, temperature, the decisions source and its model digest).
   // Replay parses it back; the trace format does not interpret it.
   std::string settings_json;
-  int64_t optimizer_step_before = 0;       // AdamW steps taken before this one
-  std::string optimizer_state_path;        // the state file the step started from ("" = fresh)
-  uint64_t optimizer_state_digest = 0;     // digest of that state (0 = fresh)
-  std::vector<SampleLossInputs> samples;   // [n_seqs]
-  std::map<std::string, double> metrics;   // "loss", "pg_loss", "kl", "clip_fraction", "grad_norm", ...
-  std::vector<ParamDigests> params;        // every weight of the model, in name order
-  std::vector<ActGradDigests> act_grads;   // every sample's, sample by sample, each in execution order
+  int64_t optimizer_step_before = 0;      // AdamW steps taken before this one
+  std::string optimizer_state_path;       // the state file the step started from ("" = fresh)
+  uint64_t optimizer_state_digest = 0;    // digest of that state (0 = fresh)
+  std::vector<SampleLossInputs> samples;  // [n_seqs]
+  std::map<std::string, double> metrics;  // "loss", "pg_loss", "kl", "clip_fraction", "grad_norm", ...
+  std::vector<ParamDigests> params;       // every weight of the model, in name order
+  std::vector<ActGradDigests> act_grads;  // every sample's, sample by sample, each in execution order
   std::map<std::string, std::vector<float>> full_grads;    // selected by the capture policy
   std::map<std::string, std::vector<float>> full_weights;  // updated compute weights, selected likewise
 };
+
+// Why `t` cannot be the training record of a step whose sequences have `seq_lengths` tokens, naming
+// the dataset it would be stored in ("training/samples/old_logprobs: sample 1 has 7 values, its response
+// 9 tokens (empty when absent)"); "" when it can. A sample per sequence with 0 <= prompt_length <= its
+// length, each loss input empty or as long as the response; parameter names unique, usable as HDF5
+// names (not empty, not ".", no '/'), each digest list empty or [rows]; activation gradients of
+// sequences of the step, layer >= -1, [rows] digests; full tensors of listed parameters, rows *
+// row_elems values. write_training refuses such a record (Error), read_training reports it
+// (TraceCorrupt).
+std::string training_record_problem(const TrainingRecord& t, const std::vector<int64_t>& seq_lengths);
 
 // /steps/NNNNNN/training of an open step group. `where` names the file and step in messages. read_training
 // throws TraceCorrupt (capture/errors.h) naming the dataset for anything missing or mis-sized.

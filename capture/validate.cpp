@@ -19,6 +19,7 @@
 #include "capture/policy.h"
 #include "capture/trace_open.h"
 #include "capture/trace_reader.h"
+#include "capture/training.h"
 #include "model/config.h"
 #include "model/manifest.h"
 #include "model/profile.h"
@@ -34,28 +35,6 @@ constexpr int kFindingsPerDataset = 5;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-const char* type_name(h5::Type t) {
-  switch (t) {
-    case h5::Type::u8:
-      return "uint8";
-    case h5::Type::u16:
-      return "uint16";
-    case h5::Type::u32:
-      return "uint32";
-    case h5::Type::u64:
-      return "uint64";
-    case h5::Type::i32:
-      return "int32";
-    case h5::Type::i64:
-      return "int64";
-    case h5::Type::f32:
-      return "float32";
-    case h5::Type::str:
-      return "string";
-  }
-  return "?";
 }
 
 class Validator {
@@ -91,7 +70,8 @@ class Validator {
           "the file is marked as open for writing: its writer is still running or died while creating a step "
           "(outside SWMR mode); `dsv4 trace salvage` copies the complete steps into a new trace");
     guarded("/", [&] {
-      if (h5::read_attr_int(root, kFormatVersion) < 1) problem("/", "format_version is below 1");
+      version_ = h5::read_attr_int(root, kFormatVersion);
+      if (version_ < 1) problem("/", "format_version is below 1");
       for (const char* a : {kProducer, kCreated})
         if (!h5::has_attr(root, a)) problem("/", fmt::format("attribute '{}' is missing", a));
     });
@@ -164,8 +144,8 @@ class Validator {
       const std::optional<h5::Type> t = h5::stored_type(ds);
       if (!t || std::find(types.begin(), types.end(), *t) == types.end()) {
         std::vector<std::string> want;
-        for (h5::Type w : types) want.push_back(type_name(w));
-        problem(where, fmt::format("stored as {}, expected {}", t ? type_name(*t) : "an unsupported type",
+        for (h5::Type w : types) want.push_back(h5::type_name(w));
+        problem(where, fmt::format("stored as {}, expected {}", t ? h5::type_name(*t) : "an unsupported type",
                                    fmt::join(want, " or ")));
         return;
       }
@@ -352,10 +332,20 @@ class Validator {
         if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
       if (h5::has_attr(step, kKind)) {
         const std::string kind = h5::read_attr_string(step, kKind);
-        if (kind != "train" && kind != "rollout" && kind != kKindGenerate)
-          problem(step.path, fmt::format("kind '{}', expected 'train', 'rollout' or 'generate'", kind));
+        if (!is_step_kind(kind))
+          problem(step.path, fmt::format("kind '{}', expected {}", kind, step_kinds_text()));
         if (kind == kKindGenerate && !h5::exists(step, kGeneration))
           problem(step.path, fmt::format("a generation step without its '{}' group", kGeneration));
+        if (kind == kKindTrainStep) {
+          if (!has_training(step))
+            problem(step.child(kTraining),
+                    fmt::format("missing: a '{}' step holds its training record there", kKindTrainStep));
+          else
+            guarded(step.child(kTraining), [&] { read_training(step, path_); });
+        }
+        if (is_step_kind(kind) && version_ >= 1 && step_format_version(kind) > version_)
+          problem(step.path, fmt::format("a '{}' step needs format_version {}, the file has {}", kind,
+                                         step_format_version(kind), version_));
       }
       if (h5::has_attr(step, kProfile)) {
         const std::string profile = h5::read_attr_string(step, kProfile);
@@ -744,6 +734,7 @@ class Validator {
   ValidateReport& rep_;
   std::string path_;
   StepState* step_ = nullptr;
+  int64_t version_ = 0;  // the root's format_version
   std::optional<ModelConfig> cfg_;
   std::vector<std::string> tensor_names_;
 };

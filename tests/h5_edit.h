@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dsv4::test {
@@ -41,6 +42,32 @@ class H5Edit {
     const herr_t rc = H5Dwrite(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
     H5Dclose(ds);
     if (rc < 0) throw std::runtime_error("cannot write " + path);
+  }
+  // Replaces dataset `path` by a new one (create): a dataset of another length, shape or type.
+  template <typename T>
+  void replace(const std::string& path, hid_t file_type, hid_t mem, const std::vector<T>& v,
+               std::vector<hsize_t> dims = {}) {
+    remove(path);
+    create(path, file_type, mem, v, std::move(dims));
+  }
+  // Creates dataset `path` of `dims` (1-D of v.size() when empty) stored as `file_type`, holding `v`
+  // (mem: the matching native type), contiguous and without filters.
+  template <typename T>
+  void create(const std::string& path, hid_t file_type, hid_t mem, const std::vector<T>& v,
+              std::vector<hsize_t> dims = {}) {
+    if (dims.empty()) dims = {hsize_t(v.size())};
+    const hid_t sp = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    const hid_t ds = H5Dcreate2(f_, path.c_str(), file_type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const herr_t rc = ds < 0      ? -1
+                      : v.empty() ? 0
+                                  : H5Dwrite(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    if (rc < 0) throw std::runtime_error("cannot create " + path);
+  }
+  // Unlinks the group or dataset at `path`.
+  void remove(const std::string& path) {
+    if (H5Ldelete(f_, path.c_str(), H5P_DEFAULT) < 0) throw std::runtime_error("cannot remove " + path);
   }
   // Replaces a string attribute (the trace's attributes are variable-length UTF-8).
   void set_attr(const std::string& object, const std::string& name, const std::string& value) {

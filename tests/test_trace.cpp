@@ -543,8 +543,8 @@ TEST(Trace, ForeignAndDamagedFiles) {
     H5Aclose(a);
     H5Fclose(f);
   }
-  expect_error<UnsupportedTraceVersion>(newer,
-                                        "format_version 999 is newer than this dsv4 reads (2); upgrade dsv4");
+  expect_error<UnsupportedTraceVersion>(newer, "format_version 999 is newer than this dsv4 reads (" +
+                                                   std::to_string(kTraceFormatVersion) + "); upgrade dsv4");
   expect_error<UnsupportedTraceVersion>(newer, "written by dsv4 ");
 
   const std::string truncated = d / "truncated.h5";

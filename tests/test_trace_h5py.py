@@ -121,10 +121,78 @@ def check_seq(path, seq, T, cfg, names, n_layers):
     return n_full
 
 
+def ragged(g, name, n, where):
+    """FORMAT.md 'Training steps', ragged lists: X concatenated, X_count per entry."""
+    data, count = g[name][:], g[name + "_count"][:]
+    check(count.dtype == np.int64 and count.shape == (n,), f"{where}/{name}_count", f"{count.dtype} {count.shape}")
+    check((count >= 0).all() and int(count.sum()) == len(data), f"{where}/{name}",
+          f"{len(data)} values, counts {count.tolist()[:8]}")
+    return np.split(data, np.cumsum(count)[:-1]) if n else []
+
+
+def check_training(where, t, lengths, weight_names):
+    """FORMAT.md 'Training steps (version 3)'."""
+    a = t.attrs
+    check(isinstance(a["settings_json"], str), where, "settings_json")
+    json.loads(a["settings_json"])
+    check(a["optimizer_step_before"].dtype == np.int64, where, "optimizer_step_before dtype")
+    check(isinstance(a["optimizer_state_path"], str), where, "optimizer_state_path")
+    check(a["optimizer_state_digest"].dtype == np.uint64, where, "optimizer_state_digest dtype")
+    names = list(t["metric_names"].asstr()[:])
+    values = t["metric_values"][:]
+    check(names == sorted(set(names)), where + "/metric_names", f"{names}: not sorted and unique")
+    check(values.dtype == np.float64 and values.shape == (len(names),), where + "/metric_values", str(values))
+
+    S = len(lengths)
+    s, sw = t["samples"], where + "/samples"
+    check(len(s["id"]) == S and len(s["group"]) == S, sw, "id/group: not one per sequence")
+    P = s["prompt_length"][:]
+    check(P.dtype == np.int64 and P.shape == (S,), sw + "/prompt_length", str(P))
+    check(((P >= 0) & (P <= lengths)).all(), sw + "/prompt_length", f"{P} outside [0, {lengths}]")
+    for name in ("advantage", "reward"):
+        check(s[name].dtype == np.float64 and s[name].shape == (S,), f"{sw}/{name}", "dtype/shape")
+    hr = s["has_reward"][:]
+    check(hr.dtype == np.uint8 and set(hr.tolist()) <= {0, 1}, sw + "/has_reward", str(hr))
+    for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs"):
+        check(s[name].dtype == np.float32, f"{sw}/{name}", f"dtype {s[name].dtype}")
+        for i, v in enumerate(ragged(s, name, S, sw)):
+            check(len(v) in (0, lengths[i] - P[i]), f"{sw}/{name}", f"sample {i}: {len(v)} values")
+
+    p, pw = t["params"], where + "/params"
+    pn = list(p["name"].asstr()[:])
+    W = len(pn)
+    check(pn == sorted(set(pn)) and set(pn) <= set(weight_names), pw + "/name", "not sorted, unique weight names")
+    rows, elems = p["rows"][:], p["row_elems"][:]
+    check(rows.dtype == np.int64 and elems.dtype == np.int64 and rows.shape == elems.shape == (W,), pw,
+          "rows/row_elems dtype/shape")
+    shape = {n: (int(r), int(e)) for n, r, e in zip(pn, rows, elems)}
+    for name in ("grad", "weight", "master", "m", "v"):
+        check(p[name].dtype == np.uint64, f"{pw}/{name}", f"dtype {p[name].dtype}")
+        for i, v in enumerate(ragged(p, name, W, pw)):
+            check(len(v) in (0, rows[i]), f"{pw}/{name}", f"{pn[i]}: {len(v)} digests for {rows[i]} rows")
+
+    g, gw = t["act_grads"], where + "/act_grads"
+    A = len(g["name"])
+    for name, dt in (("seq", np.int32), ("layer", np.int32), ("rows", np.int64), ("cols", np.int64)):
+        check(g[name].dtype == dt and g[name].shape == (A,), f"{gw}/{name}", f"{g[name].dtype} {g[name].shape}")
+    check(((g["seq"][:] >= 0) & (g["seq"][:] < S)).all() and (g["layer"][:] >= -1).all(), gw, "seq/layer range")
+    check(g["digests"].dtype == np.uint64 and len(g["digests"]) == int(g["rows"][:].sum()), gw + "/digests",
+          "not the rows' digests")
+
+    n_full = 0
+    for group in ("full_grads", "full_weights"):
+        for name, ds in t[group].items():
+            check(name in shape and ds.dtype == np.float32 and ds.shape == shape.get(name), f"{where}/{group}/{name}",
+                  f"{ds.dtype} {ds.shape}, parameter {shape.get(name)}")
+            n_full += 1
+    return n_full
+
+
 def main(path):
     f = h5py.File(path, "r", swmr=True)
     check(as_str(f.attrs["format"]) == "dsv4-trace", "/", "format")
-    check(int(f.attrs["format_version"]) == 1, "/", "format_version")
+    kinds = [as_str(g.attrs["kind"]) for g in f["steps"].values()]
+    check(int(f.attrs["format_version"]) == (3 if "train-step" in kinds else 1), "/", "format_version")
     check(as_str(f.attrs["producer"]).startswith("dsv4 "), "/", "producer")
     check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", as_str(f.attrs["created"])) is not None, "/", "created")
     env = f["meta/env"].attrs
@@ -152,7 +220,7 @@ def main(path):
         if status[0] != 1:
             continue
         complete += 1
-        check(as_str(g.attrs["kind"]) in ("train", "rollout"), where, "kind")
+        check(as_str(g.attrs["kind"]) in ("train", "rollout", "train-step"), where, "kind")
         check(as_str(g.attrs["profile"]) in ("train", "rollout"), where, "profile")
         check(g.attrs["seed"].dtype == np.uint64, where, "seed dtype")
         check(g.attrs["threads"].dtype == np.int32, where, "threads dtype")
@@ -162,6 +230,8 @@ def main(path):
               str(lengths))
         for i, T in enumerate(lengths):
             n_full += check_seq(f"{where}/seq_{i:03d}", g[f"seq_{i:03d}"], int(T), cfg, names, n_layers)
+        if as_str(g.attrs["kind"]) == "train-step":
+            n_full += check_training(where + "/training", g["training"], lengths.astype(np.int64), wn)
     check(complete > 0, "/steps", "no complete step")
     if failures:
         print(f"{path}: {len(failures)} problems:")
