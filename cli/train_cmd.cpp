@@ -45,7 +45,7 @@ struct TrainArgs {
 // R3: the decisions a rollout trace recorded for these samples' tokens, as forced decisions keyed by
 // sample index. Hash layers are recorded but never forced (MODEL.md §6.5).
 Overrides decisions_from_trace(const TrainArgs& a, const Weights& w, const std::vector<train::TrainSample>& samples,
-                               std::string* model_digest) {
+                               std::string* source_digest) {
   const TraceReader r = TraceReader::open(a.decisions_from);
   const auto steps = r.steps();
   if (a.decisions_step < 0 || a.decisions_step >= int(steps.size()))
@@ -55,12 +55,12 @@ Overrides decisions_from_trace(const TrainArgs& a, const Weights& w, const std::
   if (!info.complete)
     throw InputError(fmt::format("--replay-decisions-from {}: step {} is incomplete", a.decisions_from,
                                  a.decisions_step));
-  *model_digest = r.model().model_digest;
+  *source_digest = r.model().model_digest;
   const std::string here = hex16(model_digest(w).whole);
-  if (*model_digest != here) {
+  if (*source_digest != here) {
     const std::string msg = fmt::format(
         "--replay-decisions-from {}: its decisions were made with other weights (model digest {} vs {} here)",
-        a.decisions_from, *model_digest, here);
+        a.decisions_from, *source_digest, here);
     if (a.other_weights == "refuse")
       throw InputError(msg + "; pass --on-other-weights warn to use them anyway");
     fmt::print(stderr, "warning: {}\n", msg);
