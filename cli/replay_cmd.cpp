@@ -76,6 +76,7 @@ int run_replay(const ReplayArgs& a) {
       const Divergence& d = *s.first;
       fmt::print("step {}: DIVERGES at sequence {} layer {} tensor {} row {}\n", s.step, d.seq, d.layer,
                  d.tensor, d.row);
+      if (!d.reason.empty()) fmt::print("  {}\n", d.reason);
       if (d.has_elements)
         fmt::print(
             "  first differing element {}: recorded {:.9g}, replayed {:.9g} ({} ulp); over the row max abs "

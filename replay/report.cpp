@@ -22,7 +22,8 @@ std::string replay_to_json(const ReplayReport& r) {
                       {"seconds", s.seconds}};
     if (s.first) {
       const Divergence& d = *s.first;
-      js["first_divergence"] = {{"seq", d.seq}, {"layer", d.layer}, {"tensor", d.tensor}, {"row", d.row}};
+      js["first_divergence"] = {
+          {"seq", d.seq}, {"layer", d.layer}, {"tensor", d.tensor}, {"row", d.row}, {"reason", d.reason}};
       if (d.has_elements)
         js["first_divergence"]["elements"] = {{"index", d.first_index}, {"recorded", d.recorded},
                                               {"replayed", d.replayed}, {"ulp", d.ulp},

@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "h5_edit.h"
+#include "model/checkpoint.h"
 #include "test_util.h"
 
 namespace {
@@ -62,6 +63,65 @@ TEST(TrainStepCli, StepsChainAndReplayBitIdentically) {
   r = dsv4::test::run_shell("cmp " + (d / "m1/model.safetensors") + " " + (d / "m1b/model.safetensors") + " && cmp " +
                             (d / "m1/optimizer.safetensors") + " " + (d / "m1b/optimizer.safetensors"));
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// A doctored gradient digest is named exactly: the parameter and row of a parameter gradient, or the
+// activation gradient, sample, layer, row and the backward op that produced it; other weights are
+// named too.
+TEST(TrainStepCli, DoctoredStepIsNamedExactly) {
+  TempDir d;
+  write_samples(d / "samples.jsonl");
+  auto r = run_cli("model init --preset tiny --seed 7 --out " + (d / "m0"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --model " + (d / "m0") + " --data " + (d / "samples.jsonl") + " --quiet --out-model " +
+              (d / "m1") + " --record " + (d / "step.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string t = "/steps/000000/training/";
+  // Parameters are in name order: lm_head.weight comes first and is trained.
+  std::filesystem::copy_file(d / "step.h5", d / "grad.h5");
+  {
+    dsv4::test::H5Edit e(d / "grad.h5");
+    auto g = e.read<uint64_t>(t + "params/grad", H5T_NATIVE_UINT64);
+    ASSERT_GT(g.size(), 3u);
+    g[3] ^= 1;
+    e.write(t + "params/grad", H5T_NATIVE_UINT64, g);
+  }
+  r = run_cli("replay " + (d / "grad.h5"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("tensor grad:lm_head.weight row 3"), std::string::npos) << r.out;
+  // The first activation gradient is sample 0's d logits.
+  std::filesystem::copy_file(d / "step.h5", d / "act.h5");
+  {
+    dsv4::test::H5Edit e(d / "act.h5");
+    auto g = e.read<uint64_t>(t + "act_grads/digests", H5T_NATIVE_UINT64);
+    g[5] ^= 1;
+    e.write(t + "act_grads/digests", H5T_NATIVE_UINT64, g);
+  }
+  r = run_cli("replay " + (d / "act.h5"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("sequence 0 layer -1 tensor grad.logits row 5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("log_softmax_backward"), std::string::npos) << r.out;
+  // A moment of the optimizer.
+  std::filesystem::copy_file(d / "step.h5", d / "v.h5");
+  {
+    dsv4::test::H5Edit e(d / "v.h5");
+    auto g = e.read<uint64_t>(t + "params/v", H5T_NATIVE_UINT64);
+    g[0] ^= 1;
+    e.write(t + "params/v", H5T_NATIVE_UINT64, g);
+  }
+  r = run_cli("replay " + (d / "v.h5"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("tensor adam_v:lm_head.weight row 0"), std::string::npos) << r.out;
+  // Other weights (one tensor changed): named, and the replay diverges.
+  {
+    const dsv4::Weights w = dsv4::open_checkpoint(d / "m0");
+    std::vector<float> n = w.get("model.norm.weight").f;
+    n[7] = n[7] * 2.0f;
+    w.with_values({{"model.norm.weight", n}}, "doctored").save(d / "mx");
+  }
+  r = run_cli("replay " + (d / "step.h5") + " --model " + (d / "mx"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("WEIGHTS DIFFER from the recorded model: model.norm.weight"), std::string::npos) << r.out;
 }
 
 TEST(TrainStepCli, ReplicatesRolloutDecisionsAndRefusesOtherWeights) {
