@@ -38,7 +38,7 @@ if [[ -x $bin ]]; then
 fi
 tb=$(find build-gpu -name bench_train -type f -perm -u+x | head -1)
 if [[ -n "$tb" ]]; then
-  timeout 400 "$tb" --benchmark_filter=Cuda >"$logs/bench_train.log" 2>&1 || echo "bench_train failed or timed out" >>"$logs/bench_train.log"
+  timeout 150 "$tb" --benchmark_filter=Cuda >"$logs/bench_train.log" 2>&1 || echo "bench_train failed or timed out" >>"$logs/bench_train.log"
 fi
 {
   echo "train step on GPU vs CPU, replay on CPU:  $train_status"
