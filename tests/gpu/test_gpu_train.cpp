@@ -29,20 +29,20 @@ std::vector<train::TrainSample> samples(int vocab) {
   return out;
 }
 
-struct Run {
+struct StepRun {
   train::TrainStepResult r;
   Weights after;
   train::OptimizerState state;
   std::vector<std::pair<std::string, std::vector<float>>> act;  // activation gradients in order
 };
 
-Run run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, bool mixer) {
+StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, bool mixer) {
   train::TrainStepOptions o;
   o.device = dev;
   o.train_mixer = mixer;
   o.adamw.lr = 1e-3;
   o.groups.train("router");
-  Run x{{}, w, train::fresh_optimizer_state(w, o.groups), {}};
+  StepRun x{{}, w, train::fresh_optimizer_state(w, o.groups), {}};
   train::TrainStepHooks h;
   h.on_grad = [&](const GradRecord& g) {
     x.act.emplace_back(std::to_string(g.seq) + ":" + std::to_string(g.layer) + ":" + g.name,
@@ -63,7 +63,7 @@ TEST(GpuTrain, StepEqualsTheCpuStep) {
       SCOPED_TRACE(std::string(preset) + (mixer ? " full mHC" : " legacy mHC"));
       const Weights w = Weights::init(dsv4::preset(preset), 7);
       const auto s = samples(w.config().vocab_size);
-      const Run c = run(w, s, Device::cpu, mixer), g = run(w, s, Device::cuda, mixer);
+      const StepRun c = run(w, s, Device::cpu, mixer), g = run(w, s, Device::cuda, mixer);
       ASSERT_EQ(c.act.size(), g.act.size());
       for (size_t i = 0; i < c.act.size(); ++i) {
         ASSERT_EQ(c.act[i].first, g.act[i].first);
