@@ -178,7 +178,10 @@ class CpuBackend final : public Backend {
                             const float* dlogprob, float temperature, float* dlogits) override {
     dsv4::log_softmax_backward(logits, rows, V, target, dlogprob, temperature, dlogits);
   }
-  void sparse_attention_backward(const SparseAttnBwdParams& p) override { dsv4::sparse_attention_backward(p); }
+  void sparse_attention_backward(const SparseAttnBwdParams& p) override {
+    require(sparse_attention_backward_check(p), "sparse_attention_backward", -1);
+    dsv4::sparse_attention_backward(p);
+  }
   void compressor_pool_backward(const CompressorPoolBwdParams& p) override { dsv4::compressor_pool_backward(p); }
   void hc_post_backward(const HcPostBwdParams& p) override { dsv4::hc_post_backward(p); }
   void hc_pre_backward(const HcPreBwdParams& p) override { dsv4::hc_pre_backward(p); }
