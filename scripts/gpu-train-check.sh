@@ -4,14 +4,42 @@
 # backward ops on CUDA against the CPU), then one training step run on the GPU and on the CPU (the
 # written checkpoints and optimizer states must be byte-identical), the GPU step's trace replayed on
 # the CPU, and bench_train's CUDA cases (step vs forward time, digest overhead). Logs under $OUT (or
-# build-gpu/logs); a short table at the end.
+# build-gpu/logs); a short table at the end. Usage: scripts/gpu-train-check.sh [--train-only]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 logs=${OUT:-build-gpu/logs}
 mkdir -p "$logs"
-scripts/gpu-check.sh --no-sanitizer --no-bench
-rc=$?
+# --train-only: instead of the whole GPU check, build just what the training step needs and run its
+# GPU tests (the backward ops and the whole step against the CPU).
+if [[ "${1:-}" == "--train-only" ]]; then
+  rc=0
+  xxh=()
+  [[ -f .carry/xxhash/xxhash.h ]] && xxh=(-DDSV4_XXHASH_INCLUDE="$PWD/.carry/xxhash")
+  gen=()
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  if ! { cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_GUI=OFF \
+           -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${xxh[@]}" &&
+         cmake --build build-gpu -j"${JOBS:-16}" --target dsv4 bench_train test_grad_linear_gpu \
+           test_grad_attention_gpu test_grad_mhc_gpu test_gpu_train; } >"$logs/build.log" 2>&1; then
+    tail -30 "$logs/build.log"
+    echo "build failed"
+    exit 1
+  fi
+  for t in test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_gpu_train; do
+    b=$(find build-gpu -name $t -type f -perm -u+x | head -1)
+    if "$b" >"$logs/$t.log" 2>&1; then
+      echo "$t: $(grep -E '^\[  PASSED' "$logs/$t.log")" | tee -a "$logs/gpu-check.log"
+    else
+      echo "$t: FAILED" | tee -a "$logs/gpu-check.log"
+      grep -E "Failure|FAILED|Expected|Which is" "$logs/$t.log" | head -20
+      rc=1
+    fi
+  done
+else
+  scripts/gpu-check.sh --no-sanitizer --no-bench
+  rc=$?
+fi
 bin=build-gpu/cli/dsv4
 train_status="not run"
 if [[ -x $bin ]]; then
