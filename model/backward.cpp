@@ -75,11 +75,16 @@ class SequenceBackward {
     r.rows = rows;
     r.cols = cols;
     std::vector<float> host;
+    std::vector<uint64_t> digests;
     if (be_.device() == Device::cpu) {
       r.data = g.data();
     } else {
-      host = be_.download(g.data(), rows * cols);
-      r.data = host.data();
+      digests.resize(size_t(std::max<int64_t>(rows, 0)));
+      if (be_.row_digests(g.data(), DType::f32, rows, cols, digests.data())) r.row_digests = digests.data();
+      r.fetch = [&]() -> const float* {
+        if (host.empty() && rows * cols > 0) host = be_.download(g.data(), rows * cols);
+        return host.data();
+      };
     }
     bo_.on_grad(r);
   }

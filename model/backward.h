@@ -18,13 +18,18 @@
 namespace dsv4 {
 
 // A gradient of an activation, reported in backward execution order (the first divergent one in a
-// replay names the backward op that produced it). `data` is host memory, [rows, cols] fp32.
+// replay names the backward op that produced it), [rows, cols] fp32. On the CPU `data` points at the
+// values; on a device backend the row digests are computed where the tensor lives (`row_digests`,
+// XXH3-64 of each row's fp32 bytes) and the values cross to the host only when values() is called.
 struct GradRecord {
   int seq = 0;
   int layer = -1;    // -1: model level
   std::string name;  // e.g. "grad.ffn.hc_post" (traces/FORMAT.md "Training steps")
   int64_t rows = 0, cols = 0;
-  const float* data = nullptr;
+  const float* data = nullptr;             // host values, or nullptr (see values())
+  const uint64_t* row_digests = nullptr;   // [rows], or nullptr: hash the values
+  std::function<const float*()> fetch;     // downloads the values (device backends)
+  const float* values() const { return data ? data : (fetch ? fetch() : nullptr); }
 };
 
 struct BackwardOptions {

@@ -61,9 +61,14 @@ void ActGradCollector::operator()(const GradRecord& g) {
   d.name = g.name;
   d.rows = g.rows;
   d.cols = g.cols;
-  d.digests.resize(size_t(g.rows));
-  for (int64_t r = 0; r < g.rows; ++r)
-    d.digests[size_t(r)] = xxh3_64(g.data + r * g.cols, size_t(g.cols) * sizeof(float));
+  if (g.row_digests) {
+    d.digests.assign(g.row_digests, g.row_digests + g.rows);
+  } else {
+    const float* v = g.values();
+    d.digests.resize(static_cast<size_t>(g.rows));
+    for (int64_t r = 0; r < g.rows; ++r)
+      d.digests[size_t(r)] = xxh3_64(v + r * g.cols, size_t(g.cols) * sizeof(float));
+  }
   out_.push_back(std::move(d));
 }
 

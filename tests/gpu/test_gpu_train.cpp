@@ -46,7 +46,7 @@ StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device d
   train::TrainStepHooks h;
   h.on_grad = [&](const GradRecord& g) {
     x.act.emplace_back(std::to_string(g.seq) + ":" + std::to_string(g.layer) + ":" + g.name,
-                       std::vector<float>(g.data, g.data + g.rows * g.cols));
+                       std::vector<float>(g.values(), g.values() + g.rows * g.cols));
   };
   x.r = train::train_step(w, s, x.state, o, h, &x.after);
   return x;
