@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "model/backward.h"
+#include "model/checkpoint.h"
 #include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/profile.h"
@@ -20,6 +21,8 @@
 #include "test_util.h"
 #include "tiny_model.h"
 #include "train/grad_tree.h"
+#include "replay/replay.h"
+#include "train/record.h"
 #include "train/step.h"
 
 namespace dsv4 {
@@ -297,16 +300,35 @@ TEST(TrainStep, ShortTrainingRunLowersTheLoss) {
       for (float x : r.logprobs[size_t(i)]) m += x;
     return m;
   };
+  // Every step is recorded (a trace per step: a trace holds one model), its checkpoint and the
+  // optimizer state it started from saved as `train-step` writes them, and the run replays step by
+  // step bit for bit.
+  test::TempDir d;
   double first = 0, last = 0;
   for (int step = 0; step < 12; ++step) {
     Weights next = w;
-    const train::TrainStepResult r = run_step(w, s, o, &next, &st);
+    train::RecordTrainOptions ro;
+    ro.seed = 7;
+    if (step > 0) {
+      ro.optimizer_state_path = d / fmt::format("state{}.safetensors", step);
+      st.save(ro.optimizer_state_path);
+    }
+    const train::TrainStepResult r =
+        train::record_train_step(w, s, st, o, {}, &next, d / fmt::format("step{}.h5", step), ro);
     if (step == 0) first = good_logp(r);
     last = good_logp(r);
-    w = std::move(next);
+    next.save(d / fmt::format("model{}", step + 1));
+    w = open_checkpoint(d / fmt::format("model{}", step + 1));
   }
   EXPECT_EQ(st.step, 12);
   EXPECT_GT(last, first + 1.0) << "the rewarded responses' log-probability did not rise";
+  for (int step = 0; step < 12; ++step) {
+    const ReplayReport rep = replay_trace(d / fmt::format("step{}.h5", step), ReplayOptions{});
+    ASSERT_EQ(rep.steps.size(), 1u);
+    EXPECT_TRUE(rep.identical()) << "step " << step << ": "
+                                 << (rep.steps[0].first ? rep.steps[0].first->tensor + " " + rep.steps[0].first->reason
+                                                        : "decisions or weights");
+  }
 }
 
 TEST(TrainStep, RejectsAStateOfOtherWeightsAndUntrainableGroups) {
