@@ -2,6 +2,8 @@
 #include <fmt/core.h>
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -141,6 +143,9 @@ int run_train_step(TrainArgs& a) {
   state.save(state_path);
 
   const train::LossMetrics& m = res.metrics;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double peak_mib = double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
   if (a.json) {
     nlohmann::ordered_json j;
     j["step"] = state.step;
@@ -161,6 +166,7 @@ int run_train_step(TrainArgs& a) {
                     {"backward", res.seconds_backward},
                     {"optimizer", res.seconds_optimizer}};
     j["tape_bytes_max"] = res.tape_bytes_max;
+    j["peak_rss_mib"] = peak_mib;
     j["out_model"] = a.out_model;
     j["optimizer_state"] = state_path;
     if (!a.record.empty()) j["trace"] = a.record;
@@ -177,9 +183,9 @@ int run_train_step(TrainArgs& a) {
                  m.mismatch_mean_abs, m.mismatch_max_abs, m.mismatch_k3, m.mismatch_tokens);
     fmt::print(
         "  grad norm {:.6g} (clip coefficient {:.4g}), update norm {:.4g}; {:.3f} s (forward {:.3f}, backward "
-        "{:.3f}, optimizer {:.3f}); largest tape {:.1f} MiB\n",
+        "{:.3f}, optimizer {:.3f}); largest tape {:.1f} MiB, peak memory {:.0f} MiB\n",
         res.stats.grad_norm, res.stats.clip_coef, res.stats.update_norm, secs, res.seconds_forward,
-        res.seconds_backward, res.seconds_optimizer, double(res.tape_bytes_max) / (1 << 20));
+        res.seconds_backward, res.seconds_optimizer, double(res.tape_bytes_max) / (1 << 20), peak_mib);
     fmt::print("  wrote {} and {}{}\n", a.out_model, state_path,
                a.record.empty() ? "" : fmt::format(", recorded {}", a.record));
   }
