@@ -189,17 +189,7 @@ int run_demo(const DemoArgs& a) {
 
   // 4. The trainer: one step on the two samples with the rollout's decisions forced (R3; a rollout-
   // profile prefill decides exactly as the decoding did), recorded, then replayed.
-  struct Decisions : Observer {
-    Overrides ov;
-    void on_indexer(const IndexerDecision& d) override {
-      ov.force_indexer(d.seq, d.layer, ForcedSelection{d.T, d.k, std::vector<int32_t>(d.ids, d.ids + d.T * d.k)});
-    }
-    void on_routing(const RoutingDecision& d) override {
-      if (!d.hashed)
-        ov.force_experts(d.seq, d.layer, ForcedSelection{d.T, d.k, std::vector<int32_t>(d.ids, d.ids + d.T * d.k)});
-    }
-    bool wants_tensors() const override { return false; }
-  } decisions;
+  DecisionLog decisions;
   RunOptions od = orl;
   od.observer = &decisions;
   std::vector<std::vector<int32_t>> seqs;
@@ -211,7 +201,8 @@ int run_demo(const DemoArgs& a) {
   to.decisions_source = "the demo's rollout";
   to.decisions_kinds = "indexer,routing";
   train::TrainStepHooks th;
-  th.decisions = &decisions.ov;
+  const Overrides forced = decisions.to_overrides();
+  th.decisions = &forced;
   train::OptimizerState state = train::fresh_optimizer_state(w, to.groups);
   Weights updated = w;
   const std::string step_trace = (fs::path(dir) / "train-step.h5").string();

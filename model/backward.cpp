@@ -26,25 +26,10 @@ class SequenceBackward {
                    const BackwardOptions& bo)
       : be_(be), w_(w), c_(w.config()), tape_(tape), seq_(seq), opt_(opt), bo_(bo), order_(opt.profile.order) {
     T_ = tape.tokens.size();
-    std::vector<int64_t> pos(static_cast<size_t>(T_));
-    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
-    pos_ = be_.longs(T_);
-    be_.upload(pos_.data(), pos);
-    RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
-    RopeSpec comp{c_.qk_rope_head_dim,
-                  c_.compress_rope_theta,
-                  c_.rope_scaling.type == "yarn",
-                  c_.rope_scaling.factor,
-                  c_.rope_scaling.original_max_position_embeddings,
-                  c_.rope_scaling.beta_fast,
-                  c_.rope_scaling.beta_slow};
-    std::vector<float> fp(static_cast<size_t>(c_.qk_rope_head_dim / 2)), fc(fp.size());
-    rope_freqs(plain, fp.data());
-    rope_freqs(comp, fc.data());
-    freq_plain_ = be_.floats(int64_t(fp.size()));
-    be_.upload(freq_plain_.data(), fp);
-    freq_comp_ = be_.floats(int64_t(fc.size()));
-    be_.upload(freq_comp_.data(), fc);
+    backend::RopeTables rope = backend::rope_tables(be_, c_, 0, T_);
+    pos_ = std::move(rope.pos);
+    freq_plain_ = std::move(rope.plain);
+    freq_comp_ = std::move(rope.comp);
   }
 
   GradSet run(const std::vector<float>& dlogprobs);

@@ -54,6 +54,30 @@ void require(const char* why, const char* op, int layer) {
   if (why) throw Error(fmt::format("internal: {} cannot run at layer {}: {}", op, layer, why));
 }
 
+RopeTables rope_tables(Backend& be, const ModelConfig& c, int64_t p0, int64_t T) {
+  std::vector<int64_t> pos(static_cast<size_t>(std::max<int64_t>(T, 0)));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = p0 + t;
+  const RopeSpec plain{c.qk_rope_head_dim, c.rope_theta, false};
+  const RopeSpec comp{c.qk_rope_head_dim,
+                      c.compress_rope_theta,
+                      c.rope_scaling.type == "yarn",
+                      c.rope_scaling.factor,
+                      c.rope_scaling.original_max_position_embeddings,
+                      c.rope_scaling.beta_fast,
+                      c.rope_scaling.beta_slow};
+  std::vector<float> freq_plain(static_cast<size_t>(c.qk_rope_head_dim / 2)), freq_comp(freq_plain.size());
+  rope_freqs(plain, freq_plain.data());
+  rope_freqs(comp, freq_comp.data());
+  RopeTables r;
+  r.pos = be.longs(T);
+  be.upload(r.pos.data(), pos);
+  r.plain = be.floats(int64_t(freq_plain.size()));
+  be.upload(r.plain.data(), freq_plain);
+  r.comp = be.floats(int64_t(freq_comp.size()));
+  be.upload(r.comp.data(), freq_comp);
+  return r;
+}
+
 [[noreturn]] static void no_backward(const Backend& be, const char* op) {
   throw Error(fmt::format("the {} backend has no backward op '{}'", to_string(be.device()), op));
 }

@@ -166,6 +166,15 @@ class Backend {
   }
 };
 
+// The RoPE inputs of a graph of T positions p0 .. p0+T-1 in backend memory (MODEL.md §3.3): the
+// positions, and the frequencies of C1 layers (rope_theta, no YaRN) and of compressed layers
+// (compress_rope_theta with the config's YaRN scaling). The forward and the backward both use these.
+struct RopeTables {
+  Buffer<int64_t> pos;
+  Buffer<float> plain, comp;
+};
+RopeTables rope_tables(Backend& be, const ModelConfig& c, int64_t p0, int64_t T);
+
 // The backend for `d` over the weights `w` (which must outlive it). Device::cuda throws InputError
 // when this dsv4 was built without CUDA or no CUDA device is usable.
 std::unique_ptr<Backend> make_backend(Device d, const Weights& w);

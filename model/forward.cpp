@@ -168,25 +168,10 @@ class SequenceForward {
       tape_->attn.resize(size_t(c_.num_hidden_layers));
       tape_->ffn.resize(size_t(c_.num_hidden_layers));
     }
-    std::vector<int64_t> pos(static_cast<size_t>(T_));
-    for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = p0_ + t;
-    RopeSpec plain{c_.qk_rope_head_dim, c_.rope_theta, false};
-    RopeSpec comp{c_.qk_rope_head_dim,
-                  c_.compress_rope_theta,
-                  c_.rope_scaling.type == "yarn",
-                  c_.rope_scaling.factor,
-                  c_.rope_scaling.original_max_position_embeddings,
-                  c_.rope_scaling.beta_fast,
-                  c_.rope_scaling.beta_slow};
-    std::vector<float> freq_plain(static_cast<size_t>(c_.qk_rope_head_dim / 2)), freq_comp(freq_plain.size());
-    rope_freqs(plain, freq_plain.data());
-    rope_freqs(comp, freq_comp.data());
-    pos_ = be_.longs(T_);
-    be_.upload(pos_.data(), pos);
-    freq_plain_ = be_.floats(int64_t(freq_plain.size()));
-    be_.upload(freq_plain_.data(), freq_plain);
-    freq_comp_ = be_.floats(int64_t(freq_comp.size()));
-    be_.upload(freq_comp_.data(), freq_comp);
+    backend::RopeTables rope = backend::rope_tables(be_, c_, p0_, T_);
+    pos_ = std::move(rope.pos);
+    freq_plain_ = std::move(rope.plain);
+    freq_comp_ = std::move(rope.comp);
     tokens_dev_ = be_.ints(T_);
     be_.upload(tokens_dev_.data(), tokens_);
   }

@@ -13,6 +13,7 @@
 
 #include "model/backward.h"
 #include "model/checkpoint.h"
+#include "model/collect.h"
 #include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/profile.h"
@@ -103,24 +104,15 @@ TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> coef(toks.size() - 1);
     for (auto& x : coef) x = u(g);
-    struct Decisions : Observer {
-      Overrides ov;
-      void on_indexer(const IndexerDecision& d) override {
-        ov.force_indexer(d.seq, d.layer, ForcedSelection{d.T, d.k, std::vector<int32_t>(d.ids, d.ids + d.T * d.k)});
-      }
-      void on_routing(const RoutingDecision& d) override {
-        if (!d.hashed)
-          ov.force_experts(d.seq, d.layer, ForcedSelection{d.T, d.k, std::vector<int32_t>(d.ids, d.ids + d.T * d.k)});
-      }
-      bool wants_tensors() const override { return false; }
-    } decisions;
+    DecisionLog decisions;
     RunOptions ro;
     ro.observer = &decisions;
     auto be = backend::make_backend(Device::cpu, w);
     Tape tape;
     forward_with_tape(*be, w, 0, toks, ro, tape);
+    const Overrides forced_ids = decisions.to_overrides();
     RunOptions forced;
-    forced.overrides = &decisions.ov;
+    forced.overrides = &forced_ids;
     auto f = [&](const Weights& ww) {
       const ForwardResult r = forward(ww, {toks}, forced);
       double s = 0;
@@ -352,29 +344,12 @@ TEST(TrainStep, ReplaysForcedDecisions) {
   std::vector<TrainSample> s = batch_of(2, c.vocab_size);
   s[1] = make_sample("long", 30, 50, c.vocab_size, 9, 1.0);  // T = 80 > 4 * index_topk: selection active
   // Decisions of the rollout profile.
-  struct Log : Observer {
-    std::map<std::pair<int, int>, std::vector<int32_t>> idx, exp;
-    std::map<std::pair<int, int>, int> width;
-    void on_indexer(const IndexerDecision& d) override {
-      idx[{d.seq, d.layer}].assign(d.ids, d.ids + d.T * d.k);
-      width[{d.seq, d.layer}] = d.k;
-    }
-    void on_routing(const RoutingDecision& d) override {
-      if (!d.hashed) exp[{d.seq, d.layer}].assign(d.ids, d.ids + d.T * d.k);
-    }
-    bool wants_tensors() const override { return false; }
-  } rollout, trained;
+  DecisionLog rollout, trained;
   RunOptions ro;
   ro.profile = profile_by_name("rollout");
   ro.observer = &rollout;
   forward(w, {s[0].tokens(), s[1].tokens()}, ro);
-  Overrides ov;
-  for (const auto& [key, ids] : rollout.idx)
-    ov.force_indexer(key.first, key.second,
-                     ForcedSelection{int64_t(ids.size()) / rollout.width[key], rollout.width[key], ids});
-  for (const auto& [key, ids] : rollout.exp)
-    ov.force_experts(key.first, key.second,
-                     ForcedSelection{int64_t(ids.size()) / c.num_experts_per_tok, c.num_experts_per_tok, ids});
+  const Overrides ov = rollout.to_overrides();
   train::TrainStepOptions o;
   train::TrainStepHooks h;
   h.decisions = &ov;
@@ -382,18 +357,17 @@ TEST(TrainStep, ReplaysForcedDecisions) {
   train::OptimizerState st = train::fresh_optimizer_state(w, o.groups);
   Weights after = w;
   train::train_step(w, s, st, o, h, &after);
-  ASSERT_FALSE(rollout.idx.empty());
-  for (const auto& [key, ids] : rollout.idx) {
-    const int k = rollout.width[key];
-    for (size_t t = 0; t * size_t(k) < ids.size(); ++t)
-      EXPECT_EQ(valid_ids(ids.data() + t * size_t(k), k),
-                valid_ids(trained.idx.at(key).data() + t * size_t(k), k))
+  ASSERT_FALSE(rollout.indexer.empty());
+  for (const auto& [key, x] : rollout.indexer) {
+    const IndexerRecord& y = trained.indexer.at(key);
+    for (int64_t t = 0; t < x.T; ++t)
+      EXPECT_EQ(valid_ids(x.ids, x.k, t), valid_ids(y.ids, y.k, t))
           << "sample " << key.first << " layer " << key.second << " token " << t;
   }
-  for (const auto& [key, ids] : rollout.exp) {
-    const int k = c.num_experts_per_tok;
-    for (size_t t = 0; t * size_t(k) < ids.size(); ++t)
-      EXPECT_EQ(valid_ids(ids.data() + t * size_t(k), k), valid_ids(trained.exp.at(key).data() + t * size_t(k), k));
+  for (const auto& [key, x] : rollout.routing) {
+    if (x.hashed) continue;
+    const RoutingRecord& y = trained.routing.at(key);
+    for (int64_t t = 0; t < x.T; ++t) EXPECT_EQ(valid_ids(x.ids, x.k, t), valid_ids(y.ids, y.k, t));
   }
   // Hash layers are never forced.
   Overrides hash;
