@@ -18,7 +18,9 @@ std::string json_type_of(const json& v) {
   if (v.is_number_integer()) return "an integer";
   if (v.is_number_float()) return "a number with a fraction or exponent";
   if (v.is_boolean()) return "a boolean";
-  return std::string("a ") + v.type_name();
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return std::string("a ") + v.type_name();  // "a string", "a null"
 }
 
 JsonLineReader::JsonLineReader(const std::string& path, int line)
