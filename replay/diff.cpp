@@ -504,6 +504,27 @@ void diff_tokens(const Steps& st, DiffReport& rep) {
   }
 }
 
+// Training steps: the gradient diff when both are, a note when only one is.
+void diff_training(const Side& a, const Side& b, DiffReport& rep) {
+  const std::optional<TrainingRecord> ta = a.r.training(a.step.index);
+  const std::optional<TrainingRecord> tb = b.r.training(b.step.index);
+  if (ta && tb) {
+    try {
+      rep.training = training_gradient_diff(*ta, *tb);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{} step {} (A) and {} step {} (B): {}", a.r.path(), a.step.index,
+                                   b.r.path(), b.step.index, e.what()));
+    }
+  } else if (ta || tb) {
+    const Side& t = ta ? a : b;
+    const Side& o = ta ? b : a;
+    rep.training_note = fmt::format(
+        "only {} ({} step {}) is a training step; {} ({} step {}) is a step of kind '{}': gradients are not "
+        "compared",
+        t.label, t.r.path(), t.step.index, o.label, o.r.path(), o.step.index, o.step.kind);
+  }
+}
+
 }  // namespace
 
 DiffReport diff_traces(const std::string& path_a, const std::string& path_b, const DiffOptions& opt) {
@@ -533,6 +554,7 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
     rep.tie_rule = "relative";
     rep.tie_threshold = tie_factor(A.step.profile, B.step.profile);
   }
+  diff_training(A, B, rep);
   Steps st{A, B, A.step.index, B.step.index, S};
   const LayerOutputs out = diff_tensors(st, rep);
   diff_layers(st, opt, out, rep);

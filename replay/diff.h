@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "replay/training_diff.h"
+
 namespace dsv4 {
 
 struct DiffOptions {
@@ -106,16 +108,23 @@ struct DiffReport {
   // Digest records or decisions present in one trace only ("seq 0 layer 3 attn.q: only in A"), and
   // records whose row counts differ. Empty for traces of one config and the same tokens.
   std::vector<std::string> unmatched;
+  // Training steps (kind "train-step"): when both steps are, their gradients, metrics and settings
+  // (replay/training_diff.h); when only one is, training_note says so and nothing more is compared
+  // than for any two steps of the same tokens.
+  std::optional<TrainingDiff> training;
+  std::string training_note;
 };
 
 // Throws InputError when the traces hold different tokens (naming the sequence and the first
-// differing position) or (without allow_model_mismatch) different model digests; TraceError and its
+// differing position), two training steps different samples (a prompt length: tokens[:P] is the prompt)
+// or (without allow_model_mismatch) different model digests; TraceError and its
 // kinds for unreadable traces, a step out of range or an incomplete step.
 DiffReport diff_traces(const std::string& a, const std::string& b, const DiffOptions& opt);
 std::string diff_to_json(const DiffReport& r);  // schema: docs/DIFF_JSON.md
 std::string diff_to_table(const DiffReport& r);
-// Writes layers.csv, tensors.csv and tokens.csv into `dir` (created if missing); InputError when
-// a file cannot be written.
+// Writes layers.csv, tensors.csv and tokens.csv into `dir` (created if missing), and for two training
+// steps gradients.csv (per parameter) and gradient_cells.csv (per kind and layer); InputError when a
+// file cannot be written.
 void diff_to_csv(const DiffReport& r, const std::string& dir);
 
 }  // namespace dsv4

@@ -15,6 +15,73 @@ namespace dsv4 {
 
 // ---- JSON (docs/DIFF_JSON.md) ------------------------------------------------------------------------
 
+namespace {
+
+nlohmann::ordered_json aggregate_json(const GradAggregate& g, bool with_kind) {
+  nlohmann::ordered_json j;
+  if (with_kind) j["kind"] = g.kind;
+  j["layer"] = g.layer;
+  j["params"] = g.params;
+  j["full_params"] = g.full_params;
+  j["params_differing"] = g.params_differing;
+  j["rows"] = g.rows;
+  j["rows_differing"] = g.rows_differing;
+  j["rel_l2"] = g.rel_l2;
+  j["cosine"] = g.cosine;
+  j["max_abs"] = g.max_abs;
+  j["norm_a"] = g.norm_a;
+  j["norm_b"] = g.norm_b;
+  j["nonfinite_differing"] = g.nonfinite_differing;
+  return j;
+}
+
+nlohmann::ordered_json training_json(const TrainingDiff& t) {
+  using J = nlohmann::ordered_json;
+  J j;
+  j["optimizer_step_a"] = t.optimizer_step_a;
+  j["optimizer_step_b"] = t.optimizer_step_b;
+  j["params_trained"] = t.params_trained;
+  j["params_full"] = t.params_full;
+  j["params_differing"] = t.params_differing;
+  J metrics = J::array();
+  for (const MetricDiff& m : t.metrics) metrics.push_back({{"name", m.name}, {"a", m.a}, {"b", m.b}});
+  j["metrics"] = std::move(metrics);
+  J settings = J::array();
+  for (const SettingDiff& s : t.settings) settings.push_back({{"key", s.key}, {"a", s.a}, {"b", s.b}});
+  j["settings"] = std::move(settings);
+  j["kinds"] = t.kinds;
+  J params = J::array();
+  for (const ParamGradDiff& p : t.params)
+    params.push_back({{"name", p.name},
+                      {"kind", p.site.kind},
+                      {"layer", p.site.layer},
+                      {"expert", p.site.expert},
+                      {"rows", p.rows},
+                      {"row_elems", p.row_elems},
+                      {"grad_a", p.grad_a},
+                      {"grad_b", p.grad_b},
+                      {"full", p.full},
+                      {"rows_differing", p.rows_differing},
+                      {"weight_rows_differing", p.weight_rows_differing},
+                      {"rel_l2", p.rel_l2},
+                      {"cosine", p.cosine},
+                      {"max_abs", p.max_abs},
+                      {"norm_a", p.norm_a},
+                      {"norm_b", p.norm_b},
+                      {"nonfinite_differing", p.nonfinite_differing}});
+  j["params"] = std::move(params);
+  J cells = J::array();
+  for (const GradAggregate& c : t.cells) cells.push_back(aggregate_json(c, true));
+  j["cells"] = std::move(cells);
+  J layers = J::array();
+  for (const GradAggregate& l : t.layers) layers.push_back(aggregate_json(l, false));
+  j["layers"] = std::move(layers);
+  j["notes"] = t.notes;
+  return j;
+}
+
+}  // namespace
+
 std::string diff_to_json(const DiffReport& r) {
   using J = nlohmann::ordered_json;
   J j;
@@ -98,6 +165,8 @@ std::string diff_to_json(const DiffReport& r) {
   }
   j["tokens"] = std::move(tokens);
   j["unmatched"] = r.unmatched;
+  j["training"] = r.training ? training_json(*r.training) : J(nullptr);
+  j["training_note"] = r.training_note;
   return j.dump(2) + "\n";
 }
 
@@ -129,6 +198,82 @@ std::vector<const TensorDiff*> worst_tensors(const DiffReport& r, size_t n) {
   });
   if (v.size() > n) v.resize(n);
   return v;
+}
+
+// Unknown numbers (no full gradients, some row differs) print as "?".
+std::string fmt_known(double x) {
+  return std::isnan(x) ? std::string("?") : fmt_sci(x);
+}
+
+std::string param_layer(int layer) {
+  return layer < 0 ? std::string("model") : std::to_string(layer);
+}
+
+// The parameters whose gradients differ, largest rel-L2 first; those whose rel-L2 is unknown (no
+// full gradients) after them, most differing rows (as a share) first.
+std::vector<const ParamGradDiff*> worst_params(const TrainingDiff& t, size_t n) {
+  std::vector<const ParamGradDiff*> v;
+  for (const auto& p : t.params)
+    if (p.grad_a && p.grad_b && p.rows_differing > 0) v.push_back(&p);
+  auto share = [](const ParamGradDiff* p) {
+    return p->rows > 0 ? double(p->rows_differing) / double(p->rows) : 0.0;
+  };
+  std::stable_sort(v.begin(), v.end(), [&](const ParamGradDiff* x, const ParamGradDiff* y) {
+    const bool kx = !std::isnan(x->rel_l2), ky = !std::isnan(y->rel_l2);
+    if (kx != ky) return kx;
+    if (kx && x->rel_l2 != y->rel_l2) return x->rel_l2 > y->rel_l2;
+    return share(x) > share(y);
+  });
+  if (v.size() > n) v.resize(n);
+  return v;
+}
+
+std::string training_table(const TrainingDiff& t) {
+  std::string o = "\ntraining steps: the gradients of B against A\n";
+  if (t.optimizer_step_a != t.optimizer_step_b)
+    o += fmt::format("optimizer steps before: {} in A, {} in B\n", t.optimizer_step_a, t.optimizer_step_b);
+  for (const SettingDiff& s : t.settings) o += fmt::format("setting {}: {} in A, {} in B\n", s.key, s.a, s.b);
+  o += fmt::format("  {:<18} {:>13} {:>13} {:>11}\n", "metric", "A", "B", "B - A");
+  for (const MetricDiff& m : t.metrics)
+    o += fmt::format("  {:<18} {:>13} {:>13} {:>11}\n", m.name, fmt::format("{:.6g}", m.a),
+                     fmt::format("{:.6g}", m.b), fmt_known(m.b - m.a));
+
+  o += fmt::format("\ngradients: {} parameters trained in both steps, {} held in full by both; ",
+                   t.params_trained, t.params_full);
+  if (t.params_differing == 0) {
+    o += "every gradient row agrees\n";
+  } else {
+    int64_t rows = 0, differing = 0;
+    for (const auto& p : t.params)
+      if (p.grad_a && p.grad_b) {
+        rows += p.rows;
+        differing += p.rows_differing;
+      }
+    o += fmt::format("{} differ ({} of {} rows)\n", t.params_differing, differing, rows);
+    const auto worst = worst_params(t, 12);
+    o += fmt::format("  {:<48} {:>5} {:>10} {:>10} {:>10} {:>13}\n", "parameter (largest rel_l2 first)",
+                     "layer", "rel_l2", "cosine", "max_abs", "rows differ");
+    for (const ParamGradDiff* p : worst)
+      o += fmt::format("  {:<48} {:>5} {:>10} {:>10} {:>10} {:>13}\n", p->name, param_layer(p->site.layer),
+                       fmt_known(p->rel_l2), fmt_known(p->cosine), fmt_known(p->max_abs),
+                       fmt::format("{}/{}", p->rows_differing, p->rows));
+    if (t.params_differing > int(worst.size()))
+      o += fmt::format("  ... {} more (--json lists every parameter)\n",
+                       t.params_differing - int(worst.size()));
+  }
+  o += fmt::format("\n  {:>5} {:>7} {:>7} {:>7} {:>15} {:>10} {:>10} {:>10}\n", "layer", "params", "full",
+                   "differ", "rows differ", "rel_l2", "cosine", "max_abs");
+  for (const GradAggregate& l : t.layers)
+    o +=
+        fmt::format("  {:>5} {:>7} {:>7} {:>7} {:>15} {:>10} {:>10} {:>10}\n", param_layer(l.layer), l.params,
+                    l.full_params, l.params_differing, fmt::format("{}/{}", l.rows_differing, l.rows),
+                    fmt_known(l.rel_l2), fmt_known(l.cosine), fmt_known(l.max_abs));
+  if (!t.notes.empty()) {
+    o += fmt::format("training notes ({}):\n", t.notes.size());
+    for (size_t i = 0; i < t.notes.size() && i < 20; ++i) o += "  " + t.notes[i] + "\n";
+    if (t.notes.size() > 20) o += fmt::format("  ... {} more\n", t.notes.size() - 20);
+  }
+  return o;
 }
 
 }  // namespace
@@ -208,6 +353,8 @@ std::string diff_to_table(const DiffReport& r) {
     for (size_t i = 0; i < r.unmatched.size() && i < 20; ++i) o += "  " + r.unmatched[i] + "\n";
     if (r.unmatched.size() > 20) o += fmt::format("  ... {} more\n", r.unmatched.size() - 20);
   }
+  if (r.training) o += training_table(*r.training);
+  if (!r.training_note.empty()) o += "\n" + r.training_note + "\n";
   return o;
 }
 
@@ -275,6 +422,26 @@ void diff_to_csv(const DiffReport& r, const std::string& dir) {
     k += fmt::format("{},{},{},{},{},{}\n", x.seq, x.position, num(x.logprob_a), num(x.logprob_b),
                      num(x.abs_diff), num(x.ratio));
   write_file(d / "tokens.csv", k);
+
+  if (!r.training) return;
+  std::string g =
+      "name,kind,layer,expert,rows,row_elems,grad_a,grad_b,full,rows_differing,weight_rows_differing,rel_l2,"
+      "cosine,max_abs,norm_a,norm_b,nonfinite_differing\n";
+  for (const ParamGradDiff& p : r.training->params)
+    g += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", quoted(p.name),
+                     quoted(p.site.kind), p.site.layer, p.site.expert, p.rows, p.row_elems, int(p.grad_a),
+                     int(p.grad_b), int(p.full), p.rows_differing, p.weight_rows_differing, num(p.rel_l2),
+                     num(p.cosine), num(p.max_abs), num(p.norm_a), num(p.norm_b), p.nonfinite_differing);
+  write_file(d / "gradients.csv", g);
+  std::string c =
+      "kind,layer,params,full_params,params_differing,rows,rows_differing,rel_l2,cosine,max_abs,norm_a,norm_"
+      "b,"
+      "nonfinite_differing\n";
+  for (const GradAggregate& x : r.training->cells)
+    c += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", quoted(x.kind), x.layer, x.params,
+                     x.full_params, x.params_differing, x.rows, x.rows_differing, num(x.rel_l2),
+                     num(x.cosine), num(x.max_abs), num(x.norm_a), num(x.norm_b), x.nonfinite_differing);
+  write_file(d / "gradient_cells.csv", c);
 }
 
 }  // namespace dsv4

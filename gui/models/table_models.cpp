@@ -232,6 +232,17 @@ void SummaryModel::rebuild() {
   for (const auto& t : r.tensors) differing += t.rows_differing > 0;
   add(QStringLiteral("tensors differing"), QStringLiteral("%1 of %2").arg(differing).arg(r.tensors.size()));
   if (!r.unmatched.empty()) add(QStringLiteral("unmatched records"), QString::number(r.unmatched.size()));
+  if (!r.training_note.empty()) add(QStringLiteral("training"), q(r.training_note));
+  if (!r.training) return;
+  const TrainingDiff& t = *r.training;
+  add(QStringLiteral("gradients differing"), QStringLiteral("%1 of %2 parameters (%3 held in full)")
+                                                 .arg(t.params_differing)
+                                                 .arg(t.params_trained)
+                                                 .arg(t.params_full));
+  for (const SettingDiff& x : t.settings)
+    add(QStringLiteral("setting %1").arg(q(x.key)), QStringLiteral("%1 vs %2").arg(q(x.a), q(x.b)));
+  for (const MetricDiff& m : t.metrics)
+    add(QStringLiteral("training %1").arg(q(m.name)), QStringLiteral("%1 vs %2").arg(num(m.a), num(m.b)));
 }
 
 int SummaryModel::rows() const {

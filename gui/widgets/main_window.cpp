@@ -25,6 +25,7 @@
 #include <QTabWidget>
 #include <QTableView>
 #include <QToolBar>
+#include <QVBoxLayout>
 
 #include "gui/models/metrics.h"
 #include "gui/widgets/detail_panel.h"
@@ -78,6 +79,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   tensor_model_ = new TensorDiffModel(doc_, this);
   env_model_ = new EnvModel(doc_, this);
   kernel_model_ = new KernelModel(doc_, this);
+  gradient_model_ = new GradientDiffModel(doc_, this);
 
   setWindowTitle(QStringLiteral("dsv4-view"));
   setAcceptDrops(true);
@@ -110,6 +112,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   });
   connect(doc_, &TraceDocument::reportLoaded, this, [this] {
     tabs_->setTabText(3, QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows()));
+    updateGradientsTab();
     if (pending_first_divergence_) {
       pending_first_divergence_ = false;
       goToFirstDivergence();
@@ -172,6 +175,26 @@ void MainWindow::buildCentral() {
   env->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
   tabs_->addTab(env, QStringLiteral("Environment"));
   tabs_->addTab(table(kernel_model_), QStringLiteral("GPU kernels"));
+  // Gradients: the parameter kind × layer heat map of two training steps.
+  auto* grad = new QWidget;
+  auto* grad_layout = new QVBoxLayout(grad);
+  grad_layout->setContentsMargins(4, 4, 4, 4);
+  gradient_caption_ = new QLabel;
+  gradient_caption_->setWordWrap(true);
+  grad_layout->addWidget(gradient_caption_);
+  gradient_view_ = new QTableView;
+  gradient_view_->setModel(gradient_model_);
+  gradient_view_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  gradient_view_->setSelectionMode(QAbstractItemView::SingleSelection);
+  gradient_view_->setShowGrid(false);
+  gradient_view_->horizontalHeader()->setDefaultSectionSize(
+      gradient_view_->fontMetrics().horizontalAdvance(QStringLiteral("0.00e-00")) + 8);
+  gradient_view_->verticalHeader()->setDefaultSectionSize(gradient_view_->fontMetrics().height() + 4);
+  grad_layout->addWidget(gradient_view_, 1);
+  const int gi = tabs_->addTab(grad, QStringLiteral("Gradients"));
+  Q_ASSERT(gi == kGradientsTab);
+  (void)gi;
+  tabs_->setTabVisible(kGradientsTab, false);
 
   auto* right = new QSplitter(Qt::Vertical);
   right->addWidget(chart_);
@@ -294,6 +317,16 @@ void MainWindow::buildToolbar() {
   tb->addSeparator();
   tb->addAction(first_div_);
   tb->addAction(reload_);
+}
+
+void MainWindow::updateGradientsTab() {
+  const bool on = gradient_model_->available();
+  tabs_->setTabVisible(kGradientsTab, on);
+  gradient_caption_->setText(gradient_model_->caption());
+  if (on)
+    tabs_->setTabText(
+        kGradientsTab,
+        QStringLiteral("Gradients (%1 differ)").arg(gradient_model_->training()->params_differing));
 }
 
 void MainWindow::setLoadingUi(bool loading) {
@@ -493,6 +526,7 @@ void MainWindow::onDatasetReset() {
   tabs_->setTabText(3, s.comparison()
                            ? QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows())
                            : QStringLiteral("Environment"));
+  updateGradientsTab();
   const int kd = kernel_model_->firstDifference();
   tabs_->setTabText(4, kd >= 0 ? QStringLiteral("GPU kernels (differ at #%1)").arg(kd)
                        : kernel_model_->launches() > 0

@@ -9,6 +9,7 @@
 #include <QMainWindow>
 #include <optional>
 
+#include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
@@ -65,6 +66,10 @@ class MainWindow : public QMainWindow {
   SummaryModel* summaryModel() const { return summary_model_; }
   EnvModel* envModel() const { return env_model_; }
   KernelModel* kernelModel() const { return kernel_model_; }
+  GradientDiffModel* gradientModel() const { return gradient_model_; }
+  QTableView* gradientView() const { return gradient_view_; }
+  // The tab index of the Gradients view (shown only for two training steps).
+  static constexpr int kGradientsTab = 5;
   QProgressBar* progressBar() const { return progress_; }
   QTabWidget* tabs() const { return tabs_; }
   int currentSeq() const { return seq_; }
@@ -94,6 +99,7 @@ class MainWindow : public QMainWindow {
   void rebuildRecentMenu();
   void openDialog(bool as_candidate);
   void setLoadingUi(bool loading);
+  void updateGradientsTab();
 
   bool interactive_;
   TraceDocument* doc_;
@@ -104,11 +110,14 @@ class MainWindow : public QMainWindow {
   TensorDiffModel* tensor_model_;
   EnvModel* env_model_;
   KernelModel* kernel_model_;
+  GradientDiffModel* gradient_model_;
 
   HeatmapView* heatmap_;
   DetailPanel* detail_;
   LogprobChart* chart_;
   QTabWidget* tabs_;
+  QTableView* gradient_view_;
+  QLabel* gradient_caption_;
   QComboBox* metric_combo_;
   QComboBox* seq_combo_;
   QCheckBox* threshold_check_;

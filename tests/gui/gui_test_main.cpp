@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "capture/trace_reader.h"
 #include "cli_util.h"
@@ -56,6 +57,62 @@ const TracePair& gui_traces() {
       }
     }
     p.tokens = TraceReader::open(p.a).steps().at(0).seq_lengths.at(0);
+    return p;
+  }();
+  return pair;
+}
+
+const TrainingPair& gui_training_traces() {
+  static const TrainingPair pair = [] {
+    const std::string dir = std::string(DSV4_GUI_TRACE_DIR) + "/training";
+    fs::create_directories(dir);
+    TrainingPair p{dir + "/step-a.h5", dir + "/step-b-r3.h5", dir + "/rollout.h5"};
+    const int fd = ::open((dir + "/.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    if (fd >= 0) ::flock(fd, LOCK_EX);
+    const bool stale = [&] {
+      for (const std::string& f : {p.a, p.b, p.rollout})
+        if (!fs::exists(f) || fs::last_write_time(f) < fs::last_write_time(DSV4_CLI_PATH)) return true;
+      return false;
+    }();
+    if (stale) {
+      std::vector<int32_t> prompt, response;
+      for (int i = 0; i < 30; ++i) prompt.push_back((37 * i + 11) % 512);
+      for (int i = 0; i < 50; ++i) response.push_back((101 * i + 7) % 512);
+      auto list = [](const std::vector<int32_t>& v) {
+        std::string s;
+        for (int32_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+        return s;
+      };
+      std::ofstream(dir + "/samples.jsonl")
+          << R"({"id": "short", "prompt": [1, 2, 3, 4, 5], "response": [9, 8, 7, 6, 5, 4, 3, 2, 1], "advantage": 1})"
+          << "\n{\"id\": \"long\", \"prompt\": [" << list(prompt) << "], \"response\": [" << list(response)
+          << "], \"advantage\": -0.5}\n";
+      std::vector<int32_t> long_tokens = prompt;
+      long_tokens.insert(long_tokens.end(), response.begin(), response.end());
+      std::ofstream(dir + "/batch.jsonl")
+          << "[1, 2, 3, 4, 5, 9, 8, 7, 6, 5, 4, 3, 2, 1]\n[" << list(long_tokens) << "]\n";
+      for (const std::string& f : {p.a, p.b, p.rollout}) {
+        fs::remove(f);
+        fs::remove(f + ".incomplete");
+      }
+      const std::string step = "train-step --preset tiny --seed 7 --data " + dir +
+                               "/samples.jsonl --quiet --capture-params '*' --lr 1e-3 ";
+      for (const std::string& cmd :
+           {"record --preset tiny --seed 7 --profile rollout --batch " + dir + "/batch.jsonl --out " +
+                p.rollout,
+            step + "--out-model " + dir + "/m-a --record " + p.a,
+            step + "--replay-decisions-from " + p.rollout + " --out-model " + dir + "/m-b --record " + p.b}) {
+        const auto r = run_cli(cmd, "OMP_WAIT_POLICY=passive");
+        if (r.code != 0) {
+          std::fprintf(stderr, "%s failed:\n%s\n", cmd.c_str(), r.out.c_str());
+          std::abort();
+        }
+      }
+    }
+    if (fd >= 0) {
+      ::flock(fd, LOCK_UN);
+      ::close(fd);
+    }
     return p;
   }();
   return pair;

@@ -18,6 +18,15 @@ struct TracePair {
 };
 const TracePair& gui_traces();
 
+// Two training steps (dsv4 train-step --record) of the tiny preset over the same two samples (one of
+// 80 tokens, so that the indexer selects), every parameter's gradient in full (--capture-params '*'):
+// A as is, B with the decisions of a rollout-profile recording of the samples forced (R3); `rollout`
+// is that recording (a non-training step of the same tokens). Recorded once per build tree.
+struct TrainingPair {
+  std::string a, b, rollout;
+};
+const TrainingPair& gui_training_traces();
+
 // A fresh directory for one test (removed by the caller when it wants).
 std::string temp_dir(const std::string& name);
 std::string write_not_a_trace(const std::string& dir);                        // a text file named x.h5

@@ -1,7 +1,8 @@
 // The viewer's models library without widgets: the per-position metrics on hand-made records, the
 // staged loader (order, supersession, cancel, reload of a growing trace, typed errors), every model
 // under QAbstractItemModelTester, and the models' values against values computed here directly
-// from TraceReader and diff_traces.
+// from TraceReader and diff_traces; the Gradients model of two training steps against the full
+// gradients.
 #include <gtest/gtest.h>
 
 // Before any Qt header: Qt's `emit`, `slots` and `signals` macros rewrite such names wherever a
@@ -15,9 +16,11 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "capture/trace_reader.h"
 #include "cli_util.h"
+#include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
 #include "gui/models/table_models.h"
@@ -868,6 +871,127 @@ TEST(GuiGeneration, RequestsAndThePromptBoundary) {
   EXPECT_EQ(heat.promptBoundary(), 12);
   heat.setSeq(1);
   EXPECT_EQ(heat.promptBoundary(), 3);
+}
+
+}  // namespace
+}  // namespace dsv4::gui
+
+namespace dsv4::gui {
+namespace {
+
+// Independent numbers of gradients concatenated in name order, in long double.
+struct GradRef {
+  long double sq_a = 0, sq_b = 0, sq_d = 0, dot = 0;
+  void add(const std::vector<float>& a, const std::vector<float>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const long double x = a[i], y = b[i];
+      sq_a += x * x;
+      sq_b += y * y;
+      sq_d += (y - x) * (y - x);
+      dot += x * y;
+    }
+  }
+  double rel_l2() const { return double(std::sqrt(sq_d) / std::sqrt(sq_a)); }
+  double cosine() const { return double(dot / (std::sqrt(sq_a) * std::sqrt(sq_b))); }
+};
+
+// Two training steps: the Gradients model is a kind × layer table whose cells are the diff engine's
+// (kind, layer) aggregates, checked against rel-L2 and cosine computed here from the full gradients;
+// tooltips give rel-L2, cosine and the rows differing; other pairs show no cells.
+TEST(GuiGradients, KindByLayerCellsOfTwoTrainingSteps) {
+  TesterGuard guard;
+  const auto& tp = dsv4::test::gui_training_traces();
+  TraceDocument doc;
+  GradientDiffModel grads(&doc);
+  SummaryModel summary(&doc);
+  auto t = tester(&grads);
+  const auto r = load(doc, tp.a, tp.b);
+  ASSERT_TRUE(r.finished) << r.error.message.toStdString();
+  ASSERT_TRUE(grads.available());
+
+  const DiffReport rep = diff_traces(tp.a, tp.b, DiffOptions{});
+  ASSERT_TRUE(rep.training.has_value());
+  const TrainingDiff& d = *rep.training;
+  ASSERT_GT(d.params_differing, 0);
+  const int L = doc.data().layers();
+  ASSERT_EQ(grads.rowCount(), int(d.kinds.size()));
+  ASSERT_EQ(grads.columnCount(), 1 + L);
+  EXPECT_EQ(grads.headerData(0, Qt::Horizontal).toString(), QStringLiteral("model"));
+  EXPECT_EQ(grads.headerData(4, Qt::Horizontal).toString(), QStringLiteral("3"));
+  std::map<std::pair<std::string, int>, const GradAggregate*> want;
+  for (const GradAggregate& c : d.cells) want[{c.kind, c.layer}] = &c;
+  int cells = 0;
+  for (int row = 0; row < grads.rowCount(); ++row) {
+    const std::string kind = grads.headerData(row, Qt::Vertical).toString().toStdString();
+    EXPECT_EQ(kind, d.kinds[size_t(row)]);
+    for (int col = 0; col < grads.columnCount(); ++col) {
+      const QModelIndex i = grads.index(row, col);
+      const auto it = want.find({kind, col - 1});
+      if (it == want.end()) {
+        EXPECT_FALSE(grads.data(i, GradientDiffModel::ValueRole).isValid()) << kind << " " << col;
+        continue;
+      }
+      const GradAggregate& c = *it->second;
+      ++cells;
+      EXPECT_EQ(grads.data(i, GradientDiffModel::ValueRole).toDouble(), c.rel_l2) << kind;
+      EXPECT_EQ(grads.data(i, GradientDiffModel::CosineRole).toDouble(), c.cosine) << kind;
+      EXPECT_EQ(grads.data(i, GradientDiffModel::RowsDifferingRole).toLongLong(), c.rows_differing) << kind;
+      const double level = grads.data(i, GradientDiffModel::LevelRole).toDouble();
+      if (c.rel_l2 == 0)
+        EXPECT_EQ(level, 0.0) << kind;
+      else
+        EXPECT_GT(level, 0.1) << kind;  // a difference never looks like equality
+      const QString tip = grads.data(i, Qt::ToolTipRole).toString();
+      EXPECT_TRUE(tip.contains(QStringLiteral("cosine"))) << tip.toStdString();
+      EXPECT_TRUE(tip.contains(QStringLiteral("rows differing: %1 of %2").arg(c.rows_differing).arg(c.rows)))
+          << tip.toStdString();
+    }
+  }
+  EXPECT_EQ(cells, int(d.cells.size()));
+
+  // Two cells recomputed from the full gradients the traces hold: every routed expert's down_proj of
+  // layer 3 together, and layer 0's wq_a.
+  const TrainingRecord ra = *TraceReader::open(tp.a).training(0);
+  const TrainingRecord rb = *TraceReader::open(tp.b).training(0);
+  const ModelConfig& cfg = doc.data().summary->a.config;
+  const auto row_of = [&](const std::string& kind) {
+    return int(std::find(d.kinds.begin(), d.kinds.end(), kind) - d.kinds.begin());
+  };
+  GradRef experts, wq;
+  for (const auto& [name, g] : ra.full_grads)  // name order
+    if (name.rfind("model.layers.3.mlp.experts.", 0) == 0 &&
+        name.find(".down_proj.weight") != std::string::npos)
+      experts.add(g, rb.full_grads.at(name));
+  wq.add(ra.full_grads.at("model.layers.0.self_attn.wq_a.weight"),
+         rb.full_grads.at("model.layers.0.self_attn.wq_a.weight"));
+  for (const auto& [kind, layer, ref] :
+       {std::tuple{std::string("mlp.experts.*.down_proj.weight"), 3, &experts},
+        std::tuple{std::string("self_attn.wq_a.weight"), 0, &wq}}) {
+    ASSERT_GT(ref->sq_d, 0) << kind;
+    const QModelIndex i = grads.index(row_of(kind), layer + 1);
+    EXPECT_NEAR(grads.data(i, GradientDiffModel::ValueRole).toDouble(), ref->rel_l2(), 1e-9 * ref->rel_l2())
+        << kind;
+    EXPECT_NEAR(grads.data(i, GradientDiffModel::CosineRole).toDouble(), ref->cosine(), 1e-9) << kind;
+    const QString tip = grads.data(i, Qt::ToolTipRole).toString();
+    EXPECT_TRUE(tip.startsWith(QString::fromStdString(kind) + QStringLiteral(", layer %1").arg(layer)))
+        << tip.toStdString();
+  }
+  EXPECT_EQ(grads.cell(row_of("mlp.experts.*.down_proj.weight"), 4)->params, cfg.n_routed_experts);
+  EXPECT_TRUE(
+      summary.value(QStringLiteral("setting decisions_kinds")).contains(QStringLiteral("indexer,routing")));
+  EXPECT_FALSE(summary.value(QStringLiteral("training loss")).isEmpty());
+
+  // A training step against a plain step of the same tokens: no cells, the note says why.
+  ASSERT_TRUE(load(doc, tp.a, tp.rollout).finished);
+  EXPECT_FALSE(grads.available());
+  EXPECT_EQ(grads.rowCount(), 0);
+  EXPECT_TRUE(grads.caption().contains(QStringLiteral("only A"))) << grads.caption().toStdString();
+  // Two plain steps: nothing either.
+  ASSERT_TRUE(load(doc, gui_traces().a, gui_traces().b).finished);
+  EXPECT_EQ(grads.rowCount(), 0);
+  EXPECT_EQ(grads.columnCount(), 0);
+  guard.expect_clean();
 }
 
 }  // namespace

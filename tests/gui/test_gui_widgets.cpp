@@ -1,7 +1,8 @@
 // The viewer's widgets, offscreen: open the pair, click a cell and check the detail panel's sets,
 // "first divergence" (Ctrl+D) selects the cell the diff engine reports, a click on the log-prob chart
 // selects that token's column, drag and drop, exports, the error dialog, responsiveness while
-// loading, and the heatmap's frame time while scrolling 32k tokens.
+// loading, the Gradients tab of two training steps, and the heatmap's frame time while scrolling 32k
+// tokens.
 #include <gtest/gtest.h>
 
 #include <QAbstractItemModelTester>
@@ -15,6 +16,8 @@
 #include <QProgressBar>
 #include <QScrollBar>
 #include <QSettings>
+#include <QTabWidget>
+#include <QTableView>
 #include <QTest>
 #include <QTimer>
 #include <QUrl>
@@ -28,6 +31,7 @@
 #include <set>
 
 #include "capture/trace_reader.h"
+#include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
 #include "gui/widgets/detail_panel.h"
 #include "gui/widgets/heatmap_view.h"
@@ -320,6 +324,48 @@ TEST_F(GuiWidgets, SingleTraceModeAndResponsivenessWhileLoading) {
   w.selectCell(3, 80);
   EXPECT_TRUE(wait_detail(w, 3, 80));
   EXPECT_FALSE(w.detailPanel()->detail()->comparison);
+}
+
+// Two training steps: the Gradients tab appears with the kind × layer table, coloured and with
+// tooltips; it goes away for a pair of plain steps.
+TEST_F(GuiWidgets, GradientsTabForTwoTrainingSteps) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  const auto& tp = dsv4::test::gui_training_traces();
+  QTabWidget* tabs = w.tabs();
+  EXPECT_FALSE(tabs->isTabVisible(MainWindow::kGradientsTab));
+  ASSERT_TRUE(open_and_wait(w, tp.a, tp.b));
+  ASSERT_TRUE(wait_until([&] { return w.gradientModel()->available(); }));
+  EXPECT_TRUE(tabs->isTabVisible(MainWindow::kGradientsTab));
+  const TrainingDiff& d = *w.document()->data().report->training;
+  EXPECT_EQ(tabs->tabText(MainWindow::kGradientsTab),
+            QStringLiteral("Gradients (%1 differ)").arg(d.params_differing));
+  tabs->setCurrentIndex(MainWindow::kGradientsTab);
+  QTableView* v = w.gradientView();
+  ASSERT_EQ(v->model(), w.gradientModel());
+  EXPECT_EQ(v->model()->rowCount(), int(d.kinds.size()));
+  // The largest rel-L2 is the darkest cell.
+  int best_row = -1, best_col = -1;
+  double best = -1;
+  for (int r = 0; r < v->model()->rowCount(); ++r)
+    for (int c = 0; c < v->model()->columnCount(); ++c) {
+      const QVariant x = v->model()->index(r, c).data(GradientDiffModel::ValueRole);
+      if (x.isValid() && x.toDouble() > best) best = x.toDouble(), best_row = r, best_col = c;
+    }
+  ASSERT_GT(best, 0);
+  EXPECT_DOUBLE_EQ(v->model()->index(best_row, best_col).data(GradientDiffModel::LevelRole).toDouble(), 1.0);
+  const QColor dark = v->model()->index(best_row, best_col).data(Qt::BackgroundRole).value<QBrush>().color();
+  EXPECT_EQ(dark.rgb(), heat_color(1.0));
+  v->scrollTo(v->model()->index(best_row, best_col));
+  const QRect cell = v->visualRect(v->model()->index(best_row, best_col));
+  EXPECT_TRUE(v->viewport()->rect().intersects(cell));
+  const QImage img = v->viewport()->grab().toImage();
+  EXPECT_EQ(img.pixelColor(cell.left() + 2, cell.top() + 2).rgb(), heat_color(1.0));
+
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  ASSERT_TRUE(wait_until([&] { return w.document()->data().report != nullptr; }));
+  EXPECT_FALSE(tabs->isTabVisible(MainWindow::kGradientsTab));
 }
 
 // A synthetic 32k-token comparison of 43 layers (the released models' count): the heatmap's frame
