@@ -69,4 +69,16 @@ class Weights {
 
 std::string layer_prefix(int layer);  // "model.layers.{i}."
 
+// Where a weight sits: its layer (−1 for model-level weights: embedding, head, final norm, the head's
+// mHC), its routed expert (−1 otherwise) and its kind, the name without the "model.layers.N." prefix
+// and with the expert index folded: "model.layers.3.mlp.experts.5.down_proj.weight" is layer 3,
+// expert 5, kind "mlp.experts.*.down_proj.weight"; a model-level weight's kind is its name.
+struct ParamSite {
+  int layer = -1;
+  int expert = -1;
+  std::string kind;
+};
+ParamSite param_site(const std::string& name);
+
+
 }  // namespace dsv4

@@ -21,18 +21,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// The decimal number at the start of `s` (no sign, no leading zero unless it is "0"), and its length.
-std::pair<int, size_t> leading_index(const std::string& s, size_t at) {
-  size_t n = 0;
-  int64_t v = 0;
-  while (at + n < s.size() && s[at + n] >= '0' && s[at + n] <= '9' && n < 9) {
-    v = v * 10 + (s[at + n] - '0');
-    ++n;
-  }
-  if (n == 0 || (n > 1 && s[at] == '0')) return {-1, 0};
-  return {int(v), n};
-}
-
 // Sums over the element pairs of one or more gradients.
 struct Sums {
   double sq_a = 0, sq_b = 0, sq_d = 0, dot = 0, max_abs = 0;
@@ -200,27 +188,6 @@ GradAggregate finish(Group& g) {
 }
 
 }  // namespace
-
-ParamSite param_site(const std::string& name) {
-  ParamSite s;
-  s.kind = name;
-  static const std::string kLayers = "model.layers.";
-  if (name.rfind(kLayers, 0) != 0) return s;
-  const int layer = leading_index(name, kLayers.size()).first;
-  // The prefix must be exactly the one the model writes (model/weights.h layer_prefix).
-  if (layer < 0 || name.compare(0, layer_prefix(layer).size(), layer_prefix(layer)) != 0) return s;
-  s.layer = layer;
-  s.kind = name.substr(layer_prefix(layer).size());
-  static const std::string kExperts = "mlp.experts.";
-  if (s.kind.rfind(kExperts, 0) == 0) {
-    const auto [e, n] = leading_index(s.kind, kExperts.size());
-    if (e >= 0 && kExperts.size() + n < s.kind.size() && s.kind[kExperts.size() + n] == '.') {
-      s.expert = e;
-      s.kind = kExperts + "*" + s.kind.substr(kExperts.size() + n);
-    }
-  }
-  return s;
-}
 
 const GradAggregate* TrainingDiff::cell(const std::string& kind, int layer) const {
   for (const GradAggregate& c : cells)

@@ -163,9 +163,7 @@ TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
     };
     std::map<std::string, std::vector<std::string>> by_kind;  // one group per tensor kind, all layers
     for (const auto& [name, gv] : grads) {
-      std::string kind = name.rfind("model.layers.", 0) == 0 ? name.substr(name.find('.', 13) + 1) : name;
-      if (kind.rfind("mlp.experts.", 0) == 0) kind = "mlp.experts.*";
-      by_kind[kind].push_back(name);
+      by_kind[param_site(name).kind].push_back(name);
     }
     for (const auto& [kind, names] : by_kind) check(names, kind);
     EXPECT_GE(judged, 15) << preset << ": too few kinds of weights above the noise";
