@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -93,7 +94,7 @@ TEST(TrainForward, TapeForwardEqualsForward) {
 // discrete decisions are forced to the unperturbed ones (as R3 does), so f is smooth up to the
 // forward's bf16 roundings, which the backward treats as identities and which leave a noise of about
 // 0.02 in f at T = 200. The step aims at a change of 0.5 in f with at most 5% relative change of
-// any tensor; kinds of tensors whose gradient cannot move f by 0.1 within that limit are below the
+// any tensor; kinds of tensors whose gradient cannot move f by 0.2 within that limit are near the
 // noise and are not judged (most kinds are, and the test requires it).
 TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
   for (const std::string preset : {"tiny", "tiny-b"}) {
@@ -155,7 +156,7 @@ TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
         const std::vector<float>& b = wm.get(n).f;
         for (size_t i = 0; i < gv.size(); ++i) predicted += double(gv[i]) * (double(a[i]) - double(b[i]));
       }
-      if (predicted < 0.1) return;
+      if (predicted < 0.2) return;
       ++judged;
       const double actual = f(wp) - f(wm);
       EXPECT_NEAR(actual / predicted, 1.0, 0.25)
@@ -166,6 +167,7 @@ TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
       by_kind[param_site(name).kind].push_back(name);
     }
     for (const auto& [kind, names] : by_kind) check(names, kind);
+    std::printf("%s: %d kinds of weights judged\n", preset.c_str(), judged);
     EXPECT_GE(judged, 15) << preset << ": too few kinds of weights above the noise";
   }
 }
