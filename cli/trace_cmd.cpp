@@ -146,7 +146,7 @@ int run_info(const TraceArgs& a) {
       const KernelRecords k = r.kernels(s.index);
       kernels = k.available ? fmt::format("  GPU kernels {}", k.kernels.size()) : "";
     }
-    fmt::print("  {:>4}  {:<8} profile {:<8} capture {:<12} sequences [{}]{}{}\n", s.index, s.kind, s.profile,
+    fmt::print("  {:>4}  {:<10} profile {:<8} capture {:<12} sequences [{}]{}{}\n", s.index, s.kind, s.profile,
                s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE", kernels);
   }
   fmt::print("sizes (stored / in memory):\n");
