@@ -39,6 +39,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "bench/dump.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #if defined(DSV4_HAVE_CUBLAS)
@@ -121,44 +122,17 @@ double time_ms(const std::function<void()>& fn, int reps = 3) {
 //   {"attrs": {<name>: <number>, ...}, "tensors": [{"name", "file", "dtype", "shape"}, ...]}
 // Every tensor is copied back with a synchronous cudaMemcpy, so it holds the device state at the
 // time of the put() call.
-struct Dumper {
-  std::string dir;
-  std::vector<std::string> tensors, attrs;
-  explicit Dumper(std::string d) : dir(std::move(d)) { std::filesystem::create_directories(dir); }
-  void attr(const std::string& name, double v) {
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "\"%s\": %.9g", name.c_str(), v);
-    attrs.emplace_back(buf);
-  }
+// Downloads device tensors into the dump of bench/dump.h.
+struct Dumper : dsv4::bench::Dumper {
+  using dsv4::bench::Dumper::Dumper;
   template <typename T>
   void put(const std::string& name, const T* dev, const std::vector<int64_t>& shape) {
-    static_assert(sizeof(T) == 4, "float32 or int32 only");
     int64_t n = 1;
     for (int64_t e : shape) n *= e;
-    std::vector<T> h(size_t(std::max<int64_t>(n, 1)));
+    std::vector<T> h(size_t(std::max<int64_t>(n, 0)));
     CUDA_CHECK(cudaDeviceSynchronize());
     if (n > 0) CUDA_CHECK(cudaMemcpy(h.data(), dev, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
-    const std::string file = name + ".bin";
-    FILE* f = std::fopen((dir + "/" + file).c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot write " + dir + "/" + file);
-    const size_t wrote = n > 0 ? std::fwrite(h.data(), sizeof(T), size_t(n), f) : 0;
-    std::fclose(f);
-    if (wrote != size_t(n)) throw std::runtime_error("short write to " + dir + "/" + file);
-    std::string sh;
-    for (int64_t e : shape) sh += (sh.empty() ? "" : ", ") + std::to_string(e);
-    tensors.push_back("{\"name\": \"" + name + "\", \"file\": \"" + file + "\", \"dtype\": \"" +
-                      (std::is_same_v<T, float> ? "float32" : "int32") + "\", \"shape\": [" + sh + "]}");
-  }
-  void finish() {
-    FILE* f = std::fopen((dir + "/manifest.json").c_str(), "w");
-    if (!f) throw std::runtime_error("cannot write " + dir + "/manifest.json");
-    std::fprintf(f, "{\n  \"attrs\": {");
-    for (size_t i = 0; i < attrs.size(); ++i) std::fprintf(f, "%s%s", i ? ", " : "", attrs[i].c_str());
-    std::fprintf(f, "},\n  \"tensors\": [\n");
-    for (size_t i = 0; i < tensors.size(); ++i)
-      std::fprintf(f, "    %s%s\n", tensors[i].c_str(), i + 1 < tensors.size() ? "," : "");
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
+    dsv4::bench::Dumper::put(name, h, shape);
   }
 };
 

@@ -141,18 +141,8 @@ class SequenceBackward {
   // The transpose of a RoPE application on the last rd dims of each head: the opposite rotation,
   // fp32 (gradients are not rounded).
   void rope_bwd(FBuf& g, int heads, int64_t head_dim, const float* freq, bool forward_was_inverse, int layer) {
-    RopeApplyParams p;
-    p.rows = T_;
-    p.heads = heads;
-    p.x = g.data();
-    p.ld = heads * head_dim;
-    p.head_stride = head_dim;
-    p.offset = head_dim - c_.qk_rope_head_dim;
-    p.pos = pos_.data();
-    p.freq = freq;
-    p.rd = c_.qk_rope_head_dim;
-    p.inverse = !forward_was_inverse;
-    p.round_bf16 = false;
+    const RopeApplyParams p = backend::rope_rows_params(c_, g.data(), T_, heads, head_dim, pos_.data(), freq,
+                                                        !forward_was_inverse, false);
     backend::require(rope_apply_check(p), "rope (backward)", layer);
     be_.rope_apply(p);
   }

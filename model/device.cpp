@@ -78,6 +78,23 @@ RopeTables rope_tables(Backend& be, const ModelConfig& c, int64_t p0, int64_t T)
   return r;
 }
 
+RopeApplyParams rope_rows_params(const ModelConfig& c, float* x, int64_t T, int heads, int64_t head_dim,
+                                 const int64_t* pos, const float* freq, bool inverse, bool round_bf16) {
+  RopeApplyParams p;
+  p.rows = T;
+  p.heads = heads;
+  p.x = x;
+  p.ld = heads * head_dim;
+  p.head_stride = head_dim;
+  p.offset = head_dim - c.qk_rope_head_dim;
+  p.pos = pos;
+  p.freq = freq;
+  p.rd = c.qk_rope_head_dim;
+  p.inverse = inverse;
+  p.round_bf16 = round_bf16;
+  return p;
+}
+
 [[noreturn]] static void no_backward(const Backend& be, const char* op) {
   throw Error(fmt::format("the {} backend has no backward op '{}'", to_string(be.device()), op));
 }

@@ -174,6 +174,10 @@ struct RopeTables {
   Buffer<float> plain, comp;
 };
 RopeTables rope_tables(Backend& be, const ModelConfig& c, int64_t p0, int64_t T);
+// The rotation of the last qk_rope_head_dim dims of each of `heads` heads of `head_dim` in the rows
+// [T, heads * head_dim] of x, at positions `pos` with frequencies `freq` (from RopeTables).
+RopeApplyParams rope_rows_params(const ModelConfig& c, float* x, int64_t T, int heads, int64_t head_dim,
+                                 const int64_t* pos, const float* freq, bool inverse, bool round_bf16);
 
 // The backend for `d` over the weights `w` (which must outlive it). Device::cuda throws InputError
 // when this dsv4 was built without CUDA or no CUDA device is usable.

@@ -282,17 +282,8 @@ class SequenceForward {
   }
 
   void rope_rows(FBuf& x, int heads, int64_t head_dim, const float* freq, bool inverse, int layer) {
-    RopeApplyParams p;
-    p.rows = T_;
-    p.heads = heads;
-    p.x = x.data();
-    p.ld = heads * head_dim;
-    p.head_stride = head_dim;
-    p.offset = head_dim - c_.qk_rope_head_dim;
-    p.pos = pos_.data();
-    p.freq = freq;
-    p.rd = c_.qk_rope_head_dim;
-    p.inverse = inverse;
+    const RopeApplyParams p =
+        backend::rope_rows_params(c_, x.data(), T_, heads, head_dim, pos_.data(), freq, inverse, true);
     require(rope_apply_check(p), "rope", layer);
     be_.rope_apply(p);
   }

@@ -21,6 +21,7 @@
 #include "model/forward.h"
 #include "model/tape.h"
 #include "test_util.h"
+#include "train_test_util.h"
 #include "tiny_model.h"
 #include "train/grad_tree.h"
 #include "replay/replay.h"
@@ -33,22 +34,8 @@ namespace {
 using test::bitwise_equal;
 using train::TrainSample;
 
-std::vector<int32_t> seq_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(g() % uint64_t(vocab));
-  return t;
-}
-
-TrainSample make_sample(const std::string& id, int prompt, int response, int vocab, uint64_t seed, double adv) {
-  const std::vector<int32_t> t = seq_tokens(prompt + response, vocab, seed);
-  TrainSample s;
-  s.id = id;
-  s.prompt.assign(t.begin(), t.begin() + prompt);
-  s.response.assign(t.begin() + prompt, t.end());
-  s.advantage = adv;
-  return s;
-}
+using test::make_sample;
+using test::seq_tokens;
 
 std::vector<TrainSample> batch_of(int n, int vocab) {
   std::vector<TrainSample> b;

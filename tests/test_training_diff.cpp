@@ -25,6 +25,7 @@
 #include "replay/diff.h"
 #include "replay/training_diff.h"
 #include "test_util.h"
+#include "train_test_util.h"
 #include "tiny_model.h"
 #include "train/record.h"
 
@@ -34,26 +35,13 @@ namespace {
 using test::TempDir;
 using train::TrainSample;
 
-std::vector<int32_t> seq_tokens(int n, int vocab, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(g() % uint64_t(vocab));
-  return t;
-}
-
-TrainSample make_sample(const std::string& id, int prompt, int response, uint64_t seed, double adv) {
-  const std::vector<int32_t> t = seq_tokens(prompt + response, test::tiny().config().vocab_size, seed);
-  TrainSample s;
-  s.id = id;
-  s.prompt.assign(t.begin(), t.begin() + prompt);
-  s.response.assign(t.begin() + prompt, t.end());
-  s.advantage = adv;
-  return s;
-}
+using test::make_sample;
+const int kVocab = test::tiny().config().vocab_size;
+using test::seq_tokens;
 
 // A short sample and one of T = 80 > 4 * index_topk, so that the indexer selects in the C4 layers.
 std::vector<TrainSample> samples() {
-  return {make_sample("short", 5, 9, 100, 1.25), make_sample("long", 30, 50, 9, -0.75)};
+  return {make_sample("short", 5, 9, kVocab, 100, 1.25), make_sample("long", 30, 50, kVocab, 9, -0.75)};
 }
 
 // The decisions of a rollout-profile forward of the samples, as forced decisions (R3).
