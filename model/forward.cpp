@@ -1,7 +1,6 @@
 #include "model/forward.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +23,7 @@
 #include "model/device.h"
 #include "model/error.h"
 #include "model/tape.h"
+#include "model/threads.h"
 
 namespace dsv4 {
 
@@ -929,20 +929,13 @@ ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>&
     throw InputError(fmt::format("forward: temperature must be positive, got {}", opt.temperature));
 
   std::unique_ptr<backend::Backend> be = backend::make_backend(opt.device, w);
-  const int saved_threads = omp_get_max_threads();
-  if (opt.threads > 0) omp_set_num_threads(opt.threads);
+  const OmpThreadScope threads(opt.threads);
   ForwardResult result;
-  try {
-    for (size_t s = 0; s < batch.size(); ++s) {
-      SequenceForward f(w, opt, *be, int(s), batch[s]);
-      result.seqs.push_back(f.run());
-    }
-    be->synchronize();
-  } catch (...) {
-    omp_set_num_threads(saved_threads);
-    throw;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    SequenceForward f(w, opt, *be, int(s), batch[s]);
+    result.seqs.push_back(f.run());
   }
-  omp_set_num_threads(saved_threads);
+  be->synchronize();
   return result;
 }
 

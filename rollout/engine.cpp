@@ -1,7 +1,6 @@
 #include "rollout/engine.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 
 #include "model/error.h"
 #include "model/forward.h"
+#include "model/threads.h"
 #include "rollout/kv_cache.h"
 
 namespace dsv4::rollout {
@@ -135,12 +135,7 @@ struct Engine::Impl {
 
   std::vector<Generation> run(const std::function<void(const StepInfo&)>& progress) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int saved_threads = omp_get_max_threads();
-    if (opt.threads > 0) omp_set_num_threads(opt.threads);
-    struct RestoreThreads {
-      int n;
-      ~RestoreThreads() { omp_set_num_threads(n); }
-    } restore{saved_threads};
+    const OmpThreadScope threads(opt.threads);
 
     RunOptions ro;
     ro.profile = opt.profile;

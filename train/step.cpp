@@ -12,6 +12,7 @@
 #include "model/error.h"
 #include "model/profile.h"
 #include "model/tape.h"
+#include "model/threads.h"
 #include "train/grad_tree.h"
 
 namespace dsv4::train {
@@ -41,17 +42,6 @@ int64_t tape_bytes(const Tape& t) {
   return b;
 }
 
-// Sets the OpenMP thread count for the lifetime of the object.
-class ThreadScope {
- public:
-  explicit ThreadScope(int n) : saved_(omp_get_max_threads()) {
-    if (n > 0) omp_set_num_threads(n);
-  }
-  ~ThreadScope() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 }  // namespace
 
@@ -196,7 +186,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   bo.train_mixer = o.train_mixer;
   bo.on_grad = hooks.on_grad;
 
-  ThreadScope threads(o.threads);
+  const OmpThreadScope threads(o.threads);
   std::unique_ptr<backend::Backend> be = backend::make_backend(o.device, w);
   GradTree tree;
   std::vector<SampleLogprobs> loss_in;
