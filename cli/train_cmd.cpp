@@ -96,8 +96,10 @@ int run_train_step(TrainArgs& a) {
   a.o.device = parse_device(a.device);
   a.o.train_mixer = a.mhc_backward == "full";
   a.o.group_scale_by_std = !a.no_std_scaling;
+  if (a.o.indexer_kl_coeff != 0) a.o.groups.trained.insert(train::ParamGroup::indexer);  // its objective
   if (!a.train_groups.empty()) a.o.groups.train(a.train_groups);
   if (!a.freeze_groups.empty()) a.o.groups.freeze(a.freeze_groups);
+  train::check_indexer_kl(a.o);
   const std::vector<train::TrainSample> samples = train::read_samples_jsonl(a.data, w.config());
 
   train::OptimizerState state = a.optimizer_state.empty() ? train::fresh_optimizer_state(w, a.o.groups)
@@ -161,6 +163,7 @@ int run_train_step(TrainArgs& a) {
     j["grad_norm"] = res.stats.grad_norm;
     j["clip_coef"] = res.stats.clip_coef;
     j["update_norm"] = res.stats.update_norm;
+    if (a.o.indexer_kl_coeff != 0) j["indexer_kl"] = res.indexer_kl;
     j["seconds"] = {{"total", secs},
                     {"forward", res.seconds_forward},
                     {"backward", res.seconds_backward},
@@ -181,6 +184,9 @@ int run_train_step(TrainArgs& a) {
     if (m.mismatch_tokens > 0)
       fmt::print("  rollout vs train log-probs: mean |diff| {:.4g}, max {:.4g}, k3 KL {:.4g} over {} tokens\n",
                  m.mismatch_mean_abs, m.mismatch_max_abs, m.mismatch_k3, m.mismatch_tokens);
+    if (a.o.indexer_kl_coeff != 0)
+      fmt::print("  indexer KL {:.6g} (coefficient {:.4g}, target {})\n", res.indexer_kl, a.o.indexer_kl_coeff,
+                 a.o.indexer_kl_target);
     fmt::print(
         "  grad norm {:.6g} (clip coefficient {:.4g}), update norm {:.4g}; {:.3f} s (forward {:.3f}, backward "
         "{:.3f}, optimizer {:.3f}); largest tape {:.1f} MiB, peak memory {:.0f} MiB\n",
@@ -245,6 +251,15 @@ void register_train_command(CLI::App& app) {
   t->add_option("--train", ta->train_groups,
                 "Also train these parameter groups (comma-separated; e.g. router)");
   t->add_option("--freeze", ta->freeze_groups, "Freeze these parameter groups (comma-separated)");
+  t->add_option("--indexer-kl", ta->o.indexer_kl_coeff,
+                "Train the lightning indexer with its KL objective (MODEL.md §5.5) at this coefficient "
+                "(0: off; --freeze indexer keeps only the KL metric)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--indexer-kl-target", ta->o.indexer_kl_target,
+                "The KL's target: l1 (attention mass renormalised over the selected groups) or heads_sum")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"l1", "heads_sum"}));
   t->add_option("--mhc-backward", ta->mhc_backward,
                 "mHC backward: full (mixer differentiated) or legacy (pre/post/comb constants)")
       ->capture_default_str()

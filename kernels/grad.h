@@ -344,4 +344,92 @@ struct MoeBwdParams {
 const char* moe_experts_backward_check(const MoeBwdParams& p);
 void moe_experts_backward(const MoeBwdParams& p);
 
+// ---- the lightning indexer's KL objective (MODEL.md §5.5; docs/TRAINING.md "Indexer KL") ---------
+
+// The transpose of kernels/compressor.h hadamard() for gradients: the same butterflies (the Sylvester
+// matrix is symmetric) over each of the `rows` vectors of length n (a power of two), then each value
+// times s = 1.0f / sqrt(float(n)) in fp32; no bf16 rounding (the forward's is straight-through).
+void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld);
+
+// The main attention's probability mass on a column range of the index rows, the KL's target: for
+// each row t and index slot j in [c0, c0 + n) of idx [T, K],
+//   mass[t, j - c0] = S, S = fp32 sum from 0 over h increasing of exp_f(z - lse[t, h]),
+//   z = scale * dot(q[t, h], kv[idx[t][j]])   (the forward's score and the backward's probability)
+// and 0 for a slot -1. The probabilities are those of the full softmax (window, compressed slots and
+// the sink share lse). Rows independent.
+struct AttentionMassParams {
+  int64_t T = 0;
+  int H = 0;
+  int64_t Dh = 0;
+  int64_t N = 0, K = 0;
+  int64_t c0 = 0, n = 0;         // the slot columns
+  const float* q = nullptr;      // [T, H, Dh]
+  const float* kv = nullptr;     // [N, Dh]
+  const int32_t* idx = nullptr;  // [T, K]
+  const float* lse = nullptr;    // [T, H]
+  float scale = 0.0f;
+  ReduceOrder order{};
+  float* mass = nullptr;  // [T, n]
+};
+const char* attention_mass_check(const AttentionMassParams& p);
+void attention_mass(const AttentionMassParams& p);
+
+// The KL objective of each query row over its selected groups, and its gradient with respect to the
+// index scores. Row t's valid slots are those with ids[t][j] >= 0 (an empty row: loss 0, gradient 0).
+// With tiny = FLT_MIN (the fp32 smallest normal; probabilities are clamped to it before the logs):
+//   predict: m = max of the valid scores; e_j = exp_f(s_j - m); Z = sequential sum of e_j; π_j = e_j / Z
+//   target:  l1 (default): μ = mass, M = sequential sum of μ_j; τ_j = μ_j / M (M == 0: the row gives 0)
+//            heads_sum:    τ_j = μ_j (the heads-summed mass, not renormalised)
+//   loss[t] = fp32 sum from 0 over valid j with τ_j > 0 of
+//             τ_j * (log_f(max(τ_j, tiny)) - log_f(max(π_j, tiny)))
+//   A = fp32 sum from 0 over valid j with π_j >= tiny of τ_j
+//   dscore[t, j] = coeff * ((π_j * A) - (π_j >= tiny ? τ_j : 0))   (0 for the invalid slots)
+// (the exact derivative of the loss above, the clamp included, times coeff). Arithmetic:
+// kernels/detail/grad_indexer.h indexer_kl_row.
+struct IndexerKlParams {
+  int64_t T = 0;
+  int k = 0;
+  const int32_t* ids = nullptr;  // [T, k] selected groups, -1 = empty slot
+  const float* score = nullptr;  // [T, k] their index scores (the forward's)
+  const float* mass = nullptr;   // [T, k] the attention mass on them (attention_mass)
+  bool l1_target = true;
+  float coeff = 1.0f;           // the loss weight of every row (the objective's coefficient / divisor)
+  float* loss = nullptr;        // [T] the rows' KL (without coeff)
+  float* dscore = nullptr;      // [T, k]
+};
+const char* indexer_kl_check(const IndexerKlParams& p);
+void indexer_kl(const IndexerKlParams& p);
+
+// Backward of the index scores of given ids (kernels/indexer.h: score[t][j] = fma chain over h of
+// wt[t][h] * relu(dot(qi[t,h], ki[ids[t][j]]))) for the gradient dscore [T, k]; the ids are constants.
+// With d_thj = dot(qi[t,h], ki[ids[t][j]]) recomputed as the forward forms it (canonical order) and
+// e_thj = (dscore[t,j] * wt[t,h]) if d_thj > 0, else 0 (relu'(0) = 0; NaN gives 0):
+//   dwt[t, h]  = wt_scale * S, S = fp32 sum from 0 over valid j increasing of dscore[t,j] * relu(d_thj)
+//   dqi[t,h,:] = fma chain from 0 over valid j increasing: acc = fma(e_thj, ki[ids[t][j]], acc)
+//   dki[g, :]  = fma chain from 0 over the slots (t, j) with ids[t][j] == g, t increasing then j
+//                increasing, and inside each slot h increasing: acc = fma(e_thj, qi[t,h], acc)
+// (wt_scale turns the gradient of the scaled head weights into that of the weights_proj output).
+// dqi, dwt and dki are overwritten; dki rows no slot points to are 0. Slots with ids outside [0, G)
+// are skipped like -1 (the CPU check rejects them). No atomics: dki is built from the inverse map of
+// ids as the attention's dkv is. The CPU keeps e, T * k * Hi floats.
+struct IndexerScoreBwdParams {
+  int64_t T = 0;
+  int Hi = 0;
+  int64_t Di = 0;
+  int64_t G = 0;
+  int k = 0;
+  const float* qi = nullptr;      // [T, Hi, Di]
+  const float* ki = nullptr;      // [G, Di]
+  const float* wt = nullptr;      // [T, Hi]
+  const int32_t* ids = nullptr;   // [T, k]
+  const float* dscore = nullptr;  // [T, k]
+  float wt_scale = 1.0f;
+  ReduceOrder order{};
+  float* dqi = nullptr;  // [T, Hi, Di]
+  float* dwt = nullptr;  // [T, Hi]
+  float* dki = nullptr;  // [G, Di]
+};
+const char* indexer_score_backward_check(const IndexerScoreBwdParams& p);
+void indexer_score_backward(const IndexerScoreBwdParams& p);
+
 }  // namespace dsv4

@@ -155,6 +155,11 @@ class SequenceBackward {
                         const std::string& hc_prefix, int layer, SubBwd sub_bwd);
 
   FBuf attention_bwd(const FBuf& dout, int L);  // -> d(attn_norm output)
+  void indexer_kl_bwd(int L);                   // the indexer's KL objective into its weights' gradients
+  // A compressor's backward (prefix `cp`, head dim d) from the gradient of its G rows: the pooling,
+  // then its two projections of x; dx (+=) when not null.
+  void compressor_bwd(const std::string& cp, int64_t d, int ratio, int64_t G, const FBuf& kvp, const FBuf& sc,
+                      const float* dout, const FBuf& x, float* dx, int L);
   FBuf moe_bwd(const FBuf& dout, int L);        // -> d(ffn_norm output)
 
   Backend& be_;
@@ -289,7 +294,131 @@ FBuf SequenceBackward::moe_bwd(const FBuf& dout, int L) {
   return dx;
 }
 
+void SequenceBackward::compressor_bwd(const std::string& cp, int64_t d, int ratio, int64_t G, const FBuf& kvp,
+                                      const FBuf& sc, const float* dout, const FBuf& x, float* dx, int L) {
+  const int64_t cw = common::compressor_row_width(ratio, d);
+  FBuf dkvp = be_.floats(T_ * cw), dsc = be_.floats(T_ * cw);
+  CompressorPoolBwdParams p;
+  p.g0 = 0;
+  p.G = G;
+  p.row0 = 0;
+  p.rows = T_;
+  p.ratio = ratio;
+  p.d = d;
+  p.rd = c_.qk_rope_head_dim;
+  p.kvp = kvp.data();
+  p.sc = sc.data();
+  p.ape = be_.weight(cp + "ape");
+  p.norm = be_.weight(cp + "norm.weight");
+  p.freq = freq_comp_.data();
+  p.rms_eps = c_.rms_norm_eps;
+  p.order = order_;
+  p.dout = dout;
+  p.dkvp = dkvp.data();
+  p.dsc = dsc.data();
+  p.dape = grad(cp + "ape");
+  p.dnorm = grad(cp + "norm.weight");
+  backend::require(compressor_pool_backward_check(p), "compressor_pool_backward", L);
+  be_.compressor_pool_backward(p);
+  linear_bwd(dkvp, x, T_, cw, c_.hidden_size, cp + "wkv.weight", dx, true);
+  linear_bwd(dsc, x, T_, cw, c_.hidden_size, cp + "wgate.weight", dx, true);
+}
+
+void SequenceBackward::indexer_kl_bwd(int L) {
+  const AttentionTape& t = tape_.attn[size_t(L)];
+  const IndexerKlOptions& kl = bo_.indexer_kl;
+  if (!kl.enabled || c_.ratio(L) != 4) return;
+  if (t.qi.size() == 0 && T_ > 0)
+    throw Error(fmt::format("backward: sequence {} layer {}: the tape holds no indexer tensors (the forward "
+                            "was not asked to keep them)",
+                            seq_, L));
+  const std::string ix = layer_prefix(L) + "self_attn.indexer.", cp = ix + "compressor.";
+  const int H = c_.num_attention_heads, Hi = c_.index_n_heads, k = t.k;
+  const int64_t D = c_.hidden_size, Dh = c_.head_dim, Di = c_.index_head_dim, ql = c_.q_lora_rank;
+  const int64_t G = int64_t(t.ki.size()) / Di;
+
+  // The target: the attention's mass on the compressed slots, the last k columns of the index rows
+  // (their entries are the selected groups, shifted past the window rows: indexer.h build_index).
+  FBuf mass = be_.floats(T_ * k);
+  AttentionMassParams mp;
+  mp.T = T_;
+  mp.H = H;
+  mp.Dh = Dh;
+  mp.N = t.N;
+  mp.K = t.K;
+  mp.c0 = t.K - k;
+  mp.n = k;
+  mp.q = t.q.data();
+  mp.kv = t.kvcat.data();
+  mp.idx = t.idx.data();
+  mp.lse = t.lse.data();
+  mp.scale = float(1.0 / std::sqrt(double(Dh)));
+  mp.order = order_;
+  mp.mass = mass.data();
+  be_.attention_mass(mp);
+
+  FBuf row_loss = be_.floats(T_), dscore = be_.floats(T_ * k);
+  IndexerKlParams kp;
+  kp.T = T_;
+  kp.k = k;
+  kp.ids = t.sel.data();
+  kp.score = t.iscore.data();
+  kp.mass = mass.data();
+  kp.l1_target = kl.l1_target;
+  kp.coeff = kl.row_weight;
+  kp.loss = row_loss.data();
+  kp.dscore = dscore.data();
+  be_.indexer_kl(kp);
+  if (bo_.on_indexer_kl) {
+    double sum = 0;
+    for (float v : be_.download(row_loss.data(), T_)) sum += double(v);
+    bo_.on_indexer_kl(L, sum);
+  }
+  report(L, "grad.indexer.score", dscore, T_, k);
+  const bool trained = trainable(ix + "wq_b.weight") || trainable(ix + "weights_proj.weight") ||
+                       trainable(cp + "wkv.weight") || trainable(cp + "wgate.weight") || trainable(cp + "ape") ||
+                       trainable(cp + "norm.weight");
+  if (!trained) return;
+
+  FBuf dqi = be_.floats(T_ * Hi * Di), dwt = be_.floats(T_ * Hi), dki = be_.floats(G * Di);
+  IndexerScoreBwdParams sp;
+  sp.T = T_;
+  sp.Hi = Hi;
+  sp.Di = Di;
+  sp.G = G;
+  sp.k = k;
+  sp.qi = t.qi.data();
+  sp.ki = t.ki.data();
+  sp.wt = t.wt.data();
+  sp.ids = t.sel.data();
+  sp.dscore = dscore.data();
+  sp.wt_scale = float(1.0 / std::sqrt(double(Hi) * double(Di)));  // the forward's head-weight scale
+  sp.order = order_;
+  sp.dqi = dqi.data();
+  sp.dwt = dwt.data();
+  sp.dki = dki.data();
+  be_.indexer_score_backward(sp);
+  report(L, "grad.indexer.q", dqi, T_, Hi * Di);
+  report(L, "grad.indexer.weights", dwt, T_, Hi);
+  report(L, "grad.indexer.k", dki, G, Di);
+
+  // Queries: FP8 simulation straight-through, the Hadamard rotation's transpose, RoPE, wq_b (its input
+  // qr is detached: no gradient leaves the indexer).
+  be_.hadamard_backward(dqi.data(), T_ * Hi, Di, Di);
+  rope_bwd(dqi, Hi, Di, freq_comp_.data(), false, L);
+  linear_bwd(dqi, t.qr, T_, Hi * Di, ql, ix + "wq_b.weight", nullptr, false);
+  // Head weights (the scale is in dwt): weights_proj.
+  linear_bwd(dwt, t.x, T_, Hi, D, ix + "weights_proj.weight", nullptr, false);
+  // Keys: FP8 simulation straight-through, the Hadamard rotation's transpose, then the indexer
+  // compressor as the main one (MODEL.md §5.3).
+  if (G > 0) {
+    be_.hadamard_backward(dki.data(), G, Di, Di);
+    compressor_bwd(cp, Di, 4, G, t.ikvp, t.isc, dki.data(), t.x, nullptr, L);
+  }
+}
+
 FBuf SequenceBackward::attention_bwd(const FBuf& dout, int L) {
+  indexer_kl_bwd(L);
   const AttentionTape& t = tape_.attn[size_t(L)];
   const std::string a = layer_prefix(L) + "self_attn.";
   const int64_t D = c_.hidden_size, Dh = c_.head_dim, ql = c_.q_lora_rank;
@@ -344,33 +473,7 @@ FBuf SequenceBackward::attention_bwd(const FBuf& dout, int L) {
   FBuf dx = zeros(T_ * D);
   // Compressed rows (FP8 simulation straight-through) -> the main compressor.
   if (ratio > 0 && t.G > 0) {
-    const int64_t cw = common::compressor_row_width(ratio, Dh);
-    const std::string cp = a + "compressor.";
-    FBuf dkvp = be_.floats(T_ * cw), dsc = be_.floats(T_ * cw);
-    CompressorPoolBwdParams p;
-    p.g0 = 0;
-    p.G = t.G;
-    p.row0 = 0;
-    p.rows = T_;
-    p.ratio = ratio;
-    p.d = Dh;
-    p.rd = c_.qk_rope_head_dim;
-    p.kvp = t.kvp.data();
-    p.sc = t.sc.data();
-    p.ape = be_.weight(cp + "ape");
-    p.norm = be_.weight(cp + "norm.weight");
-    p.freq = freq_comp_.data();
-    p.rms_eps = c_.rms_norm_eps;
-    p.order = order_;
-    p.dout = dkv.data() + T_ * Dh;
-    p.dkvp = dkvp.data();
-    p.dsc = dsc.data();
-    p.dape = grad(cp + "ape");
-    p.dnorm = grad(cp + "norm.weight");
-    backend::require(compressor_pool_backward_check(p), "compressor_pool_backward", L);
-    be_.compressor_pool_backward(p);
-    linear_bwd(dkvp, t.x, T_, cw, D, cp + "wkv.weight", dx.data(), true);
-    linear_bwd(dsc, t.x, T_, cw, D, cp + "wgate.weight", dx.data(), true);
+    compressor_bwd(a + "compressor.", Dh, ratio, t.G, t.kvp, t.sc, dkv.data() + T_ * Dh, t.x, dx.data(), L);
   }
   // Window rows: RoPE, kv_norm, wkv.
   FBuf dkvw = be_.floats(T_ * Dh);

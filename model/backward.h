@@ -32,6 +32,17 @@ struct GradRecord {
   const float* values() const { return data ? data : (fetch ? fetch() : nullptr); }
 };
 
+// The lightning indexer's KL objective (MODEL.md §5.5; docs/TRAINING.md "Indexer KL"): per C4 layer
+// and query row, KL(target ‖ predict) over the row's selected groups, predict the softmax of their
+// index scores, target the main attention's probability mass on them. Its gradient reaches only the
+// indexer's weights (the indexer's inputs and the target are detached); the policy loss's gradients
+// are unchanged by it. Needs a tape made with Tape::keep_indexer.
+struct IndexerKlOptions {
+  bool enabled = false;
+  bool l1_target = true;   // target renormalised over the selected groups (else the heads-summed mass)
+  float row_weight = 0.0f;  // the weight of each row's KL in the loss: coefficient / divisor
+};
+
 struct BackwardOptions {
   // Whether the weight `name` receives a gradient. Activation gradients flow through frozen weights
   // regardless (e.g. into the MoE input through a frozen router gate).
@@ -39,6 +50,9 @@ struct BackwardOptions {
   bool train_mixer = true;  // mHC: full backward (true) or the legacy constant mixer (MODEL.md §5.2 (b))
   // Called for every activation gradient in execution order (may be empty).
   std::function<void(const GradRecord&)> on_grad;
+  IndexerKlOptions indexer_kl;
+  // Called per C4 layer with the sum of its rows' KL (fp64, in row order; without row_weight).
+  std::function<void(int layer, double kl_sum)> on_indexer_kl;
 };
 
 // name -> fp32 gradient (same element count as the weight), for the trainable weights only.

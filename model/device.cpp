@@ -120,6 +120,12 @@ void Backend::hc_pre_backward(const HcPreBwdParams&) { no_backward(*this, "hc_pr
 void Backend::hc_head_backward(const HcHeadBwdParams&) { no_backward(*this, "hc_head_backward"); }
 void Backend::router_backward(const RouterBwdParams&) { no_backward(*this, "router_backward"); }
 void Backend::moe_experts_backward(const MoeBwdParams&) { no_backward(*this, "moe_experts_backward"); }
+void Backend::hadamard_backward(float*, int64_t, int64_t, int64_t) { no_backward(*this, "hadamard_backward"); }
+void Backend::attention_mass(const AttentionMassParams&) { no_backward(*this, "attention_mass"); }
+void Backend::indexer_kl(const IndexerKlParams&) { no_backward(*this, "indexer_kl"); }
+void Backend::indexer_score_backward(const IndexerScoreBwdParams&) {
+  no_backward(*this, "indexer_score_backward");
+}
 
 namespace {
 
@@ -229,6 +235,21 @@ class CpuBackend final : public Backend {
   void hc_head_backward(const HcHeadBwdParams& p) override { dsv4::hc_head_backward(p); }
   void router_backward(const RouterBwdParams& p) override { dsv4::router_backward(p); }
   void moe_experts_backward(const MoeBwdParams& p) override { dsv4::moe_experts_backward(p); }
+  void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) override {
+    dsv4::hadamard_backward(x, rows, n, ld);
+  }
+  void attention_mass(const AttentionMassParams& p) override {
+    require(attention_mass_check(p), "attention_mass", -1);
+    dsv4::attention_mass(p);
+  }
+  void indexer_kl(const IndexerKlParams& p) override {
+    require(indexer_kl_check(p), "indexer_kl", -1);
+    dsv4::indexer_kl(p);
+  }
+  void indexer_score_backward(const IndexerScoreBwdParams& p) override {
+    require(indexer_score_backward_check(p), "indexer_score_backward", -1);
+    dsv4::indexer_score_backward(p);
+  }
 
  private:
   const Weights& w_;
@@ -432,6 +453,12 @@ class CudaBackend final : public Backend {
   void hc_head_backward(const HcHeadBwdParams& p) override { cuda::hc_head_backward(p, s_); }
   void router_backward(const RouterBwdParams& p) override { cuda::router_backward(p, s_); }
   void moe_experts_backward(const MoeBwdParams& p) override { cuda::moe_experts_backward(p, s_); }
+  void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) override {
+    cuda::hadamard_backward(x, rows, n, ld, s_);
+  }
+  void attention_mass(const AttentionMassParams& p) override { cuda::attention_mass(p, s_); }
+  void indexer_kl(const IndexerKlParams& p) override { cuda::indexer_kl(p, s_); }
+  void indexer_score_backward(const IndexerScoreBwdParams& p) override { cuda::indexer_score_backward(p, s_); }
 
  private:
   template <typename T>

@@ -141,6 +141,11 @@ class Backend {
   virtual void hc_head_backward(const HcHeadBwdParams& p);
   virtual void router_backward(const RouterBwdParams& p);
   virtual void moe_experts_backward(const MoeBwdParams& p);
+  // The indexer's KL objective (MODEL.md §5.5).
+  virtual void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld);
+  virtual void attention_mass(const AttentionMassParams& p);  // the backend validates (idx is data)
+  virtual void indexer_kl(const IndexerKlParams& p);
+  virtual void indexer_score_backward(const IndexerScoreBwdParams& p);  // the backend validates
 
   // Per-row XXH3-64 digests of a tensor in backend memory ([rows, row_elems] of `dt`; bf16 hashed as
   // its 2-byte patterns), written to the host array `out` [rows], computed where the tensor lives.

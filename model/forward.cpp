@@ -245,6 +245,11 @@ class SequenceForward {
     if (b.size() > 0) be_.copy(c.data(), b.data(), b.bytes());
     return c;
   }
+  IBuf clone(const IBuf& b) {
+    IBuf c = be_.ints(b.size());
+    if (b.size() > 0) be_.copy(c.data(), b.data(), b.bytes());
+    return c;
+  }
 
   FBuf linear(const FBuf& x, int64_t rows, int64_t k, const std::string& wname, int64_t n, OutRound round,
               int layer) {
@@ -525,7 +530,9 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     if (P_.fp8_indexer) fp8(qi, T_ * Hi, Di, Di, iblock, Fp8KvMode::real, "the indexer queries", L);
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
     const int64_t g_before = groups_before(4), n = G - g_before;
-    FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys);
+    const bool keep = tp && tape_->keep_indexer;
+    FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys,
+                           keep ? &tp->ikvp : nullptr, keep ? &tp->isc : nullptr);
     if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
     if (P_.fp8_indexer && n > 0) fp8(kfresh, n, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
     report(L, "indexer.k", DType::bf16, {n, Di}, kfresh.data(), g_before);
@@ -579,6 +586,14 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       be_.indexer_topk(ip);
     }
     report(L, "indexer.score", DType::f32, {T_, k4}, score.data());
+    if (keep) {
+      tp->qi = clone(qi);
+      tp->ki = clone(ki);
+      tp->wt = clone(wt);
+      tp->sel = clone(sel);
+      tp->iscore = clone(score);
+      tp->k = k4;
+    }
     if (opt_.observer) {
       std::vector<int32_t> ids_h;
       std::vector<float> margin_h;

@@ -31,6 +31,12 @@ struct AttentionTape {
   backend::Buffer<float> o;              // [T, H * Dh] after the inverse RoPE (wo_a input)
   backend::Buffer<float> u;              // [T, G * R] wo_b input
   backend::Buffer<float> out;            // [T, D] the sublayer output
+  // The lightning indexer (C4 layers, kept only for its KL objective: Tape::keep_indexer).
+  backend::Buffer<float> qi, ki, wt;     // [T, Hi * Di] queries, [G, Di] keys, [T, Hi] head weights
+  backend::Buffer<float> ikvp, isc;      // [T, 2 * Di] its compressor's projections
+  backend::Buffer<int32_t> sel;          // [T, k] the selected groups (forced or free)
+  backend::Buffer<float> iscore;         // [T, k] their index scores
+  int k = 0;                             // indexer width
 };
 
 struct FfnTape {
@@ -44,6 +50,7 @@ struct FfnTape {
 };
 
 struct Tape {
+  bool keep_indexer = false;  // keep the indexer's tensors (set before the forward; for its KL objective)
   std::vector<AttentionTape> attn;
   std::vector<FfnTape> ffn;
   backend::Buffer<float> H_final;  // [T, hc, D] streams entering hc_head

@@ -96,7 +96,7 @@ const char* untrainable_reason(ParamGroup g) {
 TrainGroups TrainGroups::miles_default() {
   TrainGroups t;
   for (ParamGroup g : all_groups())
-    if (g != ParamGroup::router && !untrainable_reason(g)) t.trained.insert(g);
+    if (g != ParamGroup::router && g != ParamGroup::indexer && !untrainable_reason(g)) t.trained.insert(g);
   return t;
 }
 

@@ -14,7 +14,7 @@ enum class ParamGroup {
   embed,           // model.embed_tokens.weight
   attention,       // wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink
   compressor,      // the main KV compressor: wkv, wgate, ape, norm
-  indexer,         // the lightning indexer: wq_b, weights_proj, its compressor (never trained: §3.7)
+  indexer,         // the lightning indexer: wq_b, weights_proj, its compressor (only by its KL objective)
   norms,           // input_layernorm, post_attention_layernorm, model.norm
   mixer,           // mHC: hc_attn_*, hc_ffn_*, model.hc_head_*
   router,          // mlp.gate.weight (frozen by default: --moe-router-freeze-gate)
@@ -29,7 +29,8 @@ const char* to_string(ParamGroup g);
 std::vector<ParamGroup> all_groups();
 // The group of a weight name; throws InputError for a name no group knows.
 ParamGroup param_group(const std::string& name);
-// Groups that can never be trained (indexer, expert_bias, hash_table), with the reason.
+// Groups that can never be trained (expert_bias, hash_table), with the reason. The indexer receives
+// gradient only from its KL objective (train/step.h TrainStepOptions::indexer_kl_coeff).
 const char* untrainable_reason(ParamGroup g);  // nullptr when trainable
 
 struct TrainGroups {

@@ -108,6 +108,7 @@ TrainingRecord make_training_record(const Weights& before, const Weights& after,
                {"grad_norm", res.stats.grad_norm},
                {"clip_coef", res.stats.clip_coef},
                {"update_norm", res.stats.update_norm}};
+  if (o.indexer_kl_coeff != 0) t.metrics["indexer_kl"] = res.indexer_kl;
   for (const auto& [name, wt] : before.tensors()) {
     if (wt.f.empty()) continue;  // integer tables are not trained
     ParamDigests p;

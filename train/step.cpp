@@ -45,6 +45,17 @@ int64_t tape_bytes(const Tape& t) {
 
 }  // namespace
 
+void check_indexer_kl(const TrainStepOptions& o) {
+  if (!std::isfinite(o.indexer_kl_coeff) || o.indexer_kl_coeff < 0)
+    throw InputError(fmt::format("--indexer-kl must be a finite coefficient >= 0, got {}", o.indexer_kl_coeff));
+  if (o.indexer_kl_target != "l1" && o.indexer_kl_target != "heads_sum")
+    throw InputError(fmt::format("--indexer-kl-target must be l1 or heads_sum, got '{}'", o.indexer_kl_target));
+  if (o.groups.trained.count(ParamGroup::indexer) && o.indexer_kl_coeff == 0)
+    throw InputError(
+        "parameter group 'indexer' cannot be trained without its KL objective: only integer ids leave the "
+        "indexer (MODEL.md §3.7); pass --indexer-kl COEFF (MODEL.md §5.5)");
+}
+
 std::string TrainStepOptions::to_json() const {
   nlohmann::ordered_json j;
   j["profile"] = profile;
@@ -61,6 +72,7 @@ std::string TrainStepOptions::to_json() const {
   j["decisions_source"] = decisions_source;
   j["decisions_kinds"] = decisions_kinds;
   j["decisions_model_digest"] = decisions_model_digest;
+  if (indexer_kl_coeff != 0) j["indexer_kl"] = {{"coeff", indexer_kl_coeff}, {"target", indexer_kl_target}};
   return j.dump();
 }
 
@@ -94,6 +106,10 @@ TrainStepOptions TrainStepOptions::from_json(const std::string& text) {
     o.decisions_source = j.at("decisions_source").get<std::string>();
     o.decisions_kinds = j.at("decisions_kinds").get<std::string>();
     o.decisions_model_digest = j.at("decisions_model_digest").get<std::string>();
+    if (j.contains("indexer_kl")) {  // absent: a step without the objective (and every older trace)
+      o.indexer_kl_coeff = j.at("indexer_kl").at("coeff").get<double>();
+      o.indexer_kl_target = j.at("indexer_kl").at("target").get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("training settings: {}", e.what()));
   }
@@ -147,6 +163,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   for (ParamGroup g : o.groups.trained)
     if (const char* why = untrainable_reason(g))
       throw InputError(fmt::format("parameter group '{}' cannot be trained: {}", to_string(g), why));
+  check_indexer_kl(o);
   check_optimizer_state(state, w, o.groups, "the optimizer state");
 
   std::vector<std::vector<int32_t>> batch;
@@ -171,8 +188,11 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
       res.advantages.push_back(*s.advantage);
     }
   }
-  int64_t n_tokens = 0;
-  for (const TrainSample& s : samples) n_tokens += int64_t(s.response.size());
+  int64_t n_tokens = 0, n_rows = 0;
+  for (const TrainSample& s : samples) {
+    n_tokens += int64_t(s.response.size());
+    n_rows += int64_t(s.prompt.size() + s.response.size());
+  }
 
   RunOptions ro;
   ro.profile = profile_by_name(o.profile);
@@ -185,6 +205,12 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   bo.trainable = [&](const std::string& name) { return o.groups.trains(name); };
   bo.train_mixer = o.train_mixer;
   bo.on_grad = hooks.on_grad;
+  // The indexer's KL: each row weighs coefficient / (the batch's token rows), so a sample's gradient
+  // does not depend on the micro-batch it is computed in.
+  bo.indexer_kl.enabled = o.indexer_kl_coeff != 0;
+  bo.indexer_kl.l1_target = o.indexer_kl_target == "l1";
+  bo.indexer_kl.row_weight = float(o.indexer_kl_coeff / double(n_rows));
+  std::vector<double> kl_per_sample(samples.size(), 0.0);
 
   const OmpThreadScope threads(o.threads);
   std::unique_ptr<backend::Backend> be = backend::make_backend(o.device, w);
@@ -198,6 +224,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
       const std::vector<int32_t>& toks = batch[size_t(i)];
       auto t0 = Clock::now();
       Tape tape;
+      tape.keep_indexer = bo.indexer_kl.enabled;
       const SequenceResult fr = forward_with_tape(*be, w, int(i), toks, ro, tape);
       res.seconds_forward += since(t0);
       res.tape_bytes_max = std::max(res.tape_bytes_max, tape_bytes(tape));
@@ -213,6 +240,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
       std::vector<float> dlogprobs(fr.logprobs.size(), 0.0f);
       std::copy(dl[0].begin(), dl[0].end(), dlogprobs.begin() + (P - 1));
       t0 = Clock::now();
+      bo.on_indexer_kl = [&](int, double sum) { kl_per_sample[size_t(i)] += sum; };
       GradSet g = backward(*be, w, tape, int(i), dlogprobs, ro, bo);
       // Every sample contributes every trained tensor (a part of the graph a short sample never
       // reaches, e.g. a compressor without a complete group, contributes zeros).
@@ -229,6 +257,8 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   be->synchronize();
   res.metrics = policy_loss(o.loss, loss_in, nullptr, 0);
   res.grads = tree.finish();
+  for (double v : kl_per_sample) res.indexer_kl += v;
+  res.indexer_kl /= double(n_rows);
 
   const auto t0 = Clock::now();
   res.stats = adamw_step(o.adamw, res.grads, state);

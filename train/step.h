@@ -40,6 +40,12 @@ struct TrainStepOptions {
   std::string decisions_source;    // the rollout trace R3 decisions come from ("" = none)
   std::string decisions_kinds;     // which were forced: "indexer", "routing" or "indexer,routing"
   std::string decisions_model_digest;
+  // The indexer's KL objective (MODEL.md §5.5, docs/TRAINING.md "Indexer KL"): off at 0. The loss is
+  // coefficient * (sum over C4 layers and query rows of KL(target ‖ predict)) / (the batch's token
+  // rows); it trains the indexer group only, and is reported as the metric indexer_kl (without the
+  // coefficient) even when the indexer is frozen.
+  double indexer_kl_coeff = 0;
+  std::string indexer_kl_target = "l1";  // "l1": renormalised over the selected groups; "heads_sum"
 
   // The settings as a JSON document (the trace's record of them) and back; from_json throws
   // InputError naming the field.
@@ -62,9 +68,14 @@ struct TrainStepResult {
   std::vector<std::vector<float>> logprobs;     // per sample, its response tokens
   std::vector<std::vector<float>> seq_logprobs; // per sample, all T-1 log-probs (the forward's)
   TensorSet grads;                              // summed over samples, before clipping
+  double indexer_kl = 0;                        // the indexer's KL objective without its coefficient
   double seconds_forward = 0, seconds_backward = 0, seconds_optimizer = 0;
   int64_t tape_bytes_max = 0;                   // the largest sample's kept activations
 };
+
+// Checks the indexer KL settings of `o` (coefficient, target, and that the indexer group is trained
+// only with the objective on); throws InputError naming the option.
+void check_indexer_kl(const TrainStepOptions& o);
 
 // A fresh optimizer state for `w`: master = the weights' values, zero moments, step 0, for the
 // weights of the trained groups.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/detail/grad_attention.h"
+#include "kernels/cpu/inverse_map.h"
 #include "kernels/grad.h"
 
 namespace dsv4 {
@@ -41,16 +42,8 @@ void sparse_attention_backward(const SparseAttnBwdParams& p) {
   }
 
   // Inverse map in CSR form: the slots of kv row n are slots[begin[n] .. begin[n + 1]).
-  std::vector<int64_t> begin(size_t(p.N + 1), 0), slots;
-  for (int64_t tj = 0; tj < TK; ++tj)
-    if (p.idx[tj] >= 0) ++begin[size_t(p.idx[tj]) + 1];
-  for (int64_t n = 0; n < p.N; ++n) begin[size_t(n + 1)] += begin[size_t(n)];
-  slots.resize(size_t(begin[size_t(p.N)]));
-  {
-    std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
-    for (int64_t tj = 0; tj < TK; ++tj)
-      if (p.idx[tj] >= 0) slots[size_t(fill[size_t(p.idx[tj])]++)] = tj;
-  }
+  const cpu::InverseMap inv = cpu::inverse_map(p.idx, TK, p.N);
+  const std::vector<int64_t>&begin = inv.begin, &slots = inv.slots;
 
 #pragma omp parallel for schedule(static) if (int64_t(slots.size()) * H * p.Dh + p.N * p.Dh >= kParallelWork)
   for (int64_t n = 0; n < p.N; ++n) {
