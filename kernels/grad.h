@@ -235,7 +235,8 @@ void hc_post_backward(const HcPostBwdParams& p);
 // Each "(+=)" is out = out + (the whole contribution of the call), one add per element.
 // legacy mode (train_mixer = false; MODEL.md §5.2 (b)): pre, post, comb are constants:
 // dX[t,q] (+=) pre_j * dy[t,d] only; dpost / dcomb are not read (may be null) and dfn / dscale /
-// dbase are untouched (may be null). dX must not alias X or dy.
+// dbase are untouched (may be null). In full mode with dfn, dscale and dbase all null (the mixer's
+// weights frozen), dX is the full mode's and no weight gradient is formed. dX must not alias X or dy.
 struct HcPreBwdParams {
   int64_t T = 0;
   int hc = 4;

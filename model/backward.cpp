@@ -537,6 +537,7 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
     hp.dscale = grad("model.hc_head_scale");
     hp.dbase = grad("model.hc_head_base");
   }
+  backend::require(hc_head_backward_check(hp), "hc_head_backward", -1);
   be_.hc_head_backward(hp);
 
   for (int L = c_.num_hidden_layers - 1; L >= 0; --L) {

@@ -901,7 +901,9 @@ SequenceResult forward_with_tape(backend::Backend& be, const Weights& w, int seq
                                  tokens.size(), c.max_position_embeddings));
   if (opt.temperature <= 0.0f || !std::isfinite(opt.temperature))
     throw InputError(fmt::format("forward: temperature must be positive, got {}", opt.temperature));
+  const bool keep_indexer = tape.keep_indexer;
   tape = Tape{};
+  tape.keep_indexer = keep_indexer;
   SequenceForward f(w, opt, be, seq, tokens, nullptr, &tape);
   return f.run();
 }

@@ -256,6 +256,25 @@ TEST(TrainStep, LegacyMixerModeGivesTheMixerNoGradient) {
     }
 }
 
+// A frozen mixer (full mode) still passes its whole gradient to the streams: every other gradient is
+// bit-identical to the step that trains it.
+TEST(TrainStep, FreezingTheMixerKeepsTheGradientFlowingThroughIt) {
+  const Weights& w = test::tiny();
+  const std::vector<TrainSample> s = batch_of(2, w.config().vocab_size);
+  train::TrainStepOptions o;
+  const train::TrainStepResult trained = run_step(w, s, o);
+  o.groups.freeze("mixer");
+  const train::TrainStepResult frozen = run_step(w, s, o);
+  for (const auto& [name, g] : trained.grads) {
+    if (train::param_group(name) == train::ParamGroup::mixer) {
+      EXPECT_EQ(frozen.grads.count(name), 0u) << name;
+      continue;
+    }
+    ASSERT_TRUE(frozen.grads.count(name)) << name;
+    EXPECT_TRUE(bitwise_equal(g, frozen.grads.at(name))) << name;
+  }
+}
+
 TEST(TrainStep, ShortTrainingRunLowersTheLoss) {
   Weights w = test::tiny();
   const int V = w.config().vocab_size;
@@ -319,7 +338,7 @@ TEST(TrainStep, RejectsAStateOfOtherWeightsAndUntrainableGroups) {
   Weights after = w;
   EXPECT_THROW(train::train_step(w, s, st, o, {}, &after), InputError);
   train::TrainGroups g;
-  EXPECT_THROW(g.train("indexer"), InputError);
+  EXPECT_THROW(g.train("expert_bias"), InputError);
   EXPECT_THROW(g.train("nonsense"), InputError);
 }
 

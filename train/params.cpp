@@ -84,9 +84,6 @@ ParamGroup param_group(const std::string& n) {
 
 const char* untrainable_reason(ParamGroup g) {
   switch (g) {
-    case ParamGroup::indexer:
-      return "the indexer is not differentiated: only integer ids leave it (MODEL.md §3.7); its KL "
-             "objective (§5.5) is not implemented";
     case ParamGroup::expert_bias: return "the expert bias only selects experts and receives no gradient";
     case ParamGroup::hash_table: return "the hash routing table is an integer table";
     default: return nullptr;

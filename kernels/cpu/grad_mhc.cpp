@@ -110,7 +110,7 @@ void mixer_backward(const MixerBwd& p) {
       }
     }
   }
-  if (!p.mixer) return;
+  if (!p.mixer || !p.dfn) return;  // a frozen mixer: its weights receive no gradient
   const int64_t chunks = (hcD + common::kMhcChunk - 1) / common::kMhcChunk;
   const int64_t tasks = int64_t(rows) * chunks;
 #pragma omp parallel for schedule(static) if (T * rows * hcD >= kParallelMin)
@@ -171,8 +171,8 @@ const char* hc_pre_backward_check(const HcPreBwdParams& p) {
   if (!p.X || !p.fn || !p.scale || !p.base || !p.dy || !p.dX) return "hc_pre_backward: null pointer";
   if (p.train_mixer && (!p.dpost || !p.dcomb))
     return "hc_pre_backward: dpost and dcomb are required when the mixer is trained";
-  if (p.train_mixer && (!p.dfn || !p.dscale || !p.dbase))
-    return "hc_pre_backward: dfn, dscale and dbase are required when the mixer is trained";
+  if (p.train_mixer && (!p.dfn != !p.dscale || !p.dfn != !p.dbase))
+    return "hc_pre_backward: dfn, dscale and dbase are all given (the mixer's weights are trained) or all null";
   if (p.dX == p.X || p.dX == p.dy) return "hc_pre_backward: dX must not alias X or dy";
   return nullptr;
 }
@@ -194,8 +194,8 @@ const char* hc_head_backward_check(const HcHeadBwdParams& p) {
   if (order_check(p.order)) return "hc_head_backward: reduce block must be 0 or a positive multiple of 8";
   if (p.T == 0) return nullptr;
   if (!p.X || !p.fn || !p.scale || !p.base || !p.dy || !p.dX) return "hc_head_backward: null pointer";
-  if (p.train_mixer && (!p.dfn || !p.dscale || !p.dbase))
-    return "hc_head_backward: dfn, dscale and dbase are required when the mixer is trained";
+  if (p.train_mixer && (!p.dfn != !p.dscale || !p.dfn != !p.dbase))
+    return "hc_head_backward: dfn, dscale and dbase are all given (the mixer's weights are trained) or all null";
   if (p.dX == p.X || p.dX == p.dy) return "hc_head_backward: dX must not alias X or dy";
   return nullptr;
 }

@@ -314,7 +314,7 @@ void mixer_backward(MixerArgs a, ReduceOrder order, cudaStream_t stream) {
   DSV4_LAUNCH_CHECK();
   dx_kernel<<<detail::grid_for(detail::ceil_div(T, kDxTokens) * hcD, kThreads), kThreads, 0, stream>>>(a);
   DSV4_LAUNCH_CHECK();
-  if (!a.mixer) return;
+  if (!a.mixer || !a.dfn) return;  // a frozen mixer: its weights receive no gradient
   const int64_t tiles = detail::ceil_div(a.rows, kDfnRows) * detail::ceil_div(hcD, kDfnThreads);
   dfn_kernel<<<detail::grid_for(tiles, 1), kDfnThreads, 0, stream>>>(a);
   DSV4_LAUNCH_CHECK();
