@@ -65,6 +65,31 @@ TEST(TrainStepCli, StepsChainAndReplayBitIdentically) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+// The indexer's KL objective from the command line: the indexer is trained (its weights change, the
+// metric is printed), the step replays bit-identically, and a frozen indexer keeps the metric only.
+TEST(TrainStepCli, IndexerKlObjectiveTrainsTheIndexerAndReplays) {
+  TempDir d;
+  write_samples(d / "samples.jsonl");
+  auto r = run_cli("model init --preset tiny --seed 7 --out " + (d / "m0"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --model " + (d / "m0") + " --data " + (d / "samples.jsonl") +
+              " --indexer-kl 0.5 --lr 1e-3 --out-model " + (d / "m1") + " --record " + (d / "kl.h5") + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  ASSERT_TRUE(j.contains("indexer_kl")) << r.out;
+  EXPECT_GT(j["indexer_kl"].get<double>(), 0.0);
+  const dsv4::Weights w0 = dsv4::open_checkpoint(d / "m0"), w1 = dsv4::open_checkpoint(d / "m1");
+  const std::string wq = "model.layers.1.self_attn.indexer.wq_b.weight";
+  EXPECT_NE(w0.get(wq).f, w1.get(wq).f) << "the indexer was not trained";
+  r = run_cli("replay " + (d / "kl.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --model " + (d / "m0") + " --data " + (d / "samples.jsonl") +
+              " --indexer-kl 0.5 --freeze indexer --out-model " + (d / "m2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("indexer KL"), std::string::npos) << r.out;
+  EXPECT_EQ(dsv4::open_checkpoint(d / "m2").get(wq).f, w0.get(wq).f);
+}
+
 // A doctored gradient digest is named exactly: the parameter and row of a parameter gradient, or the
 // activation gradient, sample, layer, row and the backward op that produced it; other weights are
 // named too.
@@ -175,7 +200,15 @@ TEST(TrainStepCli, BadInputIsNamed) {
   r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --train indexer --out-model " +
               (d / "m"));
   EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("cannot be trained without its KL objective"), std::string::npos) << r.out;
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --train expert_bias --out-model " +
+              (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("cannot be trained"), std::string::npos) << r.out;
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --indexer-kl -1 --out-model " +
+              (d / "m"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--indexer-kl"), std::string::npos) << r.out;
   r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "s.jsonl") + " --optimizer-state " +
               (d / "missing.safetensors") + " --out-model " + (d / "m"));
   EXPECT_EQ(r.code, 2) << r.out;
