@@ -77,7 +77,7 @@ else
 fi
 
 # ---- build ----------------------------------------------------------------------------------------
-targets=(test_backend_ops test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_gpu_model test_xxh3
+targets=(test_backend_ops test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_grad_indexer_gpu test_gpu_model test_xxh3
   bench_gpu)
 [[ $mode == full ]] && targets+=(dsv4 test_gpu_record test_gpu_decode test_gpu_train bench_capture bench_decode
   bench_train)

@@ -21,12 +21,12 @@ if [[ "${1:-}" == "--train-only" ]]; then
   if ! { cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_GUI=OFF \
            -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${xxh[@]}" &&
          cmake --build build-gpu -j"${JOBS:-16}" --target dsv4 bench_train test_grad_linear_gpu \
-           test_grad_attention_gpu test_grad_mhc_gpu test_gpu_train; } >"$logs/build.log" 2>&1; then
+           test_grad_attention_gpu test_grad_mhc_gpu test_grad_indexer_gpu test_gpu_train; } >"$logs/build.log" 2>&1; then
     tail -30 "$logs/build.log"
     echo "build failed"
     exit 1
   fi
-  for t in test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_gpu_train; do
+  for t in test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_grad_indexer_gpu test_gpu_train; do
     b=$(find build-gpu -name $t -type f -perm -u+x | head -1)
     if "$b" >"$logs/$t.log" 2>&1; then
       echo "$t: $(grep -E '^\[  PASSED' "$logs/$t.log")" | tee -a "$logs/gpu-check.log"
@@ -50,9 +50,9 @@ if [[ -x $bin ]]; then
     printf '{"id":"b","prompt":[%s],"response":[%s],"reward":0,"group":"g"}\n' "$(seq -s, 1 40)" "$(seq -s, 200 230)"
     printf '{"id":"c","prompt":[%s],"response":[%s],"reward":0.5,"group":"h"}\n' "$(seq -s, 3 90)" "$(seq -s, 300 500)"
   } >"$w/samples.jsonl"
-  if "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --device cuda \
+  if "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --indexer-kl 0.5 --device cuda \
       --out-model "$w/gpu" --record "$w/step-gpu.h5" >"$w/train.log" 2>&1 &&
-    "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --device cpu \
+    "$bin" train-step --preset tiny --seed 7 --data "$w/samples.jsonl" --lr 1e-3 --indexer-kl 0.5 --device cpu \
       --out-model "$w/cpu" >>"$w/train.log" 2>&1 &&
     cmp "$w/gpu/model.safetensors" "$w/cpu/model.safetensors" >>"$w/train.log" 2>&1 &&
     cmp "$w/gpu/optimizer.safetensors" "$w/cpu/optimizer.safetensors" >>"$w/train.log" 2>&1 &&

@@ -13,6 +13,7 @@
 // barrier between stages, so every value sees exactly the CPU's sequence of additions; then
 // v = bf16(v * (1 / sqrt(n))).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grad.h"
 #include "kernels/detail/compressor.h"
 
 namespace dsv4::cuda {
@@ -30,7 +31,9 @@ __global__ void __launch_bounds__(kThreads)
     out[e] = common::compressor_pool(a, g0 + e / a.d, e % a.d);
 }
 
-// Grid: one block per row (grid-stride); dynamic shared memory n floats.
+// Grid: one block per row (grid-stride); dynamic shared memory n floats. kRound: the forward's bf16
+// output (hadamard_out); else the gradient's fp32 v * scale (hadamard_backward).
+template <bool kRound>
 __global__ void __launch_bounds__(kThreads)
     hadamard_kernel(float* x, int64_t rows, int64_t n, int64_t ld, float scale) {
   extern __shared__ float v[];
@@ -42,7 +45,8 @@ __global__ void __launch_bounds__(kThreads)
       common::hadamard_stage(v, n, h, threadIdx.x, blockDim.x);
       __syncthreads();
     }
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] = common::hadamard_out(v[i], scale);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      xr[i] = kRound ? common::hadamard_out(v[i], scale) : v[i] * scale;
     __syncthreads();
   }
 }
@@ -53,17 +57,28 @@ bool is_pow2(int64_t n) {
 
 }  // namespace
 
-void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream) {
-  if (rows < 0) require("rows", "hadamard");
-  if (!is_pow2(n)) require("n must be a power of two", "hadamard");
-  if (ld < n) require("ld < n", "hadamard");
+namespace {
+template <bool kRound>
+void hadamard_rows(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream, const char* op) {
+  if (rows < 0) require("rows", op);
+  if (!is_pow2(n)) require("n must be a power of two", op);
+  if (ld < n) require("ld < n", op);
   if (rows == 0) return;
-  if (!x) require("x", "hadamard");
-  if (n > 12 * 1024) require("n is too large for one block", "hadamard");
+  if (!x) require("x", op);
+  if (n > 12 * 1024) require("n is too large for one block", op);
   const float scale = common::hadamard_scale(n);
-  hadamard_kernel<<<detail::grid_for(rows, 1, 65535), kThreads, size_t(n) * sizeof(float), stream>>>(
+  hadamard_kernel<kRound><<<detail::grid_for(rows, 1, 65535), kThreads, size_t(n) * sizeof(float), stream>>>(
       x, rows, n, ld, scale);
   DSV4_LAUNCH_CHECK();
+}
+}  // namespace
+
+void hadamard(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream) {
+  hadamard_rows<true>(x, rows, n, ld, stream, "hadamard");
+}
+
+void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream) {
+  hadamard_rows<false>(x, rows, n, ld, stream, "hadamard_backward");
 }
 
 void compressor(const CompressorParams& p, cudaStream_t stream) {

@@ -38,7 +38,7 @@ void hc_head_backward(const HcHeadBwdParams& p, cudaStream_t stream);
 void sparse_attention_backward(const SparseAttnBwdParams& p, cudaStream_t stream);
 void compressor_pool_backward(const CompressorPoolBwdParams& p, cudaStream_t stream);
 
-// ---- the indexer's KL objective (kernels/cuda/grad_indexer.cu) -------------------------------------
+// ---- the indexer's KL objective (kernels/cuda/grad_indexer.cu; the Hadamard transpose in compressor.cu) --
 void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t stream);
 void attention_mass(const AttentionMassParams& p, cudaStream_t stream);
 void indexer_kl(const IndexerKlParams& p, cudaStream_t stream);

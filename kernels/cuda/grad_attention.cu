@@ -16,12 +16,8 @@
 //      valid slots in slot order; dq = scale * acc (an empty row gives scale * 0, as on the CPU).
 //   5. Thread h of the tile writes the row's sink term Δ_h * exp_f(sink - lse) to the [T, H] scratch.
 //
-// The inverse map of idx, without atomics: every flat slot tj = t * K + j gets the 64-bit key
-// (kv row << 32) | tj (holes: row 0xffffffff), padded with all-ones keys to a power of two, and the
-// keys are sorted with a bitonic network (a fixed compare-exchange sequence: tiles of 2048 keys in
-// shared memory, the longer strides in global memory). The keys are distinct, so the sorted order is
-// the unique one: for each kv row its slots in increasing tj, i.e. t increasing then j increasing,
-// the CPU's CSR order. begin[n] = the first key of row n (binary search, one thread per row).
+// The inverse map of idx (kernels/cuda/inverse_map.cu): for each kv row its flat slots tj = t * K + j
+// in increasing order, i.e. t increasing then j increasing, the CPU's CSR order, without atomics.
 //
 // Pass 2, dkv_kernel: one block per kv row n (grid-stride), one thread per column d (strided):
 //   acc = 0, then acc = acc + attn_bwd_kv_term(scale * dz, q[t,h,d], P, dO[t,h,d]) over the row's
@@ -34,6 +30,7 @@
 // they are treated as holes, as the forward kernel does. The CPU check rejects them.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grad.h"
+#include "kernels/cuda/grad_common.cuh"
 #include "kernels/detail/grad_attention.h"
 
 namespace dsv4::cuda {
@@ -42,8 +39,6 @@ namespace {
 
 constexpr int kThreads = 256, kGroups = kThreads / 8, kMaxHeadTile = 8;
 constexpr size_t kMaxShared = 200 * 1024;
-constexpr int kSortTile = 2048, kSortThreads = kSortTile / 2;
-constexpr uint64_t kHoleRow = 0xffffffffull;
 
 // ---- pass 1 -----------------------------------------------------------------------------------------
 
@@ -154,102 +149,6 @@ int head_tile(const SparseAttnBwdParams& p) {
   return ht;
 }
 
-// ---- the inverse map: keys, bitonic sort, row starts -------------------------------------------------
-
-// keys[e] = (kv row << 32) | e for the flat slots e < TK (holes and rows outside [0, N): kHoleRow),
-// all ones for the padding up to n.
-__global__ void keys_kernel(const int32_t* idx, int64_t TK, int64_t N, uint64_t* keys, int64_t n) {
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t key = ~uint64_t(0);
-    if (e < TK) {
-      const int32_t r = idx[e];
-      key = ((r >= 0 && r < N) ? uint64_t(r) : kHoleRow) << 32 | uint64_t(e);
-    }
-    keys[e] = key;
-  }
-}
-
-// The compare-exchange of the bitonic network for stage k (block size of the merge) on the pair with
-// index q at distance j: lo = (q / j) * 2j + q % j, hi = lo + j (global indices); ascending where
-// (lo & k) == 0.
-__device__ __forceinline__ void bitonic_pair(uint64_t* v, int64_t base, int64_t q, int64_t j, int64_t k) {
-  const int64_t lo = (q / j) * 2 * j + q % j, hi = lo + j;
-  const uint64_t a = v[lo], b = v[hi];
-  const bool up = ((base + lo) & k) == 0;
-  if ((a > b) == up) {
-    v[lo] = b;
-    v[hi] = a;
-  }
-}
-
-// Every stage k = 2 .. min(n, kSortTile) on tiles of kSortTile keys in shared memory (n a power of two).
-__global__ void __launch_bounds__(kSortThreads) sort_tiles_kernel(uint64_t* keys, int64_t n) {
-  __shared__ uint64_t s[kSortTile];
-  const int64_t len = n < kSortTile ? n : kSortTile, base = int64_t(blockIdx.x) * kSortTile;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s[i] = keys[base + i];
-  __syncthreads();
-  for (int64_t k = 2; k <= len; k <<= 1)
-    for (int64_t j = k >> 1; j > 0; j >>= 1) {
-      for (int64_t q = threadIdx.x; q < len / 2; q += blockDim.x) bitonic_pair(s, base, q, j, k);
-      __syncthreads();
-    }
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) keys[base + i] = s[i];
-}
-
-// One step (k, j) with j >= kSortTile over the whole array, one thread per pair.
-__global__ void sort_step_kernel(uint64_t* keys, int64_t n, int64_t j, int64_t k) {
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n / 2;
-       q += int64_t(gridDim.x) * blockDim.x)
-    bitonic_pair(keys, 0, q, j, k);
-}
-
-// The steps j = kSortTile / 2 .. 1 of stage k (> kSortTile) on tiles in shared memory.
-__global__ void __launch_bounds__(kSortThreads) sort_merge_tiles_kernel(uint64_t* keys, int64_t k) {
-  __shared__ uint64_t s[kSortTile];
-  const int64_t base = int64_t(blockIdx.x) * kSortTile;
-  for (int64_t i = threadIdx.x; i < kSortTile; i += blockDim.x) s[i] = keys[base + i];
-  __syncthreads();
-  for (int64_t j = kSortTile / 2; j > 0; j >>= 1) {
-    for (int64_t q = threadIdx.x; q < kSortTile / 2; q += blockDim.x) bitonic_pair(s, base, q, j, k);
-    __syncthreads();
-  }
-  for (int64_t i = threadIdx.x; i < kSortTile; i += blockDim.x) keys[base + i] = s[i];
-}
-
-// Sorts keys [n] ascending (n a power of two), the fixed sequence of the bitonic network.
-void bitonic_sort(uint64_t* keys, int64_t n, cudaStream_t stream) {
-  const int64_t tiles = n < kSortTile ? 1 : n / kSortTile;
-  sort_tiles_kernel<<<unsigned(tiles), kSortThreads, 0, stream>>>(keys, n);
-  DSV4_LAUNCH_CHECK();
-  for (int64_t k = 2 * int64_t(kSortTile); k <= n; k <<= 1) {
-    for (int64_t j = k >> 1; j >= kSortTile; j >>= 1) {
-      sort_step_kernel<<<detail::grid_for(n / 2, 256), 256, 0, stream>>>(keys, n, j, k);
-      DSV4_LAUNCH_CHECK();
-    }
-    sort_merge_tiles_kernel<<<unsigned(tiles), kSortThreads, 0, stream>>>(keys, k);
-    DSV4_LAUNCH_CHECK();
-  }
-}
-
-// begin[r] = the number of keys below (r << 32), r = 0..N (binary search over the sorted keys [n]): the
-// slots of kv row r are keys[begin[r] .. begin[r + 1]).
-__global__ void row_begin_kernel(const uint64_t* keys, int64_t n, int64_t N, int64_t* begin) {
-  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r <= N;
-       r += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t target = uint64_t(r) << 32;
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] < target)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    begin[r] = lo;
-  }
-}
-
 // ---- pass 2 and the sink ----------------------------------------------------------------------------
 
 __global__ void dkv_kernel(SparseAttnBwdParams p, const uint64_t* keys, const int64_t* begin, const float* P,
@@ -310,15 +209,10 @@ void sparse_attention_backward(const SparseAttnBwdParams& p, cudaStream_t stream
 
   // the inverse map, then pass 2
   if (any_slot) {
-    int64_t n = 1;
-    while (n < TK) n <<= 1;
+    const int64_t n = detail::inverse_map_size(TK);
     detail::Scratch<uint64_t> keys(n, stream);
     detail::Scratch<int64_t> begin(p.N + 1, stream);
-    keys_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(p.idx, TK, p.N, keys.get(), n);
-    DSV4_LAUNCH_CHECK();
-    bitonic_sort(keys.get(), n, stream);
-    row_begin_kernel<<<detail::grid_for(p.N + 1, 256), 256, 0, stream>>>(keys.get(), n, p.N, begin.get());
-    DSV4_LAUNCH_CHECK();
+    detail::inverse_map(p.idx, TK, p.N, keys.get(), begin.get(), stream);
     const int kv_threads = p.Dh >= 256 ? 256 : int((p.Dh + 31) / 32 * 32);
     dkv_kernel<<<detail::grid_for(p.N, 1, 1 << 20), kv_threads, 0, stream>>>(p, keys.get(), begin.get(),
                                                                              P.get(), sdz.get());

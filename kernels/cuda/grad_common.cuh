@@ -44,4 +44,12 @@ void transpose_rows(const float* src, int64_t lds, const int32_t* rowmap, int64_
 void store_block(float* out, int64_t ldo, const float* a, int64_t lda, int64_t rows, int64_t cols,
                  bool accumulate, cudaStream_t stream);
 
+// The inverse of an index table `table` [n] over `rows` target rows (kernels/cuda/inverse_map.cu):
+// keys [inverse_map_size(n)] sorted so that the flat slots of row r are (keys[s] & 0xffffffff) for
+// s in [begin[r], begin[r + 1]) in increasing order; begin [rows + 1]. Values outside [0, rows) (the
+// -1 holes) belong to no row. inverse_map_slots writes those slot numbers as int64 [n] in key order.
+int64_t inverse_map_size(int64_t n);
+void inverse_map(const int32_t* table, int64_t n, int64_t rows, uint64_t* keys, int64_t* begin, cudaStream_t stream);
+void inverse_map_slots(const uint64_t* keys, int64_t n, int64_t* slots, cudaStream_t stream);
+
 }  // namespace dsv4::cuda::detail

@@ -36,12 +36,19 @@ struct StepRun {
   std::vector<std::pair<std::string, std::vector<float>>> act;  // activation gradients in order
 };
 
-StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, bool mixer) {
+// variant 0: full mHC; 1: legacy mHC; 2: full mHC with the mixer frozen and the indexer trained by
+// its KL objective.
+StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, int variant) {
   train::TrainStepOptions o;
   o.device = dev;
-  o.train_mixer = mixer;
+  o.train_mixer = variant != 1;
   o.adamw.lr = 1e-3;
   o.groups.train("router");
+  if (variant == 2) {
+    o.groups.freeze("mixer");
+    o.indexer_kl_coeff = 0.5;
+    o.groups.trained.insert(train::ParamGroup::indexer);
+  }
   StepRun x{{}, w, train::fresh_optimizer_state(w, o.groups), {}};
   train::TrainStepHooks h;
   h.on_grad = [&](const GradRecord& g) {
@@ -59,11 +66,11 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(GpuTrain, StepEqualsTheCpuStep) {
   DSV4_REQUIRE_CUDA_DEVICE();
   for (const char* preset : {"tiny", "tiny-b"}) {
-    for (bool mixer : {true, false}) {
-      SCOPED_TRACE(std::string(preset) + (mixer ? " full mHC" : " legacy mHC"));
+    for (int variant : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(preset) + (variant == 0 ? " full mHC" : variant == 1 ? " legacy mHC" : " indexer KL"));
       const Weights w = Weights::init(dsv4::preset(preset), 7);
       const auto s = samples(w.config().vocab_size);
-      const StepRun c = run(w, s, Device::cpu, mixer), g = run(w, s, Device::cuda, mixer);
+      const StepRun c = run(w, s, Device::cpu, variant), g = run(w, s, Device::cuda, variant);
       ASSERT_EQ(c.act.size(), g.act.size());
       for (size_t i = 0; i < c.act.size(); ++i) {
         ASSERT_EQ(c.act[i].first, g.act[i].first);
@@ -72,6 +79,8 @@ TEST(GpuTrain, StepEqualsTheCpuStep) {
       ASSERT_EQ(c.r.grads.size(), g.r.grads.size());
       for (const auto& [name, v] : c.r.grads) EXPECT_TRUE(same(v, g.r.grads.at(name))) << name;
       EXPECT_EQ(std::memcmp(&c.r.metrics.loss, &g.r.metrics.loss, sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&c.r.indexer_kl, &g.r.indexer_kl, sizeof(double)), 0);
+      if (variant == 2) EXPECT_GT(c.r.indexer_kl, 0.0);
       for (const auto& [name, t] : c.after.tensors()) EXPECT_TRUE(same(t.f, g.after.get(name).f)) << name;
       for (const auto& [name, v] : c.state.m) EXPECT_TRUE(same(v, g.state.m.at(name))) << name;
       for (const auto& [name, v] : c.state.v) EXPECT_TRUE(same(v, g.state.v.at(name))) << name;
