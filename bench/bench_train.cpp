@@ -2,7 +2,7 @@
 // response), the whole step (training forward with its tape, policy loss, backward, AdamW) timed
 // against a plain forward of the same tokens in the same run, and the overhead of recording the
 // activation gradients' row digests. Run: build/bench/bench_train [--benchmark_filter=...]
-// Ratios: step / forward of the same preset, T and threads; digests / step.
+// Ratios: step / forward of the same preset, T and threads; digests / step; indexer KL / step.
 #include <benchmark/benchmark.h>
 
 #include "model/device.h"
@@ -50,7 +50,7 @@ void forward_case(benchmark::State& state, const std::string& preset, dsv4::Devi
 }
 
 void step_case(benchmark::State& state, const std::string& preset, bool digests,
-               dsv4::Device dev = dsv4::Device::cpu) {
+               dsv4::Device dev = dsv4::Device::cpu, bool indexer_kl = false) {
   if (dev == dsv4::Device::cuda && !dsv4::cuda_device_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -61,6 +61,10 @@ void step_case(benchmark::State& state, const std::string& preset, bool digests,
   dsv4::train::TrainStepOptions o;
   o.threads = int(state.range(1));
   o.device = dev;
+  if (indexer_kl) {  // the indexer's KL objective on, the indexer trained by it
+    o.indexer_kl_coeff = 1.0;
+    o.groups.trained.insert(dsv4::train::ParamGroup::indexer);
+  }
   int64_t tape = 0;
   for (auto _ : state) {
     dsv4::train::OptimizerState st = dsv4::train::fresh_optimizer_state(w, o.groups);
@@ -79,6 +83,7 @@ void step_case(benchmark::State& state, const std::string& preset, bool digests,
 void BM_TinyForward(benchmark::State& s) { forward_case(s, "tiny"); }
 void BM_TinyStep(benchmark::State& s) { step_case(s, "tiny", false); }
 void BM_TinyStepDigests(benchmark::State& s) { step_case(s, "tiny", true); }
+void BM_TinyStepIndexerKl(benchmark::State& s) { step_case(s, "tiny", false, dsv4::Device::cpu, true); }
 void BM_MidForward(benchmark::State& s) { forward_case(s, "mid"); }
 void BM_MidStep(benchmark::State& s) { step_case(s, "mid", false); }
 void BM_MidStepDigests(benchmark::State& s) { step_case(s, "mid", true); }
@@ -93,6 +98,8 @@ void BM_TinyStepDigestsCuda(benchmark::State& s) { step_case(s, "tiny", true, ds
 void BM_MidForwardCuda(benchmark::State& s) { forward_case(s, "mid", dsv4::Device::cuda); }
 void BM_MidStepCuda(benchmark::State& s) { step_case(s, "mid", false, dsv4::Device::cuda); }
 void BM_MidStepDigestsCuda(benchmark::State& s) { step_case(s, "mid", true, dsv4::Device::cuda); }
+void BM_TinyStepIndexerKlCuda(benchmark::State& s) { step_case(s, "tiny", false, dsv4::Device::cuda, true); }
+void BM_MidStepIndexerKlCuda(benchmark::State& s) { step_case(s, "mid", false, dsv4::Device::cuda, true); }
 
 DSV4_TRAIN_BENCH(BM_TinyForwardCuda, {4096});
 DSV4_TRAIN_BENCH(BM_TinyStepCuda, {4096});
@@ -100,10 +107,13 @@ DSV4_TRAIN_BENCH(BM_TinyStepDigestsCuda, {4096});
 DSV4_TRAIN_BENCH(BM_MidForwardCuda, {4096});
 DSV4_TRAIN_BENCH(BM_MidStepCuda, {4096});
 DSV4_TRAIN_BENCH(BM_MidStepDigestsCuda, {4096});
+DSV4_TRAIN_BENCH(BM_TinyStepIndexerKlCuda, {4096});
+DSV4_TRAIN_BENCH(BM_MidStepIndexerKlCuda, {4096});
 
 DSV4_TRAIN_BENCH(BM_TinyForward, {4096});
 DSV4_TRAIN_BENCH(BM_TinyStep, {4096});
 DSV4_TRAIN_BENCH(BM_TinyStepDigests, {4096});
+DSV4_TRAIN_BENCH(BM_TinyStepIndexerKl, {4096});
 DSV4_TRAIN_BENCH(BM_MidForward, {1024});
 DSV4_TRAIN_BENCH(BM_MidStep, {1024});
 DSV4_TRAIN_BENCH(BM_MidStepDigests, {1024});
