@@ -24,6 +24,8 @@ namespace {
 struct TrainArgs {
   ModelArgs model;
   std::string data;
+  int data_step = 0;
+  std::string rewards;
   std::string decisions_from;
   int decisions_step = 0;
   std::string replay_kinds = "indexer,routing";
@@ -100,7 +102,16 @@ int run_train_step(TrainArgs& a) {
   if (!a.train_groups.empty()) a.o.groups.train(a.train_groups);
   if (!a.freeze_groups.empty()) a.o.groups.freeze(a.freeze_groups);
   train::check_indexer_kl(a.o);
-  const std::vector<train::TrainSample> samples = train::read_samples_jsonl(a.data, w.config());
+  const bool data_is_trace = train::is_hdf5_file(a.data);
+  if (data_is_trace && a.rewards.empty())
+    throw InputError(fmt::format("--data {} is a trace: its samples' rewards or advantages come from --rewards FILE "
+                                 "(docs/TRAINING.md \"Data\")",
+                                 a.data));
+  if (!data_is_trace && !a.rewards.empty())
+    throw InputError(fmt::format("--rewards is for trace data; {} is a JSONL file (its lines hold the rewards)", a.data));
+  const std::vector<train::TrainSample> samples =
+      data_is_trace ? train::read_samples_trace(a.data, a.data_step, a.rewards, w.config())
+                    : train::read_samples_jsonl(a.data, w.config());
 
   train::OptimizerState state = a.optimizer_state.empty() ? train::fresh_optimizer_state(w, a.o.groups)
                                                           : train::OptimizerState::load(a.optimizer_state);
@@ -209,8 +220,15 @@ void register_train_command(CLI::App& app) {
   add_model_options(t, ta->model);
   t->add_option("--data", ta->data,
                 "JSONL samples: {\"prompt\": [ids], \"response\": [ids], \"reward\" or \"advantage\", ...} "
-                "(docs/TRAINING.md; the output of dsv4 generate with rewards added works)")
+                "(docs/TRAINING.md; the output of dsv4 generate with rewards added works), or a rollout "
+                "trace (dsv4 generate --record, dsv4 record) with --rewards")
       ->required();
+  t->add_option("--data-step", ta->data_step, "With trace data: the step holding the rollout")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--rewards", ta->rewards,
+                "With trace data: JSONL of {\"id\" or \"seq\", \"reward\" [+ \"group\"] or \"advantage\", "
+                "\"prompt_length\" (dsv4 record steps)} per sample");
   t->add_option("--out-model", ta->out_model, "Write the updated checkpoint to this directory")->required();
   t->add_option("--optimizer-state", ta->optimizer_state,
                 "Start from this optimizer state (default: a fresh one from the checkpoint)");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
@@ -88,6 +89,87 @@ TEST(TrainStepCli, IndexerKlObjectiveTrainsTheIndexerAndReplays) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("indexer KL"), std::string::npos) << r.out;
   EXPECT_EQ(dsv4::open_checkpoint(d / "m2").get(wq).f, w0.get(wq).f);
+}
+
+// A rollout trace as training data: a generation's requests with rewards from --rewards train exactly
+// like the same samples given as JSONL (generate's --out plus the rewards), and the step replays; a
+// prefill trace needs each sample's prompt length; missing rewards are named.
+TEST(TrainStepCli, RolloutTraceAsData) {
+  TempDir d;
+  {
+    std::ofstream f(d / "prompts.jsonl");
+    f << R"({"id": "a", "prompt": [1, 2, 3, 4, 5, 6, 7], "seed": 1})" << "\n"
+      << R"({"id": "b", "prompt": [1, 2, 3, 4, 5, 6, 7], "seed": 2})" << "\n"
+      << R"({"id": "c", "prompt": [30, 31, 32], "seed": 3})" << "\n";
+  }
+  auto r = run_cli("generate --preset tiny --seed 7 --prompts " + (d / "prompts.jsonl") +
+                   " --max-new-tokens 9 --quiet --out " + (d / "gen.jsonl") + " --record " + (d / "gen.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::map<std::string, double> reward = {{"a", 1.0}, {"b", 0.0}, {"c", 0.5}};
+  {
+    std::ofstream f(d / "rewards.jsonl");
+    for (const auto& [id, v] : reward) f << nlohmann::json{{"id", id}, {"reward", v}}.dump() << "\n";
+    // The same samples as JSONL: generate's lines with the rewards and the groups trace data defaults
+    // to (the requests of one prompt).
+    std::ifstream in(d / "gen.jsonl");
+    std::ofstream out(d / "samples.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      const std::string id = j["id"];
+      j["reward"] = reward.at(id);
+      j["group"] = id == "c" ? "prompt of c" : "prompt of a";
+      out << j.dump() << "\n";
+    }
+  }
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "gen.h5") + " --rewards " + (d / "rewards.jsonl") +
+              " --replay-decisions-from " + (d / "gen.h5") + " --lr 1e-3 --quiet --out-model " + (d / "mt") +
+              " --record " + (d / "step.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "samples.jsonl") + " --replay-decisions-from " +
+              (d / "gen.h5") + " --lr 1e-3 --quiet --out-model " + (d / "mj"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = dsv4::test::run_shell("cmp " + (d / "mt/model.safetensors") + " " + (d / "mj/model.safetensors"));
+  EXPECT_EQ(r.code, 0) << "trace data and JSONL data trained differently: " << r.out;
+  r = run_cli("replay " + (d / "step.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // Errors: no --rewards; a sample without a line; a prefill step without prompt lengths.
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "gen.h5") + " --out-model " + (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--rewards"), std::string::npos) << r.out;
+  {
+    std::ofstream f(d / "two.jsonl");
+    f << R"({"id": "a", "reward": 1})" << "\n" << R"({"id": "c", "reward": 0})" << "\n";
+  }
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "gen.h5") + " --rewards " + (d / "two.jsonl") +
+              " --out-model " + (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no line for sample 'b'"), std::string::npos) << r.out;
+  r = run_cli("record --preset tiny --seed 7 --profile rollout --batch " + (d / "gen.jsonl") + " --out " +
+              (d / "rec.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  {
+    std::ofstream f(d / "rec_rewards.jsonl");
+    f << R"({"seq": 0, "advantage": 1})" << "\n"
+      << R"({"seq": 1, "advantage": -1, "prompt_length": 7})" << "\n"
+      << R"({"seq": 2, "advantage": 0.5, "prompt_length": 3})" << "\n";
+  }
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "rec.h5") + " --rewards " +
+              (d / "rec_rewards.jsonl") + " --out-model " + (d / "m"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("line 1: field 'prompt_length' is needed"), std::string::npos) << r.out;
+  {
+    std::ofstream f(d / "rec_rewards.jsonl");
+    f << R"({"seq": 0, "advantage": 1, "prompt_length": 7})" << "\n"
+      << R"({"seq": 1, "advantage": -1, "prompt_length": 7})" << "\n"
+      << R"({"seq": 2, "advantage": 0.5, "prompt_length": 3})" << "\n";
+  }
+  r = run_cli("train-step --preset tiny --seed 7 --data " + (d / "rec.h5") + " --rewards " +
+              (d / "rec_rewards.jsonl") + " --json --out-model " + (d / "m"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["tokens"], 27);  // the responses: 9 + 9 + 9 generated tokens
+  EXPECT_GT(j["mismatch"]["tokens"].get<int>(), 0) << "the recorded log-probs are the rollout log-probs";
 }
 
 // A doctored gradient digest is named exactly: the parameter and row of a parameter gradient, or the

@@ -4,10 +4,15 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <fstream>
+#include <map>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "capture/errors.h"
+#include "capture/generation.h"
+#include "capture/trace_reader.h"
 #include "model/error.h"
 #include "model/jsonl.h"
 
@@ -170,6 +175,140 @@ std::string sample_to_json(const TrainSample& s) {
     j["group"] = s.group;
   }
   return j.dump();
+}
+
+}  // namespace dsv4::train
+
+namespace dsv4::train {
+
+bool is_hdf5_file(const std::string& path) {
+  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::ifstream f(path, std::ios::binary);
+  char head[8] = {};
+  return f.read(head, 8) && std::equal(head, head + 8, kSignature);
+}
+
+std::vector<TrainSample> read_samples_trace(const std::string& trace_path, int step, const std::string& rewards_path,
+                                            const ModelConfig& c) {
+  const TraceReader r = TraceReader::open(trace_path);
+  const std::vector<TraceStepInfo> steps = r.steps();
+  if (step < 0 || step >= int(steps.size()))
+    throw InputError(fmt::format("{}: no step {} (the trace has {} step{})", trace_path, step, steps.size(),
+                                 steps.size() == 1 ? "" : "s"));
+  const TraceStepInfo& info = steps[size_t(step)];
+  if (!info.complete)
+    throw InputError(fmt::format("{}: step {} is incomplete (run `dsv4 trace salvage`)", trace_path, step));
+  if (info.kind == "train-step")
+    throw InputError(fmt::format("{}: step {} is a training step, not a rollout", trace_path, step));
+  const std::optional<GenerationRecord> gen = r.generation(step);
+  const size_t n = info.seq_lengths.size();
+  const std::string where = fmt::format("{} step {}", trace_path, step);
+
+  // The samples' tokens and rollout log-probs; prefill steps are split once the rewards give the
+  // prompt lengths.
+  std::vector<TrainSample> out(n);
+  std::vector<std::vector<int32_t>> tokens(n);
+  std::map<std::string, size_t> by_id;
+  for (size_t i = 0; i < n; ++i) {
+    tokens[i] = r.tokens(step, int(i));
+    for (size_t t = 0; t < tokens[i].size(); ++t)
+      if (tokens[i][t] < 0 || tokens[i][t] >= c.vocab_size)
+        throw InputError(fmt::format("{} sequence {} token {}: id {} is outside the model's vocabulary [0, {})",
+                                     where, i, t, tokens[i][t], c.vocab_size));
+    TrainSample& s = out[i];
+    if (gen) {
+      const GenerationRequestRecord& q = gen->requests.at(i);
+      const size_t P = size_t(q.prompt_length);
+      if (P < 1 || P + q.tokens.size() != tokens[i].size() || q.tokens.empty() ||
+          !std::equal(q.tokens.begin(), q.tokens.end(), tokens[i].begin() + std::ptrdiff_t(P)))
+        throw InputError(fmt::format("{} request '{}': its prompt and generated tokens do not make sequence {}",
+                                     where, q.id, i));
+      s.id = q.id;
+      s.prompt.assign(tokens[i].begin(), tokens[i].begin() + std::ptrdiff_t(P));
+      s.response = q.tokens;
+      s.rollout_logprobs = q.logprobs;
+    } else {
+      s.id = std::to_string(i);
+    }
+    by_id.emplace(s.id, i);
+  }
+
+  std::vector<int> line_of(n, 0);
+  std::vector<int64_t> prompt_length(n, 0);
+  int first_adv_line = 0, first_reward_line = 0;
+  for_each_json_line(rewards_path, "rewards file", "rewards", [&](const json& j, const JsonLineReader& lr) {
+    lr.only_fields(j, {"id", "seq", "reward", "advantage", "group", "prompt_length"},
+                   "known fields: id, seq, reward, advantage, group, prompt_length");
+    if (j.contains("id") == j.contains("seq")) lr.fail("give exactly one of 'id' and 'seq' (the sample it is for)");
+    size_t i = 0;
+    if (j.contains("seq")) {
+      i = size_t(lr.integer(j.at("seq"), "seq", 0, int64_t(n) - 1));
+    } else {
+      const std::string id = lr.id(j.at("id"));
+      const auto it = by_id.find(id);
+      if (it == by_id.end())
+        lr.fail(fmt::format("field 'id': no sample '{}' in {}{}", id, where,
+                            gen ? "" : " (a prefill step's samples are named by their sequence index)"));
+      i = it->second;
+    }
+    if (line_of[i]) lr.fail(fmt::format("sample '{}' already has line {}", out[i].id, line_of[i]));
+    line_of[i] = lr.line();
+    TrainSample& s = out[i];
+    s.line = lr.line();
+    const bool has_adv = j.contains("advantage"), has_reward = j.contains("reward");
+    if (has_adv == has_reward) lr.fail("give exactly one of 'advantage' and 'reward'");
+    if (has_adv) {
+      if (first_reward_line)
+        lr.fail(fmt::format("field 'advantage': line {} gives 'reward' (a file uses one or the other)",
+                            first_reward_line));
+      if (j.contains("group")) lr.fail("field 'group' is only used with 'reward'");
+      s.advantage = lr.number(j.at("advantage"), "advantage");
+      if (!first_adv_line) first_adv_line = lr.line();
+    } else {
+      if (first_adv_line)
+        lr.fail(fmt::format("field 'reward': line {} gives 'advantage' (a file uses one or the other)",
+                            first_adv_line));
+      s.reward = lr.number(j.at("reward"), "reward");
+      if (j.contains("group")) s.group = group(lr, j.at("group"));
+      if (!first_reward_line) first_reward_line = lr.line();
+    }
+    if (j.contains("prompt_length")) {
+      if (gen) lr.fail("field 'prompt_length': a generation step knows its prompts");
+      prompt_length[i] = lr.integer(j.at("prompt_length"), "prompt_length", 1, int64_t(tokens[i].size()) - 1);
+    } else if (!gen) {
+      lr.fail(fmt::format("field 'prompt_length' is needed: {} is a prefill (dsv4 record) step, which does "
+                          "not know where sequence {}'s response starts",
+                          where, i));
+    }
+  });
+  for (size_t i = 0; i < n; ++i)
+    if (!line_of[i])
+      throw InputError(fmt::format("{}: no line for sample '{}' of {} ({} samples, every one needs its reward "
+                                   "or advantage)",
+                                   rewards_path, out[i].id, where, n));
+
+  if (!gen) {  // split the prefills; their recorded log-probs of the response tokens
+    for (size_t i = 0; i < n; ++i) {
+      TrainSample& s = out[i];
+      const size_t P = size_t(prompt_length[i]);
+      s.prompt.assign(tokens[i].begin(), tokens[i].begin() + std::ptrdiff_t(P));
+      s.response.assign(tokens[i].begin() + std::ptrdiff_t(P), tokens[i].end());
+      const std::vector<float> lp = r.logprobs(step, int(i));  // lp[t]: token t + 1
+      if (lp.size() + 1 != tokens[i].size())
+        throw InputError(fmt::format("{} sequence {}: {} log-probs for {} tokens", where, i, lp.size(),
+                                     tokens[i].size()));
+      s.rollout_logprobs.assign(lp.begin() + std::ptrdiff_t(P - 1), lp.end());
+    }
+  } else if (first_reward_line) {  // GRPO groups: the requests of one prompt, unless the file names them
+    std::map<std::vector<int32_t>, std::string> group_of_prompt;
+    for (TrainSample& s : out)
+      if (s.group.empty()) s.group = "prompt of " + group_of_prompt.emplace(s.prompt, s.id).first->second;
+  }
+  for (const TrainSample& s : out)
+    if (int64_t(s.prompt.size() + s.response.size()) > c.max_position_embeddings)
+      throw InputError(fmt::format("{} sample '{}': {} tokens exceed max_position_embeddings = {}", where, s.id,
+                                   s.prompt.size() + s.response.size(), c.max_position_embeddings));
+  return out;
 }
 
 }  // namespace dsv4::train

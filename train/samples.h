@@ -44,6 +44,28 @@ struct TrainSample {
 };
 
 std::vector<TrainSample> read_samples_jsonl(const std::string& path, const ModelConfig& c);
+
+// The samples of a recorded rollout: step `step` of the trace at `trace_path`, with the rewards (or
+// advantages) of the JSONL file at `rewards_path`, one line per sample of the step:
+//
+//   {"id": "r0", "reward": 1.0, "group": "q0"}     or     {"seq": 0, "advantage": -0.5}
+//
+//   id | seq         which sample: a generation's request id, or the 0-based sequence index
+//   reward (+ group) | advantage    as in the JSONL data above (one or the other for the whole file)
+//   prompt_length    steps of `dsv4 record` only (a prefill does not know where the response
+//                    starts): the prompt's length, 1 <= prompt_length < the sequence's length
+// A step of `dsv4 generate --record` gives each request's prompt, generated tokens and their sampled
+// log-probs (as rollout_logprobs); the default group of a reward is the set of requests with the
+// same prompt (GRPO's group). A step of `dsv4 record` gives each sequence's tokens split at
+// prompt_length, and its recorded log-probs of the response tokens as rollout_logprobs. Samples come
+// in sequence order. Every sample needs exactly one line; unknown ids or sequences, duplicates,
+// missing samples, an incomplete step and tokens outside the model's vocabulary throw InputError
+// naming the file, the line or the sample.
+std::vector<TrainSample> read_samples_trace(const std::string& trace_path, int step, const std::string& rewards_path,
+                                            const ModelConfig& c);
+
+// Whether the file at `path` is an HDF5 file (a trace) rather than text: its signature.
+bool is_hdf5_file(const std::string& path);
 // One sample as a JSON line (the writer of the format above; used by tests and `dsv4 generate`).
 std::string sample_to_json(const TrainSample& s);
 
