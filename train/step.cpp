@@ -29,9 +29,11 @@ int64_t tape_bytes(const Tape& t) {
   auto add = [&](const auto& buf) { b += int64_t(buf.bytes()); };
   for (const AttentionTape& a : t.attn) {
     for (const auto* f : {&a.H_in, &a.post, &a.comb, &a.a_in, &a.x, &a.qa, &a.qr, &a.q_lin, &a.q, &a.kv_lin,
-                          &a.kvp, &a.sc, &a.kvcat, &a.o_attn, &a.lse, &a.o, &a.u, &a.out})
+                          &a.kvp, &a.sc, &a.kvcat, &a.o_attn, &a.lse, &a.o, &a.u, &a.out, &a.qi, &a.ki, &a.wt,
+                          &a.ikvp, &a.isc, &a.iscore})
       add(*f);
     add(a.idx);
+    add(a.sel);
   }
   for (const FfnTape& f : t.ffn) {
     for (const auto* x : {&f.H_in, &f.post, &f.comb, &f.f_in, &f.x, &f.logits, &f.weights, &f.out}) add(*x);
