@@ -101,36 +101,13 @@ TEST(IndexerKlObjective, DirectionalDerivativesOfTheIndexerWeights) {
       by_kind[param_site(name).kind].push_back(name);
     }
     int judged = 0;
+    auto f = [&](const Weights& ww) { return kl_and_grad(ww, toks, &forced, nullptr); };
     for (const auto& [kind, names] : by_kind) {
-      double gg_all = 0;
-      for (const auto& n : names)
-        for (float x : grads.at(n)) gg_all += double(x) * x;
-      if (gg_all == 0) continue;
-      std::map<std::string, std::vector<float>> plus, minus;
-      for (const auto& n : names) {
-        const std::vector<float>& wv = w.get(n).f;
-        const std::vector<float>& gv = grads.at(n);
-        double ww = 0, gg = 0;
-        for (size_t i = 0; i < wv.size(); ++i) ww += double(wv[i]) * wv[i], gg += double(gv[i]) * gv[i];
-        if (gg == 0) continue;
-        const double alpha = std::min(0.05 * std::sqrt(ww / gg), 0.5 / (2 * gg_all));
-        for (size_t i = 0; i < wv.size(); ++i) {
-          plus[n].push_back(float(double(wv[i]) + alpha * gv[i]));
-          minus[n].push_back(float(double(wv[i]) - alpha * gv[i]));
-        }
-      }
-      const Weights wp = w.with_values(plus, "plus"), wm = w.with_values(minus, "minus");
-      double predicted = 0;
-      for (const auto& [n, p] : plus) {
-        const std::vector<float>& gv = grads.at(n);
-        for (size_t i = 0; i < gv.size(); ++i)
-          predicted += double(gv[i]) * (double(wp.get(n).f[i]) - double(wm.get(n).f[i]));
-      }
-      if (predicted < 0.05) continue;
+      const auto d = test::directional_step(w, grads, names, 0.5, 0.05, f);
+      if (!d) continue;
       ++judged;
-      const double actual = kl_and_grad(wp, toks, &forced, nullptr) - kl_and_grad(wm, toks, &forced, nullptr);
-      EXPECT_NEAR(actual / predicted, 1.0, 0.25)
-          << preset << " " << kind << ": central difference " << actual << ", gradient predicts " << predicted;
+      EXPECT_NEAR(d->actual / d->predicted, 1.0, 0.25)
+          << preset << " " << kind << ": central difference " << d->actual << ", gradient predicts " << d->predicted;
     }
     std::printf("%s: KL %.6g, %d kinds of indexer weights judged of %zu\n", preset.c_str(), f0, judged,
                 by_kind.size());

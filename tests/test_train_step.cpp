@@ -113,41 +113,13 @@ TEST(TrainBackward, DirectionalDerivativesOfTheWholeModel) {
     bo.trainable = [&](const std::string& n) { return all.trains(n); };
     const GradSet grads = backward(*be, w, tape, 0, coef, RunOptions{}, bo);
 
-    // The step along the gradient of the tensors `names`: predicted and measured change of f.
     int judged = 0;
     auto check = [&](const std::vector<std::string>& names, const std::string& what) {
-      double gg_all = 0;
-      for (const auto& n : names)
-        for (float x : grads.at(n)) gg_all += double(x) * x;
-      if (gg_all == 0) return;
-      std::map<std::string, std::vector<float>> plus, minus;
-      for (const auto& n : names) {
-        const std::vector<float>& wv = w.get(n).f;
-        const std::vector<float>& gv = grads.at(n);
-        double ww = 0, gg = 0;
-        for (size_t i = 0; i < wv.size(); ++i) ww += double(wv[i]) * wv[i], gg += double(gv[i]) * gv[i];
-        if (gg == 0) continue;
-        const double alpha = std::min(0.05 * std::sqrt(ww / gg), 0.5 / (2 * gg_all));
-        auto& p = plus[n];
-        auto& m = minus[n];
-        for (size_t i = 0; i < wv.size(); ++i) {
-          p.push_back(float(double(wv[i]) + alpha * gv[i]));
-          m.push_back(float(double(wv[i]) - alpha * gv[i]));
-        }
-      }
-      const Weights wp = w.with_values(plus, "plus"), wm = w.with_values(minus, "minus");
-      double predicted = 0;
-      for (const auto& [n, p] : plus) {
-        const std::vector<float>& gv = grads.at(n);
-        const std::vector<float>& a = wp.get(n).f;
-        const std::vector<float>& b = wm.get(n).f;
-        for (size_t i = 0; i < gv.size(); ++i) predicted += double(gv[i]) * (double(a[i]) - double(b[i]));
-      }
-      if (predicted < 0.2) return;
+      const auto d = test::directional_step(w, grads, names, 0.5, 0.2, f);
+      if (!d) return;
       ++judged;
-      const double actual = f(wp) - f(wm);
-      EXPECT_NEAR(actual / predicted, 1.0, 0.25)
-          << preset << " " << what << ": central difference " << actual << ", gradient predicts " << predicted;
+      EXPECT_NEAR(d->actual / d->predicted, 1.0, 0.25)
+          << preset << " " << what << ": central difference " << d->actual << ", gradient predicts " << d->predicted;
     };
     std::map<std::string, std::vector<std::string>> by_kind;  // one group per tensor kind, all layers
     for (const auto& [name, gv] : grads) {

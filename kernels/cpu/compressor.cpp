@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/detail/compressor.h"
+#include "kernels/grad.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -99,14 +100,26 @@ void compressor_pool(const CompressorPoolParams& p) {
   if (p.hadamard) hadamard(p.out, G, d, d);
 }
 
-void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) {
+namespace {
+// The butterflies of every row, then the output scale: the forward's bf16 value (round) or the
+// gradient's fp32 v * scale.
+void hadamard_rows(float* x, int64_t rows, int64_t n, int64_t ld, bool round) {
   const float scale = common::hadamard_scale(n);
 #pragma omp parallel for schedule(static) if (rows * n >= kParallelWork)
   for (int64_t row = 0; row < rows; ++row) {
     float* v = x + row * ld;
     for (int64_t h = 1; h < n; h *= 2) common::hadamard_stage(v, n, h, 0, 1);
-    for (int64_t i = 0; i < n; ++i) v[i] = common::hadamard_out(v[i], scale);
+    for (int64_t i = 0; i < n; ++i) v[i] = round ? common::hadamard_out(v[i], scale) : v[i] * scale;
   }
+}
+}  // namespace
+
+void hadamard(float* x, int64_t rows, int64_t n, int64_t ld) {
+  hadamard_rows(x, rows, n, ld, true);
+}
+
+void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) {
+  hadamard_rows(x, rows, n, ld, false);
 }
 
 }  // namespace dsv4

@@ -1,10 +1,10 @@
-// The indexer's KL objective and its backward (MODEL.md §5.5) on the CPU. The operation order is the
+// The indexer's KL objective and its backward (MODEL.md §5.5) on the CPU (the Hadamard transpose is
+// in compressor.cpp, beside the rotation). The operation order is the
 // contract of kernels/grad.h; the arithmetic is kernels/detail/grad_indexer.h.
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/inverse_map.h"
-#include "kernels/detail/compressor.h"
 #include "kernels/detail/grad_indexer.h"
 #include "kernels/grad.h"
 
@@ -15,16 +15,6 @@ namespace {
 // the result).
 constexpr int64_t kParallelWork = int64_t(1) << 15;
 }  // namespace
-
-void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) {
-  const float scale = common::hadamard_scale(n);
-#pragma omp parallel for schedule(static) if (rows * n >= kParallelWork)
-  for (int64_t row = 0; row < rows; ++row) {
-    float* v = x + row * ld;
-    for (int64_t h = 1; h < n; h *= 2) common::hadamard_stage(v, n, h, 0, 1);
-    for (int64_t i = 0; i < n; ++i) v[i] = v[i] * scale;
-  }
-}
 
 const char* attention_mass_check(const AttentionMassParams& p) {
   if (const char* why = common::attention_mass_check_shape(p)) return why;
