@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/weights.h"
 
 namespace dsv4::cli {
@@ -30,6 +32,16 @@ void add_model_options(CLI::App* cmd, ModelArgs& m);
 Weights open_model(const ModelArgs& m);
 // --tokens LIST|@FILE or --random N.
 std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab);
+
+// --ep N: expert parallelism over N MPI ranks (docs/PARALLEL.md), for the commands that run the
+// forward. open_parallel gives the communicator (nullptr for N = 1) and makes it the active one: an
+// error from then on ends every rank (Communicator::abort) instead of leaving them waiting.
+struct ParallelArgs {
+  int ep = 1;
+};
+void add_parallel_options(CLI::App* cmd, ParallelArgs& p);
+std::unique_ptr<Communicator> open_parallel(const ParallelArgs& p);
+Communicator* active_communicator();  // nullptr when the run is not parallel
 
 // The parsed subcommand's action (set by the callback of whichever subcommand ran); returns the
 // process exit code.

@@ -8,6 +8,9 @@
 #include "model/checkpoint.h"
 #include "model/error.h"
 #include "model/tokens.h"
+#ifdef DSV4_HAVE_MPI
+#include "parallel/mpi_communicator.h"
+#endif
 
 namespace dsv4::cli {
 
@@ -16,7 +19,34 @@ std::function<int()>& action() {
   static std::function<int()> a;
   return a;
 }
+Communicator*& active() {
+  static Communicator* c = nullptr;
+  return c;
+}
 }  // namespace
+
+void add_parallel_options(CLI::App* cmd, ParallelArgs& p) {
+  cmd->add_option("--ep", p.ep,
+                  "Expert parallelism over N processes: run under `mpirun -np N` (the routed experts shared "
+                  "out; the same bits for every N; CPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+}
+
+std::unique_ptr<Communicator> open_parallel(const ParallelArgs& p) {
+  if (p.ep <= 1) return nullptr;
+#ifdef DSV4_HAVE_MPI
+  std::unique_ptr<Communicator> c = mpi_world(p.ep);
+  active() = c.get();
+  return c;
+#else
+  throw InputError(fmt::format("--ep {}: this dsv4 was built without MPI (install libopenmpi-dev and rebuild)", p.ep));
+#endif
+}
+
+Communicator* active_communicator() {
+  return active();
+}
 
 std::string version_string() {
   return fmt::format("dsv4 {}", version());

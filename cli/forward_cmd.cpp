@@ -35,6 +35,7 @@ struct ForwardArgs {
   float temperature = 1.0f;
   std::string out;
   std::string device = "cpu";
+  ParallelArgs parallel;
 };
 
 nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, const std::string& profile) {
@@ -64,10 +65,12 @@ nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, con
 }
 
 int run_forward(const ForwardArgs& a) {
+  const std::unique_ptr<Communicator> comm = open_parallel(a.parallel);
   Weights w = open_model(a.model);
   const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size);
   DecisionLog log;
   RunOptions opt;
+  opt.experts = comm.get();
   opt.profile = profile_by_name(a.profile);
   opt.threads = a.threads;
   opt.device = parse_device(a.device);
@@ -76,6 +79,7 @@ int run_forward(const ForwardArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   ForwardResult res = forward(w, {tokens}, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (comm && comm->rank() != 0) return 0;  // every rank holds the same result: rank 0 reports it
   const nlohmann::json j = forward_json(res.seqs[0], log, a.profile);
   if (!a.out.empty()) {
     std::ofstream f(a.out);
@@ -86,9 +90,10 @@ int run_forward(const ForwardArgs& a) {
   }
   double sum = 0;
   for (float v : res.seqs[0].logprobs) sum += v;
-  fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}\n",
+  fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}{}\n",
              tokens.size(), a.profile, secs, tokens.size() / secs,
              res.seqs[0].logprobs.empty() ? 0.0 : sum / res.seqs[0].logprobs.size(),
+             comm ? fmt::format(", experts over {} {} ranks", comm->size(), comm->transport()) : "",
              a.out.empty() ? "" : fmt::format(", wrote {}", a.out));
   return 0;
 }
@@ -242,6 +247,7 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
   f->add_option("--device", fa->device, "Where the forward runs: cpu or cuda (same bits on both)")
       ->capture_default_str();
+  add_parallel_options(f, fa->parallel);
   f->callback([fa] { set_action([fa] { return run_forward(*fa); }); });
 
   auto da = std::make_shared<DemoArgs>();

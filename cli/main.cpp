@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "model/error.h"
@@ -24,13 +25,18 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // In a parallel run an error ends every rank (the others may be waiting in a collective).
+  auto fail = [](const char* what, int code) {
+    if (dsv4::Communicator* c = dsv4::cli::active_communicator(); c && c->size() > 1)
+      c->abort(std::string("error: ") + what, code);
+    fmt::print(stderr, "dsv4: error: {}\n", what);
+    return code;
+  };
   try {
     return dsv4::cli::run_selected();
   } catch (const dsv4::InputError& e) {
-    fmt::print(stderr, "dsv4: error: {}\n", e.what());
-    return 2;
+    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dsv4: error: {}\n", e.what());
-    return 1;
+    return fail(e.what(), 1);
   }
 }

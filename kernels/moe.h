@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/reduce.h"
 
@@ -68,5 +69,19 @@ struct MoeParams {
 };
 const char* moe_check(const MoeParams& p);
 void moe_experts(const MoeParams& p);
+
+// moe_experts in two halves, for expert parallelism (model/expert_parallel.h): the routed outputs of
+// a range of experts, and the sum. moe_combine over the outputs of every expert gives moe_experts'
+// bits, whoever computed each output.
+//
+// The (token, slot) pairs q = t * k + i whose expert lies in [e0, e1), in the order the experts are
+// run: expert increasing, then q increasing.
+std::vector<int64_t> moe_pairs(const MoeParams& p, int e0, int e1);
+// y [pairs, D]: each pair's routed output y_i(t) (fp32, as moe_experts forms it), rows in moe_pairs'
+// order. Shared experts are not run.
+void moe_routed_outputs(const MoeParams& p, int e0, int e1, float* y);
+// out[t] = bf16(acc), acc = 0, then acc + y_slot[t * k + i] for i = 0 .. k-1, then + each shared
+// expert's output in order (y_slot [T * k, D] indexed by pair).
+void moe_combine(const MoeParams& p, const float* y_slot, float* out);
 
 }  // namespace dsv4

@@ -21,6 +21,7 @@
 #include "kernels/quant.h"
 #include "kernels/rope.h"
 #include "model/device.h"
+#include "model/expert_parallel.h"
 #include "model/error.h"
 #include "model/tape.h"
 #include "model/threads.h"
@@ -775,7 +776,16 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.clamp_shared = P_.clamp_shared_expert;
   mp.order = P_.order;
   mp.out = out.data();
-  be_.moe_experts(mp, L);
+  if (opt_.experts && opt_.experts->size() > 1) {
+    if (be_.device() != Device::cpu)
+      throw InputError(fmt::format("layer {}: expert parallelism runs on the CPU backend over {} (the GPU path "
+                                   "over NCCL is not built yet): use --device cpu",
+                                   L, opt_.experts->transport()));
+    require(moe_check(mp), "moe", L);
+    moe_experts_parallel(mp, *opt_.experts);
+  } else {
+    be_.moe_experts(mp, L);
+  }
   report(L, "moe.out", DType::bf16, {T_, D}, out.data());
   if (tape_) {
     FfnTape& tp = tape_->ffn[size_t(L)];

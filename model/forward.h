@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/device.h"
 #include "model/observer.h"
 #include "model/overrides.h"
@@ -37,6 +38,10 @@ struct RunOptions {
   // the Observer is given (tensors when it wants them, decisions always) and the log-probabilities
   // come back. Throws InputError when this dsv4 was built without CUDA or no device is usable.
   Device device = Device::cpu;
+  // Expert parallelism (model/expert_parallel.h): the routed experts shared out among this
+  // communicator's ranks, every rank running the same sequences; nullptr or one rank: all local.
+  // The result is the same bits for every rank count. CPU backend only (the NCCL path is not built).
+  Communicator* experts = nullptr;
 };
 
 struct SequenceResult {

@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
-  clang-format
+  clang-format libopenmpi-dev openmpi-bin
 )
 gui_packages=(qt6-base-dev qt6-charts-dev libqt6opengl6-dev libxkbcommon-dev libgl-dev qt6-svg-dev xvfb xauth)
 

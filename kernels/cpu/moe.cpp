@@ -148,3 +148,66 @@ void moe_experts(const MoeParams& p) {
 }
 
 }  // namespace dsv4
+
+namespace dsv4 {
+
+std::vector<int64_t> moe_pairs(const MoeParams& p, int e0, int e1) {
+  const int64_t TK = p.T * p.k;
+  std::vector<int64_t> start(size_t(e1 - e0) + 1, 0);
+  for (int64_t q = 0; q < TK; ++q)
+    if (p.ids[q] >= e0 && p.ids[q] < e1) ++start[size_t(p.ids[q] - e0) + 1];
+  for (int e = 0; e < e1 - e0; ++e) start[size_t(e) + 1] += start[size_t(e)];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), out(size_t(start.back()));
+  for (int64_t q = 0; q < TK; ++q)
+    if (p.ids[q] >= e0 && p.ids[q] < e1) out[size_t(fill[size_t(p.ids[q] - e0)]++)] = q;
+  return out;
+}
+
+void moe_routed_outputs(const MoeParams& p, int e0, int e1, float* y) {
+  const std::vector<int64_t> pairs = moe_pairs(p, e0, e1);
+  const int64_t D = p.D, I = p.I, k = p.k;
+  int64_t a = 0;
+  while (a < int64_t(pairs.size())) {  // one run of pairs per expert
+    const int e = p.ids[pairs[size_t(a)]];
+    int64_t b = a;
+    while (b < int64_t(pairs.size()) && p.ids[pairs[size_t(b)]] == e) ++b;
+    const int64_t m = b - a;
+    std::vector<float> xs(static_cast<size_t>(m * D)), wgt(static_cast<size_t>(m)), gu(static_cast<size_t>(2 * m * I));
+#pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t q = pairs[size_t(a + r)];
+      std::copy(p.x + (q / k) * D, p.x + (q / k + 1) * D, xs.begin() + r * D);
+      wgt[size_t(r)] = p.weights[q];
+    }
+    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order, gu.data(),
+                  y + a * D);
+    a = b;
+  }
+}
+
+void moe_combine(const MoeParams& p, const float* y_slot, float* out) {
+  if (p.T <= 0) return;
+  const int64_t T = p.T, D = p.D, k = p.k;
+  std::vector<float> acc(size_t(T * D), 0.0f);
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const float* ys = y_slot + (t * k + i) * D;
+      float* dst = acc.data() + t * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] += ys[d];
+    }
+  const int64_t Is = p.I_shared > 0 ? p.I_shared : p.I;
+  if (p.n_shared > 0) {
+    std::vector<float> gu(size_t(2 * T * Is)), y(size_t(T * D));
+    for (int sidx = 0; sidx < p.n_shared; ++sidx) {
+      swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu.data(),
+                    y.data());
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+      for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[size_t(i)];
+    }
+  }
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+  for (int64_t i = 0; i < T * D; ++i) out[i] = num::bf16_round(acc[size_t(i)]);
+}
+
+}  // namespace dsv4

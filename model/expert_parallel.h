@@ -1,0 +1,22 @@
+// Expert parallelism (docs/PARALLEL.md): the MoE of a forward whose routed experts are shared out
+// among the ranks of a Communicator (model/communicator.h expert_range). Every rank runs the same
+// sequences (the rest of the layer is replicated); at each MoE layer a rank computes the outputs of
+// the (token, slot) pairs routed to its own experts, the ranks gather them (all_gather_v), and each
+// rank sums every token's slots in slot order and adds the shared experts (kernels/moe.h
+// moe_combine). Each pair's output and each token's sum are formed exactly as the single-device
+// moe_experts forms them, so the result is bit-identical to it for every rank count.
+#pragma once
+
+#include "kernels/moe.h"
+#include "model/communicator.h"
+
+namespace dsv4 {
+
+// The bytes each rank sends at one MoE layer (its pairs' outputs), per rank.
+std::vector<int64_t> moe_parallel_bytes(const MoeParams& p, int ranks);
+
+// p.out = moe_experts(p) computed with `comm`'s ranks sharing the experts (host memory: the CPU
+// backend). p.experts must hold valid weights for this rank's experts; the others are not read.
+void moe_experts_parallel(const MoeParams& p, Communicator& comm);
+
+}  // namespace dsv4
