@@ -1,5 +1,7 @@
 #include "capture/record.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <csignal>
 
@@ -40,7 +42,10 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
 
   TraceWriter::Options wo;
   wo.policy = policy;
-  const TraceHeader header = make_trace_header(w);
+  TraceHeader header = make_trace_header(w);
+  if (opt.experts && opt.experts->size() > 1)
+    header.env["parallel"] = fmt::format("expert parallel over {} {} ranks", opt.experts->size(),
+                                         opt.experts->transport());
   auto writer = opt.append ? TraceWriter::append(out, w.config(), header, wo)
                            : TraceWriter::create(out, w.config(), header, wo);
   MidStepKill kill(w.config().num_hidden_layers);
@@ -53,6 +58,7 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
   ro.threads = opt.threads;
   ro.device = opt.device;
   ro.observer = &fan;
+  ro.experts = opt.experts;
   // On CUDA the step's kernel launches are recorded with CUPTI; where CUPTI cannot record, the trace
   // says why (available = 0) and the recording goes on.
   KernelRecorder kernels;

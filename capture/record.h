@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "capture/trace_writer.h"
+#include "model/communicator.h"
 #include "model/device.h"
 #include "model/observer.h"
 #include "model/weights.h"
@@ -29,6 +30,10 @@ struct RecordOptions {
   // the layers of the step; "kill-after-step" right after the step was flushed, before the clean
   // close. Empty: none.
   std::string fault;
+  // Expert parallelism (model/expert_parallel.h): the communicator the forward shares the experts
+  // over. Only the rank that records calls record_step (every rank holds the same result); the others
+  // run the same forward without a trace. The layout goes into the trace's env as "parallel".
+  Communicator* experts = nullptr;
 };
 
 struct RecordResult {

@@ -34,13 +34,14 @@ Weights open_model(const ModelArgs& m);
 std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab);
 
 // --ep N: expert parallelism over N MPI ranks (docs/PARALLEL.md), for the commands that run the
-// forward. open_parallel gives the communicator (nullptr for N = 1) and makes it the active one: an
-// error from then on ends every rank (Communicator::abort) instead of leaving them waiting.
+// forward. open_parallel gives the process's communicator (nullptr for N = 1; it lives until the
+// process ends) and makes it the active one: an error from then on ends every rank
+// (Communicator::abort) instead of leaving them waiting.
 struct ParallelArgs {
   int ep = 1;
 };
 void add_parallel_options(CLI::App* cmd, ParallelArgs& p);
-std::unique_ptr<Communicator> open_parallel(const ParallelArgs& p);
+Communicator* open_parallel(const ParallelArgs& p);
 Communicator* active_communicator();  // nullptr when the run is not parallel
 
 // The parsed subcommand's action (set by the callback of whichever subcommand ran); returns the

@@ -19,8 +19,8 @@ std::function<int()>& action() {
   static std::function<int()> a;
   return a;
 }
-Communicator*& active() {
-  static Communicator* c = nullptr;
+std::unique_ptr<Communicator>& active() {
+  static std::unique_ptr<Communicator> c;
   return c;
 }
 }  // namespace
@@ -33,19 +33,18 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& p) {
       ->check(CLI::Range(1, 4096));
 }
 
-std::unique_ptr<Communicator> open_parallel(const ParallelArgs& p) {
+Communicator* open_parallel(const ParallelArgs& p) {
   if (p.ep <= 1) return nullptr;
 #ifdef DSV4_HAVE_MPI
-  std::unique_ptr<Communicator> c = mpi_world(p.ep);
-  active() = c.get();
-  return c;
+  active() = mpi_world(p.ep);
+  return active().get();
 #else
   throw InputError(fmt::format("--ep {}: this dsv4 was built without MPI (install libopenmpi-dev and rebuild)", p.ep));
 #endif
 }
 
 Communicator* active_communicator() {
-  return active();
+  return active().get();
 }
 
 std::string version_string() {

@@ -65,12 +65,12 @@ nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, con
 }
 
 int run_forward(const ForwardArgs& a) {
-  const std::unique_ptr<Communicator> comm = open_parallel(a.parallel);
+  Communicator* const comm = open_parallel(a.parallel);
   Weights w = open_model(a.model);
   const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size);
   DecisionLog log;
   RunOptions opt;
-  opt.experts = comm.get();
+  opt.experts = comm;
   opt.profile = profile_by_name(a.profile);
   opt.threads = a.threads;
   opt.device = parse_device(a.device);

@@ -66,6 +66,7 @@ int run_replay(const ReplayArgs& a) {
     if (!f) throw Error(fmt::format("{}: write failed", a.json_out));
   }
   fmt::print("replay of {} with weights {}\n", r.trace, r.model_source);
+  if (!r.layout_note.empty()) fmt::print("{}\n", r.layout_note);
   if (!r.weight_mismatches.empty())
     fmt::print("WEIGHTS DIFFER from the recorded model: {}\n", fmt::join(r.weight_mismatches, ", "));
   for (const auto& s : r.steps) {

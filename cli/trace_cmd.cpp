@@ -62,9 +62,11 @@ struct RecordArgs {
   bool append = false;
   int threads = 0;
   std::string device = "cpu";
+  ParallelArgs parallel;
 };
 
 int run_record(const RecordArgs& a) {
+  Communicator* const comm = open_parallel(a.parallel);
   Weights w = open_model(a.model);
   std::vector<std::vector<int32_t>> batch;
   if (!a.batch.empty()) {
@@ -73,8 +75,18 @@ int run_record(const RecordArgs& a) {
   } else {
     batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size));
   }
+  if (comm && comm->rank() != 0) {  // rank 0 records; the others share the experts of the same forward
+    RunOptions ro;
+    ro.profile = profile_by_name(a.profile);
+    ro.threads = a.threads;
+    ro.device = parse_device(a.device);
+    ro.experts = comm;
+    forward(w, batch, ro);
+    return 0;
+  }
   Progress progress(w.config().num_hidden_layers, int(batch.size()));
   RecordOptions o;
+  o.experts = comm;
   o.profile = a.profile;
   o.kind = a.kind;
   o.capture = a.capture;
@@ -393,6 +405,7 @@ void register_trace_commands(CLI::App& app) {
   rec->add_option("--threads", ra->threads, "CPU threads (0: all)")->capture_default_str();
   rec->add_option("--device", ra->device, "Where the forward runs: cpu or cuda (cuda also records kernels)")
       ->capture_default_str();
+  add_parallel_options(rec, ra->parallel);
   rec->callback([ra] { set_action([ra] { return run_record(*ra); }); });
 
   CLI::App* trace = app.add_subcommand("trace", "Inspect, check or repair trace files");

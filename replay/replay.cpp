@@ -307,7 +307,7 @@ void add_overrides(const std::vector<SeqDecisions>& d, bool indexer, bool routin
 
 int env_rank(const std::string& key) {
   static const std::map<std::string, int> ranks = {
-      {"compile_flags", 0}, {"compiler", 1},   {"cpu_flags", 2}, {"build_id", 3}, {"threads", 4},
+      {"compile_flags", 0}, {"compiler", 1},   {"cpu_flags", 2}, {"build_id", 3}, {"threads", 4}, {"parallel", 4},
       {"gpu", 5},           {"gpu_driver", 5}, {"cuda", 5},      {"cupti", 5},    {"nccl", 5},
       {"hdf5", 6},          {"os", 6},         {"cpu_model", 6}, {"host", 8},
   };
@@ -670,6 +670,9 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     here["threads"] =
         std::to_string(rep.steps.front().threads > 0 ? rep.steps.front().threads : omp_get_max_threads());
   rep.env_differences = compare_env(r.env(), here);
+  const EnvFingerprint recorded_env = r.env();
+  if (const auto it = recorded_env.find("parallel"); it != recorded_env.end())
+    rep.layout_note = fmt::format("recorded with {}, replayed in one process", it->second);
   return rep;
 }
 

@@ -101,6 +101,7 @@ struct ReplayReport {
   std::vector<std::string> weight_mismatches;  // tensor names whose digest differs from the recorded
   std::vector<int> skipped_steps;              // incomplete steps (status 0), not replayed
   std::vector<std::string> notes;              // remarks for the reader (skipped steps, model mismatch, ...)
+  std::string layout_note;                     // how a parallel recording was laid out ("" for one process)
   // Every step identical and the weights equal to the recorded ones.
   bool identical() const;
 };

@@ -1,0 +1,197 @@
+// Expert parallelism (docs/PARALLEL.md): the MoE split into per-rank expert ranges and the slot-order
+// sum gives moe_experts' bits for every rank count (even and uneven ranges, a rank with no tokens,
+// repeated ids); and through the CLI under `mpirun -np 2/4` (Open MPI, oversubscribed on small
+// machines): forward with --ep 1/2/4 byte-identical on tiny (8 experts) and tiny-b (6 experts: uneven
+// ranges at 4), record with --ep 2 replayed in one process (exit 0, the layout named), the
+// mismatched or missing launcher named, and a rank killed mid-run ending the whole job in bounded
+// time. The MPI tests skip (exit 77 shown as a skip) where mpirun or MPI support is missing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "kernels/moe.h"
+#include "model/communicator.h"
+#include "test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using test::bitwise_equal;
+
+// One MoE problem with random weights; ids ascending per token, some tokens with a repeated id.
+struct MoeCase {
+  int64_t T = 37, D = 24, I = 16;
+  int E = 7, k = 3;
+  std::vector<float> x, weights, w;
+  std::vector<int32_t> ids;
+  std::vector<ExpertWeights> experts, shared;
+  MoeParams p;
+  explicit MoeCase(bool concentrate) {
+    auto g = test::rng_for("moe-ep");
+    x = test::randn_bf16(g, size_t(T * D));
+    weights = test::randn_bf16(g, size_t(T * k), 0.3f);
+    w = test::randn_bf16(g, size_t((E + 1) * 3 * I * D), 0.2f);
+    std::uniform_int_distribution<int> pick(0, concentrate ? 2 : E - 1);  // concentrate: experts 3.. idle
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> s;
+      for (int i = 0; i < k; ++i) s.push_back(pick(g));
+      if (t % 5 == 0) s[1] = s[0];  // a repeated id
+      std::sort(s.begin(), s.end());
+      ids.insert(ids.end(), s.begin(), s.end());
+    }
+    for (int e = 0; e <= E; ++e) {
+      const float* b = w.data() + size_t(e) * 3 * I * D;
+      (e < E ? experts : shared).push_back(ExpertWeights{b, b + I * D, b + 2 * I * D});
+    }
+    p.T = T, p.D = D, p.I = I, p.E = E, p.k = k, p.n_shared = 1;
+    p.x = x.data(), p.ids = ids.data(), p.weights = weights.data();
+    p.experts = experts.data(), p.shared = shared.data();
+    p.swiglu_limit = 0.5f;  // the clamp is active
+  }
+};
+
+TEST(ExpertParallel, RangesSumToTheSingleDeviceMoeForEveryRankCount) {
+  for (bool concentrate : {false, true}) {
+    MoeCase c(concentrate);
+    std::vector<float> ref(size_t(c.T * c.D));
+    MoeParams p = c.p;
+    p.out = ref.data();
+    const char* why = moe_check(p);
+    ASSERT_EQ(why, nullptr) << why;
+    moe_experts(p);
+    for (int n = 1; n <= 8; ++n) {
+      // What moe_experts_parallel does, every rank in this process: each rank's range, gathered in
+      // rank order into the slots, then the sum.
+      std::vector<float> y_slot(size_t(c.T * c.k * c.D), -7.0f);
+      int64_t covered = 0;
+      for (int r = 0; r < n; ++r) {
+        const ExpertRange e = expert_range(c.E, r, n);
+        const std::vector<int64_t> pairs = moe_pairs(c.p, e.first, e.last);
+        std::vector<float> y(pairs.size() * size_t(c.D));
+        moe_routed_outputs(c.p, e.first, e.last, y.data());
+        for (size_t i = 0; i < pairs.size(); ++i)
+          std::copy(y.begin() + std::ptrdiff_t(i * size_t(c.D)), y.begin() + std::ptrdiff_t((i + 1) * size_t(c.D)),
+                    y_slot.begin() + pairs[i] * c.D);
+        covered += int64_t(pairs.size());
+      }
+      EXPECT_EQ(covered, c.T * c.k) << n << " ranks: every pair exactly once";
+      std::vector<float> out(size_t(c.T * c.D));
+      moe_combine(c.p, y_slot.data(), out.data());
+      EXPECT_TRUE(bitwise_equal(out, ref)) << n << " ranks" << (concentrate ? ", idle ranks" : "");
+    }
+  }
+}
+
+TEST(ExpertParallel, RangesPartitionTheExperts) {
+  for (int E : {1, 6, 8, 256})
+    for (int n = 1; n <= 9; ++n) {
+      int next = 0;
+      for (int r = 0; r < n; ++r) {
+        const ExpertRange e = expert_range(E, r, n);
+        EXPECT_EQ(e.first, next);
+        EXPECT_LE(e.last - e.first, (E + n - 1) / n);
+        EXPECT_GE(e.last - e.first, E / n);
+        next = e.last;
+      }
+      EXPECT_EQ(next, E);
+    }
+}
+
+// ---- through the CLI under mpirun ---------------------------------------------------------------
+
+// mpirun as it runs here: root allowed (CI containers), more ranks than cores allowed.
+std::string mpirun(int n) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "timeout 300 mpirun -np " +
+         std::to_string(n) + " " + DSV4_CLI_PATH + " ";
+}
+
+bool mpi_usable() {
+  static const bool ok = [] {
+    if (test::run_shell("command -v mpirun").code != 0) return false;
+    return test::run_cli("forward --help").out.find("--ep") != std::string::npos;
+  }();
+  return ok;
+}
+#define DSV4_REQUIRE_MPI() \
+  if (!mpi_usable()) GTEST_SKIP() << "mpirun or MPI support in dsv4 missing"
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(ExpertParallelCli, ForwardIsByteIdenticalForEveryRankCount) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  for (const char* preset : {"tiny", "tiny-b"}) {
+    const std::string args = std::string("forward --preset ") + preset + " --seed 7 --random 160 --threads 1";
+    auto r = test::run_cli(args + " --out " + (d / "one.json"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string one = slurp(d / "one.json");
+    for (int n : {1, 2, 4}) {
+      r = test::run_shell(mpirun(n) + args + " --ep " + std::to_string(n) + " --out " + (d / "ep.json"));
+      ASSERT_EQ(r.code, 0) << preset << " --ep " << n << ": " << r.out;
+      EXPECT_EQ(slurp(d / "ep.json"), one) << preset << " --ep " << n;
+      std::remove((d / "ep.json").c_str());
+    }
+  }
+}
+
+TEST(ExpertParallelCli, RecordedInParallelReplaysInOneProcess) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  auto r = test::run_shell(mpirun(2) + "record --preset tiny-b --seed 7 --random 150 --threads 1 --ep 2 --out " +
+                           (d / "ep.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("replay " + (d / "ep.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("recorded with expert parallel over 2 MPI ranks"), std::string::npos) << r.out;
+  // The same step recorded in one process: the same decisions and digests (diff finds nothing).
+  r = test::run_cli("record --preset tiny-b --seed 7 --random 150 --threads 1 --out " + (d / "one.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("diff " + (d / "one.h5") + " " + (d / "ep.h5") + " --json " + (d / "diff.json"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("first divergence: none (every digest agrees)"), std::string::npos) << r.out;
+}
+
+TEST(ExpertParallelCli, LauncherMismatchesAreNamed) {
+  DSV4_REQUIRE_MPI();
+  auto r = test::run_cli("forward --preset tiny --random 20 --ep 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("mpirun -np 2"), std::string::npos) << r.out;
+  r = test::run_shell(mpirun(2) + "forward --preset tiny --random 20 --threads 1 --ep 3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--ep 3 but the job has 2 processes"), std::string::npos) << r.out;
+  // An error on the ranks after the communicator exists ends the job with the message, every rank.
+  r = test::run_shell(mpirun(2) + "forward --preset tiny --tokens 1,2,999999 --threads 1 --ep 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" of 2: error: forward: sequence 0 position 2: token id 999999"), std::string::npos)
+      << r.out;
+}
+
+// A rank killed mid-run (SIGKILL, no chance to clean up): mpirun ends the other rank, which would
+// otherwise wait in its next collective, and exits non-zero, within a bounded time.
+TEST(ExpertParallelCli, AKilledRankEndsTheJob) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::ofstream f(d / "kill.sh");
+    f << mpirun(2) << "forward --preset tiny --seed 7 --random 3000 --threads 1 --ep 2 --out " << (d / "x.json")
+      << " &\njob=$!\nsleep 3\npkill -KILL -n -f 'dsv4 forward --preset tiny --seed 7 --random 3000'\nwait $job\n";
+  }
+  const auto r = test::run_shell("bash " + (d / "kill.sh"));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(secs, 120.0) << r.out;
+  EXPECT_FALSE(std::ifstream(d / "x.json").good()) << "a result was written by a job that lost a rank";
+}
+
+}  // namespace
+}  // namespace dsv4
