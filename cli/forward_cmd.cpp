@@ -93,7 +93,10 @@ int run_forward(const ForwardArgs& a) {
   fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}{}\n",
              tokens.size(), a.profile, secs, tokens.size() / secs,
              res.seqs[0].logprobs.empty() ? 0.0 : sum / res.seqs[0].logprobs.size(),
-             comm ? fmt::format(", experts over {} {} ranks", comm->size(), comm->transport()) : "",
+             comm ? fmt::format(", experts over {} {} ranks (rank 0 received {:.1f} MB, {:.0f} bytes per token)",
+                                comm->size(), comm->transport(), double(comm->bytes_received()) / 1e6,
+                                double(comm->bytes_received()) / double(tokens.size()))
+                  : "",
              a.out.empty() ? "" : fmt::format(", wrote {}", a.out));
   return 0;
 }

@@ -23,6 +23,8 @@ class Communicator {
   [[noreturn]] virtual void abort(const std::string& message, int code) = 0;
   // "MPI" / "NCCL".
   virtual std::string transport() const = 0;
+  // Bytes this rank received from the other ranks so far (its own part not counted).
+  virtual int64_t bytes_received() const = 0;
 };
 
 // The contiguous block of experts rank r of n owns among E (the first E % n ranks one more):

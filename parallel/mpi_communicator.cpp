@@ -28,6 +28,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string transport() const override { return "MPI"; }
+  int64_t bytes_received() const override { return received_; }
 
   // MPI counts are int: a rank's part travels in pieces of at most 1 GiB, every rank running the same
   // sequence of Allgatherv calls.
@@ -35,6 +36,8 @@ class MpiCommunicator final : public Communicator {
     if (int(bytes.size()) != size_)
       abort(fmt::format("all_gather_v: {} sizes for {} ranks", bytes.size(), size_), 2);
     constexpr int64_t kPiece = int64_t(1) << 30;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) received_ += bytes[size_t(r)];
     std::vector<int64_t> offset(static_cast<size_t>(size_), 0);
     for (int r = 1; r < size_; ++r) offset[size_t(r)] = offset[size_t(r - 1)] + bytes[size_t(r - 1)];
     std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
@@ -76,6 +79,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   int rank_ = 0, size_ = 1;
+  int64_t received_ = 0;
 };
 
 }  // namespace
