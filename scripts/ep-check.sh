@@ -14,7 +14,8 @@ while (($#)); do
   esac
 done
 command -v mpirun >/dev/null || { echo "mpirun not found: install openmpi-bin (scripts/install-deps.sh)" >&2; exit 2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+  OMPI_MCA_btl_vader_single_copy_mechanism=none
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rc=0

@@ -104,22 +104,29 @@ TEST(ExpertParallel, RangesPartitionTheExperts) {
 
 // ---- through the CLI under mpirun ---------------------------------------------------------------
 
-// mpirun as it runs here: root allowed (CI containers), more ranks than cores allowed.
+// mpirun as it runs here: root allowed (CI containers), more ranks than cores allowed, no
+// cross-memory attach between ranks (containers often forbid it).
 std::string mpirun(int n) {
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-         "timeout 300 mpirun -np " +
+         "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 300 mpirun -np " +
          std::to_string(n) + " " + DSV4_CLI_PATH + " ";
 }
 
-bool mpi_usable() {
-  static const bool ok = [] {
-    if (test::run_shell("command -v mpirun").code != 0) return false;
-    return test::run_cli("forward --help").out.find("--ep") != std::string::npos;
+// Why the MPI tests cannot run here ("" when they can): no mpirun, a dsv4 built without MPI, or an
+// MPI runtime that cannot start two processes on this machine.
+const std::string& mpi_missing() {
+  static const std::string why = []() -> std::string {
+    if (test::run_shell("command -v mpirun").code != 0) return "mpirun not found";
+    if (test::run_cli("forward --preset tiny --random 4 --ep 2").out.find("built without MPI") != std::string::npos)
+      return "dsv4 built without MPI";
+    const auto r = test::run_shell(mpirun(2) + "--version");
+    if (r.code != 0) return "mpirun cannot start 2 processes here: " + r.out.substr(0, 400);
+    return "";
   }();
-  return ok;
+  return why;
 }
 #define DSV4_REQUIRE_MPI() \
-  if (!mpi_usable()) GTEST_SKIP() << "mpirun or MPI support in dsv4 missing"
+  if (!mpi_missing().empty()) GTEST_SKIP() << mpi_missing()
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
