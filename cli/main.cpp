@@ -2,16 +2,84 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
-#include <exception>
+#include <unistd.h>
 
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+#include <exception>
+#include <new>
+
+#include "capture/h5.h"
 #include "cli/commands.h"
 #include "model/error.h"
 
+namespace {
+
+// A damaged file can make the HDF5 library crash or loop where it trusts metadata without a checksum
+// (capture/h5.h ReadScope). Inside a read scope a crash or a stall becomes one error line naming the
+// file and the object, and exit code 2; anywhere else a crash stays a crash.
+constexpr int kStallSeconds = 20;  // metadata reads take milliseconds
+
+void write_err(const char* s) {
+  size_t n = 0;
+  while (s[n]) ++n;
+  while (n > 0) {
+    const ssize_t w = ::write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+extern "C" void on_crash(int sig) {
+  if (const char* scope = dsv4::h5::active_read_scope()) {
+    write_err("dsv4: error: ");
+    write_err(scope);
+    write_err(sig == SIGABRT ? ": the HDF5 library aborted" : ": the HDF5 library crashed");
+    write_err(" on damaged data in this file; `dsv4 trace validate` tells more, `dsv4 trace salvage` copies the "
+              "intact steps\n");
+    _exit(2);
+  }
+  std::signal(sig, SIG_DFL);  // not ours to explain: crash as usual
+  std::raise(sig);
+}
+
+void start_watchdog() {
+  std::thread([] {
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      int64_t since = 0;
+      const char* scope = dsv4::h5::active_read_scope(&since);
+      if (!scope) continue;
+      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      if (now - since > int64_t(kStallSeconds) * 1000000000) {
+        fmt::print(stderr,
+                   "dsv4: error: {}: no progress in {} s (damaged data makes the HDF5 library loop); `dsv4 trace "
+                   "validate` tells more, `dsv4 trace salvage` copies the intact steps\n",
+                   scope, kStallSeconds);
+        std::fflush(stderr);
+        _exit(2);
+      }
+    }
+  }).detach();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(sig, on_crash);
+  start_watchdog();
   CLI::App app{"dsv4 — deterministic record/replay and debugging for DeepSeek-V4 models", "dsv4"};
   app.require_subcommand(1);
   app.set_version_flag("--version", dsv4::cli::version_string());
+  // One clean line per error; --verbose adds HDF5's whole error stack to trace errors.
+  bool verbose = false;
+  app.add_flag("--verbose", verbose, "Errors carry the whole HDF5 error stack")->envname("DSV4_VERBOSE");
+  app.fallthrough();
   dsv4::cli::register_model_commands(app);
   dsv4::cli::register_forward_commands(app);
   dsv4::cli::register_generate_command(app);
@@ -24,10 +92,16 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  dsv4::h5::set_verbose_errors(verbose);
   try {
     return dsv4::cli::run_selected();
   } catch (const dsv4::InputError& e) {
     fmt::print(stderr, "dsv4: error: {}\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr,
+               "dsv4: error: not enough memory for what the inputs ask (a model, sequence, batch or file too "
+               "large for this machine)\n");
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "dsv4: error: {}\n", e.what());
