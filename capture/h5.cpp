@@ -16,7 +16,9 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <new>
 #include <optional>
+#include <stdexcept>
 
 #include "capture/chunk_codec.h"
 #include "capture/errors.h"
@@ -783,7 +785,15 @@ std::vector<T> read(const Object& ds) {
   if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
     ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
-  std::vector<T> v(npoints(space.get()));
+  std::vector<T> v;
+  const hsize_t n = npoints(space.get());
+  try {
+    v.resize(n);
+  } catch (const std::bad_alloc&) {  // a damaged or hostile shape
+    ds.fail(fmt::format("not enough memory for its {} values ({} bytes)", n, n * sizeof(T)));
+  } catch (const std::length_error&) {
+    ds.fail(fmt::format("not enough memory for its {} values", n));
+  }
   if (v.empty()) return v;
   Id dxpl(check(H5Pcreate(H5P_DATASET_XFER), ds, "cannot create a transfer property list"));
   check(H5Pset_type_conv_cb(dxpl.get(), abort_on_range, nullptr), ds, "cannot set the conversion callback");
@@ -907,7 +917,12 @@ std::vector<std::string> read_strings(const Object& ds) {
   if (H5Tget_class(type.get()) != H5T_STRING) ds.fail("expected a string dataset");
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
   const size_t n = npoints(space.get());
-  std::vector<std::string> out(n);
+  std::vector<std::string> out;
+  try {
+    out.resize(n);
+  } catch (const std::exception&) {  // bad_alloc, length_error: a damaged or hostile shape
+    ds.fail(fmt::format("not enough memory for its {} strings", n));
+  }
   if (n == 0) return out;
   if (H5Tis_variable_str(type.get()) > 0) {
     check_vlen_references(ds, n);
