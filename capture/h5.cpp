@@ -272,9 +272,23 @@ Id file_access(bool latest, bool lock) {
   return fapl;
 }
 
+// Links and attributes stay in their object's header (compact storage, covered by the header's
+// checksum) up to these counts, instead of moving to "dense" storage in a fractal heap whose direct
+// blocks HDF5 1.10 does not checksum (a damaged one makes the library crash; traces/FORMAT.md
+// "Reading damaged files"). No group or object of a trace comes near them.
+constexpr unsigned kMaxCompact = 65535;
+
+void keep_compact(hid_t plist, const Object& at) {
+  check(H5Pset_link_phase_change(plist, kMaxCompact, kMaxCompact), at, "cannot keep links compact");
+  check(H5Pset_attr_phase_change(plist, kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
+}
+
 Object create_file(const std::string& path, hid_t fapl) {
   quiet();
-  Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)), path, "/"};
+  const Object at{Id(), path, "/"};
+  Id fcpl(check(H5Pcreate(H5P_FILE_CREATE), at, "cannot create a file creation property list"));
+  keep_compact(fcpl.get(), at);
+  Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl)), path, "/"};
   if (!f.id.valid()) fail(path, "", "cannot create the file");
   return f;
 }
@@ -303,7 +317,10 @@ Object open(const Object& parent, const std::string& name) {
 
 Object create_group(const Object& parent, const std::string& name) {
   quiet();
-  Object g{Id(H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), parent.file,
+  const Object at{Id(), parent.file, parent.child(name)};
+  Id gcpl(check(H5Pcreate(H5P_GROUP_CREATE), at, "cannot create a group creation property list"));
+  keep_compact(gcpl.get(), at);
+  Object g{Id(H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT)), parent.file,
            parent.child(name)};
   if (!g.id.valid()) g.fail("cannot create the group");
   return g;
@@ -532,6 +549,7 @@ Object create_dataset(const Object& parent, const std::string& name, Type t, con
   Id space(check(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()), at,
                  "cannot create the dataspace"));
   Id dcpl(check(H5Pcreate(H5P_DATASET_CREATE), at, "cannot create a dataset property list"));
+  check(H5Pset_attr_phase_change(dcpl.get(), kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
   const bool empty = std::any_of(dims.begin(), dims.end(), [](hsize_t d) { return d == 0; });
   // HDF5 filters cannot apply to variable-length data: string datasets are contiguous.
   if (extendible && t == Type::str) at.fail("string datasets are not extendible");
