@@ -168,6 +168,8 @@ ModelConfig config_from_json(const std::string& text, const std::string& origin)
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw ConfigError(fmt::format("{}: not valid JSON (at byte {}): {}", origin, e.byte, e.what()));
+  } catch (const json::exception& e) {  // a number that overflows, ...
+    throw ConfigError(fmt::format("{}: not usable JSON: {}", origin, e.what()));
   }
   if (!j.is_object())
     throw ConfigError(

@@ -225,6 +225,12 @@ TEST_F(Robustness, ConfigFieldsHaveUpperBounds) {
     EXPECT_TRUE(has(r.out, c.field)) << r.out;
     EXPECT_TRUE(has(r.out, c.value) || has(r.out, "limit")) << r.out;
   }
+  // A number JSON cannot hold (found by fuzz_config): bad input naming the file, not an internal error.
+  const std::string big = p("big.json");
+  std::ofstream(big) << "{\"vocab_size\": 10e48575}";
+  const CliResult r = run_cli("model init --config " + big + " --seed 1 --out " + p("o_big"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, big)) << r.out;
 }
 
 TEST_F(Robustness, NumericOptionsAreChecked) {
