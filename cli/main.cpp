@@ -11,6 +11,7 @@
 #include <exception>
 #include <new>
 
+#include "capture/errors.h"
 #include "capture/h5.h"
 #include "cli/commands.h"
 #include "model/error.h"
@@ -95,6 +96,21 @@ int main(int argc, char** argv) {
   dsv4::h5::set_verbose_errors(verbose);
   try {
     return dsv4::cli::run_selected();
+  } catch (const dsv4::NotATrace& e) {
+    fmt::print(stderr, "dsv4: error: {}\n", e.what());
+    return 2;
+  } catch (const dsv4::UnsupportedTraceVersion& e) {
+    fmt::print(stderr, "dsv4: error: {}\n", e.what());
+    return 2;
+  } catch (const dsv4::TraceError& e) {
+    // A damaged trace: the next step, unless the message already names one.
+    const std::string msg = e.what();
+    const bool damaged = dynamic_cast<const dsv4::TraceCorrupt*>(&e) || msg.find("(HDF5:") != std::string::npos;
+    fmt::print(stderr, "dsv4: error: {}{}\n", msg,
+               damaged && msg.find("dsv4 trace") == std::string::npos
+                   ? "; `dsv4 trace validate` lists what is damaged, `dsv4 trace salvage` copies the intact steps"
+                   : "");
+    return 2;
   } catch (const dsv4::InputError& e) {
     fmt::print(stderr, "dsv4: error: {}\n", e.what());
     return 2;
