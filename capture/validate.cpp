@@ -195,15 +195,23 @@ class Validator {
   // command: a refusal of the reader is a problem of the step (or of the file) here too.
   void check_with_reader() {
     std::optional<TraceReader> r;
-    if (!guarded("file", [&] { r.emplace(TraceReader::open(path_)); })) return;
+    try {
+      r.emplace(TraceReader::open(path_));
+    } catch (const std::exception& e) {
+      // The reader lists /steps when it opens a trace: a refusal there is about the step list (which
+      // salvage rebuilds), anything else about the file.
+      const std::string what = e.what();
+      problem(what.find("/" + std::string(kSteps)) != std::string::npos ? "/steps" : "file", what);
+      return;
+    }
     guarded("/", [&] {
       r->created();
       r->env();
       r->model();
       r->config();
       r->tensor_names();
-      r->sizes();
     });
+    guarded("/steps", [&] { r->sizes(); });  // opens every step group, damaged ones too
     const std::vector<TraceStepInfo> infos = r->steps();
     for (StepState& st : rep_.steps) {
       if (!st.complete || st.problems > 0) continue;

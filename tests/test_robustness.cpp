@@ -74,6 +74,8 @@ TEST_F(Robustness, ReplayNamesADamagedMiddleStep) {
        [](dsv4::test::H5Edit& e) {
          e.replace<uint8_t>("/steps/000001/status", H5T_STD_U8LE, H5T_NATIVE_UINT8, {1, 1});
        }},
+      {"step group replaced by a dataset",
+       [](dsv4::test::H5Edit& e) { e.replace<uint8_t>("/steps/000001", H5T_STD_U8LE, H5T_NATIVE_UINT8, {1}); }},
       {"digests cut short",
        [](dsv4::test::H5Edit& e) {
          e.replace<uint64_t>("/steps/000001/seq_000/digests/value", H5T_STD_U64LE, H5T_NATIVE_UINT64, {1, 2, 3});
