@@ -2,14 +2,23 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <new>
 #include <optional>
+#include <stdexcept>
 
 #include "capture/chunk_codec.h"
 #include "capture/errors.h"
@@ -175,8 +184,73 @@ std::string error_stack() {
   return out;
 }
 
+namespace {
+std::atomic<bool> g_verbose{false};
+
+herr_t innermost_error(unsigned, const H5E_error2_t* e, void* data) {
+  *static_cast<std::string*>(data) = e->desc ? e->desc : "";
+  return 0;
+}
+}  // namespace
+
+void set_verbose_errors(bool on) {
+  g_verbose = on;
+}
+
+// ---- read scopes ---------------------------------------------------------------------------------
+// Per thread (a crash is handled on the thread that faulted): the depth and the description of the
+// outermost scope. Process-wide (for the watchdog thread): when the outermost scope of the last thread
+// that entered one began, and its description.
+namespace {
+thread_local int t_scope_depth = 0;
+thread_local char t_scope_text[768];
+char g_scope_text[768];
+std::atomic<int64_t> g_scope_since{0};  // 0: no scope active
+std::atomic<const void*> g_scope_owner{nullptr};
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+ReadScope::ReadScope(const std::string& file, const std::string& path, const char* what, bool bulk) {
+  if (t_scope_depth++ > 0) return;
+  std::snprintf(t_scope_text, sizeof t_scope_text, "%s%s%s: %s", file.c_str(), path.empty() ? "" : ": ",
+                path.c_str(), what);
+  if (bulk) return;
+  g_scope_since = 0;
+  std::memcpy(g_scope_text, t_scope_text, sizeof g_scope_text);
+  g_scope_owner = &t_scope_depth;
+  g_scope_since = steady_ns();
+}
+
+ReadScope::~ReadScope() {
+  if (--t_scope_depth > 0) return;
+  const void* me = &t_scope_depth;
+  if (g_scope_owner.compare_exchange_strong(me, nullptr)) g_scope_since = 0;
+}
+
+const char* active_read_scope(int64_t* since_ns) {
+  if (since_ns) {  // the watchdog's question: any thread
+    const int64_t since = g_scope_since.load();
+    *since_ns = since;
+    return since ? g_scope_text : nullptr;
+  }
+  return t_scope_depth > 0 ? t_scope_text : nullptr;
+}
+
+std::string error_cause() {
+  hid_t stack = H5Eget_current_stack();
+  if (stack < 0) return "";
+  std::string out;
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, innermost_error, &out);
+  H5Eclose_stack(stack);
+  return out;
+}
+
 void fail(const std::string& file, const std::string& path, const std::string& what) {
-  const std::string stack = error_stack();
+  const std::string stack = g_verbose ? error_stack() : error_cause();
   std::string msg = file;
   if (!path.empty()) msg += ": " + path;
   msg += ": " + what;
@@ -198,15 +272,30 @@ Id file_access(bool latest, bool lock) {
   return fapl;
 }
 
+// Links and attributes stay in their object's header (compact storage, covered by the header's
+// checksum) up to these counts, instead of moving to "dense" storage in a fractal heap whose direct
+// blocks HDF5 1.10 does not checksum (a damaged one makes the library crash; traces/FORMAT.md
+// "Reading damaged files"). No group or object of a trace comes near them.
+constexpr unsigned kMaxCompact = 65535;
+
+void keep_compact(hid_t plist, const Object& at) {
+  check(H5Pset_link_phase_change(plist, kMaxCompact, kMaxCompact), at, "cannot keep links compact");
+  check(H5Pset_attr_phase_change(plist, kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
+}
+
 Object create_file(const std::string& path, hid_t fapl) {
   quiet();
-  Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)), path, "/"};
+  const Object at{Id(), path, "/"};
+  Id fcpl(check(H5Pcreate(H5P_FILE_CREATE), at, "cannot create a file creation property list"));
+  keep_compact(fcpl.get(), at);
+  Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl)), path, "/"};
   if (!f.id.valid()) fail(path, "", "cannot create the file");
   return f;
 }
 
 Object open_file(const std::string& path, unsigned flags, hid_t fapl) {
   quiet();
+  ReadScope scope(path, "", "opening the file");
   Object f{Id(H5Fopen(path.c_str(), flags, fapl)), path, "/"};
   if (!f.id.valid()) fail(path, "", "cannot open the file as HDF5");
   return f;
@@ -220,6 +309,7 @@ void close_file(Object& f) {
 
 Object open(const Object& parent, const std::string& name) {
   quiet();
+  ReadScope scope(parent.file, parent.child(name), "opening the object");
   Object o{Id(H5Oopen(parent.get(), name.c_str(), H5P_DEFAULT)), parent.file, parent.child(name)};
   if (!o.id.valid()) o.fail("missing or unreadable");
   return o;
@@ -227,7 +317,10 @@ Object open(const Object& parent, const std::string& name) {
 
 Object create_group(const Object& parent, const std::string& name) {
   quiet();
-  Object g{Id(H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), parent.file,
+  const Object at{Id(), parent.file, parent.child(name)};
+  Id gcpl(check(H5Pcreate(H5P_GROUP_CREATE), at, "cannot create a group creation property list"));
+  keep_compact(gcpl.get(), at);
+  Object g{Id(H5Gcreate2(parent.get(), name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT)), parent.file,
            parent.child(name)};
   if (!g.id.valid()) g.fail("cannot create the group");
   return g;
@@ -235,6 +328,7 @@ Object create_group(const Object& parent, const std::string& name) {
 
 bool exists(const Object& parent, const std::string& path) {
   quiet();
+  ReadScope scope(parent.file, parent.child(path), "looking the object up");
   // H5Lexists fails (rather than answering false) when an intermediate component is missing.
   size_t pos = 0;
   while (true) {
@@ -249,6 +343,7 @@ bool exists(const Object& parent, const std::string& path) {
 
 std::vector<std::string> children(const Object& group) {
   quiet();
+  ReadScope scope(group.file, group.path, "listing the group");
   std::vector<std::string> names;
   hsize_t idx = 0;
   check(H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &names), group,
@@ -261,6 +356,7 @@ std::vector<std::string> children(const Object& group) {
 
 bool has_attr(const Object& o, const std::string& name) {
   quiet();
+  ReadScope scope(o.file, o.path, "looking attributes up");
   return H5Aexists(o.get(), name.c_str()) > 0;
 }
 
@@ -293,6 +389,7 @@ void write_attr(const Object& o, const std::string& name, float value) {
 }
 
 std::string read_attr_string(const Object& o, const std::string& name) {
+  ReadScope scope(o.file, o.path + "@" + name, "reading a string attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
@@ -317,6 +414,7 @@ std::string read_attr_string(const Object& o, const std::string& name) {
 }
 
 int64_t read_attr_int(const Object& o, const std::string& name) {
+  ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
@@ -327,6 +425,7 @@ int64_t read_attr_int(const Object& o, const std::string& name) {
 }
 
 float read_attr_f32(const Object& o, const std::string& name) {
+  ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
@@ -337,6 +436,7 @@ float read_attr_f32(const Object& o, const std::string& name) {
 }
 
 uint64_t read_attr_u64(const Object& o, const std::string& name) {
+  ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
@@ -348,6 +448,7 @@ uint64_t read_attr_u64(const Object& o, const std::string& name) {
 
 std::vector<std::string> attr_names(const Object& o) {
   quiet();
+  ReadScope scope(o.file, o.path, "listing attributes");
   std::vector<std::string> names;
   hsize_t idx = 0;
   check(H5Aiterate2(o.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &names), o,
@@ -448,6 +549,7 @@ Object create_dataset(const Object& parent, const std::string& name, Type t, con
   Id space(check(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()), at,
                  "cannot create the dataspace"));
   Id dcpl(check(H5Pcreate(H5P_DATASET_CREATE), at, "cannot create a dataset property list"));
+  check(H5Pset_attr_phase_change(dcpl.get(), kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
   const bool empty = std::any_of(dims.begin(), dims.end(), [](hsize_t d) { return d == 0; });
   // HDF5 filters cannot apply to variable-length data: string datasets are contiguous.
   if (extendible && t == Type::str) at.fail("string datasets are not extendible");
@@ -694,13 +796,22 @@ void write_strings(const Object& ds, const std::vector<std::string>& v) {
 template <typename T>
 std::vector<T> read(const Object& ds) {
   quiet();
+  ReadScope scope(ds.file, ds.path, "reading the dataset", true);
   Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
   const H5T_class_t cls = H5Tget_class(type.get());
   const bool want_int = std::numeric_limits<T>::is_integer;
   if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
     ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
-  std::vector<T> v(npoints(space.get()));
+  std::vector<T> v;
+  const hsize_t n = npoints(space.get());
+  try {
+    v.resize(n);
+  } catch (const std::bad_alloc&) {  // a damaged or hostile shape
+    ds.fail(fmt::format("not enough memory for its {} values ({} bytes)", n, n * sizeof(T)));
+  } catch (const std::length_error&) {
+    ds.fail(fmt::format("not enough memory for its {} values", n));
+  }
   if (v.empty()) return v;
   Id dxpl(check(H5Pcreate(H5P_DATASET_XFER), ds, "cannot create a transfer property list"));
   check(H5Pset_type_conv_cb(dxpl.get(), abort_on_range, nullptr), ds, "cannot set the conversion callback");
@@ -709,15 +820,130 @@ std::vector<T> read(const Object& ds) {
   return v;
 }
 
+namespace {
+
+// A file's bytes at [at, at + n), or false when they are not all there.
+bool read_bytes(int fd, uint64_t at, void* out, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, static_cast<char*>(out) + done, n - done, off_t(at + done));
+    if (r <= 0) return false;
+    done += size_t(r);
+  }
+  return true;
+}
+
+uint64_t le(const uint8_t* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v |= uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
+// The objects of the global heap collection at `addr` (index -> size), walked the way HDF5 1.10
+// deserializes a collection (file format specification, "Global Heap"): "GCOL", version 1, three
+// reserved bytes, the collection size, then objects (index 2 bytes, reference count 2, reserved 4,
+// size, data padded to 8 bytes) up to the free-space object (index 0, whose size spans the rest).
+// Returns "" or what is wrong: a walk that would not advance, overrun the collection or not end at
+// its end makes HDF5 loop or read out of bounds.
+std::string walk_collection(int fd, uint64_t file_size, uint64_t addr, size_t L,
+                            std::map<uint32_t, uint64_t>& objects) {
+  const size_t hdr = 8 + L, objhdr = 8 + L;
+  std::vector<uint8_t> head(hdr);
+  if (addr >= file_size || !read_bytes(fd, addr, head.data(), hdr))
+    return fmt::format("heap collection address {} is outside the file ({} bytes)", addr, file_size);
+  if (std::memcmp(head.data(), "GCOL", 4) != 0 || head[4] != 1)
+    return fmt::format("no heap collection at address {}", addr);
+  const uint64_t size = le(head.data() + 8, L);
+  if (size < hdr || size > file_size - addr || size > (uint64_t(1) << 30))
+    return fmt::format("heap collection at {} has size {} (the file has {} bytes)", addr, size, file_size);
+  std::vector<uint8_t> c(size);
+  if (!read_bytes(fd, addr, c.data(), size)) return fmt::format("heap collection at {} is cut short", addr);
+  uint64_t p = hdr;
+  while (p < size) {
+    if (p + objhdr > size) break;  // too small for an object: free space
+    const uint32_t idx = uint32_t(le(&c[p], 2));
+    const uint64_t osize = le(&c[p + 8], L);
+    uint64_t need = osize;
+    if (idx > 0) {
+      if (osize > size) return fmt::format("heap object {} at {} has size {}", idx, addr + p, osize);
+      need = objhdr + ((osize + 7) & ~uint64_t(7));
+      if (!objects.emplace(idx, osize).second)
+        return fmt::format("heap collection at {} holds object {} twice", addr, idx);
+    }
+    if (need == 0 || need > size - p)
+      return fmt::format("heap object {} at {} has size {}: it does not fit its collection", idx, addr + p, osize);
+    p += need;
+  }
+  return "";
+}
+
+// Checks the heap reference of every element of a contiguous variable-length string dataset (on disk:
+// the length, 4 bytes; the collection's address; the object's index, 4 bytes) and the collections
+// they point into, before HDF5 follows them.
+void check_vlen_references(const Object& ds, hsize_t n) {
+  Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
+  if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS)
+    ds.fail("variable-length strings not stored contiguously (traces/FORMAT.md)");
+  const haddr_t at = H5Dget_offset(ds.get());
+  if (at == HADDR_UNDEF) return;  // never written: every element is the empty fill value
+  Id file(check(H5Iget_file_id(ds.get()), ds, "cannot get the file"));
+  Id fcpl(check(H5Fget_create_plist(file.get()), ds, "cannot read the file's creation properties"));
+  size_t sizeof_addr = 0, sizeof_size = 0;
+  check(H5Pget_sizes(fcpl.get(), &sizeof_addr, &sizeof_size), ds, "cannot read the file's offset sizes");
+  if (sizeof_addr < 2 || sizeof_addr > 8 || sizeof_size < 2 || sizeof_size > 8)
+    ds.fail("the file's offset sizes are not usable");
+  const int fd = ::open(ds.file.c_str(), O_RDONLY);
+  if (fd < 0) ds.fail("cannot open the file to check its strings");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) ds.fail("cannot read the file size");
+  const uint64_t file_size = uint64_t(st.st_size);
+  const size_t ref = 4 + sizeof_addr + 4;
+  if (n > file_size / ref || at > file_size - n * ref)
+    ds.fail(fmt::format("{} string references at {} do not fit in the file ({} bytes)", n, at, file_size));
+  std::vector<uint8_t> refs(size_t(n) * ref);
+  if (!read_bytes(fd, at, refs.data(), refs.size())) ds.fail("the string references are cut short");
+  std::map<uint64_t, std::map<uint32_t, uint64_t>> collections;
+  for (hsize_t i = 0; i < n; ++i) {
+    const uint8_t* r = refs.data() + i * ref;
+    const uint64_t len = le(r, 4), addr = le(r + 4, sizeof_addr);
+    const uint32_t idx = uint32_t(le(r + 4 + sizeof_addr, 4));
+    if (len == 0) continue;  // an empty string: HDF5 reads no heap object
+    auto it = collections.find(addr);
+    if (it == collections.end()) {
+      it = collections.emplace(addr, std::map<uint32_t, uint64_t>{}).first;
+      const std::string why = walk_collection(fd, file_size, addr, sizeof_size, it->second);
+      if (!why.empty()) ds.fail(fmt::format("string {}: damaged: {}", i, why));
+    }
+    const auto obj = it->second.find(idx);
+    if (obj == it->second.end())
+      ds.fail(fmt::format("string {}: damaged: heap object {} is not in the collection at {}", i, idx, addr));
+    if (obj->second != len)
+      ds.fail(fmt::format("string {}: damaged: {} bytes long, its heap object holds {}", i, len, obj->second));
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> read_strings(const Object& ds) {
   quiet();
+  ReadScope scope(ds.file, ds.path, "reading strings");
   Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
   if (H5Tget_class(type.get()) != H5T_STRING) ds.fail("expected a string dataset");
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
   const size_t n = npoints(space.get());
-  std::vector<std::string> out(n);
+  std::vector<std::string> out;
+  try {
+    out.resize(n);
+  } catch (const std::exception&) {  // bad_alloc, length_error: a damaged or hostile shape
+    ds.fail(fmt::format("not enough memory for its {} strings", n));
+  }
   if (n == 0) return out;
   if (H5Tis_variable_str(type.get()) > 0) {
+    check_vlen_references(ds, n);
     Id mt = vlen_string_type(ds);
     check(H5Tset_cset(mt.get(), H5Tget_cset(type.get())), ds, "cannot set the character set");
     std::vector<char*> p(n, nullptr);

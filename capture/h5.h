@@ -54,8 +54,37 @@ class Id {
 void quiet();
 // The calling thread's current HDF5 error stack as text, innermost call first ("" when empty).
 std::string error_stack();
-// Throws TraceError("FILE: PATH: WHAT: HDF5: <stack>"); `path` may be empty.
+// The innermost message of the calling thread's HDF5 error stack ("incorrect metadata checksum after
+// all read attempts"; "" when empty).
+std::string error_cause();
+// Whether errors carry HDF5's whole error stack (`dsv4 --verbose`) or only its innermost message (the
+// default: one clean line per error).
+void set_verbose_errors(bool on);
+// Throws TraceError("FILE: PATH: WHAT (HDF5: <innermost message>)", or the whole stack when verbose);
+// `path` may be empty.
 [[noreturn]] void fail(const std::string& file, const std::string& path, const std::string& what);
+
+// ---- reading damaged files ----------------------------------------------------------------------
+// HDF5 1.10 trusts some metadata it cannot check: the global heap that holds variable-length strings
+// has no checksum, and a damaged heap can make the library loop forever or crash. Two defences:
+//  * read_strings() checks every string's heap reference and the heap collection it points into
+//    (check_global_heap) before asking HDF5 for the strings;
+//  * every reading call below runs inside a ReadScope, which names what is being read; the dsv4
+//    command installs signal handlers and a watchdog (cli/main.cpp) that turn a crash or a stall inside
+//    a scope into one error line naming the file and object, and exit code 2.
+class ReadScope {
+ public:
+  // `bulk`: reading a dataset's values, which may legitimately take long (not watched for stalls).
+  ReadScope(const std::string& file, const std::string& path, const char* what, bool bulk = false);
+  ~ReadScope();
+  ReadScope(const ReadScope&) = delete;
+  ReadScope& operator=(const ReadScope&) = delete;
+};
+// The calling thread's outermost active scope's description ("FILE: PATH: reading attributes"), or
+// nullptr; safe to call from a signal handler. With `since_ns` (the watchdog's question): the last
+// outermost non-bulk scope entered by any thread that is still active, and when it began (steady
+// clock, nanoseconds).
+const char* active_read_scope(int64_t* since_ns = nullptr);
 
 // An open file, group or dataset with the names its errors carry.
 struct Object {

@@ -77,6 +77,7 @@ CapturePolicy CapturePolicy::parse(const std::string& text) {
     } else {
       if (item.empty()) fail("unknown item ''");
       Item it;
+      it.text = std::string(item);
       const size_t at = item.find('@');
       it.pattern = std::string(trim(item.substr(0, at)));
       if (it.pattern.empty()) fail(fmt::format("item '{}' has no tensor name", item));
@@ -111,14 +112,31 @@ CapturePolicy CapturePolicy::parse(const std::string& text) {
   return p;
 }
 
+bool CapturePolicy::Item::wants(std::string_view name, int layer) const {
+  // A layer range selects decoder layers only; model-level tensors (layer -1) need an item without one.
+  if (!all_layers && (layer < first || layer > last)) return false;
+  return glob_match(pattern, name);
+}
+
 bool CapturePolicy::wants_tensor(std::string_view name, int layer) const {
   if (full_) return true;
-  for (const Item& it : items_) {
-    // A layer range selects decoder layers only; model-level tensors (layer -1) need an item without one.
-    if (!it.all_layers && (layer < it.first || layer > it.last)) continue;
-    if (glob_match(it.pattern, name)) return true;
-  }
-  return false;
+  return std::any_of(items_.begin(), items_.end(), [&](const Item& it) { return it.wants(name, layer); });
+}
+
+void CapturePolicy::check_matches(const ModelConfig& c) const {
+  if (items_.empty()) return;
+  // Which (name, layer) pairs exist depends on the layer kinds only; a length of the largest
+  // compression ratio gives every tensor at least one row.
+  int64_t T = 1;
+  for (int r : c.compress_ratios) T = std::max<int64_t>(T, r);
+  const std::vector<TensorSpecT> manifest = tensor_manifest(c, T);
+  for (const Item& it : items_)
+    if (std::none_of(manifest.begin(), manifest.end(),
+                     [&](const TensorSpecT& m) { return it.wants(m.name, m.layer); }))
+      throw InputError(fmt::format(
+          "capture policy '{}': item '{}' selects no tensor of this model ({} layers: 0..{}), so it would "
+          "record nothing",
+          text_, it.text, c.num_hidden_layers, c.num_hidden_layers - 1));
 }
 
 }  // namespace dsv4

@@ -13,10 +13,16 @@
 
 namespace dsv4 {
 
+struct ModelConfig;
+
 class CapturePolicy {
  public:
   static CapturePolicy parse(const std::string& text);        // throws InputError naming the bad item
   bool wants_tensor(std::string_view name, int layer) const;  // layer -1: model-level
+  // Throws InputError naming the item when an item selects no tensor of a model of config `c` (a
+  // layer range beyond its layers, a name on layers that do not report it): a recording must not keep
+  // nothing silently. The trace writer calls it for every trace it creates or appends to.
+  void check_matches(const ModelConfig& c) const;
   const std::string& text() const { return text_; }
   bool full() const { return full_; }
 
@@ -25,6 +31,8 @@ class CapturePolicy {
     std::string pattern;
     bool all_layers = true;
     int first = 0, last = 0;
+    std::string text;  // as written
+    bool wants(std::string_view name, int layer) const;
   };
   std::string text_ = "decisions";
   bool full_ = false;

@@ -13,6 +13,7 @@
 #include "capture/h5.h"
 #include "capture/layout.h"
 #include "capture/trace_open.h"
+#include "capture/validate.h"
 
 namespace dsv4 {
 namespace {
@@ -79,7 +80,7 @@ void copy_tree(const h5::Object& src, const std::string& name, const h5::Object&
 
 }  // namespace
 
-int salvage_trace(const std::string& in, const std::string& out) {
+SalvageResult salvage_trace(const std::string& in, const std::string& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out, ec))
@@ -87,31 +88,40 @@ int salvage_trace(const std::string& in, const std::string& out) {
         "{}: already exists; salvage writes a new trace (remove it or choose another name)", out));
   if (!fs::exists(in, ec)) throw TraceError(fmt::format("{}: no such file", in));
   classify_with_reader(in);
+
+  // What validate finds decides what is copied: a step is copied only when it is complete and has no
+  // problem; /meta and the root must have none (they are copied as they are).
+  const ValidateReport v = validate_trace(in);
+  if (!v.readable) throw TraceError(v.problems.empty() ? in + ": cannot be read" : v.problems.front().what);
+  for (const TraceProblem& p : v.problems) {
+    if (p.step >= 0 || p.where.rfind("/steps", 0) == 0) continue;
+    if (p.where == "file" && v.writer_flag) continue;  // what salvage is for
+    throw TraceCorrupt(fmt::format("{}: {}: {}; salvage copies /meta as it is and cannot repair this", in,
+                                   p.where, p.what));
+  }
+  SalvageResult result;
+  for (const StepState& st : v.steps) {
+    if (st.complete && st.problems == 0) {
+      result.copied.push_back(st.index);
+      continue;
+    }
+    std::string reason = st.complete ? "damaged" : "incomplete";
+    for (const TraceProblem& p : v.problems)
+      if (p.step == st.index) {
+        reason = p.where + ": " + p.what;
+        break;
+      }
+    result.skipped.push_back({st.index, reason});
+  }
+  if (result.copied.empty()) {
+    std::string why;
+    for (const auto& k : result.skipped) why += fmt::format("; step {}: {}", k.step, k.reason);
+    throw TraceIncomplete(fmt::format("{}: no intact step to salvage ({} step group{}{})", in, v.steps.size(),
+                                      v.steps.size() == 1 ? "" : "s", why));
+  }
+
   OpenedTrace src = open_for_reading(in);
   const int version = trace_layout::check_trace_root(src.file, in);
-
-  // The complete steps, in order.
-  std::vector<std::string> complete;
-  int groups = 0;
-  if (h5::exists(src.file, kSteps)) {
-    const h5::Object steps = h5::open(src.file, kSteps);
-    for (const std::string& name : h5::children(steps)) {
-      if (!is_step_name(name)) continue;
-      ++groups;
-      std::optional<int> status;
-      try {
-        status = step_status(h5::open(steps, name));
-      } catch (const std::exception&) {
-      }
-      if (status == 1) complete.push_back(name);
-    }
-  }
-  if (complete.empty())
-    throw TraceIncomplete(fmt::format("{}: no complete step to salvage ({} step group{}, none with status 1)",
-                                      in, groups, groups == 1 ? "" : "s"));
-  if (!h5::exists(src.file, kMeta))
-    throw TraceError(fmt::format("{}: /meta is missing; nothing to salvage", in));
-
   // Written under NAME.incomplete and renamed at the end, as the recorder does: a file named `out`
   // is whole.
   const std::string tmp = out + ".incomplete";
@@ -129,12 +139,14 @@ int salvage_trace(const std::string& in, const std::string& out) {
     copy_tree(src.file, kMeta, dst, kMeta);
     {
       const h5::Object steps = h5::create_group(dst, kSteps);
-      for (size_t i = 0; i < complete.size(); ++i) {
-        const std::string from = std::string(kSteps) + "/" + complete[i], to = step_name(int(i));
-        copy_tree(src.file, from, steps, to);
-      }
+      for (size_t i = 0; i < result.copied.size(); ++i)
+        copy_tree(src.file, step_path(result.copied[i]).substr(1), steps, step_name(int(i)));
     }
     h5::close_file(dst);
+    const ValidateReport check = validate_trace(tmp);
+    if (!check.ok())
+      throw TraceCorrupt(fmt::format("{}: the copy does not validate ({}: {}); nothing was written", in,
+                                     check.problems.front().where, check.problems.front().what));
   } catch (...) {
     fs::remove(tmp, ec);
     throw;
@@ -142,7 +154,7 @@ int salvage_trace(const std::string& in, const std::string& out) {
   h5::close_file(src.file);
   fs::rename(tmp, out, ec);
   if (ec) throw Error(fmt::format("{}: cannot rename to {}: {}", tmp, out, ec.message()));
-  return int(complete.size());
+  return result;
 }
 
 }  // namespace dsv4

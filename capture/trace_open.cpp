@@ -1,8 +1,11 @@
 #include "capture/trace_open.h"
 
+#include <fmt/format.h>
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 
 #include "capture/errors.h"
 #include "capture/layout.h"
@@ -12,23 +15,64 @@ namespace dsv4 {
 
 using namespace trace_layout;  // the format's names
 
-OpenedTrace open_for_reading(const std::string& path) {
-  h5::quiet();
-  std::string first_error;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    h5::Id fapl = h5::file_access(false, false);
-    if (attempt == 2) {
-      hbool_t yes = true;
-      if (H5Pset(fapl.get(), "clear_status_flags", &yes) < 0) break;  // a library without the property
+WriterMarks writer_marks(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw TraceError(fmt::format("{}: cannot open the file for reading", path));
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<long long>(f.tellg());
+  WriterMarks m;
+  // The superblock is at 0 or after a user block of 512, 1024, 2048, ... bytes.
+  static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  for (long long at = 0; at + 12 <= size; at = at == 0 ? 512 : at * 2) {
+    unsigned char head[12];
+    f.seekg(at);
+    if (!f.read(reinterpret_cast<char*>(head), sizeof head)) break;
+    if (std::memcmp(head, kSignature, 8) != 0) continue;
+    m.hdf5 = true;
+    m.version = head[8];
+    // Versions 2 and 3: signature, version, size of offsets, size of lengths, file consistency flags
+    // (bit 0: open for writing, bit 2: open for SWMR writing).
+    if (m.version >= 2) {
+      m.write = (head[11] & 0x01) != 0;
+      m.swmr = (head[11] & 0x04) != 0;
     }
-    const unsigned flags = H5F_ACC_RDONLY | (attempt == 0 ? H5F_ACC_SWMR_READ : 0u);
-    try {
-      return OpenedTrace{h5::open_file(path, flags, fapl.get()), attempt == 2};
-    } catch (const TraceError& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
+    break;
   }
-  throw TraceError(first_error);
+  return m;
+}
+
+OpenedTrace open_for_reading(const std::string& path, bool clear_flags) {
+  h5::quiet();
+  const WriterMarks marks = writer_marks(path);
+  if (!marks.hdf5) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
+  // Without POSIX locks, like the writer: HDF5 refuses to open one file twice in a process with
+  // different locking settings, and the superblock's flags already keep readers and the writer apart.
+  h5::Id fapl = h5::file_access(false, false);
+  if (marks.swmr) {
+    const h5::Object at{h5::Id(), path, ""};
+    h5::check(H5Pset_metadata_read_attempts(fapl.get(), kSwmrReadAttempts), at,
+              "cannot set the metadata read attempts");
+    h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get())), path, "/"};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false};
+    // A flipped flag on a closed file: read it as a closed file below.
+  }
+  if (!marks.write || marks.swmr) {
+    h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false};
+    if (!marks.write)
+      h5::fail(path, "", "cannot open the file as HDF5 (damaged or truncated; `dsv4 trace validate` tells more)");
+  }
+  if (!clear_flags)
+    throw TraceError(fmt::format(
+        "{}: the file is marked as open for writing: its writer is still running or died while creating a "
+        "step; `dsv4 trace salvage {} --out NEW.h5` copies its complete steps into a new trace",
+        path, path));
+  hbool_t yes = true;
+  if (H5Pset(fapl.get(), "clear_status_flags", &yes) < 0)
+    h5::fail(path, "", "the file is marked as open for writing and this HDF5 cannot ignore the mark");
+  h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
+  if (!f.id.valid()) h5::fail(path, "", "cannot open the file as HDF5 (damaged, or open for writing)");
+  return OpenedTrace{std::move(f), true};
 }
 
 void classify_with_reader(const std::string& path) {

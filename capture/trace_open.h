@@ -1,5 +1,5 @@
-// Opening a trace that may be damaged (a recorder that died, a file from elsewhere), shared by
-// validation (capture/validate.h) and salvage (capture/salvage.h).
+// Opening a trace read-only, with a bounded time on any file, shared by the reader
+// (capture/trace_reader.h), validation (capture/validate.h) and salvage (capture/salvage.h).
 #pragma once
 
 #include <optional>
@@ -9,21 +9,38 @@
 
 namespace dsv4 {
 
+// What the superblock of an HDF5 file says about writers (its "file consistency flags", superblock
+// versions 2 and 3; the latest-format files the recorder writes have version 3).
+struct WriterMarks {
+  bool hdf5 = false;   // an HDF5 signature was found (at offset 0, 512, 1024, ...)
+  int version = -1;    // superblock version
+  bool write = false;  // marked open for writing (a writer holds the file, or died holding it)
+  bool swmr = false;   // marked open for SWMR writing (the recorder during a step's forward)
+};
+// Reads the superblock's flags with plain file reads (no HDF5 call). Throws TraceError naming the file
+// when it cannot be read.
+WriterMarks writer_marks(const std::string& path);
+
+// Metadata read attempts of an SWMR-read open (HDF5's default is 100, each a re-read of a piece of
+// metadata whose checksum failed). A reader following a live writer needs a few; a damaged file
+// must not make every command stall.
+constexpr unsigned kSwmrReadAttempts = 4;
+
 // An open trace file and how it had to be opened.
 struct OpenedTrace {
   h5::Object file;
   bool writer_flag = false;  // the superblock still says "open for writing" (opened with clear_status_flags)
 };
 
-// Opens a trace read-only, most permissive last:
-//  1. SWMR read: a closed file, or one whose writer is (or died) in SWMR-write mode;
-//  2. plain read: an HDF5 file written without the latest format (not one of ours, but readable);
-//  3. read with HDF5's "clear_status_flags" file-access property: a file whose writer died while it
-//     held the file outside SWMR mode (creating a step's groups and datasets). Its superblock still
-//     marks it open for writing and HDF5 refuses it otherwise. Read-only, the flags are ignored for
-//     this open and nothing is written to the file (`h5clear -s` would rewrite the superblock).
-// Throws TraceError with the first attempt's error when none works.
-OpenedTrace open_for_reading(const std::string& path);
+// Opens a trace read-only. A file whose superblock is not marked open for writing (every closed
+// trace) is opened plainly: HDF5 then reads each piece of metadata once and fails at once on a bad
+// checksum. Only a file marked open for SWMR writing (a recording in progress, or one killed during
+// a step) is opened in SWMR-read mode, with kSwmrReadAttempts read attempts. A file marked open for
+// writing outside SWMR mode (a writer that died while laying out a step) is refused with a sentence
+// naming `dsv4 trace salvage`, unless `clear_flags` is set: then it is opened with HDF5's
+// "clear_status_flags" file-access property, read-only (nothing is written to the file), and
+// writer_flag says so. Throws TraceError naming the file.
+OpenedTrace open_for_reading(const std::string& path, bool clear_flags = true);
 
 // The reader's refusals for files that are not traces or are newer than this build: rethrown, so
 // validate and salvage word them as every other command does. Other failures are left to the

@@ -15,6 +15,7 @@
 #include "capture/generation.h"
 #include "capture/h5.h"
 #include "capture/layout.h"
+#include "capture/trace_open.h"
 #include "capture/training.h"
 
 namespace dsv4 {
@@ -41,22 +42,11 @@ int parse_index(const std::string& s, const std::string& prefix) {
   return v;
 }
 
-// Opens `path` as HDF5: SWMR-read first (a trace being written, or whose writer was killed while in
-// SWMR mode, only opens that way), then plain read-only (files without SWMR support). Without POSIX
-// locks, like the writer: HDF5 refuses to open one file twice in a process with different locking
-// settings, and SWMR plus the superblock's "open for writing" flags already keep readers and the
-// writer apart.
+// Opens `path` read-only (capture/trace_open.h: SWMR only for a file marked open for SWMR writing,
+// with bounded read attempts; a file a writer died holding outside SWMR mode is refused with the
+// salvage sentence).
 h5::Object open_hdf5(const std::string& path) {
-  h5::quiet();
-  h5::Id fapl = h5::file_access(false, false);
-  {
-    h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get())), path, "/"};
-    if (f.id.valid()) return f;
-  }
-  h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
-  if (!f.id.valid())
-    h5::fail(path, "", "cannot open the file as HDF5 (truncated, damaged, or open for writing)");
-  return f;
+  return open_for_reading(path, false).file;
 }
 
 bool is_dataset(const h5::Object& o) {
@@ -119,10 +109,19 @@ struct TraceReader::Impl {
         s.seed = h5::read_attr_u64(sg, kSeed);
         s.threads = int(h5::read_attr_int(sg, kThreads));
         s.seq_lengths = h5::read<int64_t>(h5::open(sg, kSeqLengths));
+        for (size_t q = 0; q < s.seq_lengths.size(); ++q)
+          if (s.seq_lengths[q] < 0)
+            throw TraceCorrupt(fmt::format("{}: {}/{}: sequence {} has length {}", path, s.group, kSeqLengths, q,
+                                           s.seq_lengths[q]));
         const auto status = h5::read<uint8_t>(h5::open(sg, kStatus));
-        s.complete = status.size() == 1 && status[0] == 1;
-      } catch (const TraceError&) {
+        if (status.size() != 1)
+          throw TraceCorrupt(fmt::format("{}: {}/{}: {} values, expected 1", path, s.group, kStatus, status.size()));
+        if (status[0] > 1)
+          throw TraceCorrupt(fmt::format("{}: {}/{}: {}, expected 0 or 1", path, s.group, kStatus, int(status[0])));
+        s.complete = status[0] == 1;
+      } catch (const TraceError& e) {
         s.complete = false;
+        s.damage = e.what();
       }
       out.push_back(std::move(s));
     }
@@ -138,6 +137,9 @@ struct TraceReader::Impl {
   // The sequence group of a complete step, and its token count.
   h5::Object seq(int step_index, int s, int64_t* T = nullptr) const {
     const TraceStepInfo& st = step(step_index);
+    if (!st.complete && !st.damage.empty())
+      throw TraceCorrupt(fmt::format("{}: step {} is damaged ({}); `dsv4 trace salvage` copies the intact steps",
+                                     path, step_index, st.damage));
     if (!st.complete)
       throw TraceIncomplete(fmt::format(
           "{}: step {} is incomplete (status 0): its recorder did not finish it", path, step_index));
@@ -167,6 +169,11 @@ struct TraceReader::Impl {
     return d;
   }
 };
+
+std::string TraceStepInfo::why_not_complete() const {
+  if (complete) return "";
+  return damage.empty() ? "incomplete (status 0): its recorder stopped during the step" : "damaged: " + damage;
+}
 
 TraceReader::TraceReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TraceReader::TraceReader(TraceReader&&) noexcept = default;

@@ -1,5 +1,7 @@
-// Reading traces (traces/FORMAT.md). Opens files in SWMR-read mode so a trace that is being written
-// (or whose writer was killed) can be read; refresh() re-reads the step list.
+// Reading traces (traces/FORMAT.md). Opens a closed file plainly read-only and a file marked open for
+// SWMR writing in SWMR-read mode with bounded read attempts (capture/trace_open.h), so a trace that is
+// being written (or whose writer was killed) can be read and a damaged one fails at once; refresh()
+// re-reads the step list.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,12 @@ struct TraceStepInfo {
   uint64_t seed = 0;
   int threads = 0;
   bool complete = false;
+  // Why an incomplete step is not complete: empty for status 0 (its recorder stopped during the step),
+  // else what could not be read (a damaged step group, attribute or status), naming the object.
+  std::string damage;
   std::vector<int64_t> seq_lengths;
+  // "incomplete (status 0)" or "damaged: <what>" for a step that is not complete; "" otherwise.
+  std::string why_not_complete() const;
 };
 
 struct TraceModelMeta {

@@ -295,6 +295,7 @@ std::unique_ptr<TraceWriter> TraceWriter::create(const std::string& path, const 
   if (fs::exists(path))
     throw InputError(
         fmt::format("{}: exists; refusing to overwrite it (choose another name, or append to it)", path));
+  opt.policy.check_matches(c);
   // A leftover NAME.h5.incomplete (a recorder that died) is replaced.
   auto impl = std::make_unique<Impl>(path, path + ".incomplete", c, std::move(opt), false);
   impl->run_on_writer([&] { impl->layout.write_header(h); });
@@ -304,6 +305,7 @@ std::unique_ptr<TraceWriter> TraceWriter::create(const std::string& path, const 
 std::unique_ptr<TraceWriter> TraceWriter::append(const std::string& path, const ModelConfig& c,
                                                  const TraceHeader& h, Options opt) {
   if (!fs::exists(path)) throw InputError(fmt::format("{}: no such trace to append to", path));
+  opt.policy.check_matches(c);
   auto impl = std::make_unique<Impl>(path, path, c, std::move(opt), true);
   impl->run_on_writer([&] {
     const TraceReader r = TraceReader::open(path);  // format and version checks

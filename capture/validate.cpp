@@ -64,6 +64,7 @@ class Validator {
     }
     rep_.readable = true;
     const h5::Object& root = t.file;
+    rep_.writer_flag = t.writer_flag;
     if (t.writer_flag)
       problem(
           "file",
@@ -77,12 +78,13 @@ class Validator {
     });
     check_meta(root);
     check_steps(root);
+    if (!t.writer_flag) check_with_reader();
   }
 
  private:
   // ---- reporting --------------------------------------------------------------------------------
   void problem(const std::string& where, const std::string& what) {
-    rep_.problems.push_back(TraceProblem{where, what});
+    rep_.problems.push_back(TraceProblem{where, what, step_ ? step_->index : -1});
     if (step_) ++step_->problems;
   }
   void unreadable(const std::string& why) {
@@ -185,6 +187,61 @@ class Validator {
       if (!std::isfinite(v[i]))
         f.add(fmt::format("{} {} at token {} (element {}) is not finite", what, v[i], int64_t(i) / row,
                           int64_t(i) % row));
+  }
+
+  // ---- what the commands read ------------------------------------------------------------------
+  // Every accessor of TraceReader (what info, dump, replay, diff and the viewer read) over every
+  // complete step that passed the checks above, so that a file validate accepts is readable by every
+  // command: a refusal of the reader is a problem of the step (or of the file) here too.
+  void check_with_reader() {
+    std::optional<TraceReader> r;
+    try {
+      r.emplace(TraceReader::open(path_));
+    } catch (const std::exception& e) {
+      // The reader lists /steps when it opens a trace: a refusal there is about the step list (which
+      // salvage rebuilds), anything else about the file.
+      const std::string what = e.what();
+      problem(what.find("/" + std::string(kSteps)) != std::string::npos ? "/steps" : "file", what);
+      return;
+    }
+    guarded("/", [&] {
+      r->created();
+      r->env();
+      r->model();
+      r->config();
+      r->tensor_names();
+    });
+    guarded("/steps", [&] { r->sizes(); });  // opens every step group, damaged ones too
+    const std::vector<TraceStepInfo> infos = r->steps();
+    for (StepState& st : rep_.steps) {
+      if (!st.complete || st.problems > 0) continue;
+      step_ = &st;
+      const std::string where = step_path(st.index);
+      auto info = std::find_if(infos.begin(), infos.end(), [&](const TraceStepInfo& i) { return i.index == st.index; });
+      if (info == infos.end() || !info->complete) {
+        problem(where, info == infos.end() ? "not listed by the reader" : "the reader cannot use it: " + info->why_not_complete());
+        step_ = nullptr;
+        continue;
+      }
+      guarded(where, [&] {
+        for (int q = 0; q < int(info->seq_lengths.size()); ++q) {
+          r->tokens(st.index, q);
+          r->logprobs(st.index, q);
+          for (int L : r->decision_layers(st.index, q)) {
+            r->indexer(st.index, q, L);
+            r->routing(st.index, q, L);
+            r->mhc(st.index, q, L, Sublayer::attn);
+            r->mhc(st.index, q, L, Sublayer::ffn);
+          }
+          r->digests(st.index, q);
+          for (const auto& [name, L] : r->full_tensors(st.index, q)) r->tensor(st.index, q, L, name);
+        }
+        r->kernels(st.index);
+        r->generation(st.index);
+        r->training(st.index);
+      });
+      step_ = nullptr;
+    }
   }
 
   // ---- /meta ------------------------------------------------------------------------------------
@@ -327,11 +384,13 @@ class Validator {
 
     std::optional<CapturePolicy> policy;
     int64_t n_seqs = -1;
+    step_kind_.clear();
     guarded(step.path, [&] {
       for (const char* a : {kKind, kProfile, kSeed, kThreads, kCapture, kNSeqs})
         if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
       if (h5::has_attr(step, kKind)) {
         const std::string kind = h5::read_attr_string(step, kKind);
+        step_kind_ = kind;
         if (!is_step_kind(kind))
           problem(step.path, fmt::format("kind '{}', expected {}", kind, step_kinds_text()));
         if (kind == kKindGenerate && !h5::exists(step, kGeneration))
@@ -359,6 +418,7 @@ class Validator {
       if (h5::has_attr(step, kCapture)) {
         try {
           policy = CapturePolicy::parse(h5::read_attr_string(step, kCapture));
+          if (cfg_) policy->check_matches(*cfg_);
         } catch (const InputError& e) {
           problem(step.path, e.what());
         }
@@ -493,6 +553,8 @@ class Validator {
           f.add(fmt::format("margin at token {} is NaN", t));
         else if (hashed && !(std::isinf(x) && x > 0))
           f.add(fmt::format("margin {} at token {} of a hash-routed layer, expected +inf", x, t));
+        else if (x < 0 && !margins_may_be_negative())
+          f.add(fmt::format("margin {} at token {} is negative (a top-k margin is >= 0)", x, t));
       }
     }
     check_hashed_attr(g, hashed);
@@ -509,6 +571,11 @@ class Validator {
         check_finite(g.child(n), *v, hc * hc, "mHC weight");
     }
   }
+
+  // A margin is score(k-th chosen) - score(best unchosen) >= 0 (kernels/indexer.h topk_row). Only a
+  // training step may have run with forced decisions (R3), whose margins are measured against the
+  // free choice and can be negative (kernels/moe.h).
+  bool margins_may_be_negative() const { return step_kind_ == kKindTrainStep; }
 
   // The `hashed` flag: an attribute of the layer group or of its router_margin dataset.
   void check_hashed_attr(const h5::Object& g, bool hashed) {
@@ -552,8 +619,13 @@ class Validator {
     });
     if (auto m = read<float>(g, kIndexerMargin, {h5::Type::f32}, {T})) {
       Findings f(*this, g.child(kIndexerMargin));
-      for (int64_t t = 0; t < T; ++t)
-        if (std::isnan((*m)[size_t(t)])) f.add(fmt::format("margin at token {} is NaN", t));
+      for (int64_t t = 0; t < T; ++t) {
+        const float x = (*m)[size_t(t)];
+        if (std::isnan(x))
+          f.add(fmt::format("margin at token {} is NaN", t));
+        else if (x < 0 && !margins_may_be_negative())
+          f.add(fmt::format("margin {} at token {} is negative (a top-k margin is >= 0)", x, t));
+      }
     }
     const auto count = read<int64_t>(g, kIndexerCount, {h5::Type::u16}, {T});
     if (!count) return;
@@ -737,6 +809,7 @@ class Validator {
   int64_t version_ = 0;  // the root's format_version
   std::optional<ModelConfig> cfg_;
   std::vector<std::string> tensor_names_;
+  std::string step_kind_;  // the kind of the step being checked ("" when unreadable)
 };
 
 }  // namespace

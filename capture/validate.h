@@ -10,6 +10,7 @@ namespace dsv4 {
 struct TraceProblem {
   std::string where;  // "/steps/000001/seq_000/decisions/layer_003/experts" or "file"
   std::string what;   // "expert id 9 at token 17 is >= n_routed_experts (8)"
+  int step = -1;      // the step it belongs to (-1: the file, /meta or the step list)
 };
 
 struct StepState {
@@ -22,6 +23,7 @@ struct ValidateReport {
   std::string path;
   bool readable = false;         // false: the file could not be opened as a trace at all
   bool incomplete_file = false;  // NAME.h5.incomplete (a recorder did not close it)
+  bool writer_flag = false;      // the superblock says "open for writing" (reported as a problem of "file")
   std::vector<StepState> steps;
   std::vector<TraceProblem> problems;
   bool ok() const { return readable && problems.empty(); }
@@ -29,8 +31,11 @@ struct ValidateReport {
 
 // Structure, dtypes, shapes and value ranges: expert ids < n_routed_experts, ascending distinct ids,
 // indexer ids visible to their position and within the width, digests present for every tensor of
-// the manifest and nothing else, log-probs finite and <= 0, status flags. Never throws for a bad
-// trace: every finding is a problem in the report.
+// the manifest and nothing else, log-probs finite and <= 0, margins >= 0 (except in training steps,
+// whose decisions may have been forced), status flags; then every complete step without a problem is
+// read through TraceReader as the commands read it (kernel records, generation and training records
+// included), so a file validate accepts is readable by every command. Never throws for a bad trace:
+// every finding is a problem in the report.
 ValidateReport validate_trace(const std::string& path);
 
 }  // namespace dsv4

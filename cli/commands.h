@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/communicator.h"
+#include "model/config.h"
 #include "model/weights.h"
 
 namespace dsv4::cli {
@@ -30,8 +31,17 @@ struct ModelArgs {
 };
 void add_model_options(CLI::App* cmd, ModelArgs& m);
 Weights open_model(const ModelArgs& m);
-// --tokens LIST|@FILE or --random N.
-std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab);
+// --tokens LIST|@FILE or --random N (1 <= N <= the config's max_position_embeddings).
+std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, const ModelConfig& c);
+
+// Bounds of numeric options, applied with CLI11 checks so the error names the flag
+// ("--threads: Value 10000 not in range [0 - 1024]", exit 2). Results never depend on the thread count;
+// more threads than this only exhausts the machine.
+constexpr int kMaxThreads = 1024;
+// --threads N with 0 <= N <= kMaxThreads.
+CLI::Option* add_threads_option(CLI::App* cmd, int& threads, const std::string& help);
+// A finite, non-negative number (CLI11's NonNegativeNumber lets "nan" and "inf" through).
+const CLI::Validator& finite_non_negative();
 
 // --ep N: expert parallelism over N MPI ranks (docs/PARALLEL.md), for the commands that run the
 // forward. open_parallel gives the process's communicator (nullptr for N = 1; it lives until the

@@ -1,5 +1,6 @@
 #include <fmt/core.h>
 
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 
@@ -54,7 +55,7 @@ std::string version_string() {
 void add_model_options(CLI::App* cmd, ModelArgs& m) {
   cmd->add_option("--model", m.model, "Checkpoint directory (config.json + safetensors)");
   cmd->add_option("--preset", m.preset, "Built-in config with seeded weights: tiny, tiny-b, mid");
-  cmd->add_option("--seed", m.seed, "Seed of the preset's weights")->capture_default_str();
+  cmd->add_option("--seed", m.seed, "Seed of the preset's weights")->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
 Weights open_model(const ModelArgs& m) {
@@ -63,10 +64,30 @@ Weights open_model(const ModelArgs& m) {
   return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
 }
 
-std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, int vocab) {
+std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, const ModelConfig& c) {
+  if (random < 0) throw InputError(fmt::format("--random: {} is negative (give a token count >= 1)", random));
+  if (random > c.max_position_embeddings)
+    throw InputError(fmt::format("--random: {} tokens exceed the model's max_position_embeddings ({})", random,
+                                 c.max_position_embeddings));
   if (spec.empty() == (random <= 0))
     throw InputError("give exactly one of --tokens LIST|@FILE or --random N");
-  return spec.empty() ? random_tokens(random, vocab, seed) : parse_tokens(spec);
+  return spec.empty() ? random_tokens(random, c.vocab_size, seed) : parse_tokens(spec);
+}
+
+CLI::Option* add_threads_option(CLI::App* cmd, int& threads, const std::string& help) {
+  return cmd->add_option("--threads", threads, help)->capture_default_str()->check(CLI::Range(0, kMaxThreads));
+}
+
+const CLI::Validator& finite_non_negative() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        double x = 0;
+        if (!CLI::detail::lexical_cast(s, x)) return "'" + s + "' is not a number";
+        if (!std::isfinite(x) || x < 0) return "'" + s + "' must be a finite number >= 0";
+        return "";
+      },
+      "NUMBER >= 0");
+  return v;
 }
 
 void set_action(std::function<int()> a) {

@@ -67,7 +67,7 @@ nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, con
 int run_forward(const ForwardArgs& a) {
   Communicator* const comm = open_parallel(a.parallel);
   Weights w = open_model(a.model);
-  const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size);
+  const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config());
   DecisionLog log;
   RunOptions opt;
   opt.experts = comm;
@@ -239,12 +239,11 @@ void register_forward_commands(CLI::App& app) {
   add_model_options(f, fa->model);
   f->add_option("--tokens", fa->tokens, "Token ids: 1,2,3 or @file (commas/whitespace)");
   f->add_option("--random", fa->random, "Use N seeded random token ids instead of --tokens");
-  f->add_option("--token-seed", fa->token_seed, "Seed of --random")->capture_default_str();
+  f->add_option("--token-seed", fa->token_seed, "Seed of --random")->capture_default_str()->check(CLI::NonNegativeNumber);
   f->add_option("--profile", fa->profile, "Numerics profile: train or rollout")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "rollout"}));
-  f->add_option("--threads", fa->threads, "CPU threads (0: all); results do not depend on it")
-      ->capture_default_str();
+  add_threads_option(f, fa->threads, "CPU threads (0: all); results do not depend on it");
   f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")
       ->capture_default_str();
   f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
@@ -257,12 +256,12 @@ void register_forward_commands(CLI::App& app) {
   CLI::App* d = app.add_subcommand(
       "demo", "Make a tiny checkpoint, run both numerics profiles and show where they disagree");
   d->add_option("--preset", da->preset, "Built-in config")->capture_default_str();
-  d->add_option("--seed", da->seed, "Seed of the weights and the prompt")->capture_default_str();
+  d->add_option("--seed", da->seed, "Seed of the weights and the prompt")->capture_default_str()->check(CLI::NonNegativeNumber);
   d->add_option("--length", da->length, "Prompt length in tokens")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
   d->add_option("--dir", da->dir, "Where to write the checkpoint (default: a temp directory)");
-  d->add_option("--threads", da->threads, "CPU threads (0: all)")->capture_default_str();
+  add_threads_option(d, da->threads, "CPU threads (0: all)");
   d->callback([da] { set_action([da] { return run_demo(*da); }); });
 }
 

@@ -168,7 +168,8 @@ void register_generate_command(CLI::App& app) {
   g->add_option("--sampling-seed", ga->defaults.sampling.seed,
                 "Sampling seed: with the request id and the position it keys each draw (--seed is the "
                 "preset's weight seed, as in the other commands)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   g->add_option("--stop", ga->stop, "Stop token ids, comma-separated (default: the config's eos_token_id)");
   g->add_option("--profile", ga->profile, "Numerics profile: train or rollout")
       ->capture_default_str()
@@ -186,8 +187,7 @@ void register_generate_command(CLI::App& app) {
         }
       });
   g->add_option("--device", ga->device, "cpu or cuda (same bits on both)")->capture_default_str();
-  g->add_option("--threads", ga->threads, "CPU threads (0: all); results do not depend on it")
-      ->capture_default_str();
+  add_threads_option(g, ga->threads, "CPU threads (0: all); results do not depend on it");
   g->add_option("--max-batch", ga->engine.max_batch, "Requests running at once at most")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

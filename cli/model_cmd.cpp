@@ -111,11 +111,12 @@ void register_model_commands(CLI::App& app) {
       ->capture_default_str();
   ci->add_option("--config", init->config, "Use this config.json instead of a preset")
       ->check(CLI::ExistingFile);
-  ci->add_option("--seed", init->seed, "Seed of the weights")->capture_default_str();
+  ci->add_option("--seed", init->seed, "Seed of the weights")->capture_default_str()->check(CLI::NonNegativeNumber);
   ci->add_option("--out", init->out, "Output directory")->required();
   ci->add_option("--shard-mb", init->shard_mb,
                  "Write shards of at most this many MiB plus an index (0: one file)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   ci->callback([init] { set_action([init] { return run_init(*init); }); });
 
   auto info = std::make_shared<InfoArgs>();

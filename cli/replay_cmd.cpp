@@ -101,13 +101,25 @@ int run_replay(const ReplayArgs& a) {
           "decisions forced\n",
           *s.mean_abs_dlogprob_before, *s.mean_abs_dlogprob_after, *s.kl_before, *s.kl_after);
   }
+  for (const auto& k : r.skipped) fmt::print("step {}: NOT VERIFIED: {}\n", k.step, k.reason);
+  for (const auto& n : r.notes) fmt::print("note: {}\n", n);
   if (!r.identical() && !r.env_differences.empty()) {
     fmt::print("environment differences (likely culprit first):\n");
     for (const auto& e : r.env_differences)
       fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80),
                  e.here.substr(0, 80));
   }
-  return r.identical() ? 0 : 1;
+  // A divergence (1) outranks steps that could not be verified (2: the trace is not whole).
+  if (!r.identical()) return 1;
+  if (!r.skipped.empty()) {
+    fmt::print(stderr,
+               "dsv4: error: {}: {} of {} step{} not verified (listed above); `dsv4 trace validate` tells more, "
+               "`dsv4 trace salvage` copies the intact steps, `--step N` replays one step\n",
+               r.trace, r.skipped.size(), r.skipped.size() + r.steps.size(),
+               r.skipped.size() + r.steps.size() == 1 ? "" : "s");
+    return 2;
+  }
+  return 0;
 }
 
 struct DiffArgs {
@@ -154,13 +166,12 @@ void register_replay_commands(CLI::App& app) {
                                     "Re-execute recorded steps and verify every digest (exit 0 identical, "
                                     "1 divergence, 2 bad input)");
   rp->add_option("TRACE", ra->trace, "Trace file")->required();
-  rp->add_option("--step", ra->step, "Replay only this step");
+  rp->add_option("--step", ra->step, "Replay only this step")->check(CLI::NonNegativeNumber);
   rp->add_flag("--all", ra->all, "Replay every complete step (the default)");
   rp->add_option("--model", ra->model, "Weights directory (default: the recorded weights path)");
   rp->add_option("--device", ra->device, "Where the replay runs: cpu or cuda (cuda compares GPU kernels too)")
       ->capture_default_str();
-  rp->add_option("--threads", ra->threads, "CPU threads (0: all); results do not depend on it")
-      ->capture_default_str();
+  add_threads_option(rp, ra->threads, "CPU threads (0: all); results do not depend on it");
   rp->add_option("--force-decisions", ra->force,
                  "Feed recorded decisions through Overrides: indexer,routing");
   rp->add_option("--take-decisions-from", ra->take_from,
@@ -176,10 +187,13 @@ void register_replay_commands(CLI::App& app) {
       app.add_subcommand("diff", "Compare two traces of the same tokens (e.g. rollout vs training)");
   df->add_option("A", da->a, "Reference trace")->required();
   df->add_option("B", da->b, "Candidate trace")->required();
-  df->add_option("--step", da->steps, "Steps to compare: N M (default 0 0)")->expected(2);
+  df->add_option("--step", da->steps, "Steps to compare: N M (default 0 0)")
+      ->expected(2)
+      ->check(CLI::NonNegativeNumber);
   df->add_flag("--allow-model-mismatch", da->allow_model_mismatch, "Compare traces of different weights");
   df->add_option("--tie-threshold", da->tie,
-                 "Margin below which a flip counts as a tie flip (default: see docs)");
+                 "Margin below which a flip counts as a tie flip (default: see docs)")
+      ->check(finite_non_negative());
   df->add_option("--json", da->json_out, "Also write the report as JSON to this file");
   df->add_option("--csv", da->csv_dir, "Also write layers.csv, tensors.csv, tokens.csv into this directory");
   df->add_flag(

@@ -73,7 +73,7 @@ int run_record(const RecordArgs& a) {
     if (!a.tokens.empty() || a.random > 0) throw InputError("give --batch or --tokens/--random, not both");
     batch = parse_batch_jsonl(a.batch);
   } else {
-    batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config().vocab_size));
+    batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config()));
   }
   if (comm && comm->rank() != 0) {  // rank 0 records; the others share the experts of the same forward
     RunOptions ro;
@@ -202,8 +202,11 @@ int run_validate(const TraceArgs& a) {
 }
 
 int run_salvage(const TraceArgs& a) {
-  const int n = salvage_trace(a.path, a.out);
-  fmt::print("salvaged {} complete step{} from {} into {}\n", n, n == 1 ? "" : "s", a.path, a.out);
+  const SalvageResult r = salvage_trace(a.path, a.out);
+  for (const auto& k : r.skipped) fmt::print("step {}: skipped: {}\n", k.step, k.reason);
+  const size_t n = r.copied.size();
+  fmt::print("salvaged {} intact step{} (of {}) from {} into {}\n", n, n == 1 ? "" : "s", n + r.skipped.size(),
+             a.path, a.out);
   return 0;
 }
 
@@ -388,7 +391,7 @@ void register_trace_commands(CLI::App& app) {
   add_model_options(rec, ra->model);
   rec->add_option("--tokens", ra->tokens, "Token ids: 1,2,3 or @file");
   rec->add_option("--random", ra->random, "Use N seeded random token ids");
-  rec->add_option("--token-seed", ra->token_seed, "Seed of --random")->capture_default_str();
+  rec->add_option("--token-seed", ra->token_seed, "Seed of --random")->capture_default_str()->check(CLI::NonNegativeNumber);
   rec->add_option("--batch", ra->batch,
                   "JSONL file, one sequence per line: [ids], {\"tokens\": [ids]}, or a dsv4 generate sample "
                   "(prompt + response)");
@@ -402,7 +405,7 @@ void register_trace_commands(CLI::App& app) {
       ->capture_default_str();
   rec->add_option("--out", ra->out, "Trace file (NAME.h5)")->required();
   rec->add_flag("--append", ra->append, "Add a step to an existing trace (same model required)");
-  rec->add_option("--threads", ra->threads, "CPU threads (0: all)")->capture_default_str();
+  add_threads_option(rec, ra->threads, "CPU threads (0: all)");
   rec->add_option("--device", ra->device, "Where the forward runs: cpu or cuda (cuda also records kernels)")
       ->capture_default_str();
   add_parallel_options(rec, ra->parallel);
@@ -424,7 +427,7 @@ void register_trace_commands(CLI::App& app) {
 
   CLI::App* dump = trace->add_subcommand("dump", "Print decisions, digests or a tensor of one step as text");
   dump->add_option("TRACE", ta->path, "Trace file")->required();
-  dump->add_option("--step", ta->step, "Step index")->capture_default_str();
+  dump->add_option("--step", ta->step, "Step index")->capture_default_str()->check(CLI::NonNegativeNumber);
   dump->add_option("--seq", ta->seq, "Sequence of the step's batch")->capture_default_str();
   dump->add_option("--layer", ta->layer, "Layer (-1: model-level tensors)");
   dump->add_option("--what", ta->what, "indexer | experts | mhc | digests | tensor | kernels (GPU launches)")

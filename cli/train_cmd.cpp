@@ -284,8 +284,7 @@ void register_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"full", "legacy"}));
   t->add_option("--profile", ta->o.profile, "Numerics profile")->capture_default_str();
   t->add_option("--device", ta->device, "cpu or cuda")->capture_default_str();
-  t->add_option("--threads", ta->o.threads, "CPU threads (0: all); results do not depend on it")
-      ->capture_default_str();
+  add_threads_option(t, ta->o.threads, "CPU threads (0: all); results do not depend on it");
   t->add_option("--record", ta->record, "Record the step into this trace (replay it with dsv4 replay)");
   t->add_option("--capture", ta->capture, "With --record: the forward's capture policy")->capture_default_str();
   t->add_option("--capture-params", ta->capture_params,

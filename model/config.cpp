@@ -168,6 +168,8 @@ ModelConfig config_from_json(const std::string& text, const std::string& origin)
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw ConfigError(fmt::format("{}: not valid JSON (at byte {}): {}", origin, e.byte, e.what()));
+  } catch (const json::exception& e) {  // a number that overflows, ...
+    throw ConfigError(fmt::format("{}: not usable JSON: {}", origin, e.what()));
   }
   if (!j.is_object())
     throw ConfigError(
@@ -408,6 +410,53 @@ void validate(const ModelConfig& c, const std::string& origin) {
     fail("swiglu_limit", fmt::format("({}) must be a finite value >= 0", c.swiglu_limit));
   positive_f("hc_eps", c.hc_eps);
   positive_f("rms_norm_eps", c.rms_norm_eps);
+  check_limits(c, origin);
+}
+
+// Hard upper bounds: a config.json is input, and a value past these would make a command run for hours
+// or exhaust memory (a Sinkhorn loop of 2^31 iterations, 70,000 experts per layer, sizes whose product
+// overflows). Each is far above every released DSV4 model (ModelConfig presets flash and pro).
+void check_limits(const ModelConfig& c, const std::string& origin) {
+  auto limit = [&](const char* field, int64_t v, int64_t max) {
+    if (v > max)
+      throw ConfigError(fmt::format("{}: field '{}' ({}) exceeds the limit of {}", origin, field, v, max));
+  };
+  limit("vocab_size", c.vocab_size, int64_t(1) << 22);
+  limit("hidden_size", c.hidden_size, 65536);
+  limit("num_hidden_layers", c.num_hidden_layers, 1000);  // layer_LLL names
+  limit("num_attention_heads", c.num_attention_heads, 1024);
+  limit("head_dim", c.head_dim, 4096);
+  limit("q_lora_rank", c.q_lora_rank, 65536);
+  limit("o_groups", c.o_groups, 1024);
+  limit("o_lora_rank", c.o_lora_rank, 65536);
+  limit("sliding_window", c.sliding_window, int64_t(1) << 24);
+  limit("max_position_embeddings", c.max_position_embeddings, int64_t(1) << 32);
+  limit("index_n_heads", c.index_n_heads, 1024);
+  limit("index_head_dim", c.index_head_dim, 4096);
+  limit("index_topk", c.index_topk, int64_t(1) << 20);
+  limit("n_routed_experts", c.n_routed_experts, 4096);
+  limit("num_experts_per_tok", c.num_experts_per_tok, 4096);
+  limit("moe_intermediate_size", c.moe_intermediate_size, 65536);
+  limit("n_shared_experts", c.n_shared_experts, 64);
+  limit("hc_mult", c.hc_mult, 64);
+  limit("hc_sinkhorn_iters", c.hc_sinkhorn_iters, 1000);
+  for (size_t i = 0; i < c.compress_ratios.size(); ++i)
+    limit(fmt::format("compress_ratios[{}]", i).c_str(), c.compress_ratios[i], 1 << 16);
+  // Products, in double (each factor is bounded above, the product may not fit in 64 bits): the
+  // largest weight groups must stay addressable and far below any machine's memory (2^44 elements).
+  const double kMaxElements = double(int64_t(1) << 44);
+  const double experts = double(c.n_routed_experts + c.n_shared_experts) * 3.0 * c.hidden_size *
+                         c.moe_intermediate_size * c.num_hidden_layers;
+  if (experts > kMaxElements)
+    throw ConfigError(fmt::format(
+        "{}: field 'n_routed_experts' ({}): the expert weights ((n_routed_experts + n_shared_experts) x 3 x "
+        "hidden_size x moe_intermediate_size x num_hidden_layers = {:.3g} elements) exceed the limit of 2^44",
+        origin, c.n_routed_experts, experts));
+  const double embed = 2.0 * c.vocab_size * c.hidden_size;
+  if (embed > kMaxElements)
+    throw ConfigError(fmt::format("{}: field 'vocab_size' ({}): the embedding and head ({:.3g} elements) exceed "
+                                  "the limit of 2^44",
+                                  origin, c.vocab_size, embed));
 }
 
 // ---- presets ------------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ std::string config_to_json(const ModelConfig& c);
 // power of two, num_experts_per_tok <= n_routed_experts, compress ratios 0 or a power of two >= 2 (4 is
 // the overlapping, indexed ratio), ...
 void validate(const ModelConfig& c, const std::string& origin);
+// The hard upper bounds validate() applies (hc_sinkhorn_iters <= 1000, n_routed_experts <= 4096, the
+// expert weights and the embedding <= 2^44 elements, ...): ConfigError naming the field, the value and
+// the limit.
+void check_limits(const ModelConfig& c, const std::string& origin);
 
 // Built-in presets: "tiny", "tiny-b", "mid" (hidden 1024, 8 layers, for benchmarks), "flash", "pro".
 std::vector<std::string> preset_names();

@@ -226,6 +226,8 @@ std::vector<std::string> SafetensorsReader::Impl::add_file(const std::string& pa
   } catch (const json::parse_error& e) {
     throw WeightsError(
         fmt::format("{}: header is not valid JSON (at byte {} of {}): {}", path, e.byte, n, e.what()));
+  } catch (const json::exception& e) {  // a number that overflows, ...
+    throw WeightsError(fmt::format("{}: header is not usable JSON: {}", path, e.what()));
   }
   if (!h.is_object())
     throw WeightsError(fmt::format("{}: header must be a JSON object, found {}", path, h.type_name()));
@@ -341,6 +343,8 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
       j = json::parse(read_text_file(ipath));
     } catch (const json::parse_error& e) {
       throw WeightsError(fmt::format("{}: not valid JSON (at byte {}): {}", ipath, e.byte, e.what()));
+    } catch (const json::exception& e) {  // a number that overflows, ...
+      throw WeightsError(fmt::format("{}: not usable JSON: {}", ipath, e.what()));
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw WeightsError(fmt::format("{}: expected an object with a 'weight_map' object", ipath));

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -16,11 +17,21 @@ std::vector<int32_t> parse_tokens(const std::string& spec) {
   std::string text = spec, origin = "--tokens";
   if (!spec.empty() && spec[0] == '@') {
     origin = spec.substr(1);
-    std::ifstream f(origin);
+    std::ifstream f(origin, std::ios::binary);
     if (!f) throw InputError(fmt::format("{}: cannot open token file", origin));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    // Read in pieces, at most kMaxBytes: a device such as /dev/zero never ends.
+    constexpr size_t kMaxBytes = size_t(256) << 20;
+    text.clear();
+    char buf[1 << 16];
+    while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+      const size_t n = size_t(f.gcount());
+      if (const void* nul = std::memchr(buf, '\0', n))
+        throw InputError(fmt::format("{}: not a text file (a NUL byte at offset {})", origin,
+                                     text.size() + size_t(static_cast<const char*>(nul) - buf)));
+      if (text.size() + n > kMaxBytes)
+        throw InputError(fmt::format("{}: a token file of more than {} MiB", origin, kMaxBytes >> 20));
+      text.append(buf, n);
+    }
   }
   std::vector<int32_t> out;
   size_t i = 0;

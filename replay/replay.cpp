@@ -400,6 +400,14 @@ void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepRep
   sr.kernels_equal = true;
 }
 
+// The thread count of a step's replay: --threads, or the recorded count. The recorded count is a
+// file's word, used for resources: it is bounded by this machine's processors (results never depend
+// on it), and a negative value means "the OpenMP default".
+static int replay_threads(const ReplayOptions& opt, const TraceStepInfo& info) {
+  if (opt.threads > 0) return opt.threads;
+  return std::clamp(info.threads, 0, omp_get_num_procs());
+}
+
 // What a step's replay compares against, per sequence: its tokens, digests and decisions.
 struct RecordedStep {
   std::vector<std::vector<int32_t>> tokens;
@@ -424,7 +432,7 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
                                          const Weights& w, const ReplayOptions& opt) {
   StepReplay sr;
   sr.step = index;
-  sr.threads = opt.threads > 0 ? opt.threads : info.threads;
+  sr.threads = replay_threads(opt, info);
   const GenerationRecord g = *r.generation(index);
   const int n = int(info.seq_lengths.size());
   RecordedStep rec = read_recorded_step(r, index, n);
@@ -487,6 +495,133 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   return sr;
 }
 
+// One step of replay_trace (the loop body): re-executes step `index` and appends its StepReplay.
+static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo& info, const Weights& w,
+                            const ReplayOptions& opt, const std::optional<TraceReader>& source,
+                            const std::vector<TraceStepInfo>& source_steps, ReplayReport& rep) {
+  const std::string& trace = r.path();
+  if (info.kind == trace_layout::kKindGenerate) {
+    if (source || opt.force_indexer || opt.force_routing)
+      throw InputError(
+          fmt::format("{}: step {} is a generation; it replays as recorded (forced decisions and "
+                      "counterfactuals apply to prefill steps)",
+                      trace, index));
+    rep.steps.push_back(replay_generation_step(r, index, info, w, opt));
+    return;
+  }
+  StepReplay sr;
+  sr.step = index;
+  sr.threads = replay_threads(opt, info);
+  const int n_seqs = int(info.seq_lengths.size());
+  RecordedStep rec = read_recorded_step(r, index, n_seqs);
+  const std::vector<std::vector<int32_t>>& batch = rec.tokens;
+  std::vector<DigestTable>& tables = rec.tables;
+  const std::vector<SeqDecisions>& recorded = rec.decisions;
+
+  if (info.kind == trace_layout::kKindTrainStep) {
+    if (source || opt.force_indexer || opt.force_routing)
+      throw InputError(fmt::format(
+          "{}: step {} is a training step; it replays as recorded (with the decisions it was given)", trace,
+          index));
+    const TrainingReplayPlan plan = plan_training_replay(r, index);
+    Overrides forced;
+    add_overrides(recorded, plan.force_indexer, plan.force_routing, forced);
+    Verifier v(r, index, std::move(tables), sr);
+    replay_training_step(r, plan, w, opt, forced, v, sr);
+    v.finish();
+    sr.decision_changes = compare_decisions_with(v.log, recorded);
+    sr.kernels_note = "training steps hold no kernel records";
+    sr.identical = !sr.first && sr.decision_changes.empty();
+    rep.steps.push_back(std::move(sr));
+    return;
+  }
+
+  Overrides ov;
+  std::vector<SeqDecisions> forced_from;  // counterfactual: the other trace's decisions
+  std::vector<std::vector<float>> source_logprobs;
+  if (source) {
+    const int k = opt.take_step >= 0 ? opt.take_step : index;
+    if (k >= int(source_steps.size()))
+      throw InputError(fmt::format("{}: no step {} to take decisions from (it has {} step{})",
+                                   opt.take_decisions_from, k, source_steps.size(),
+                                   source_steps.size() == 1 ? "" : "s"));
+    if (!source_steps[size_t(k)].complete)
+      throw TraceIncomplete(fmt::format("{}: step {} is incomplete; its decisions cannot be used",
+                                        opt.take_decisions_from, k));
+    if (int(source_steps[size_t(k)].seq_lengths.size()) != n_seqs)
+      throw InputError(fmt::format(
+          "{} step {} holds {} sequences, {} step {} holds {}: a counterfactual needs the same "
+          "tokens",
+          opt.take_decisions_from, k, source_steps[size_t(k)].seq_lengths.size(), trace, index, n_seqs));
+    for (int s = 0; s < n_seqs; ++s) {
+      const std::vector<int32_t> toks = source->tokens(k, s);
+      if (toks != batch[size_t(s)]) {
+        size_t p = 0;
+        while (p < toks.size() && p < batch[size_t(s)].size() && toks[p] == batch[size_t(s)][p]) ++p;
+        throw InputError(fmt::format(
+            "{} step {} sequence {} holds other tokens than {} step {} ({} vs {} tokens, first "
+            "difference at position {}): a counterfactual needs the same tokens",
+            opt.take_decisions_from, k, s, trace, index, toks.size(), batch[size_t(s)].size(), p));
+      }
+      forced_from.push_back(read_decisions(*source, k, s));
+      source_logprobs.push_back(source->logprobs(k, s));
+    }
+    add_overrides(forced_from, true, true, ov);
+  } else {
+    add_overrides(recorded, opt.force_indexer, opt.force_routing, ov);
+  }
+
+  Verifier v(r, index, std::move(tables), sr);
+  RunOptions ro;
+  ro.profile = profile_by_name(info.profile);
+  ro.threads = sr.threads;
+  ro.observer = &v;
+  ro.overrides = ov.empty() ? nullptr : &ov;
+  ro.device = opt.device;
+  const KernelRecords recorded_kernels = r.kernels(index);
+  sr.kernels_recorded = int64_t(recorded_kernels.kernels.size());
+  KernelRecorder recorder;
+  const bool record_kernels = recorded_kernels.available && opt.device == Device::cuda && recorder.start();
+  const auto t0 = std::chrono::steady_clock::now();
+  const ForwardResult result = forward(w, batch, ro);
+  sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  v.finish();
+  if (record_kernels)
+    compare_kernels(recorded_kernels, recorder.stop(), sr);
+  else if (!recorded_kernels.available)
+    sr.kernels_note = "the trace holds no kernel records (" + recorded_kernels.reason + ")";
+  else if (opt.device != Device::cuda)
+    sr.kernels_note =
+        "the replay ran on the " + std::string(to_string(opt.device)) + ", no kernels to compare";
+  else
+    sr.kernels_note = "this replay could not record kernels (" + recorder.reason() + ")";
+
+  sr.decision_changes = compare_decisions_with(v.log, recorded);
+  if (source) {
+    sr.counterfactual_mismatches = compare_decisions_with(v.log, forced_from);
+    sr.counterfactual_decisions_equal = sr.counterfactual_mismatches.empty();
+    std::vector<float> a, b_rec, b_rep;
+    for (int s = 0; s < n_seqs; ++s) {
+      const std::vector<float> rec = r.logprobs(index, s);
+      const std::vector<float>& rep_lp = result.seqs[size_t(s)].logprobs;
+      if (source_logprobs[size_t(s)].size() != rec.size() || rec.size() != rep_lp.size())
+        throw TraceError(
+            fmt::format("{} / {}: sequence {} holds {} and {} log-probs, the replay computed {}",
+                        opt.take_decisions_from, trace, s, source_logprobs[size_t(s)].size(), rec.size(),
+                        rep_lp.size()));
+      a.insert(a.end(), source_logprobs[size_t(s)].begin(), source_logprobs[size_t(s)].end());
+      b_rec.insert(b_rec.end(), rec.begin(), rec.end());
+      b_rep.insert(b_rep.end(), rep_lp.begin(), rep_lp.end());
+    }
+    sr.mean_abs_dlogprob_before = mean_abs_diff(a, b_rec);
+    sr.mean_abs_dlogprob_after = mean_abs_diff(a, b_rep);
+    sr.kl_before = mean_diff(a, b_rec);
+    sr.kl_after = mean_diff(a, b_rep);
+  }
+  sr.identical = !sr.first && sr.decision_changes.empty();
+  rep.steps.push_back(std::move(sr));
+ }
+
 ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   TraceReader r = TraceReader::open(trace);
   ReplayReport rep;
@@ -498,7 +633,12 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     if (*opt.step < 0 || *opt.step >= int(steps.size()))
       throw InputError(fmt::format("{}: no step {} (the trace has {} step{}: 0..{})", trace, *opt.step,
                                    steps.size(), steps.size() == 1 ? "" : "s", int(steps.size()) - 1));
-    if (!steps[size_t(*opt.step)].complete)
+    const TraceStepInfo& st = steps[size_t(*opt.step)];
+    if (!st.complete && !st.damage.empty())
+      throw TraceCorrupt(fmt::format("{}: step {} is damaged ({}); `dsv4 trace validate` tells more and `dsv4 "
+                                     "trace salvage` copies the intact steps",
+                                     trace, *opt.step, st.damage));
+    if (!st.complete)
       throw TraceIncomplete(
           fmt::format("{}: step {} is incomplete (its recorder stopped while writing it); `dsv4 "
                       "trace validate` lists the complete steps",
@@ -509,14 +649,15 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
       if (s.complete) {
         selected.push_back(s.index);
       } else {
-        rep.skipped_steps.push_back(s.index);
-        rep.notes.push_back(fmt::format("step {} is incomplete (status 0) and was not replayed", s.index));
+        rep.skipped.push_back({s.index, s.why_not_complete()});
       }
     }
-    if (selected.empty())
-      throw TraceIncomplete(
-          fmt::format("{}: no complete step to replay (the trace has {} step{}, none complete)", trace,
-                      steps.size(), steps.size() == 1 ? "" : "s"));
+    if (selected.empty()) {
+      std::string why;
+      for (const auto& k : rep.skipped) why += fmt::format("; step {}: {}", k.step, k.reason);
+      throw TraceIncomplete(fmt::format("{}: no complete step to replay (the trace has {} step{}, none complete{})",
+                                        trace, steps.size(), steps.size() == 1 ? "" : "s", why));
+    }
   }
 
   std::optional<TraceReader> source;
@@ -539,130 +680,23 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   rep.model_source = w.source();
   rep.weight_mismatches = weight_mismatches(r, w);
 
+  // Replaying every step, a step whose recorded data cannot be read (a damaged dataset) is skipped and
+  // named, and the others are still verified; with --step the error is the answer.
   for (int index : selected) {
-    const TraceStepInfo& info = steps[size_t(index)];
-    if (info.kind == trace_layout::kKindGenerate) {
-      if (source || opt.force_indexer || opt.force_routing)
-        throw InputError(
-            fmt::format("{}: step {} is a generation; it replays as recorded (forced decisions and "
-                        "counterfactuals apply to prefill steps)",
-                        trace, index));
-      rep.steps.push_back(replay_generation_step(r, index, info, w, opt));
+    if (opt.step) {
+      replay_one_step(r, index, steps[size_t(index)], w, opt, source, source_steps, rep);
       continue;
     }
-    StepReplay sr;
-    sr.step = index;
-    sr.threads = opt.threads > 0 ? opt.threads : info.threads;
-    const int n_seqs = int(info.seq_lengths.size());
-    RecordedStep rec = read_recorded_step(r, index, n_seqs);
-    const std::vector<std::vector<int32_t>>& batch = rec.tokens;
-    std::vector<DigestTable>& tables = rec.tables;
-    const std::vector<SeqDecisions>& recorded = rec.decisions;
-
-    if (info.kind == trace_layout::kKindTrainStep) {
-      if (source || opt.force_indexer || opt.force_routing)
-        throw InputError(fmt::format(
-            "{}: step {} is a training step; it replays as recorded (with the decisions it was given)", trace,
-            index));
-      const TrainingReplayPlan plan = plan_training_replay(r, index);
-      Overrides forced;
-      add_overrides(recorded, plan.force_indexer, plan.force_routing, forced);
-      Verifier v(r, index, std::move(tables), sr);
-      replay_training_step(r, plan, w, opt, forced, v, sr);
-      v.finish();
-      sr.decision_changes = compare_decisions_with(v.log, recorded);
-      sr.kernels_note = "training steps hold no kernel records";
-      sr.identical = !sr.first && sr.decision_changes.empty();
-      rep.steps.push_back(std::move(sr));
-      continue;
+    try {
+      replay_one_step(r, index, steps[size_t(index)], w, opt, source, source_steps, rep);
+    } catch (const TraceError& e) {
+      rep.skipped.push_back({index, fmt::format("damaged: {}", e.what())});
     }
-
-    Overrides ov;
-    std::vector<SeqDecisions> forced_from;  // counterfactual: the other trace's decisions
-    std::vector<std::vector<float>> source_logprobs;
-    if (source) {
-      const int k = opt.take_step >= 0 ? opt.take_step : index;
-      if (k >= int(source_steps.size()))
-        throw InputError(fmt::format("{}: no step {} to take decisions from (it has {} step{})",
-                                     opt.take_decisions_from, k, source_steps.size(),
-                                     source_steps.size() == 1 ? "" : "s"));
-      if (!source_steps[size_t(k)].complete)
-        throw TraceIncomplete(fmt::format("{}: step {} is incomplete; its decisions cannot be used",
-                                          opt.take_decisions_from, k));
-      if (int(source_steps[size_t(k)].seq_lengths.size()) != n_seqs)
-        throw InputError(fmt::format(
-            "{} step {} holds {} sequences, {} step {} holds {}: a counterfactual needs the same "
-            "tokens",
-            opt.take_decisions_from, k, source_steps[size_t(k)].seq_lengths.size(), trace, index, n_seqs));
-      for (int s = 0; s < n_seqs; ++s) {
-        const std::vector<int32_t> toks = source->tokens(k, s);
-        if (toks != batch[size_t(s)]) {
-          size_t p = 0;
-          while (p < toks.size() && p < batch[size_t(s)].size() && toks[p] == batch[size_t(s)][p]) ++p;
-          throw InputError(fmt::format(
-              "{} step {} sequence {} holds other tokens than {} step {} ({} vs {} tokens, first "
-              "difference at position {}): a counterfactual needs the same tokens",
-              opt.take_decisions_from, k, s, trace, index, toks.size(), batch[size_t(s)].size(), p));
-        }
-        forced_from.push_back(read_decisions(*source, k, s));
-        source_logprobs.push_back(source->logprobs(k, s));
-      }
-      add_overrides(forced_from, true, true, ov);
-    } else {
-      add_overrides(recorded, opt.force_indexer, opt.force_routing, ov);
-    }
-
-    Verifier v(r, index, std::move(tables), sr);
-    RunOptions ro;
-    ro.profile = profile_by_name(info.profile);
-    ro.threads = sr.threads;
-    ro.observer = &v;
-    ro.overrides = ov.empty() ? nullptr : &ov;
-    ro.device = opt.device;
-    const KernelRecords recorded_kernels = r.kernels(index);
-    sr.kernels_recorded = int64_t(recorded_kernels.kernels.size());
-    KernelRecorder recorder;
-    const bool record_kernels = recorded_kernels.available && opt.device == Device::cuda && recorder.start();
-    const auto t0 = std::chrono::steady_clock::now();
-    const ForwardResult result = forward(w, batch, ro);
-    sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    v.finish();
-    if (record_kernels)
-      compare_kernels(recorded_kernels, recorder.stop(), sr);
-    else if (!recorded_kernels.available)
-      sr.kernels_note = "the trace holds no kernel records (" + recorded_kernels.reason + ")";
-    else if (opt.device != Device::cuda)
-      sr.kernels_note =
-          "the replay ran on the " + std::string(to_string(opt.device)) + ", no kernels to compare";
-    else
-      sr.kernels_note = "this replay could not record kernels (" + recorder.reason() + ")";
-
-    sr.decision_changes = compare_decisions_with(v.log, recorded);
-    if (source) {
-      sr.counterfactual_mismatches = compare_decisions_with(v.log, forced_from);
-      sr.counterfactual_decisions_equal = sr.counterfactual_mismatches.empty();
-      std::vector<float> a, b_rec, b_rep;
-      for (int s = 0; s < n_seqs; ++s) {
-        const std::vector<float> rec = r.logprobs(index, s);
-        const std::vector<float>& rep_lp = result.seqs[size_t(s)].logprobs;
-        if (source_logprobs[size_t(s)].size() != rec.size() || rec.size() != rep_lp.size())
-          throw TraceError(
-              fmt::format("{} / {}: sequence {} holds {} and {} log-probs, the replay computed {}",
-                          opt.take_decisions_from, trace, s, source_logprobs[size_t(s)].size(), rec.size(),
-                          rep_lp.size()));
-        a.insert(a.end(), source_logprobs[size_t(s)].begin(), source_logprobs[size_t(s)].end());
-        b_rec.insert(b_rec.end(), rec.begin(), rec.end());
-        b_rep.insert(b_rep.end(), rep_lp.begin(), rep_lp.end());
-      }
-      sr.mean_abs_dlogprob_before = mean_abs_diff(a, b_rec);
-      sr.mean_abs_dlogprob_after = mean_abs_diff(a, b_rep);
-      sr.kl_before = mean_diff(a, b_rec);
-      sr.kl_after = mean_diff(a, b_rep);
-    }
-    sr.identical = !sr.first && sr.decision_changes.empty();
-    rep.steps.push_back(std::move(sr));
   }
+  std::sort(rep.skipped.begin(), rep.skipped.end(),
+            [](const ReplayReport::SkippedStep& a, const ReplayReport::SkippedStep& b) { return a.step < b.step; });
 
+  // The thread count this replay ran with
   // The thread count this replay ran with stands in for "threads" of this machine; it is listed when it
   // differs and ranked where it belongs: the thread count never changes results.
   EnvFingerprint here = environment_fingerprint();

@@ -99,11 +99,19 @@ struct ReplayReport {
   std::vector<StepReplay> steps;
   std::vector<EnvDifference> env_differences;  // sorted by rank
   std::vector<std::string> weight_mismatches;  // tensor names whose digest differs from the recorded
-  std::vector<int> skipped_steps;              // incomplete steps (status 0), not replayed
-  std::vector<std::string> notes;              // remarks for the reader (skipped steps, model mismatch, ...)
-  std::string layout_note;                     // how a parallel recording was laid out ("" for one process)
-  // Every step identical and the weights equal to the recorded ones.
+  // Steps of the trace that were not verified (replaying every step): incomplete ones (status 0),
+  // damaged ones (a step group, attribute or dataset that cannot be read), in step order.
+  struct SkippedStep {
+    int step = 0;
+    std::string reason;  // "incomplete (status 0): ..." or the read error naming the object
+  };
+  std::vector<SkippedStep> skipped;
+  std::vector<std::string> notes;  // remarks for the reader (model mismatch, ...)
+  std::string layout_note;         // how a parallel recording was laid out ("" for one process)
+  // Every replayed step identical and the weights equal to the recorded ones.
   bool identical() const;
+  // identical() and no step skipped: every step of the trace (or the one asked for) was verified.
+  bool verified_all() const { return identical() && skipped.empty(); }
 };
 
 // Throws InputError for bad input (unreadable trace, missing weights, step out of range, a

@@ -10,6 +10,10 @@ std::string replay_to_json(const ReplayReport& r) {
   j["trace"] = r.trace;
   j["model"] = r.model_source;
   j["identical"] = r.identical();
+  j["verified_all"] = r.verified_all();
+  j["skipped"] = nlohmann::json::array();
+  for (const auto& k : r.skipped) j["skipped"].push_back({{"step", k.step}, {"reason", k.reason}});
+  j["notes"] = r.notes;
   j["weight_mismatches"] = r.weight_mismatches;
   for (const auto& e : r.env_differences)
     j["env_differences"].push_back(

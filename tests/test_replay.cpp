@@ -579,8 +579,10 @@ TEST(Replay, IncompleteStepsAreSkipped) {
     partial = writer->writing_path();
   }
   const ReplayReport rep = replay_trace(partial.string(), {});
-  EXPECT_EQ(rep.skipped_steps, std::vector<int>{1});
-  ASSERT_FALSE(rep.notes.empty());
+  ASSERT_EQ(rep.skipped.size(), 1u);
+  EXPECT_EQ(rep.skipped[0].step, 1);
+  EXPECT_NE(rep.skipped[0].reason.find("incomplete (status 0)"), std::string::npos) << rep.skipped[0].reason;
+  EXPECT_FALSE(rep.verified_all());
   expect_identical(rep, steps, "the complete step of a partial trace");
   ReplayOptions opt;
   opt.step = 1;

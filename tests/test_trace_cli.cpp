@@ -156,7 +156,7 @@ TEST_F(TraceCli, KilledBetweenStepsIsSalvaged) {
   EXPECT_TRUE(j["incomplete_file"].get<bool>());
   auto s = run_cli("trace salvage " + t + ".incomplete --out " + p("saved.h5"));
   ASSERT_EQ(s.code, 0) << s.out;
-  EXPECT_NE(s.out.find("salvaged 1 complete step"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("salvaged 1 intact step"), std::string::npos) << s.out;
   EXPECT_EQ(run_cli("trace validate " + p("saved.h5")).code, 0);
   EXPECT_EQ(run_cli("replay " + p("saved.h5")).code, 0);
 }
@@ -175,7 +175,7 @@ TEST_F(TraceCli, KilledMidStepLosesOnlyThatStep) {
   EXPECT_FALSE(j["steps"][1]["complete"].get<bool>());
   auto s = run_cli("trace salvage " + t + " --out " + p("saved.h5"));
   ASSERT_EQ(s.code, 0) << s.out;
-  EXPECT_NE(s.out.find("salvaged 1 complete step"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("salvaged 1 intact step"), std::string::npos) << s.out;
   EXPECT_EQ(run_cli("trace validate " + p("saved.h5")).code, 0);
 }
 

@@ -439,7 +439,7 @@ TEST_F(TraceValidate, UnclosedTraceKeepsItsCompleteStepThroughSalvage) {
   EXPECT_NE(r.problems[0].what.find("incomplete"), std::string::npos);
 
   const std::string out = path("salvaged.h5");
-  EXPECT_EQ(salvage_trace(writing, out), 1);
+  EXPECT_EQ(salvage_trace(writing, out).copied.size(), 1u);
   EXPECT_FALSE(fs::exists(out + ".incomplete"));
   const ValidateReport s = validate_trace(out);
   EXPECT_TRUE(s.ok()) << all_problems(s);
@@ -491,7 +491,7 @@ TEST_F(TraceValidate, WriterFlagLeftInTheSuperblock) {
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_TRUE(r.steps[0].complete);
   const std::string out = path("from_flagged.h5");
-  EXPECT_EQ(salvage_trace(p, out), 1);
+  EXPECT_EQ(salvage_trace(p, out).copied.size(), 1u);
   EXPECT_TRUE(validate_trace(out).ok()) << all_problems(validate_trace(out));
 }
 

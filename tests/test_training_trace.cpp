@@ -483,7 +483,7 @@ TEST(TrainingTrace, VersionOneAndTwoTracesStillReadAndGainVersionThreeWithATrain
   }
   // Salvage keeps a trace's version.
   const std::string salvaged = tmp / "gen-salvaged.h5";
-  EXPECT_EQ(salvage_trace(gen, salvaged), 1);
+  EXPECT_EQ(salvage_trace(gen, salvaged).copied.size(), 1u);
   EXPECT_EQ(root_version(salvaged), kGenerationFormatVersion);
 
   // Version 1: prefill steps only; a second prefill step keeps it.
