@@ -8,10 +8,12 @@
 #include <QLabel>
 #include <QPainter>
 #include <QScrollArea>
+#include <QSplitter>
 #include <QTableView>
 #include <QToolTip>
 #include <QVBoxLayout>
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace dsv4::gui {
@@ -53,6 +55,16 @@ QTableView* small_table(QAbstractItemModel* m) {
   t->setMinimumHeight(90);
   t->setMaximumHeight(160);
   return t;
+}
+
+// A group box whose check box folds it to its title.
+void make_collapsible(QGroupBox* box) {
+  box->setCheckable(true);
+  box->setChecked(true);
+  box->setToolTip(QStringLiteral("Untick to fold this section"));
+  QObject::connect(box, &QGroupBox::toggled, box, [box](bool on) {
+    for (QWidget* w : box->findChildren<QWidget*>(QString(), Qt::FindDirectChildrenOnly)) w->setVisible(on);
+  });
 }
 
 }  // namespace
@@ -169,14 +181,20 @@ void MhcWidget::paintEvent(QPaintEvent*) {
   const Layout l = layout();
   const int hc = l.hc, mats = l.mats, label_w = l.label_w, gap = l.gap, title_h = l.title_h;
   const int cell_w = l.cell_w, cell_h = l.cell_h;
-  double max_diff = 0;
+  // Each B − A matrix has its own colour scale (its largest |value|), so a sublayer whose
+  // differences are 1e-9 is not drawn white next to one whose differences are 1e-3.
+  std::array<double, 2> max_diff{0, 0};
   for (int s = 0; s < 2; ++s)
     for (float x : d.comb_diff[s])
-      if (std::isfinite(x)) max_diff = std::max(max_diff, double(std::fabs(x)));
+      if (std::isfinite(x)) max_diff[s] = std::max(max_diff[s], double(std::fabs(x)));
   QFont f = font();
   f.setPointSizeF(std::max(6.0, f.pointSizeF() * 0.75));
   p.setFont(f);
-  const bool numbers = cell_w >= 34 && cell_h >= 12;
+  // Numbers in the cells where they fit: A and B with 2 decimals, B − A with 1 significant digit.
+  const QFontMetrics fm(f);
+  const bool numbers = cell_w >= fm.horizontalAdvance(QStringLiteral("0.00")) + 2 &&
+                       cell_h >= fm.height() - 2 &&
+                       (mats < 3 || cell_w >= fm.horizontalAdvance(QStringLiteral("-5e-07")) + 2);
   int y = 0;
   static const char* sub[] = {"attn", "ffn"};
   static const char* names[] = {"A", "B", "B − A"};
@@ -190,7 +208,7 @@ void MhcWidget::paintEvent(QPaintEvent*) {
       const int x0 = label_w + m * (hc * cell_w + gap);
       p.setPen(palette().color(QPalette::WindowText));
       QString title = QString::fromUtf8(names[m]);
-      if (m == 2) title += QStringLiteral("  (max %1)").arg(num(max_diff, 2));
+      if (m == 2) title += QStringLiteral("  (±%1)").arg(num(max_diff[s], 2));
       p.drawText(QRect(x0, y, hc * cell_w + gap, title_h), Qt::AlignLeft | Qt::AlignVCenter, title);
       if (v.size() < size_t(hc) * hc) continue;
       for (int j = 0; j < hc; ++j) {
@@ -201,7 +219,7 @@ void MhcWidget::paintEvent(QPaintEvent*) {
             const double t = std::clamp(x, 0.0, 1.0);
             c = QColor::fromRgbF(float(1 - 0.55 * t), float(1 - 0.25 * t), float(1 - 0.55 * t));
           } else {
-            const double t = max_diff > 0 ? std::clamp(x / max_diff, -1.0, 1.0) : 0.0;
+            const double t = max_diff[s] > 0 ? std::clamp(x / max_diff[s], -1.0, 1.0) : 0.0;
             c = t >= 0 ? QColor::fromRgbF(1.f, float(1 - 0.8 * t), float(1 - 0.8 * t))
                        : QColor::fromRgbF(float(1 + 0.8 * t), float(1 + 0.5 * t), 1.f);
           }
@@ -209,7 +227,10 @@ void MhcWidget::paintEvent(QPaintEvent*) {
           p.fillRect(r, c);
           if (numbers) {
             p.setPen(QColor(0x20, 0x20, 0x20));
-            p.drawText(r, Qt::AlignCenter, m < 2 ? QString::number(x, 'f', 3) : QString::number(x, 'e', 0));
+            p.drawText(r, Qt::AlignCenter,
+                       m < 2    ? QString::number(x, 'f', 2)
+                       : x == 0 ? QStringLiteral("0")
+                                : QString::number(x, 'e', 0));
           }
         }
       }
@@ -284,14 +305,20 @@ DetailPanel::DetailPanel(QWidget* parent) : QWidget(parent) {
   outer->addWidget(scroll);
   auto* content = new QWidget;
   scroll->setWidget(content);
-  // Two columns (decisions | numbers); a hidden section leaves no gap.
+  // Two columns (decisions | numbers) that a splitter resizes; a hidden section leaves no gap, and
+  // each section folds to its title (its check box).
   auto* outer_layout = new QVBoxLayout(content);
   outer_layout->setContentsMargins(6, 6, 6, 6);
-  auto* columns = new QHBoxLayout;
-  auto* left = new QVBoxLayout;
-  auto* right = new QVBoxLayout;
-  columns->addLayout(left, 1);
-  columns->addLayout(right, 1);
+  auto* columns = new QSplitter(Qt::Horizontal);
+  columns->setChildrenCollapsible(true);
+  auto* left_w = new QWidget;
+  auto* right_w = new QWidget;
+  auto* left = new QVBoxLayout(left_w);
+  auto* right = new QVBoxLayout(right_w);
+  left->setContentsMargins(0, 0, 3, 0);
+  right->setContentsMargins(3, 0, 0, 0);
+  columns->addWidget(left_w);
+  columns->addWidget(right_w);
 
   title_ = new QLabel(QStringLiteral("Select a cell of the heatmap."));
   title_->setTextFormat(Qt::RichText);
@@ -353,7 +380,8 @@ DetailPanel::DetailPanel(QWidget* parent) : QWidget(parent) {
   left->addStretch(1);
   right->addStretch(1);
   outer_layout->addWidget(digest_text_);
-  outer_layout->addLayout(columns, 1);
+  outer_layout->addWidget(columns, 1);
+  for (QGroupBox* box : {indexer_box_, routing_box_, mhc_box_, tensor_box_}) make_collapsible(box);
 
   connect(tensor_combo_, &QComboBox::currentIndexChanged, this, &DetailPanel::showTensor);
   setDetail(nullptr);
@@ -427,10 +455,19 @@ void DetailPanel::setDetail(DetailPtr d) {
   {
     const QSignalBlocker block(tensor_combo_);
     tensor_combo_->clear();
+    // Execution order, each with its error; the first differing one is shown.
     for (const auto& t : c->tensors)
-      tensor_combo_->addItem(QStringLiteral("%1 (row %2)").arg(QString::fromStdString(t.name)).arg(t.row));
+      tensor_combo_->addItem(
+          t.comparison ? QStringLiteral("%1 (row %2) · rel-L2 %3")
+                             .arg(QString::fromStdString(t.name))
+                             .arg(t.row)
+                             .arg(num(t.rel_l2, 3))
+                       : QStringLiteral("%1 (row %2)").arg(QString::fromStdString(t.name)).arg(t.row));
+    tensor_combo_->setCurrentIndex(c->first_differing_tensor >= 0 ? c->first_differing_tensor
+                                   : c->tensors.empty()           ? -1
+                                                                  : 0);
   }
-  showTensor(c->tensors.empty() ? -1 : 0);
+  showTensor(tensor_combo_->currentIndex());
   if (c->comparison) {
     QStringList names;
     for (const auto& n : c->digest_differing) names << QString::fromStdString(n);

@@ -36,6 +36,8 @@ class HeatmapView : public QAbstractScrollArea {
   std::pair<int, int> cellAt(const QPoint& viewport_pos) const;
   // The cell area in viewport coordinates.
   QRect cellRect() const;
+  // What the empty view says (no trace open, or a load in progress).
+  QString emptyText() const;
   // Statistics of the last rendering of the cached image (for the frame-time measurement).
   double lastRenderMs() const { return last_render_ms_; }
   int renders() const { return renders_; }
