@@ -134,6 +134,7 @@ MhcWidget::Layout MhcWidget::layout() const {
   if (!detail_ || detail_->hc == 0) return l;
   l.hc = detail_->hc;
   l.mats = detail_->comparison ? 3 : 1;
+  if (detail_->comparison) l.title_h = 28;  // B − A's scale on a second line, never cut
   l.cell_w = std::clamp((width() - l.label_w - l.gap * l.mats) / (l.mats * l.hc), 10, 46);
   l.cell_h = std::clamp((height() - 2 * l.title_h - 8) / (2 * l.hc), 8, 18);
   return l;
@@ -192,9 +193,9 @@ void MhcWidget::paintEvent(QPaintEvent*) {
   p.setFont(f);
   // Numbers in the cells where they fit: A and B with 2 decimals, B − A with 1 significant digit.
   const QFontMetrics fm(f);
-  const bool numbers = cell_w >= fm.horizontalAdvance(QStringLiteral("0.00")) + 2 &&
-                       cell_h >= fm.height() - 2 &&
-                       (mats < 3 || cell_w >= fm.horizontalAdvance(QStringLiteral("-5e-07")) + 2);
+  const bool fits_h = cell_h >= fm.height() - 2;
+  const bool numbers_ab = fits_h && cell_w >= fm.horizontalAdvance(QStringLiteral("0.00")) + 2;
+  const bool numbers_diff = fits_h && cell_w >= fm.horizontalAdvance(QStringLiteral("-5e-07")) + 2;
   int y = 0;
   static const char* sub[] = {"attn", "ffn"};
   static const char* names[] = {"A", "B", "B − A"};
@@ -208,8 +209,8 @@ void MhcWidget::paintEvent(QPaintEvent*) {
       const int x0 = label_w + m * (hc * cell_w + gap);
       p.setPen(palette().color(QPalette::WindowText));
       QString title = QString::fromUtf8(names[m]);
-      if (m == 2) title += QStringLiteral("  (±%1)").arg(num(max_diff[s], 2));
-      p.drawText(QRect(x0, y, hc * cell_w + gap, title_h), Qt::AlignLeft | Qt::AlignVCenter, title);
+      if (m == 2) title += QStringLiteral("\n±%1").arg(num(max_diff[s], 2));
+      p.drawText(QRect(x0, y, hc * cell_w + gap, title_h), Qt::AlignLeft | Qt::AlignBottom, title);
       if (v.size() < size_t(hc) * hc) continue;
       for (int j = 0; j < hc; ++j) {
         for (int k = 0; k < hc; ++k) {
@@ -225,7 +226,7 @@ void MhcWidget::paintEvent(QPaintEvent*) {
           }
           const QRect r(x0 + k * cell_w, y + title_h + j * cell_h, cell_w - 1, cell_h - 1);
           p.fillRect(r, c);
-          if (numbers) {
+          if (m < 2 ? numbers_ab : numbers_diff) {
             p.setPen(QColor(0x20, 0x20, 0x20));
             p.drawText(r, Qt::AlignCenter,
                        m < 2    ? QString::number(x, 'f', 2)

@@ -516,12 +516,13 @@ bool MainWindow::goToDivergence(int row) {
   navigator_model_->setCurrent(row);
   if (d->seq != seq_) setSequence(d->seq);
   selectCell(d->cell_layer, d->token);
-  status_->setText(
-      QStringLiteral("%1 %2 of %3: %4")
-          .arg(QString::fromUtf8(divergence_kind_name(d->kind)))
-          .arg(row + 1)
-          .arg(navigator_model_->rowCount())
-          .arg(navigator_model_->data(navigator_model_->index(row, 0), Qt::ToolTipRole).toString()));
+  status_->setText(QStringLiteral("%1 %2 of %3: %4")
+                       .arg(QString::fromUtf8(divergence_kind_name(d->kind)))
+                       .arg(row + 1)
+                       .arg(navigator_model_->rowCount())
+                       .arg(navigator_model_->data(navigator_model_->index(row, 0), Qt::ToolTipRole)
+                                .toString()
+                                .replace(QLatin1Char(0x0a), QStringLiteral("; "))));
   return true;
 }
 
