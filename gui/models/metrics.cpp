@@ -215,19 +215,32 @@ std::optional<Cell> first_divergence_cell(const DiffReport& r, const LoadSummary
   return digest_cell(s, seq, f.seq, f.layer, f.tensor, f.row);
 }
 
+namespace {
+
+// Row t of two [T, w] id tables holds the same ids as stored (then the same set, without building it).
+bool same_stored_row(const std::vector<int32_t>& a, int64_t wa, const std::vector<int32_t>& b, int64_t wb,
+                     int64_t t) {
+  if (wa != wb || wa <= 0 || int64_t(a.size()) < (t + 1) * wa || int64_t(b.size()) < (t + 1) * wb)
+    return false;
+  return std::equal(a.begin() + t * wa, a.begin() + (t + 1) * wa, b.begin() + t * wb);
+}
+
+}  // namespace
+
 std::vector<DecisionFlip> decision_flips(const LayerRecords& a, const LayerRecords& b) {
   std::vector<DecisionFlip> out;
-  if (a.indexer && b.indexer && a.indexer->T == b.indexer->T) {
-    for (int64_t t = 0; t < a.indexer->T; ++t)
-      if (indexer_row(*a.indexer, t) != indexer_row(*b.indexer, t))
-        out.push_back(
-            {t, DecisionKind::Indexer, safe_at(a.indexer->margin, t), safe_at(b.indexer->margin, t)});
+  if (a.indexer && b.indexer && a.indexer->T == b.indexer->T && a.indexer->T > 0) {
+    const IndexerRecord &ia = *a.indexer, &ib = *b.indexer;
+    const int64_t wa = int64_t(ia.ids.size()) / ia.T, wb = int64_t(ib.ids.size()) / ib.T;
+    for (int64_t t = 0; t < ia.T; ++t)
+      if (!same_stored_row(ia.ids, wa, ib.ids, wb, t) && indexer_row(ia, t) != indexer_row(ib, t))
+        out.push_back({t, DecisionKind::Indexer, safe_at(ia.margin, t), safe_at(ib.margin, t)});
   }
   if (a.routing && b.routing && a.routing->T == b.routing->T) {
-    for (int64_t t = 0; t < a.routing->T; ++t)
-      if (routing_row(*a.routing, t) != routing_row(*b.routing, t))
-        out.push_back(
-            {t, DecisionKind::Routing, safe_at(a.routing->margin, t), safe_at(b.routing->margin, t)});
+    const RoutingRecord &ra = *a.routing, &rb = *b.routing;
+    for (int64_t t = 0; t < ra.T; ++t)
+      if (!same_stored_row(ra.ids, ra.k, rb.ids, rb.k, t) && routing_row(ra, t) != routing_row(rb, t))
+        out.push_back({t, DecisionKind::Routing, safe_at(ra.margin, t), safe_at(rb.margin, t)});
   }
   return out;
 }

@@ -783,7 +783,11 @@ void MainWindow::onDatasetReset() {
   first_div_->setEnabled(s.comparison());
   next_div_->setEnabled(false);
   prev_div_->setEnabled(false);
-  banner_->hide();
+  // A pair keeps its banner's line from the start, so the overview is not resized (and rendered
+  // again) when the divergences arrive.
+  banner_->setText(s.comparison() ? QStringLiteral("Looking for divergences (computing the diff report)…")
+                                  : QString());
+  banner_->setVisible(s.comparison());
   tabs_->setTabText(kDivergencesTab, QStringLiteral("Divergences"));
   tabs_->setTabEnabled(kDivergencesTab, s.comparison());
   if (s.comparison()) {
