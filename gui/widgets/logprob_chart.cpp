@@ -17,10 +17,10 @@ LogprobChart::LogprobChart(QWidget* parent) : QChartView(parent) {
   chart->legend()->setAlignment(Qt::AlignTop);
   a_ = new QLineSeries;
   a_->setName(QStringLiteral("log p A"));
-  a_->setPen(QPen(QColor(0x2c, 0x6f, 0xbb), 1.2));
+  a_->setPen(QPen(QColor(0x2c, 0x6f, 0xbb), 2.2));
   b_ = new QLineSeries;
   b_->setName(QStringLiteral("log p B"));
-  b_->setPen(QPen(QColor(0xd9, 0x5f, 0x0e), 1.2, Qt::DashLine));
+  b_->setPen(QPen(QColor(0xd9, 0x5f, 0x0e, 0xb0), 1.0));  // thin, see-through: A (wider) shows under it
   diff_ = new QLineSeries;
   diff_->setName(QStringLiteral("B − A"));
   diff_->setPen(QPen(QColor(0x9e, 0x1b, 0x32), 1.0));

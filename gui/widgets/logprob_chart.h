@@ -1,5 +1,5 @@
-// Log-probs per token (Qt Charts): A (solid) and B (dashed, so A stays visible under it) on the left
-// axis, B − A on the right axis, and a marker at the selected token; in difference-only mode B − A
+// Log-probs per token (Qt Charts): A (wide) and B (thin, see-through, so A stays visible under it) on the
+// left axis, B − A on the right axis, and a marker at the selected token; in difference-only mode B − A
 // alone. Hovering the plot shows the token's values; clicking it selects that token's column. With
 // nothing open the chart shows no axes and no legend. Long sequences are drawn
 // from at most kMaxPoints buckets (each keeps its lowest log-prob and its largest difference), so
