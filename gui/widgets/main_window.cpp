@@ -516,8 +516,7 @@ bool MainWindow::goToDivergence(int row) {
   navigator_model_->setCurrent(row);
   if (d->seq != seq_) setSequence(d->seq);
   selectCell(d->cell_layer, d->token);
-  status_->setText(QStringLiteral("%1 %2 of %3: %4")
-                       .arg(QString::fromUtf8(divergence_kind_name(d->kind)))
+  status_->setText(QStringLiteral("Divergence %1 of %2: %3")
                        .arg(row + 1)
                        .arg(navigator_model_->rowCount())
                        .arg(navigator_model_->data(navigator_model_->index(row, 0), Qt::ToolTipRole)
