@@ -121,6 +121,17 @@ void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
   viewport()->update();
 }
 
+void HeatmapView::zoomBy(double factor) {
+  int anchor = -1;
+  const QRect area = cellRect();
+  if (sel_col_ >= 0) {
+    const double x = columnX(sel_col_) + ppc_ / 2 - area.left();
+    if (x >= 0 && x <= area.width()) anchor = int(std::lround(x));
+  }
+  setPixelsPerColumn(ppc_ * factor, anchor);
+  if (sel_row_ >= 0 && sel_col_ >= 0 && anchor < 0) ensureVisible(sel_row_, sel_col_);
+}
+
 void HeatmapView::updateScrollBars() {
   const int cols = model_ ? model_->columnCount() : 0;
   const QRect area = cellRect();

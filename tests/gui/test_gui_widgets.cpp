@@ -540,6 +540,29 @@ TEST_F(GuiWidgets, NothingIsElidedAt1024x700) {
   }();
 }
 
+// Zooming keeps the selected column where it is (and the selection), instead of zooming about the
+// centre and pushing it out of view.
+TEST_F(GuiWidgets, ZoomKeepsTheSelectedColumnInPlace) {
+  MainWindow w(false);
+  w.resize(1024, 700);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  HeatmapView* hv = w.heatmapView();
+  hv->fitToWidth();
+  const int col = int(gui_traces().tokens / 6);  // far left of the centre
+  w.selectCell(2, col);
+  QApplication::processEvents();
+  const int x0 = cell_center(hv, 2, col).x();
+  for (int i = 0; i < 4; ++i) {
+    w.activateWindow();
+    QTest::keyClick(&w, Qt::Key_Plus, Qt::ControlModifier);
+  }
+  EXPECT_GT(hv->pixelsPerColumn(), 4.0 * hv->cellRect().width() / gui_traces().tokens);
+  EXPECT_EQ(hv->selectedRow(), 2);
+  EXPECT_EQ(hv->selectedColumn(), col);
+  EXPECT_NEAR(cell_center(hv, 2, col).x(), x0, hv->pixelsPerColumn());
+}
+
 TEST(GuiHeatmapPerf, ScrollingThirtyTwoThousandTokens) {
   constexpr int kLayers = 43;
   constexpr int64_t kTokens = 32768;
