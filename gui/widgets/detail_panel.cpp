@@ -383,6 +383,8 @@ DetailPanel::DetailPanel(QWidget* parent) : QWidget(parent) {
   outer_layout->addWidget(digest_text_);
   outer_layout->addWidget(columns, 1);
   for (QGroupBox* box : {indexer_box_, routing_box_, mhc_box_, tensor_box_}) make_collapsible(box);
+  // Unfolded, the tensor section shows again only what its mode has (no worst elements of one trace).
+  connect(tensor_box_, &QGroupBox::toggled, this, [this] { showTensor(tensor_combo_->currentIndex()); });
 
   connect(tensor_combo_, &QComboBox::currentIndexChanged, this, &DetailPanel::showTensor);
   setDetail(nullptr);
@@ -481,7 +483,7 @@ void DetailPanel::setDetail(DetailPtr d) {
 void DetailPanel::showTensor(int i) {
   worst_model_->setDetail(detail_, i);
   histogram_->setTensor(detail_, i);
-  worst_table_->setVisible(detail_ && detail_->comparison);
+  worst_table_->setVisible(detail_ && detail_->comparison && tensor_box_->isChecked());  // folded: stays so
   if (!detail_ || i < 0 || i >= int(detail_->tensors.size())) {
     tensor_text_->clear();
     return;

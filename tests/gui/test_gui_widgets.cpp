@@ -14,6 +14,7 @@
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
+#include <QGroupBox>
 #include <QHeaderView>
 #include <QLabel>
 #include <QMessageBox>
@@ -22,6 +23,7 @@
 #include <QPushButton>
 #include <QScrollBar>
 #include <QSettings>
+#include <QSplitter>
 #include <QStyle>
 #include <QStyleOptionComboBox>
 #include <QTabBar>
@@ -538,6 +540,28 @@ TEST_F(GuiWidgets, NothingIsElidedAt1024x700) {
     for (const auto& c : cut) s += c + "\n";
     return s;
   }();
+
+  // The detail panel's sections fold to their titles and unfold again; its two columns are split.
+  int sections = 0;
+  for (QGroupBox* box : w.detailPanel()->findChildren<QGroupBox*>()) {
+    if (!box->isVisible()) continue;
+    ++sections;
+    ASSERT_TRUE(box->isCheckable()) << box->title().toStdString();
+    const auto children = box->findChildren<QWidget*>(QString(), Qt::FindDirectChildrenOnly);
+    ASSERT_FALSE(children.isEmpty());
+    const int open_height = box->sizeHint().height();
+    std::vector<QWidget*> shown;
+    for (QWidget* c : children)
+      if (c->isVisible()) shown.push_back(c);
+    ASSERT_FALSE(shown.empty());
+    box->setChecked(false);
+    for (QWidget* c : children) EXPECT_FALSE(c->isVisible()) << box->title().toStdString();
+    EXPECT_LT(box->sizeHint().height(), open_height) << box->title().toStdString();
+    box->setChecked(true);
+    for (QWidget* c : shown) EXPECT_TRUE(c->isVisible()) << box->title().toStdString();
+  }
+  EXPECT_GE(sections, 3);
+  EXPECT_NE(w.detailPanel()->findChild<QSplitter*>(), nullptr);
 }
 
 // Zooming keeps the selected column where it is (and the selection), instead of zooming about the
