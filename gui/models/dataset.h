@@ -105,6 +105,14 @@ struct SeqTokens {
   std::vector<std::pair<std::string, int>> full_tensors;
 };
 
+// A position of one layer where A's and B's decision sets differ (model/decision_sets.h rows), with
+// both recorded margins; whether it is a tie flip needs the layer's threshold (the diff report's).
+enum class DecisionKind : uint8_t { Indexer, Routing };
+struct DecisionFlip {
+  int64_t token = 0;
+  DecisionKind kind = DecisionKind::Indexer;
+  float margin_a = kNoValue, margin_b = kNoValue;
+};
 // Stage 3, per (sequence, layer): the records and every metric's row.
 struct LayerChunk {
   int seq = 0, layer = 0;
@@ -115,12 +123,16 @@ struct LayerChunk {
   // Single mode: near-tie thresholds of this layer by the relative rule of replay/diff.h (NaN: no
   // margins). Comparison mode takes them from the DiffReport instead.
   double indexer_tie_threshold = kNoValue, router_tie_threshold = kNoValue;
+  // Comparison mode: the positions whose decision sets differ (gui/models/metrics.h decision_flips).
+  std::vector<DecisionFlip> flips;
 };
 
 using SummaryPtr = std::shared_ptr<const LoadSummary>;
 using SeqPtr = std::shared_ptr<const SeqTokens>;
 using ChunkPtr = std::shared_ptr<const LayerChunk>;
 using ReportPtr = std::shared_ptr<const DiffReport>;
+struct DivergenceList;
+using DivergencesPtr = std::shared_ptr<const DivergenceList>;  // gui/models/divergences.h
 
 // What a loaded view holds on the UI thread; filled stage by stage.
 struct Dataset {
@@ -128,6 +140,7 @@ struct Dataset {
   std::vector<SeqPtr> seqs;                   // [seq], null until loaded
   std::vector<std::vector<ChunkPtr>> chunks;  // [seq][layer], null until loaded
   ReportPtr report;                           // comparison mode, once computed
+  DivergencesPtr divergences;                 // comparison mode, after the report
   bool complete = false;
 
   bool comparison() const { return summary && summary->comparison(); }

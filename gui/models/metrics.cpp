@@ -181,33 +181,68 @@ int64_t digest_row_token(const ModelConfig& c, const std::string& name, int laye
   return std::clamp<int64_t>(token, 0, std::max<int64_t>(T - 1, 0));
 }
 
-std::optional<Cell> first_divergence_cell(const DiffReport& r, const LoadSummary& s, const SeqTokens* seq) {
-  if (!r.first_divergence || s.layers <= 0) return std::nullopt;
-  const auto& f = *r.first_divergence;
+Cell digest_cell(const LoadSummary& s, const SeqTokens* tokens, int seq, int layer, const std::string& name,
+                 int64_t row) {
   Cell c;
-  c.seq = f.seq;
-  const int64_t T = f.seq >= 0 && f.seq < int(s.seq_lengths.size()) ? s.seq_lengths[f.seq] : 0;
-  if (f.layer >= 0) {
-    c.layer = std::min(f.layer, s.layers - 1);
+  c.seq = seq;
+  const int64_t T = seq >= 0 && seq < int(s.seq_lengths.size()) ? s.seq_lengths[seq] : 0;
+  if (layer >= 0) {
+    c.layer = std::min(layer, std::max(s.layers - 1, 0));
   } else {
     // Model-level: before every layer record (the embedding) or after them (the head).
-    bool before = f.tensor == "embed";
-    if (seq) {
-      for (const auto& rec : seq->digests_a.records) {
+    bool before = name == "embed";
+    if (tokens) {
+      for (const auto& rec : tokens->digests_a.records) {
         if (rec.layer >= 0) {
           before = false;
           break;
         }
-        if (rec.name == f.tensor) {
+        if (rec.name == name) {
           before = true;
           break;
         }
       }
     }
-    c.layer = before ? 0 : s.layers - 1;
+    c.layer = before ? 0 : std::max(s.layers - 1, 0);
   }
-  c.token = digest_row_token(s.a.config, f.tensor, f.layer, f.row, T);
+  c.token = digest_row_token(s.a.config, name, layer, row, T);
   return c;
+}
+
+std::optional<Cell> first_divergence_cell(const DiffReport& r, const LoadSummary& s, const SeqTokens* seq) {
+  if (!r.first_divergence || s.layers <= 0) return std::nullopt;
+  const auto& f = *r.first_divergence;
+  return digest_cell(s, seq, f.seq, f.layer, f.tensor, f.row);
+}
+
+namespace {
+
+// Row t of two [T, w] id tables holds the same ids as stored (then the same set, without building it).
+bool same_stored_row(const std::vector<int32_t>& a, int64_t wa, const std::vector<int32_t>& b, int64_t wb,
+                     int64_t t) {
+  if (wa != wb || wa <= 0 || int64_t(a.size()) < (t + 1) * wa || int64_t(b.size()) < (t + 1) * wb)
+    return false;
+  return std::equal(a.begin() + t * wa, a.begin() + (t + 1) * wa, b.begin() + t * wb);
+}
+
+}  // namespace
+
+std::vector<DecisionFlip> decision_flips(const LayerRecords& a, const LayerRecords& b) {
+  std::vector<DecisionFlip> out;
+  if (a.indexer && b.indexer && a.indexer->T == b.indexer->T && a.indexer->T > 0) {
+    const IndexerRecord &ia = *a.indexer, &ib = *b.indexer;
+    const int64_t wa = int64_t(ia.ids.size()) / ia.T, wb = int64_t(ib.ids.size()) / ib.T;
+    for (int64_t t = 0; t < ia.T; ++t)
+      if (!same_stored_row(ia.ids, wa, ib.ids, wb, t) && indexer_row(ia, t) != indexer_row(ib, t))
+        out.push_back({t, DecisionKind::Indexer, safe_at(ia.margin, t), safe_at(ib.margin, t)});
+  }
+  if (a.routing && b.routing && a.routing->T == b.routing->T) {
+    const RoutingRecord &ra = *a.routing, &rb = *b.routing;
+    for (int64_t t = 0; t < ra.T; ++t)
+      if (!same_stored_row(ra.ids, ra.k, rb.ids, rb.k, t) && routing_row(ra, t) != routing_row(rb, t))
+        out.push_back({t, DecisionKind::Routing, safe_at(ra.margin, t), safe_at(rb.margin, t)});
+  }
+  return out;
 }
 
 TensorDetail tensor_detail(const TensorRowPair& p) {
@@ -361,6 +396,21 @@ CellDetail cell_detail(const LoadSummary& s, const SeqTokens& seq, const LayerCh
 
   if (d.comparison) d.digest_differing = differing_tensors(seq.digests_a, seq.digests_b, chunk.layer, token);
   for (const auto& p : rows) d.tensors.push_back(tensor_detail(p));
+  // Execution order: the position of the tensor's digest record (names without one last, by name).
+  auto rank = [&](const std::string& name) {
+    const auto& recs = seq.digests_a.records;
+    for (size_t i = 0; i < recs.size(); ++i)
+      if (recs[i].layer == chunk.layer && recs[i].name == name) return i;
+    return recs.size();
+  };
+  std::stable_sort(d.tensors.begin(), d.tensors.end(), [&](const TensorDetail& x, const TensorDetail& y) {
+    const size_t rx = rank(x.name), ry = rank(y.name);
+    return rx != ry ? rx < ry : x.name < y.name;
+  });
+  if (d.comparison)
+    for (size_t i = 0; i < d.tensors.size() && d.first_differing_tensor < 0; ++i)
+      if (d.tensors[i].rel_l2 != 0 || d.tensors[i].histogram.nonfinite > 0 || !d.tensors[i].worst.empty())
+        d.first_differing_tensor = int(i);
   return d;
 }
 

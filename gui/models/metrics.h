@@ -49,9 +49,16 @@ struct Cell {
   int64_t token = 0;
   bool operator==(const Cell&) const = default;
 };
-// The heatmap cell of the report's first divergence. A model-level tensor (layer −1) maps to layer 0
-// when it runs before every layer (the embedding), else to the last layer. nullopt without one.
+// The heatmap cell of digest row `row` of tensor (name, layer) in sequence `seq`. A model-level
+// tensor (layer −1) maps to layer 0 when it runs before every layer (the embedding), else to the
+// last layer; `tokens` (may be null) holds the sequence's digest records that tell which.
+Cell digest_cell(const LoadSummary& s, const SeqTokens* tokens, int seq, int layer, const std::string& name,
+                 int64_t row);
+// The heatmap cell of the report's first divergence (digest_cell of it); nullopt without one.
 std::optional<Cell> first_divergence_cell(const DiffReport& r, const LoadSummary& s, const SeqTokens* seq);
+
+// Every differing position of the layer, indexer flips first, each kind in token order.
+std::vector<DecisionFlip> decision_flips(const LayerRecords& a, const LayerRecords& b);
 
 // ---- the detail panel of one cell ------------------------------------------------------------
 
@@ -122,7 +129,8 @@ struct CellDetail {
 
   // Digests and full tensors.
   std::vector<std::string> digest_differing;
-  std::vector<TensorDetail> tensors;
+  std::vector<TensorDetail> tensors;  // execution order (the digest records' order)
+  int first_differing_tensor = -1;    // the first of them whose row differs (comparison), −1: none
 };
 
 // Thresholds come from the report's LayerDiff in comparison mode, from the chunk in single mode. A

@@ -1,6 +1,21 @@
 #include "gui/models/trace_document.h"
 
+#include <QFileInfo>
+
 namespace dsv4::gui {
+
+namespace {
+
+// NAME.h5.incomplete that is gone while NAME.h5 exists: the recorder closed it (DESIGN.md §5, the
+// rename on clean close); the path itself otherwise.
+QString finished_path(const QString& path) {
+  static const QString suffix = QStringLiteral(".incomplete");
+  if (!path.endsWith(suffix) || QFileInfo::exists(path)) return path;
+  const QString done = path.chopped(suffix.size());
+  return QFileInfo::exists(done) ? done : path;
+}
+
+}  // namespace
 
 TraceDocument::TraceDocument(QObject* parent) : QObject(parent) {
   connect(&session_, &TraceSession::summaryReady, this, [this](SummaryPtr s) {
@@ -28,12 +43,23 @@ TraceDocument::TraceDocument(QObject* parent) : QObject(parent) {
     data_.report = std::move(r);
     emit reportLoaded();
   });
+  connect(&session_, &TraceSession::divergencesReady, this, [this](DivergencesPtr d) {
+    data_.divergences = std::move(d);
+    emit divergencesLoaded();
+  });
   connect(&session_, &TraceSession::progress, this, &TraceDocument::loadProgress);
   connect(&session_, &TraceSession::finished, this, [this] {
     data_.complete = true;
     emit loadFinished();
   });
-  connect(&session_, &TraceSession::failed, this, &TraceDocument::loadFailed);
+  connect(&session_, &TraceSession::failed, this, [this](const LoadError& e) {
+    // Never leave a half-loaded dataset: what arrived of the failed load goes.
+    if (data_.summary && !data_.complete) {
+      data_ = Dataset{};
+      emit datasetReset();
+    }
+    emit loadFailed(e);
+  });
   connect(&session_, &TraceSession::canceled, this, &TraceDocument::loadCanceled);
   connect(&session_, &TraceSession::detailReady, this,
           [this](quint64, DetailPtr d) { emit detailReady(std::move(d)); });
@@ -43,12 +69,20 @@ TraceDocument::TraceDocument(QObject* parent) : QObject(parent) {
 }
 
 void TraceDocument::open(const QString& a, const QString& b, int step_a, int step_b) {
-  request_ = LoadRequest{a, b, step_a, step_b, false};
+  request_ = LoadRequest{a, b, step_a, step_b, false, allow_model_mismatch_};
   session_.load(request_);
 }
 
 void TraceDocument::reload() {
   if (request_.path_a.isEmpty()) return;
+  const QString a = finished_path(request_.path_a);
+  const QString b = request_.path_b.isEmpty() ? request_.path_b : finished_path(request_.path_b);
+  request_.allow_model_mismatch = allow_model_mismatch_;
+  if (a != request_.path_a || b != request_.path_b) {
+    request_.path_a = a;
+    request_.path_b = b;
+    emit pathsChanged();
+  }
   LoadRequest r = request_;
   r.refresh = true;
   session_.load(r);
@@ -73,6 +107,10 @@ void TraceDocument::adopt(Dataset d) {
   if (d.report) {
     data_.report = d.report;
     emit reportLoaded();
+    data_.divergences = d.divergences ? d.divergences
+                                      : std::make_shared<const DivergenceList>(build_divergences(
+                                            *data_.summary, data_.seqs, data_.chunks, *data_.report));
+    emit divergencesLoaded();
   }
   data_.complete = true;
   emit loadFinished();

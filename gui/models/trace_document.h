@@ -15,9 +15,16 @@ class TraceDocument : public QObject {
  public:
   explicit TraceDocument(QObject* parent = nullptr);
 
-  // Starts loading; the current dataset stays until the new one's summary arrives.
+  // Starts loading; the current dataset stays until the new one's summary arrives. A load that fails
+  // after its summary arrived leaves an empty dataset (datasetReset with no summary), never a
+  // half-loaded one.
   void open(const QString& a, const QString& b = {}, int step_a = 0, int step_b = 0);
-  void reload();  // the same files again, re-reading their step lists (a trace being written)
+  // The same files again, re-reading their step lists (a trace being written). A file opened as
+  // NAME.h5.incomplete whose recorder has since finished (renamed it to NAME.h5) is followed.
+  void reload();
+  // Compare traces of different weights (DiffOptions::allow_model_mismatch); applies to later loads.
+  void setAllowModelMismatch(bool on) { allow_model_mismatch_ = on; }
+  bool allowModelMismatch() const { return allow_model_mismatch_; }
   void cancel();
   bool loading() const { return session_.loading(); }
   const LoadRequest& lastRequest() const { return request_; }
@@ -38,10 +45,12 @@ class TraceDocument : public QObject {
   TraceSession& session() { return session_; }
 
  signals:
-  void datasetReset();  // a new summary replaced everything
+  void datasetReset();  // a new summary replaced everything (or a failed load emptied it)
+  void pathsChanged();  // reload followed a finished recording to its new name (lastRequest())
   void seqLoaded(int seq);
   void chunkLoaded(int seq, int layer);
   void reportLoaded();
+  void divergencesLoaded();  // data().divergences is set (comparison mode)
   void loadProgress(int done, int total, const QString& stage);
   void loadFinished();
   void loadFailed(const dsv4::gui::LoadError& e);
@@ -54,6 +63,7 @@ class TraceDocument : public QObject {
   TraceSession session_;
   LoadRequest request_;
   Dataset data_;
+  bool allow_model_mismatch_ = false;
 };
 
 }  // namespace dsv4::gui

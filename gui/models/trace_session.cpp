@@ -17,6 +17,7 @@ void register_types() {
     qRegisterMetaType<ChunkPtr>();
     qRegisterMetaType<ReportPtr>();
     qRegisterMetaType<DetailPtr>();
+    qRegisterMetaType<DivergencesPtr>();
     qRegisterMetaType<LoadError>();
     return true;
   }();
@@ -27,6 +28,24 @@ void register_types() {
 QString with_path(const std::string& path, const char* what) {
   const QString msg = QString::fromStdString(what);
   return msg.contains(QString::fromStdString(path)) ? msg : QString::fromStdString(path) + ": " + msg;
+}
+
+// A damaged file: the library's sentence without HDF5's error stack (kept for the details), and the
+// command that recovers the complete steps.
+QString damaged_message(const std::string& path, const char* what) {
+  QString msg = with_path(path, what);
+  const int stack = msg.indexOf(QStringLiteral(" (HDF5: "));
+  if (stack >= 0) msg.truncate(stack);
+  return msg + QStringLiteral(
+                   ".\nThe file is damaged or was cut short; `dsv4 trace salvage %1 --out NEW.h5` copies its "
+                   "complete steps into a new trace.")
+                   .arg(QString::fromStdString(path));
+}
+
+std::string lengths_text(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return "[" + s + "]";
 }
 
 TraceInfo trace_info(const TraceReader& r, int step) {
@@ -112,6 +131,9 @@ TraceSession::TraceSession(QObject* parent) : QObject(parent), worker_(new Trace
   });
   connect(worker_, &TraceWorker::reportReady, this, [this](quint64 id, ReportPtr r) {
     if (id == load_id_) emit reportReady(std::move(r));
+  });
+  connect(worker_, &TraceWorker::divergencesReady, this, [this](quint64 id, DivergencesPtr d) {
+    if (id == load_id_) emit divergencesReady(std::move(d));
   });
   connect(worker_, &TraceWorker::progress, this,
           [this](quint64 id, int done, int total, const QString& stage) {
@@ -234,6 +256,9 @@ TraceReader& TraceWorker::reader(const std::string& path, bool refresh) {
 void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
   const std::string path_a = rq.path_a.toStdString(), path_b = rq.path_b.toStdString();
   std::string current = path_a;  // the file being read, for messages that do not name it
+  auto fail = [&](LoadErrorKind kind, const QString& message, const char* what) {
+    emit failed(id, {kind, message, QString::fromStdString(what), !path_b.empty()});
+  };
   try {
     emit progress(id, 0, 0, QStringLiteral("opening %1").arg(rq.path_a));
     auto summary = std::make_shared<LoadSummary>();
@@ -252,11 +277,14 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
       const auto& lb = step_of(*summary->b).seq_lengths;
       if (lb != summary->seq_lengths)
         throw InputError("the traces hold different batches: A step " + std::to_string(rq.step_a) + " has " +
-                         std::to_string(summary->seq_lengths.size()) + " sequences, B step " +
-                         std::to_string(rq.step_b) + " " + std::to_string(lb.size()) +
-                         " (or their lengths differ); compare steps over the same tokens");
+                         std::to_string(summary->seq_lengths.size()) + " sequence(s) of lengths " +
+                         lengths_text(summary->seq_lengths) + ", B step " + std::to_string(rq.step_b) + " " +
+                         std::to_string(lb.size()) + " of lengths " + lengths_text(lb) +
+                         "; compare steps over the same tokens");
       if (summary->b->config.num_hidden_layers != cfg.num_hidden_layers)
-        throw InputError("the traces are of models with different layer counts");
+        throw InputError("the traces are of models with different layer counts: A " +
+                         std::to_string(cfg.num_hidden_layers) + ", B " +
+                         std::to_string(summary->b->config.num_hidden_layers));
     }
     // A generation step (in A, else in B) names its requests and where their responses start.
     for (auto [r, step] : {std::pair{ra, rq.step_a}, std::pair{rb, rq.step_b}}) {
@@ -272,6 +300,10 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
     emit summaryReady(id, sp);
 
     const int seqs = int(summary->seq_lengths.size());
+    // Kept for the divergences, built once the report is there.
+    std::vector<SeqPtr> all_seqs(static_cast<size_t>(seqs));
+    std::vector<std::vector<ChunkPtr>> all_chunks(size_t(seqs),
+                                                  std::vector<ChunkPtr>(size_t(summary->layers)));
     const int total = seqs * (1 + summary->layers) + (rb ? 1 : 0);
     int done = 0;
     const std::string profile_a = step_of(summary->a).profile;
@@ -305,6 +337,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
       }
       seq->full_tensors = full;
       const SeqPtr seq_ptr = seq;
+      all_seqs[size_t(s)] = seq_ptr;
       emit seqReady(id, seq_ptr);
       ++done;
 
@@ -357,6 +390,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
             for (int64_t t = 0; t < T; ++t) rel[t] = std::isnan(rel[t]) ? r[t] : std::max(rel[t], r[t]);
           }
           v[int(Metric::TensorRelL2)] = std::move(rel);
+          chunk->flips = decision_flips(A, B);
         } else {
           v[int(Metric::ExpertLoad)] = A.routing ? expert_load(*A.routing, cfg.n_routed_experts)
                                                  : std::vector<float>(size_t(cfg.n_routed_experts), kNoValue);
@@ -373,6 +407,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
           v[m].resize(want, kNoValue);
         }
         const ChunkPtr cp = chunk;
+        if (rb) all_chunks[size_t(s)][size_t(layer)] = cp;
         emit chunkReady(id, cp);
         ++done;
       }
@@ -384,25 +419,32 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
       DiffOptions opt;
       opt.step_a = sa;
       opt.step_b = sb;
+      opt.allow_model_mismatch = rq.allow_model_mismatch;
       auto report = std::make_shared<DiffReport>(diff_traces(path_a, path_b, opt));
       const ReportPtr rp = report;
       emit reportReady(id, rp);
+      if (canceledNow()) return emit canceled(id);
+      emit divergencesReady(id, std::make_shared<const DivergenceList>(
+                                    build_divergences(*summary, all_seqs, all_chunks, *report)));
       ++done;
     }
     emit progress(id, total, total, QStringLiteral("loaded"));
     emit finished(id);
   } catch (const UnsupportedTraceVersion& e) {
-    emit failed(id, {LoadErrorKind::UnsupportedVersion, with_path(current, e.what())});
+    fail(LoadErrorKind::UnsupportedVersion, with_path(current, e.what()), e.what());
   } catch (const NotATrace& e) {
-    emit failed(id, {LoadErrorKind::NotATrace, with_path(current, e.what())});
+    fail(LoadErrorKind::NotATrace, with_path(current, e.what()), e.what());
   } catch (const TraceIncomplete& e) {
-    emit failed(id, {LoadErrorKind::Incomplete, with_path(current, e.what())});
+    fail(LoadErrorKind::Incomplete, with_path(current, e.what()), e.what());
   } catch (const TraceError& e) {
-    emit failed(id, {LoadErrorKind::Corrupt, with_path(current, e.what())});
+    fail(LoadErrorKind::Corrupt, damaged_message(current, e.what()), e.what());
   } catch (const InputError& e) {
-    emit failed(id, {LoadErrorKind::Mismatch, QString::fromStdString(e.what())});
+    QString msg = QString::fromStdString(e.what());
+    if (msg.contains(QStringLiteral("allow a model mismatch")))
+      msg += QStringLiteral(" (File ▸ Allow model mismatch)");
+    fail(LoadErrorKind::Mismatch, msg, e.what());
   } catch (const std::exception& e) {
-    emit failed(id, {LoadErrorKind::Other, with_path(current, e.what())});
+    fail(LoadErrorKind::Other, with_path(current, e.what()), e.what());
   }
 }
 

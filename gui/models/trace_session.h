@@ -6,8 +6,9 @@
 // Results come back as typed, immutable values through queued signals, so every slot runs on the UI
 // thread. A load reports in stages: summary (both traces' metadata and the shape of the data), then
 // per sequence its tokens and digests, then per (sequence, layer) the decisions and every metric row,
-// then (comparison) the DiffReport; progress and failure signals come alongside. Results of a load
-// that was superseded or cancelled are dropped here and never reach the receivers.
+// then (comparison) the DiffReport and the divergences built from it; progress and failure signals come
+// alongside. Results of a load that was superseded or cancelled are dropped here and never reach the
+// receivers.
 #pragma once
 
 #include <QImage>
@@ -23,6 +24,7 @@
 #include <variant>
 
 #include "gui/models/dataset.h"
+#include "gui/models/divergences.h"
 #include "gui/models/metrics.h"
 
 namespace dsv4::gui {
@@ -32,7 +34,8 @@ using DetailPtr = std::shared_ptr<const CellDetail>;
 struct LoadRequest {
   QString path_a, path_b;  // path_b empty: single-trace mode
   int step_a = 0, step_b = 0;
-  bool refresh = false;  // re-read the step lists of files already open (a trace being written)
+  bool refresh = false;               // re-read the step lists of files already open (a trace being written)
+  bool allow_model_mismatch = false;  // compare traces of different weights (DiffOptions)
 };
 
 struct DetailRequest {
@@ -54,7 +57,9 @@ struct ExportRequest {
 enum class LoadErrorKind { NotATrace, UnsupportedVersion, Incomplete, Corrupt, Mismatch, Other };
 struct LoadError {
   LoadErrorKind kind = LoadErrorKind::Other;
-  QString message;
+  QString message;    // one or two sentences: the file, the problem, what to do
+  QString details;    // the library's full message (HDF5's error stack for a damaged file)
+  bool pair = false;  // the load was of two traces
 };
 
 class TraceWorker;
@@ -79,6 +84,7 @@ class TraceSession : public QObject {
   void seqReady(dsv4::gui::SeqPtr s);
   void chunkReady(dsv4::gui::ChunkPtr c);
   void reportReady(dsv4::gui::ReportPtr r);
+  void divergencesReady(dsv4::gui::DivergencesPtr d);
   void progress(int done, int total, const QString& stage);
   void finished();
   void failed(const dsv4::gui::LoadError& e);
@@ -118,6 +124,7 @@ class TraceWorker : public QObject {
   void seqReady(quint64 id, dsv4::gui::SeqPtr s);
   void chunkReady(quint64 id, dsv4::gui::ChunkPtr c);
   void reportReady(quint64 id, dsv4::gui::ReportPtr r);
+  void divergencesReady(quint64 id, dsv4::gui::DivergencesPtr d);
   void progress(quint64 id, int done, int total, const QString& stage);
   void finished(quint64 id);
   void failed(quint64 id, const dsv4::gui::LoadError& e);
@@ -149,4 +156,5 @@ Q_DECLARE_METATYPE(dsv4::gui::SeqPtr)
 Q_DECLARE_METATYPE(dsv4::gui::ChunkPtr)
 Q_DECLARE_METATYPE(dsv4::gui::ReportPtr)
 Q_DECLARE_METATYPE(dsv4::gui::DetailPtr)
+Q_DECLARE_METATYPE(dsv4::gui::DivergencesPtr)
 Q_DECLARE_METATYPE(dsv4::gui::LoadError)

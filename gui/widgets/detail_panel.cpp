@@ -8,10 +8,12 @@
 #include <QLabel>
 #include <QPainter>
 #include <QScrollArea>
+#include <QSplitter>
 #include <QTableView>
 #include <QToolTip>
 #include <QVBoxLayout>
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace dsv4::gui {
@@ -53,6 +55,16 @@ QTableView* small_table(QAbstractItemModel* m) {
   t->setMinimumHeight(90);
   t->setMaximumHeight(160);
   return t;
+}
+
+// A group box whose check box folds it to its title.
+void make_collapsible(QGroupBox* box) {
+  box->setCheckable(true);
+  box->setChecked(true);
+  box->setToolTip(QStringLiteral("Untick to fold this section"));
+  QObject::connect(box, &QGroupBox::toggled, box, [box](bool on) {
+    for (QWidget* w : box->findChildren<QWidget*>(QString(), Qt::FindDirectChildrenOnly)) w->setVisible(on);
+  });
 }
 
 }  // namespace
@@ -122,6 +134,7 @@ MhcWidget::Layout MhcWidget::layout() const {
   if (!detail_ || detail_->hc == 0) return l;
   l.hc = detail_->hc;
   l.mats = detail_->comparison ? 3 : 1;
+  if (detail_->comparison) l.title_h = 28;  // B − A's scale on a second line, never cut
   l.cell_w = std::clamp((width() - l.label_w - l.gap * l.mats) / (l.mats * l.hc), 10, 46);
   l.cell_h = std::clamp((height() - 2 * l.title_h - 8) / (2 * l.hc), 8, 18);
   return l;
@@ -169,14 +182,20 @@ void MhcWidget::paintEvent(QPaintEvent*) {
   const Layout l = layout();
   const int hc = l.hc, mats = l.mats, label_w = l.label_w, gap = l.gap, title_h = l.title_h;
   const int cell_w = l.cell_w, cell_h = l.cell_h;
-  double max_diff = 0;
+  // Each B − A matrix has its own colour scale (its largest |value|), so a sublayer whose
+  // differences are 1e-9 is not drawn white next to one whose differences are 1e-3.
+  std::array<double, 2> max_diff{0, 0};
   for (int s = 0; s < 2; ++s)
     for (float x : d.comb_diff[s])
-      if (std::isfinite(x)) max_diff = std::max(max_diff, double(std::fabs(x)));
+      if (std::isfinite(x)) max_diff[s] = std::max(max_diff[s], double(std::fabs(x)));
   QFont f = font();
   f.setPointSizeF(std::max(6.0, f.pointSizeF() * 0.75));
   p.setFont(f);
-  const bool numbers = cell_w >= 34 && cell_h >= 12;
+  // Numbers in the cells where they fit: A and B with 2 decimals, B − A with 1 significant digit.
+  const QFontMetrics fm(f);
+  const bool fits_h = cell_h >= fm.height() - 2;
+  const bool numbers_ab = fits_h && cell_w >= fm.horizontalAdvance(QStringLiteral("0.00")) + 2;
+  const bool numbers_diff = fits_h && cell_w >= fm.horizontalAdvance(QStringLiteral("-5e-07")) + 2;
   int y = 0;
   static const char* sub[] = {"attn", "ffn"};
   static const char* names[] = {"A", "B", "B − A"};
@@ -190,8 +209,8 @@ void MhcWidget::paintEvent(QPaintEvent*) {
       const int x0 = label_w + m * (hc * cell_w + gap);
       p.setPen(palette().color(QPalette::WindowText));
       QString title = QString::fromUtf8(names[m]);
-      if (m == 2) title += QStringLiteral("  (max %1)").arg(num(max_diff, 2));
-      p.drawText(QRect(x0, y, hc * cell_w + gap, title_h), Qt::AlignLeft | Qt::AlignVCenter, title);
+      if (m == 2) title += QStringLiteral("\n±%1").arg(num(max_diff[s], 2));
+      p.drawText(QRect(x0, y, hc * cell_w + gap, title_h), Qt::AlignLeft | Qt::AlignBottom, title);
       if (v.size() < size_t(hc) * hc) continue;
       for (int j = 0; j < hc; ++j) {
         for (int k = 0; k < hc; ++k) {
@@ -201,15 +220,18 @@ void MhcWidget::paintEvent(QPaintEvent*) {
             const double t = std::clamp(x, 0.0, 1.0);
             c = QColor::fromRgbF(float(1 - 0.55 * t), float(1 - 0.25 * t), float(1 - 0.55 * t));
           } else {
-            const double t = max_diff > 0 ? std::clamp(x / max_diff, -1.0, 1.0) : 0.0;
+            const double t = max_diff[s] > 0 ? std::clamp(x / max_diff[s], -1.0, 1.0) : 0.0;
             c = t >= 0 ? QColor::fromRgbF(1.f, float(1 - 0.8 * t), float(1 - 0.8 * t))
                        : QColor::fromRgbF(float(1 + 0.8 * t), float(1 + 0.5 * t), 1.f);
           }
           const QRect r(x0 + k * cell_w, y + title_h + j * cell_h, cell_w - 1, cell_h - 1);
           p.fillRect(r, c);
-          if (numbers) {
+          if (m < 2 ? numbers_ab : numbers_diff) {
             p.setPen(QColor(0x20, 0x20, 0x20));
-            p.drawText(r, Qt::AlignCenter, m < 2 ? QString::number(x, 'f', 3) : QString::number(x, 'e', 0));
+            p.drawText(r, Qt::AlignCenter,
+                       m < 2    ? QString::number(x, 'f', 2)
+                       : x == 0 ? QStringLiteral("0")
+                                : QString::number(x, 'e', 0));
           }
         }
       }
@@ -284,14 +306,20 @@ DetailPanel::DetailPanel(QWidget* parent) : QWidget(parent) {
   outer->addWidget(scroll);
   auto* content = new QWidget;
   scroll->setWidget(content);
-  // Two columns (decisions | numbers); a hidden section leaves no gap.
+  // Two columns (decisions | numbers) that a splitter resizes; a hidden section leaves no gap, and
+  // each section folds to its title (its check box).
   auto* outer_layout = new QVBoxLayout(content);
   outer_layout->setContentsMargins(6, 6, 6, 6);
-  auto* columns = new QHBoxLayout;
-  auto* left = new QVBoxLayout;
-  auto* right = new QVBoxLayout;
-  columns->addLayout(left, 1);
-  columns->addLayout(right, 1);
+  auto* columns = new QSplitter(Qt::Horizontal);
+  columns->setChildrenCollapsible(true);
+  auto* left_w = new QWidget;
+  auto* right_w = new QWidget;
+  auto* left = new QVBoxLayout(left_w);
+  auto* right = new QVBoxLayout(right_w);
+  left->setContentsMargins(0, 0, 3, 0);
+  right->setContentsMargins(3, 0, 0, 0);
+  columns->addWidget(left_w);
+  columns->addWidget(right_w);
 
   title_ = new QLabel(QStringLiteral("Select a cell of the heatmap."));
   title_->setTextFormat(Qt::RichText);
@@ -353,7 +381,10 @@ DetailPanel::DetailPanel(QWidget* parent) : QWidget(parent) {
   left->addStretch(1);
   right->addStretch(1);
   outer_layout->addWidget(digest_text_);
-  outer_layout->addLayout(columns, 1);
+  outer_layout->addWidget(columns, 1);
+  for (QGroupBox* box : {indexer_box_, routing_box_, mhc_box_, tensor_box_}) make_collapsible(box);
+  // Unfolded, the tensor section shows again only what its mode has (no worst elements of one trace).
+  connect(tensor_box_, &QGroupBox::toggled, this, [this] { showTensor(tensor_combo_->currentIndex()); });
 
   connect(tensor_combo_, &QComboBox::currentIndexChanged, this, &DetailPanel::showTensor);
   setDetail(nullptr);
@@ -427,10 +458,19 @@ void DetailPanel::setDetail(DetailPtr d) {
   {
     const QSignalBlocker block(tensor_combo_);
     tensor_combo_->clear();
+    // Execution order, each with its error; the first differing one is shown.
     for (const auto& t : c->tensors)
-      tensor_combo_->addItem(QStringLiteral("%1 (row %2)").arg(QString::fromStdString(t.name)).arg(t.row));
+      tensor_combo_->addItem(
+          t.comparison ? QStringLiteral("%1 (row %2) · rel-L2 %3")
+                             .arg(QString::fromStdString(t.name))
+                             .arg(t.row)
+                             .arg(num(t.rel_l2, 3))
+                       : QStringLiteral("%1 (row %2)").arg(QString::fromStdString(t.name)).arg(t.row));
+    tensor_combo_->setCurrentIndex(c->first_differing_tensor >= 0 ? c->first_differing_tensor
+                                   : c->tensors.empty()           ? -1
+                                                                  : 0);
   }
-  showTensor(c->tensors.empty() ? -1 : 0);
+  showTensor(tensor_combo_->currentIndex());
   if (c->comparison) {
     QStringList names;
     for (const auto& n : c->digest_differing) names << QString::fromStdString(n);
@@ -443,7 +483,7 @@ void DetailPanel::setDetail(DetailPtr d) {
 void DetailPanel::showTensor(int i) {
   worst_model_->setDetail(detail_, i);
   histogram_->setTensor(detail_, i);
-  worst_table_->setVisible(detail_ && detail_->comparison);
+  worst_table_->setVisible(detail_ && detail_->comparison && tensor_box_->isChecked());  // folded: stays so
   if (!detail_ || i < 0 || i >= int(detail_->tensors.size())) {
     tensor_text_->clear();
     return;

@@ -37,7 +37,7 @@ class MhcWidget : public QWidget {
  public:
   explicit MhcWidget(QWidget* parent = nullptr);
   void setDetail(DetailPtr d);
-  QSize sizeHint() const override { return {360, 170}; }
+  QSize sizeHint() const override { return {360, 200}; }
 
  protected:
   void paintEvent(QPaintEvent*) override;

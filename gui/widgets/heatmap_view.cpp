@@ -121,6 +121,17 @@ void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
   viewport()->update();
 }
 
+void HeatmapView::zoomBy(double factor) {
+  int anchor = -1;
+  const QRect area = cellRect();
+  if (sel_col_ >= 0) {
+    const double x = columnX(sel_col_) + ppc_ / 2 - area.left();
+    if (x >= 0 && x <= area.width()) anchor = int(std::lround(x));
+  }
+  setPixelsPerColumn(ppc_ * factor, anchor);
+  if (sel_row_ >= 0 && sel_col_ >= 0 && anchor < 0) ensureVisible(sel_row_, sel_col_);
+}
+
 void HeatmapView::updateScrollBars() {
   const int cols = model_ ? model_->columnCount() : 0;
   const QRect area = cellRect();
@@ -418,7 +429,12 @@ void HeatmapView::renderCache() {
   const QSize size = viewport()->size();
   if (cache_.size() != size) cache_ = QImage(size, QImage::Format_RGB32);
   cache_.fill(kBackground);
-  if (model_) {
+  if (!model_ || model_->rowCount() == 0) {
+    // Nothing open (or nothing loaded yet): no axes, no legend, only what to do.
+    QPainter p(&cache_);
+    p.setPen(QColor(0x66, 0x66, 0x66));
+    p.drawText(QRect(QPoint(0, 0), size), Qt::AlignCenter | Qt::TextWordWrap, emptyText());
+  } else {
     const QRect area = cellRect();
     renderCells(cache_, area);
     QPainter p(&cache_);
@@ -485,6 +501,13 @@ void HeatmapView::paintEvent(QPaintEvent*) {
     p.drawLine(QPointF(x + ppc_ / 2, 2), QPointF(x + ppc_ / 2, area.top()));
   }
   emit framePainted(timer.nsecsElapsed() / 1e6);
+}
+
+QString HeatmapView::emptyText() const {
+  return QStringLiteral(
+      "No trace open.\nFile ▸ Open (Ctrl+O) one trace, or two to compare (A = reference, "
+      "usually the training step; B = candidate, usually the rollout),\nor drop one or two "
+      ".h5 files here.");
 }
 
 }  // namespace dsv4::gui

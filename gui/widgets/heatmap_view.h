@@ -23,8 +23,11 @@ class HeatmapView : public QAbstractScrollArea {
   // Zoom: pixels per column (below 1 when zoomed out). fitToWidth shows every column.
   double pixelsPerColumn() const { return ppc_; }
   void setPixelsPerColumn(double ppc, int anchor_x = -1);
-  void zoomIn() { setPixelsPerColumn(ppc_ * 1.5); }
-  void zoomOut() { setPixelsPerColumn(ppc_ / 1.5); }
+  // Zoom by a factor about the selected column when it is in view (it stays where it is), else
+  // about the centre, bringing the selection into view.
+  void zoomBy(double factor);
+  void zoomIn() { zoomBy(1.5); }
+  void zoomOut() { zoomBy(1 / 1.5); }
   void fitToWidth();
 
   // Selection: (row, column) or (−1, −1). select() scrolls it into view and emits cellSelected.
@@ -36,6 +39,8 @@ class HeatmapView : public QAbstractScrollArea {
   std::pair<int, int> cellAt(const QPoint& viewport_pos) const;
   // The cell area in viewport coordinates.
   QRect cellRect() const;
+  // What the empty view says (no trace open, or a load in progress).
+  QString emptyText() const;
   // Statistics of the last rendering of the cached image (for the frame-time measurement).
   double lastRenderMs() const { return last_render_ms_; }
   int renders() const { return renders_; }

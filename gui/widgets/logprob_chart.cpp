@@ -4,6 +4,7 @@
 #include <QLegendMarker>
 #include <QLineSeries>
 #include <QMouseEvent>
+#include <QToolTip>
 #include <QValueAxis>
 #include <algorithm>
 #include <cmath>
@@ -16,10 +17,10 @@ LogprobChart::LogprobChart(QWidget* parent) : QChartView(parent) {
   chart->legend()->setAlignment(Qt::AlignTop);
   a_ = new QLineSeries;
   a_->setName(QStringLiteral("log p A"));
-  a_->setPen(QPen(QColor(0x2c, 0x6f, 0xbb), 1.2));
+  a_->setPen(QPen(QColor(0x2c, 0x6f, 0xbb), 2.2));
   b_ = new QLineSeries;
   b_->setName(QStringLiteral("log p B"));
-  b_->setPen(QPen(QColor(0xd9, 0x5f, 0x0e), 1.2));
+  b_->setPen(QPen(QColor(0xd9, 0x5f, 0x0e, 0xb0), 1.0));  // thin, see-through: A (wider) shows under it
   diff_ = new QLineSeries;
   diff_->setName(QStringLiteral("B − A"));
   diff_->setPen(QPen(QColor(0x9e, 0x1b, 0x32), 1.0));
@@ -47,6 +48,44 @@ LogprobChart::LogprobChart(QWidget* parent) : QChartView(parent) {
   for (auto* m : chart->legend()->markers(marker_)) m->setVisible(false);
   setRenderHint(QPainter::Antialiasing, false);
   setMinimumHeight(180);
+  setMouseTracking(true);
+}
+
+void LogprobChart::setDifferenceOnly(bool on) {
+  difference_only_ = on;
+  rebuild();
+}
+
+int LogprobChart::tokenAt(const QPoint& viewport_pos) const {
+  const SeqTokens* s = model_ ? model_->tokens() : nullptr;
+  const QPointF in_chart = chart()->mapFromScene(mapToScene(viewport_pos));
+  if (!s || s->logprobs_a.empty() || !chart()->plotArea().contains(in_chart)) return -1;
+  const QPointF v = chart()->mapToValue(in_chart, a_);
+  return std::clamp(int(std::lround(v.x())), 0, int(s->logprobs_a.size()) - 1);
+}
+
+QString LogprobChart::valueText(int token) const {
+  const SeqTokens* s = model_ ? model_->tokens() : nullptr;
+  if (!s || token < 0 || token >= int(s->logprobs_a.size())) return {};
+  const double a = s->logprobs_a[size_t(token)];
+  if (s->logprobs_b.size() != s->logprobs_a.size())
+    return QStringLiteral("token %1 → %2: log p %3").arg(token).arg(token + 1).arg(a, 0, 'g', 6);
+  const double b = s->logprobs_b[size_t(token)];
+  return QStringLiteral("token %1 → %2\nlog p A %3\nlog p B %4\nB − A %5")
+      .arg(token)
+      .arg(token + 1)
+      .arg(a, 0, 'g', 6)
+      .arg(b, 0, 'g', 6)
+      .arg(b - a, 0, 'g', 3);
+}
+
+void LogprobChart::mouseMoveEvent(QMouseEvent* e) {
+  const int t = tokenAt(e->position().toPoint());
+  if (t >= 0)
+    QToolTip::showText(e->globalPosition().toPoint(), valueText(t), this);
+  else
+    QToolTip::hideText();
+  QChartView::mouseMoveEvent(e);
 }
 
 void LogprobChart::setModel(TokenModel* m) {
@@ -106,9 +145,14 @@ void LogprobChart::rebuild() {
   a_->replace(pa);
   b_->replace(pb);
   diff_->replace(pd);
-  b_->setVisible(cmp);
+  const bool only_diff = cmp && difference_only_;
+  a_->setVisible(s && !only_diff);
+  b_->setVisible(cmp && !only_diff);
   diff_->setVisible(cmp);
   y_diff_->setVisible(cmp);
+  y_->setVisible(s && !only_diff);
+  x_->setVisible(s != nullptr);
+  chart()->legend()->setVisible(s != nullptr);
   const double pad = std::max(1e-3, (hi - lo) * 0.05);
   y_->setRange(lo - pad, std::min(hi + pad, 0.0 + pad));
   const double dpad = dmax > 0 ? dmax * 1.1 : 1e-6;
@@ -124,11 +168,8 @@ void LogprobChart::setSelectedToken(int token) {
 }
 
 void LogprobChart::mousePressEvent(QMouseEvent* e) {
-  const QPointF in_chart = chart()->mapFromScene(mapToScene(e->position().toPoint()));
-  if (e->button() == Qt::LeftButton && model_ && model_->tokens() && chart()->plotArea().contains(in_chart)) {
-    const QPointF v = chart()->mapToValue(in_chart, a_);
-    const int n = int(model_->tokens()->logprobs_a.size());
-    const int t = std::clamp(int(std::lround(v.x())), 0, std::max(n - 1, 0));
+  const int t = tokenAt(e->position().toPoint());
+  if (e->button() == Qt::LeftButton && t >= 0) {
     emit tokenClicked(t);
     e->accept();
     return;

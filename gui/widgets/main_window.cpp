@@ -10,6 +10,7 @@
 #include <QDropEvent>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
 #include <QLineEdit>
@@ -19,6 +20,7 @@
 #include <QProgressBar>
 #include <QPushButton>
 #include <QSettings>
+#include <QSignalBlocker>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QStatusBar>
@@ -42,7 +44,10 @@ QTableView* table(QAbstractItemModel* m) {
   auto* t = new QTableView;
   t->setModel(m);
   t->verticalHeader()->hide();
-  t->horizontalHeader()->setStretchLastSection(true);
+  // Columns sized to their header and content (a horizontal scroll bar where they do not fit); no
+  // stretched last column, which would be cut to the space left.
+  t->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  t->setHorizontalScrollMode(QAbstractItemView::ScrollPerPixel);
   t->setEditTriggers(QAbstractItemView::NoEditTriggers);
   t->setSelectionBehavior(QAbstractItemView::SelectRows);
   t->verticalHeader()->setDefaultSectionSize(t->fontMetrics().height() + 4);
@@ -80,6 +85,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   env_model_ = new EnvModel(doc_, this);
   kernel_model_ = new KernelModel(doc_, this);
   gradient_model_ = new GradientDiffModel(doc_, this);
+  navigator_model_ = new NavigatorModel(doc_, this);
 
   setWindowTitle(QStringLiteral("dsv4-view"));
   setAcceptDrops(true);
@@ -110,8 +116,18 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
     progress_->setValue(done);
     status_->setText(stage);
   });
+  connect(doc_, &TraceDocument::divergencesLoaded, this, &MainWindow::onDivergencesLoaded);
+  connect(doc_, &TraceDocument::pathsChanged, this, [this] {
+    const LoadRequest& r = doc_->lastRequest();
+    status_->setText(QStringLiteral("The recording finished: reading %1").arg(r.path_a));
+    setWindowTitle(QStringLiteral("%1 — dsv4-view")
+                       .arg(r.path_b.isEmpty()
+                                ? QFileInfo(r.path_a).fileName()
+                                : QStringLiteral("%1 vs %2")
+                                      .arg(QFileInfo(r.path_a).fileName(), QFileInfo(r.path_b).fileName())));
+  });
   connect(doc_, &TraceDocument::reportLoaded, this, [this] {
-    tabs_->setTabText(3, QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows()));
+    tabs_->setTabText(kEnvTab, QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows()));
     updateGradientsTab();
     if (pending_first_divergence_) {
       pending_first_divergence_ = false;
@@ -143,6 +159,20 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
     user_selected_ = true;
     if (!heatmap_model_->isTokenAxis()) return;  // expert columns: the tooltip says it all
     chart_->setSelectedToken(col);
+    // The linked tables follow: the layer's row, and the first tensor of the layer.
+    if (const DiffReport* r = doc_->data().report.get()) {
+      for (size_t i = 0; i < r->layers.size(); ++i)
+        if (r->layers[i].layer == row) {
+          const QSignalBlocker block(layer_view_);
+          layer_view_->selectRow(int(i));
+        }
+      for (size_t i = 0; i < r->tensors.size(); ++i)
+        if (r->tensors[i].layer == row) {
+          const QSignalBlocker block(tensor_view_);
+          tensor_view_->selectRow(int(i));
+          break;
+        }
+    }
     if (!doc_->requestDetail(seq_, row, col))
       detail_->setMessage(QStringLiteral("loading layer %1…").arg(row));
     emit cellSelected(seq_, row, col);
@@ -156,6 +186,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
     selectCell(layer, token);
   });
   rebuildRecentMenu();
+  showEmptyState();
   resize(1500, 950);
 }
 
@@ -166,11 +197,25 @@ void MainWindow::buildCentral() {
   chart_ = new LogprobChart;
   chart_->setModel(token_model_);
   tabs_ = new QTabWidget;
+  tabs_->setElideMode(Qt::ElideNone);  // whole titles; scroll buttons when they do not fit
+  tabs_->setUsesScrollButtons(true);
+  const int ni = tabs_->addTab(buildNavigator(), QStringLiteral("Divergences"));
+  Q_ASSERT(ni == kDivergencesTab);
+  (void)ni;
   auto* summary = table(summary_model_);
   summary->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
   tabs_->addTab(summary, QStringLiteral("Summary"));
-  tabs_->addTab(table(layer_model_), QStringLiteral("Layers"));
-  tabs_->addTab(table(tensor_model_), QStringLiteral("Tensors"));
+  layer_view_ = table(layer_model_);
+  tensor_view_ = table(tensor_model_);
+  tabs_->addTab(layer_view_, QStringLiteral("Layers"));
+  tabs_->addTab(tensor_view_, QStringLiteral("Tensors"));
+  connect(layer_view_, &QTableView::clicked, this, [this](const QModelIndex& i) { selectLayerRow(i.row()); });
+  connect(layer_view_, &QTableView::activated, this,
+          [this](const QModelIndex& i) { selectLayerRow(i.row()); });
+  connect(tensor_view_, &QTableView::clicked, this,
+          [this](const QModelIndex& i) { selectTensorRow(i.row()); });
+  connect(tensor_view_, &QTableView::activated, this,
+          [this](const QModelIndex& i) { selectTensorRow(i.row()); });
   auto* env = table(env_model_);
   env->horizontalHeader()->setSectionResizeMode(0, QHeaderView::ResizeToContents);
   tabs_->addTab(env, QStringLiteral("Environment"));
@@ -204,8 +249,53 @@ void MainWindow::buildCentral() {
   bottom->addWidget(detail_);
   bottom->addWidget(right);
   bottom->setSizes({820, 680});
+  // The banner: what the navigator found, above the overview (comparison mode).
+  banner_ = new QLabel;
+  banner_->setObjectName(QStringLiteral("divergence-banner"));
+  banner_->setWordWrap(true);
+  banner_->setTextFormat(Qt::RichText);
+  // Palettes, not style sheets: a style sheet costs the first paint tens of milliseconds.
+  auto tint = [](QWidget* w, QColor c) {
+    QPalette pal = w->palette();
+    pal.setColor(QPalette::Window, c);
+    w->setPalette(pal);
+    w->setAutoFillBackground(true);
+  };
+  tint(banner_, QColor(0xff, 0xf4, 0xe5));
+  banner_->setContentsMargins(6, 3, 6, 3);
+  banner_->hide();
+  // A failed load of two traces: the problem, and a way on.
+  problem_ = new QWidget;
+  problem_->setObjectName(QStringLiteral("load-problem"));
+  tint(problem_, QColor(0xfd, 0xec, 0xea));
+  auto* problem_layout = new QHBoxLayout(problem_);
+  problem_layout->setContentsMargins(6, 3, 6, 3);
+  problem_text_ = new QLabel;
+  problem_text_->setWordWrap(true);
+  problem_text_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  problem_layout->addWidget(problem_text_, 1);
+  open_a_ = new QPushButton;
+  open_b_ = new QPushButton;
+  compare_anyway_ = new QPushButton(QStringLiteral("Compare anyway"));
+  compare_anyway_->setToolTip(
+      QStringLiteral("Allow a model mismatch (File ▸ Allow model mismatch) and load again"));
+  for (QPushButton* b : {open_a_, open_b_, compare_anyway_}) problem_layout->addWidget(b);
+  connect(open_a_, &QPushButton::clicked, this, [this] { openTraces(open_a_->property("path").toString()); });
+  connect(open_b_, &QPushButton::clicked, this, [this] { openTraces(open_b_->property("path").toString()); });
+  connect(compare_anyway_, &QPushButton::clicked, this, [this] {
+    allow_mismatch_->setChecked(true);
+    openTraces(open_a_->property("path").toString(), open_b_->property("path").toString());
+  });
+  problem_->hide();
+  auto* top = new QWidget;
+  auto* top_layout = new QVBoxLayout(top);
+  top_layout->setContentsMargins(0, 0, 0, 0);
+  top_layout->setSpacing(0);
+  top_layout->addWidget(problem_);
+  top_layout->addWidget(banner_);
+  top_layout->addWidget(heatmap_, 1);
   auto* main = new QSplitter(Qt::Vertical);
-  main->addWidget(heatmap_);
+  main->addWidget(top);
   main->addWidget(bottom);
   main->setSizes({380, 570});
   setCentralWidget(main);
@@ -230,6 +320,11 @@ void MainWindow::buildActions() {
   reload_->setShortcut(QKeySequence::Refresh);
   reload_->setToolTip(
       QStringLiteral("Read the files again (a trace still being written shows its new steps)"));
+  allow_mismatch_ = file->addAction(QStringLiteral("Allow &model mismatch"));
+  allow_mismatch_->setCheckable(true);
+  allow_mismatch_->setToolTip(QStringLiteral(
+      "Compare traces recorded with different weights (the next load; dsv4 diff --allow-model-mismatch)"));
+  connect(allow_mismatch_, &QAction::toggled, doc_, &TraceDocument::setAllowModelMismatch);
   file->addSeparator();
   QMenu* exp = file->addMenu(QStringLiteral("&Export"));
   exp->addAction(QStringLiteral("Heatmap as PNG…"), this, [this] {
@@ -264,6 +359,10 @@ void MainWindow::buildActions() {
   zout->setShortcut(QKeySequence::ZoomOut);
   QAction* fit = view->addAction(QStringLiteral("&Fit all tokens"), heatmap_, &HeatmapView::fitToWidth);
   fit->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_0));
+  view->addSeparator();
+  QAction* diff_only = view->addAction(QStringLiteral("Log-prob chart: B − A &only"));
+  diff_only->setCheckable(true);
+  connect(diff_only, &QAction::toggled, chart_, &LogprobChart::setDifferenceOnly);
 
   QMenu* go = menuBar()->addMenu(QStringLiteral("&Go"));
   first_div_ = go->addAction(QStringLiteral("First &divergence"), this, [this] {
@@ -271,6 +370,19 @@ void MainWindow::buildActions() {
   });
   first_div_->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_D));
   first_div_->setToolTip(QStringLiteral("Select the cell of the first differing tensor (Ctrl+D)"));
+  next_div_ = go->addAction(QStringLiteral("&Next divergence"), this, [this] {
+    if (!nextDivergence()) status_->setText(QStringLiteral("No further divergence in the list."));
+  });
+  next_div_->setShortcut(QKeySequence(Qt::Key_F3));
+  next_div_->setToolTip(QStringLiteral("The next divergence of the navigator's list (F3)"));
+  prev_div_ = go->addAction(QStringLiteral("&Previous divergence"), this, [this] {
+    if (!previousDivergence()) status_->setText(QStringLiteral("No earlier divergence in the list."));
+  });
+  prev_div_->setShortcut(QKeySequence(Qt::SHIFT | Qt::Key_F3));
+  prev_div_->setToolTip(QStringLiteral("The previous divergence of the navigator's list (Shift+F3)"));
+  next_div_->setEnabled(false);
+  prev_div_->setEnabled(false);
+  first_div_->setEnabled(false);
 }
 
 void MainWindow::buildToolbar() {
@@ -316,7 +428,127 @@ void MainWindow::buildToolbar() {
   connect(step_b_, &QSpinBox::editingFinished, this, reopen);
   tb->addSeparator();
   tb->addAction(first_div_);
+  tb->addAction(prev_div_);
+  tb->addAction(next_div_);
   tb->addAction(reload_);
+}
+
+QWidget* MainWindow::buildNavigator() {
+  auto* w = new QWidget;
+  auto* layout = new QVBoxLayout(w);
+  layout->setContentsMargins(4, 4, 4, 4);
+  layout->setSpacing(4);
+  auto* filters = new QHBoxLayout;
+  nav_kind_ = new QComboBox;
+  nav_kind_->addItem(QStringLiteral("all kinds"), -1);
+  for (int k = 0; k < kDivergenceKinds; ++k)
+    nav_kind_->addItem(QString::fromUtf8(divergence_kind_name(DivergenceKind(k))), k);
+  nav_layer_ = new QComboBox;
+  nav_seq_ = new QComboBox;
+  nav_layer_->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+  nav_seq_->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+  nav_kind_->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+  filters->addWidget(nav_kind_);
+  filters->addWidget(nav_layer_);
+  filters->addWidget(nav_seq_);
+  filters->addStretch(1);
+  layout->addLayout(filters);
+  connect(nav_kind_, &QComboBox::activated, this,
+          [this](int i) { navigator_model_->setKindFilter(nav_kind_->itemData(i).toInt()); });
+  connect(nav_layer_, &QComboBox::activated, this,
+          [this](int i) { navigator_model_->setLayerFilter(nav_layer_->itemData(i).toInt()); });
+  connect(nav_seq_, &QComboBox::activated, this,
+          [this](int i) { navigator_model_->setSeqFilter(nav_seq_->itemData(i).toInt()); });
+  navigator_view_ = table(navigator_model_);
+  navigator_view_->setSelectionMode(QAbstractItemView::SingleSelection);
+  navigator_view_->setSortingEnabled(true);
+  navigator_view_->horizontalHeader()->setSortIndicator(NavigatorModel::Severity, Qt::AscendingOrder);
+  navigator_view_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  layout->addWidget(navigator_view_, 1);
+  connect(navigator_view_, &QTableView::clicked, this,
+          [this](const QModelIndex& i) { goToDivergence(i.row()); });
+  connect(navigator_view_, &QTableView::activated, this,
+          [this](const QModelIndex& i) { goToDivergence(i.row()); });
+  connect(navigator_model_, &NavigatorModel::currentChanged, this, [this](int row) {
+    if (row < 0) {
+      navigator_view_->clearSelection();
+      return;
+    }
+    navigator_view_->selectRow(row);
+    navigator_view_->scrollTo(navigator_model_->index(row, 0));
+  });
+  return w;
+}
+
+bool MainWindow::selectLayerRow(int row) {
+  const Dataset& d = doc_->data();
+  if (!d.report || row < 0 || row >= int(d.report->layers.size())) return false;
+  const int layer = d.report->layers[size_t(row)].layer;
+  if (d.divergences)
+    for (const Divergence& v : d.divergences->items)
+      if (v.kind == DivergenceKind::FirstTensor && v.layer == layer) {
+        if (v.seq != seq_) setSequence(v.seq);
+        selectCell(v.cell_layer, v.token);
+        return true;
+      }
+  selectCell(layer, std::max(heatmap_->selectedColumn(), 0));
+  return true;
+}
+
+bool MainWindow::selectTensorRow(int row) {
+  const Dataset& d = doc_->data();
+  if (!d.report || row < 0 || row >= int(d.report->tensors.size())) return false;
+  const TensorDiff& t = d.report->tensors[size_t(row)];
+  if (t.first_digest_row < 0) {
+    status_->setText(QStringLiteral("%1: bit-equal in both traces").arg(QString::fromStdString(t.name)));
+    if (t.layer >= 0) selectCell(t.layer, std::max(heatmap_->selectedColumn(), 0));
+    return t.layer >= 0;
+  }
+  const int seq = int(std::max<int64_t>(t.first_digest_seq, 0));
+  const Cell c = digest_cell(*d.summary, d.seq_tokens(seq), seq, t.layer, t.name, t.first_digest_row);
+  if (c.seq != seq_) setSequence(c.seq);
+  selectCell(c.layer, c.token);
+  status_->setText(QStringLiteral("%1 (layer %2): first differing row %3, token %4")
+                       .arg(QString::fromStdString(t.name))
+                       .arg(t.layer)
+                       .arg(t.first_digest_row)
+                       .arg(c.token));
+  return true;
+}
+
+bool MainWindow::goToDivergence(int row) {
+  const Divergence* d = navigator_model_->item(row);
+  if (!d) return false;
+  navigator_model_->setCurrent(row);
+  if (d->seq != seq_) setSequence(d->seq);
+  selectCell(d->cell_layer, d->token);
+  status_->setText(QStringLiteral("Divergence %1 of %2: %3")
+                       .arg(row + 1)
+                       .arg(navigator_model_->rowCount())
+                       .arg(navigator_model_->data(navigator_model_->index(row, 0), Qt::ToolTipRole)
+                                .toString()
+                                .replace(QLatin1Char(0x0a), QStringLiteral("; "))));
+  return true;
+}
+
+bool MainWindow::nextDivergence() {
+  const int row = navigator_model_->current() + 1;
+  return row < navigator_model_->rowCount() && goToDivergence(row);
+}
+
+bool MainWindow::previousDivergence() {
+  const int row = navigator_model_->current() - 1;
+  return row >= 0 && goToDivergence(row);
+}
+
+void MainWindow::onDivergencesLoaded() {
+  const QString text = navigator_model_->banner();
+  banner_->setText(text);
+  banner_->setVisible(!text.isEmpty());
+  const int n = navigator_model_->list() ? int(navigator_model_->list()->items.size()) : 0;
+  tabs_->setTabText(kDivergencesTab, QStringLiteral("Divergences (%1)").arg(n));
+  next_div_->setEnabled(n > 0);
+  prev_div_->setEnabled(n > 0);
 }
 
 void MainWindow::updateGradientsTab() {
@@ -336,6 +568,7 @@ void MainWindow::setLoadingUi(bool loading) {
 }
 
 void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int step_b) {
+  problem_->hide();
   open_timer_.start();
   first_paint_ms_ = load_ms_ = -1;
   setLoadingUi(true);
@@ -490,8 +723,39 @@ bool MainWindow::goToFirstDivergence() {
   return true;
 }
 
+void MainWindow::showEmptyState() {
+  metric_combo_->clear();
+  seq_combo_->clear();
+  threshold_edit_->clear();
+  for (QAction* a : {first_div_, next_div_, prev_div_, export_json_, export_csv_}) a->setEnabled(false);
+  for (QWidget* w : {static_cast<QWidget*>(metric_combo_), static_cast<QWidget*>(seq_combo_),
+                     static_cast<QWidget*>(threshold_check_), static_cast<QWidget*>(threshold_edit_),
+                     static_cast<QWidget*>(step_a_), static_cast<QWidget*>(step_b_)})
+    w->setEnabled(false);
+  banner_->hide();
+  detail_->setDetail(nullptr);
+  chart_->setSelectedToken(-1);
+  tabs_->setTabText(kDivergencesTab, QStringLiteral("Divergences"));
+  tabs_->setTabText(kEnvTab, QStringLiteral("Environment"));
+  tabs_->setTabText(kKernelsTab, QStringLiteral("GPU kernels"));
+  tabs_->setTabVisible(kGradientsTab, false);
+  nav_layer_->clear();
+  nav_seq_->clear();
+}
+
 void MainWindow::onDatasetReset() {
   const Dataset& d = doc_->data();
+  if (!d.summary) {
+    seq_ = 0;
+    user_selected_ = false;
+    pending_first_divergence_ = false;
+    showEmptyState();
+    return;
+  }
+  for (QWidget* w : {static_cast<QWidget*>(metric_combo_), static_cast<QWidget*>(seq_combo_),
+                     static_cast<QWidget*>(threshold_check_), static_cast<QWidget*>(threshold_edit_),
+                     static_cast<QWidget*>(step_a_)})
+    w->setEnabled(true);
   seq_ = heatmap_model_->seq();
   user_selected_ = false;
   pending_first_divergence_ = false;
@@ -512,6 +776,9 @@ void MainWindow::onDatasetReset() {
                                   .arg(d.tokens(s) - d.summary->prompt_length(s))
                             : QStringLiteral("%1 (%2 tokens)").arg(s).arg(d.tokens(s)));
   seq_combo_->setCurrentIndex(seq_);
+  // The toolbar lays its widgets out below their size hints when the window is narrow: keep the
+  // sequence's text whole (the toolbar's extension menu takes what does not fit).
+  seq_combo_->setMinimumWidth(seq_combo_->sizeHint().width());
   const LoadSummary& s = *d.summary;
   step_a_->setRange(0, std::max<int>(0, int(s.a.steps.size()) - 1));
   step_a_->setValue(s.a.step);
@@ -519,19 +786,43 @@ void MainWindow::onDatasetReset() {
   step_b_->setRange(0, s.b ? std::max<int>(0, int(s.b->steps.size()) - 1) : 0);
   step_b_->setValue(s.b ? s.b->step : 0);
   first_div_->setEnabled(s.comparison());
+  next_div_->setEnabled(false);
+  prev_div_->setEnabled(false);
+  // A pair keeps its banner's line from the start, so the overview is not resized (and rendered
+  // again) when the divergences arrive.
+  banner_->setText(s.comparison() ? QStringLiteral("Looking for divergences (computing the diff report)…")
+                                  : QString());
+  banner_->setVisible(s.comparison());
+  tabs_->setTabText(kDivergencesTab, QStringLiteral("Divergences"));
+  tabs_->setTabEnabled(kDivergencesTab, s.comparison());
+  if (s.comparison()) {
+    tabs_->setCurrentIndex(kDivergencesTab);
+  } else if (tabs_->currentIndex() == kDivergencesTab) {
+    tabs_->setCurrentIndex(kSummaryTab);
+  }
+  nav_layer_->clear();
+  nav_layer_->addItem(QStringLiteral("all layers"), -1);
+  for (int l = 0; l < d.layers(); ++l) nav_layer_->addItem(QStringLiteral("layer %1").arg(l), l);
+  nav_seq_->clear();
+  nav_seq_->addItem(QStringLiteral("all sequences"), -1);
+  for (int q = 0; q < d.seq_count(); ++q) nav_seq_->addItem(QStringLiteral("sequence %1").arg(q), q);
+  nav_kind_->setCurrentIndex(0);
+  navigator_model_->setLayerFilter(-1);
+  navigator_model_->setSeqFilter(-1);
+  navigator_model_->setKindFilter(-1);
   export_json_->setEnabled(s.comparison());
   export_csv_->setEnabled(s.comparison());
   detail_->setDetail(nullptr);
   chart_->setSelectedToken(-1);
-  tabs_->setTabText(3, s.comparison()
-                           ? QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows())
-                           : QStringLiteral("Environment"));
+  tabs_->setTabText(kEnvTab, s.comparison()
+                                 ? QStringLiteral("Environment (%1 differ)").arg(env_model_->differingRows())
+                                 : QStringLiteral("Environment"));
   updateGradientsTab();
   const int kd = kernel_model_->firstDifference();
-  tabs_->setTabText(4, kd >= 0 ? QStringLiteral("GPU kernels (differ at #%1)").arg(kd)
-                       : kernel_model_->launches() > 0
-                           ? QStringLiteral("GPU kernels (%1)").arg(kernel_model_->launches())
-                           : QStringLiteral("GPU kernels"));
+  tabs_->setTabText(kKernelsTab, kd >= 0 ? QStringLiteral("GPU kernels (differ at #%1)").arg(kd)
+                                 : kernel_model_->launches() > 0
+                                     ? QStringLiteral("GPU kernels (%1)").arg(kernel_model_->launches())
+                                     : QStringLiteral("GPU kernels"));
 }
 
 void MainWindow::onLoadFinished() {
@@ -556,7 +847,8 @@ void MainWindow::onLoadFinished() {
   }
   if (user_selected_ || heatmap_->selectedRow() >= 0) return;
   if (d.comparison()) {
-    goToFirstDivergence();
+    // The most severe item of the navigator, else the first divergence.
+    if (!goToDivergence(0)) goToFirstDivergence();
   } else if (const auto [r, c] = heatmap_model_->worstCell(); r >= 0 && heatmap_model_->isTokenAxis()) {
     selectCell(r, c);
   }
@@ -564,9 +856,33 @@ void MainWindow::onLoadFinished() {
 
 void MainWindow::onLoadFailed(const LoadError& e) {
   setLoadingUi(false);
-  status_->setText(e.message);
+  status_->setText(e.message.section('\n', 0, 0));
+  const LoadRequest& r = doc_->lastRequest();
+  if (e.pair) {
+    problem_text_->setText(
+        QStringLiteral("<b>%1</b>: %2")
+            .arg(error_title(e.kind), e.message.toHtmlEscaped().replace('\n', QStringLiteral("<br>"))));
+    open_a_->setText(QStringLiteral("Open A alone (%1)").arg(QFileInfo(r.path_a).fileName()));
+    open_a_->setProperty("path", r.path_a);
+    open_b_->setText(QStringLiteral("Open B alone (%1)").arg(QFileInfo(r.path_b).fileName()));
+    open_b_->setProperty("path", r.path_b);
+    compare_anyway_->setVisible(e.details.contains(QStringLiteral("allow a model mismatch")) &&
+                                !doc_->allowModelMismatch());
+    problem_->show();
+  }
+  // The title names what is shown: the dataset that stays (a load that failed before its summary
+  // leaves the previous one), or nothing.
+  if (const auto& s = doc_->data().summary)
+    setWindowTitle(QStringLiteral("%1 — dsv4-view")
+                       .arg(s->b ? QStringLiteral("%1 vs %2")
+                                       .arg(QFileInfo(QString::fromStdString(s->a.path)).fileName(),
+                                            QFileInfo(QString::fromStdString(s->b->path)).fileName())
+                                 : QFileInfo(QString::fromStdString(s->a.path)).fileName()));
+  else
+    setWindowTitle(QStringLiteral("dsv4-view"));
   if (!interactive_) return;
   auto* box = new QMessageBox(QMessageBox::Critical, error_title(e.kind), e.message, QMessageBox::Ok, this);
+  if (e.details != e.message) box->setDetailedText(e.details);
   box->setAttribute(Qt::WA_DeleteOnClose);
   box->open();
 }

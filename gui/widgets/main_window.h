@@ -11,6 +11,7 @@
 
 #include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
+#include "gui/models/navigator_model.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
 
@@ -68,8 +69,30 @@ class MainWindow : public QMainWindow {
   KernelModel* kernelModel() const { return kernel_model_; }
   GradientDiffModel* gradientModel() const { return gradient_model_; }
   QTableView* gradientView() const { return gradient_view_; }
+  NavigatorModel* navigatorModel() const { return navigator_model_; }
+  QTableView* navigatorView() const { return navigator_view_; }
+  QTableView* layerView() const { return layer_view_; }
+  QTableView* tensorView() const { return tensor_view_; }
+  // Linked views: the cell a row of the Layers / Tensors table stands for (the tensor's first
+  // differing row; the layer's first differing tensor, else the selected token), selected.
+  bool selectLayerRow(int row);
+  bool selectTensorRow(int row);
+  QLabel* banner() const { return banner_; }
+  QAction* firstDivergenceAction() const { return first_div_; }
+  // After a failed load of two traces: the problem and buttons that open A or B alone (and, for a
+  // model mismatch, compare anyway). Hidden otherwise.
+  QWidget* problemPanel() const { return problem_; }
+  QPushButton* openAloneButton(int which) const { return which == 0 ? open_a_ : open_b_; }
+  QPushButton* compareAnywayButton() const { return compare_anyway_; }
+  // Selects the navigator's row (of the rows shown) and its cell; false when out of range.
+  bool goToDivergence(int row);
+  bool nextDivergence();      // Go ▸ Next divergence (F3)
+  bool previousDivergence();  // Go ▸ Previous divergence (Shift+F3)
+  // The tabs. Divergences: the navigator (comparison mode).
+  static constexpr int kDivergencesTab = 0, kSummaryTab = 1, kLayersTab = 2, kTensorsTab = 3, kEnvTab = 4,
+                       kKernelsTab = 5;
   // The tab index of the Gradients view (shown only for two training steps).
-  static constexpr int kGradientsTab = 5;
+  static constexpr int kGradientsTab = 6;
   QProgressBar* progressBar() const { return progress_; }
   QTabWidget* tabs() const { return tabs_; }
   int currentSeq() const { return seq_; }
@@ -100,6 +123,9 @@ class MainWindow : public QMainWindow {
   void openDialog(bool as_candidate);
   void setLoadingUi(bool loading);
   void updateGradientsTab();
+  QWidget* buildNavigator();
+  void onDivergencesLoaded();
+  void showEmptyState();
 
   bool interactive_;
   TraceDocument* doc_;
@@ -111,12 +137,21 @@ class MainWindow : public QMainWindow {
   EnvModel* env_model_;
   KernelModel* kernel_model_;
   GradientDiffModel* gradient_model_;
+  NavigatorModel* navigator_model_;
 
   HeatmapView* heatmap_;
   DetailPanel* detail_;
   LogprobChart* chart_;
   QTabWidget* tabs_;
   QTableView* gradient_view_;
+  QTableView* navigator_view_;
+  QTableView *layer_view_, *tensor_view_;
+  QLabel* banner_;
+  QWidget* problem_;
+  QLabel* problem_text_;
+  QPushButton *open_a_, *open_b_, *compare_anyway_;
+  QAction* allow_mismatch_;
+  QComboBox *nav_layer_, *nav_kind_, *nav_seq_;
   QLabel* gradient_caption_;
   QComboBox* metric_combo_;
   QComboBox* seq_combo_;
@@ -127,7 +162,7 @@ class MainWindow : public QMainWindow {
   QProgressBar* progress_;
   QPushButton* cancel_;
   QMenu* recent_menu_;
-  QAction *reload_, *first_div_, *export_json_, *export_csv_;
+  QAction *reload_, *first_div_, *next_div_, *prev_div_, *export_json_, *export_csv_;
 
   int seq_ = 0;
   std::optional<Metric> wanted_metric_;

@@ -23,6 +23,7 @@
 #include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
+#include "gui/models/navigator_model.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
 #include "gui_test_util.h"
@@ -151,6 +152,39 @@ TEST(GuiMetrics, MhcDigestsAndRelL2) {
   TensorCopy td{DType::f32, {1, 2}, {0, 1}, {}};
   EXPECT_TRUE(std::isinf(row_rel_l2(tc, td)[0]));
   EXPECT_THROW(row_rel_l2(ta, tc), InputError);
+}
+
+// The detail's full tensors come in execution order (the digest records'), whatever order the rows
+// arrive in, and the first whose row differs is named.
+TEST(GuiMetrics, DetailTensorsInExecutionOrderFromTheFirstDiffering) {
+  LoadSummary s;
+  s.a.config = preset("tiny");
+  s.b = s.a;
+  s.layers = s.a.config.num_hidden_layers;
+  s.seq_lengths = {4};
+  SeqTokens seq;
+  seq.T = 4;
+  seq.tokens = {1, 2, 3, 4};
+  for (const char* name : {"attn.q", "attn.o", "moe.out"}) seq.digests_a.records.push_back({name, 1, 4, 0});
+  seq.digests_a.records.push_back({"attn.q", 2, 4, 0});  // another layer: not this one's order
+  LayerChunk chunk;
+  chunk.layer = 1;
+  auto row = [](const char* name, float db) {
+    return TensorRowPair{name, DType::f32, 2, {1, 2}, {1, 2 + db}};
+  };
+  const CellDetail d =
+      cell_detail(s, seq, chunk, nullptr, 2, {row("moe.out", 0.5f), row("attn.o", 0), row("attn.q", 0.25f)});
+  ASSERT_EQ(d.tensors.size(), 3u);
+  EXPECT_EQ(d.tensors[0].name, "attn.q");
+  EXPECT_EQ(d.tensors[1].name, "attn.o");
+  EXPECT_EQ(d.tensors[2].name, "moe.out");
+  EXPECT_EQ(d.first_differing_tensor, 0);
+  const CellDetail e =
+      cell_detail(s, seq, chunk, nullptr, 2, {row("moe.out", 0.5f), row("attn.q", 0), row("attn.o", 0)});
+  EXPECT_EQ(e.first_differing_tensor, 2);
+  EXPECT_GT(e.tensors[2].rel_l2, 0);
+  const CellDetail f = cell_detail(s, seq, chunk, nullptr, 2, {row("attn.q", 0)});
+  EXPECT_EQ(f.first_differing_tensor, -1);
 }
 
 TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
@@ -605,6 +639,15 @@ TEST_F(GuiModels, BadFilesFailWithTypedErrorsNamingTheFile) {
   r = load(doc, dsv4::test::write_truncated(gui_traces().a, dir));
   ASSERT_TRUE(r.failed);
   EXPECT_TRUE(r.error.message.contains(QStringLiteral("truncated.h5"))) << r.error.message.toStdString();
+  if (r.error.kind == LoadErrorKind::Corrupt) {
+    // A damaged file: the command that recovers it, HDF5's error stack only in the details.
+    EXPECT_TRUE(r.error.message.contains(QStringLiteral("dsv4 trace salvage")))
+        << r.error.message.toStdString();
+    EXPECT_FALSE(r.error.message.contains(QStringLiteral("(HDF5: "))) << r.error.message.toStdString();
+    EXPECT_TRUE(r.error.details.size() >= r.error.message.section('\n', 0, 0).size());
+  }
+  EXPECT_FALSE(r.error.pair);
+  EXPECT_FALSE(doc.data().summary);
 
   r = load(doc, dir + "/missing.h5");
   ASSERT_TRUE(r.failed);
@@ -638,10 +681,53 @@ TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
   const auto r = load(doc, path, {}, 1);
   ASSERT_TRUE(r.finished) << r.error.message.toStdString();
   EXPECT_EQ(doc.data().tokens(0), 24);
-  // Comparing steps of different lengths is refused with a sentence naming the problem.
+  // Comparing steps of different lengths is refused with a sentence naming both lengths.
   const auto m = load(doc, path, path, 0, 1);
   ASSERT_TRUE(m.failed);
   EXPECT_EQ(m.error.kind, LoadErrorKind::Mismatch);
+  EXPECT_TRUE(m.error.pair);
+  const QString lengths = QStringLiteral("lengths [%1]").arg(gui_traces().tokens);
+  EXPECT_TRUE(m.error.message.contains(lengths)) << m.error.message.toStdString();
+  EXPECT_TRUE(m.error.message.contains(QStringLiteral("lengths [24]"))) << m.error.message.toStdString();
+  // It failed before its summary: the complete dataset shown before stays.
+  ASSERT_TRUE(doc.data().summary);
+  EXPECT_TRUE(doc.data().complete);
+  EXPECT_FALSE(doc.data().comparison());
+  fs::remove_all(dir);
+}
+
+// A recording opened while it is NAME.h5.incomplete: once the recorder closes it (renames it to
+// NAME.h5), reload reads the finished file under its new name.
+TEST_F(GuiModels, ReloadFollowsAFinishedRecordingToItsFinalName) {
+  const std::string dir = dsv4::test::temp_dir("live-rename");
+  const std::string done = dir + "/live.h5", live = done + ".incomplete";
+  fs::copy_file(gui_traces().a, live);
+  TraceDocument doc;
+  const auto first = load(doc, live);
+  ASSERT_TRUE(first.finished) << first.error.message.toStdString();
+  EXPECT_EQ(doc.data().summary->a.path, live);
+  int renamed = 0;
+  QObject::connect(&doc, &TraceDocument::pathsChanged, [&] { ++renamed; });
+  fs::rename(live, done);
+  bool finished = false, failed = false;
+  QObject::connect(&doc, &TraceDocument::loadFinished, [&] { finished = true; });
+  QObject::connect(&doc, &TraceDocument::loadFailed, [&](const LoadError& e) {
+    failed = true;
+    ADD_FAILURE() << e.message.toStdString();
+  });
+  doc.reload();
+  ASSERT_TRUE(wait_until([&] { return finished || failed; }));
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(renamed, 1);
+  EXPECT_EQ(doc.lastRequest().path_a, QString::fromStdString(done));
+  EXPECT_EQ(doc.data().summary->a.path, done);
+  EXPECT_EQ(doc.data().tokens(0), gui_traces().tokens);
+  // Reloading again keeps the final name (nothing to follow).
+  finished = false;
+  doc.reload();
+  ASSERT_TRUE(wait_until([&] { return finished || failed; }));
+  EXPECT_EQ(renamed, 1);
+  EXPECT_EQ(doc.data().summary->a.path, done);
   fs::remove_all(dir);
 }
 
@@ -707,6 +793,176 @@ TEST_F(GuiModels, KernelLaunchesSideBySide) {
   fs::remove_all(dir);
 }
 
+// ---- the divergence navigator ------------------------------------------------------------------
+
+// A pair of two sequences (100 and 50 tokens, 4 layers) with planted flips, per-layer thresholds,
+// differing tensors and log-prob differences, shown through TraceDocument::adopt.
+Dataset navigator_dataset() {
+  auto summary = std::make_shared<LoadSummary>();
+  summary->a.config = preset("tiny");
+  summary->a.config.num_hidden_layers = 4;
+  summary->a.config.compress_ratios.assign(4, 4);
+  summary->b = summary->a;
+  summary->layers = 4;
+  summary->seq_lengths = {100, 50};
+  Dataset d;
+  d.summary = summary;
+  for (int s = 0; s < 2; ++s) {
+    auto seq = std::make_shared<SeqTokens>();
+    seq->seq = s;
+    seq->T = summary->seq_lengths[size_t(s)];
+    d.seqs.push_back(seq);
+  }
+  d.chunks.assign(2, std::vector<ChunkPtr>(4));
+  auto chunk = [&](int s, int l, std::vector<DecisionFlip> flips) {
+    auto c = std::make_shared<LayerChunk>();
+    c->seq = s;
+    c->layer = l;
+    c->flips = std::move(flips);
+    d.chunks[size_t(s)][size_t(l)] = c;
+  };
+  for (int s = 0; s < 2; ++s)
+    for (int l = 0; l < 4; ++l) chunk(s, l, {});
+  // Thresholds: indexer 0.01, routing 0.1 in every layer.
+  chunk(0, 1, {{5, DecisionKind::Indexer, 0.001f, 1.0f}, {7, DecisionKind::Routing, 0.5f, 0.6f}});
+  chunk(0, 2, {{3, DecisionKind::Indexer, 2.0f, 3.0f}});
+  chunk(1, 1, {{9, DecisionKind::Routing, 0.05f, 1.0f}});
+  auto r = std::make_shared<DiffReport>();
+  for (int l = 0; l < 4; ++l) {
+    LayerDiff L;
+    L.layer = l;
+    L.indexer_tie_threshold = 0.01;
+    L.routing_tie_threshold = 0.1;
+    r->layers.push_back(L);
+  }
+  auto tensor = [](const char* name, int layer, bool full, double rel, int64_t seq, int64_t row) {
+    TensorDiff t;
+    t.name = name;
+    t.layer = layer;
+    t.full = full;
+    t.rel_l2 = rel;
+    t.first_digest_seq = seq;
+    t.first_digest_row = row;
+    t.rows_differing = 3;
+    t.rows = 150;
+    return t;
+  };
+  r->tensors = {tensor("attn.q", 1, false, 0, 0, 4), tensor("attn.o", 1, true, 0.5, 0, 2),
+                tensor("moe.out", 2, true, 0.2, 1, 2)};
+  r->tensors.push_back(tensor("attn.kv", 3, false, 0, -1, -1));
+  r->tensors.back().rows_differing = 0;  // equal: not listed
+  auto token = [](int seq, int64_t pos, double diff) {
+    TokenDiff t;
+    t.seq = seq;
+    t.position = pos;
+    t.abs_diff = diff;
+    return t;
+  };
+  r->tokens = {token(0, 10, 0.5), token(0, 11, 0.1), token(1, 3, 0.9), token(1, 4, 0)};
+  r->first_divergence = DiffReport::First{0, 1, "attn.q", 4};
+  d.report = r;
+  return d;
+}
+
+struct Expected {
+  DivergenceKind kind;
+  int seq, layer;
+  int64_t token;
+  std::string what;
+};
+
+TEST(GuiNavigator, SeverityOrderFiltersSortAndNextPrevious) {
+  TesterGuard guard;
+  TraceDocument doc;
+  NavigatorModel nav(&doc);
+  auto t = tester(&nav);
+  int current_signals = 0;
+  QObject::connect(&nav, &NavigatorModel::currentChanged, [&](int) { ++current_signals; });
+  doc.adopt(navigator_dataset());
+  ASSERT_TRUE(doc.data().divergences);
+
+  // Confident flips (the larger margin over the threshold first), tie flips (likewise), the first
+  // differing tensor of each layer in execution order, the worst log-prob tokens (zero left out).
+  const std::vector<Expected> want{
+      {DivergenceKind::ConfidentFlip, 0, 2, 3, "indexer"},  // margin 2 / 0.01 = 200
+      {DivergenceKind::ConfidentFlip, 0, 1, 7, "routing"},  // 0.5 / 0.1 = 5
+      {DivergenceKind::TieFlip, 1, 1, 9, "routing"},        // 0.05 / 0.1 = 0.5
+      {DivergenceKind::TieFlip, 0, 1, 5, "indexer"},        // 0.001 / 0.01 = 0.1
+      {DivergenceKind::FirstTensor, 0, 1, 4, "attn.q"},     // attn.o is later in layer 1
+      {DivergenceKind::FirstTensor, 1, 2, 2, "moe.out"},
+      {DivergenceKind::WorstToken, 1, -1, 3, "log-prob"},
+      {DivergenceKind::WorstToken, 0, -1, 10, "log-prob"},
+      {DivergenceKind::WorstToken, 0, -1, 11, "log-prob"},
+  };
+  ASSERT_EQ(nav.rowCount(), int(want.size()));
+  for (int i = 0; i < nav.rowCount(); ++i) {
+    const Divergence* d = nav.item(i);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->kind, want[size_t(i)].kind) << i;
+    EXPECT_EQ(d->seq, want[size_t(i)].seq) << i;
+    EXPECT_EQ(d->layer, want[size_t(i)].layer) << i;
+    EXPECT_EQ(d->token, want[size_t(i)].token) << i;
+    EXPECT_EQ(d->what, want[size_t(i)].what) << i;
+    EXPECT_EQ(nav.data(nav.index(i, NavigatorModel::Kind), NavigatorModel::KindRole).toInt(),
+              int(want[size_t(i)].kind));
+  }
+  EXPECT_EQ(nav.item(6)->cell_layer, 3);  // a log-prob token is shown on the last layer
+  const DivergenceList& l = *nav.list();
+  EXPECT_EQ(l.confident_flips, 2);
+  EXPECT_EQ(l.tie_flips, 2);
+  EXPECT_EQ(l.indexer_flips, 2);
+  EXPECT_EQ(l.routing_flips, 2);
+  EXPECT_EQ(l.first_cell, (Cell{0, 1, 4}));
+  const QString banner = nav.banner();
+  EXPECT_TRUE(banner.contains(QStringLiteral("2 confident, 2 tie"))) << banner.toStdString();
+  EXPECT_TRUE(banner.contains(QStringLiteral("attn.q"))) << banner.toStdString();
+  EXPECT_TRUE(banner.contains(QStringLiteral("3 (0.9), 10 (0.5), 11 (0.1)"))) << banner.toStdString();
+
+  // Next / previous walk the rows shown and stop at both ends.
+  EXPECT_EQ(nav.current(), -1);
+  EXPECT_EQ(nav.next(), nav.item(0));
+  EXPECT_EQ(nav.next(), nav.item(1));
+  EXPECT_EQ(nav.previous(), nav.item(0));
+  EXPECT_EQ(nav.previous(), nullptr);
+  EXPECT_EQ(nav.current(), 0);
+  nav.setCurrent(nav.rowCount() - 1);
+  EXPECT_EQ(nav.next(), nullptr);
+  EXPECT_EQ(nav.current(), nav.rowCount() - 1);
+  EXPECT_GT(current_signals, 0);
+
+  // Filters: by layer (log-prob tokens belong to none), kind, sequence; together.
+  nav.setCurrent(3);  // the tie flip at seq 0, layer 1, token 5
+  nav.setLayerFilter(1);
+  EXPECT_EQ(nav.rowCount(), 4);
+  for (int i = 0; i < nav.rowCount(); ++i) EXPECT_EQ(nav.item(i)->layer, 1);
+  ASSERT_GE(nav.current(), 0);  // the current item is still shown, and still current
+  EXPECT_EQ(nav.item(nav.current())->token, 5);
+  nav.setSeqFilter(1);
+  ASSERT_EQ(nav.rowCount(), 1);
+  EXPECT_EQ(nav.item(0)->token, 9);
+  EXPECT_EQ(nav.current(), -1);  // filtered away
+  nav.setLayerFilter(-1);
+  EXPECT_EQ(nav.rowCount(), 3);  // tie flip, moe.out, token 3
+  nav.setSeqFilter(-1);
+  nav.setKindFilter(int(DivergenceKind::TieFlip));
+  ASSERT_EQ(nav.rowCount(), 2);
+  EXPECT_EQ(nav.item(0)->token, 9);
+  EXPECT_EQ(nav.next(), nav.item(0));
+  EXPECT_EQ(nav.next(), nav.item(1));
+  EXPECT_EQ(nav.next(), nullptr);
+  nav.setKindFilter(-1);
+
+  // Sorting by a column; equal values keep the severity order; Severity restores it.
+  nav.sort(NavigatorModel::Token, Qt::AscendingOrder);
+  for (int i = 1; i < nav.rowCount(); ++i) EXPECT_LE(nav.item(i - 1)->token, nav.item(i)->token);
+  nav.sort(NavigatorModel::Severity, Qt::DescendingOrder);
+  EXPECT_EQ(nav.item(0)->kind, DivergenceKind::WorstToken);
+  nav.sort(NavigatorModel::Severity, Qt::AscendingOrder);
+  EXPECT_EQ(nav.item(0)->token, 3);
+  EXPECT_EQ(nav.data(nav.index(0, NavigatorModel::Severity)).toString(),
+            QStringLiteral("margin 200× tie threshold"));
+  guard.expect_clean();
+}
 }  // namespace
 
 namespace dsv4 {
@@ -826,6 +1082,24 @@ TEST_F(GuiModels, DiffAndViewerClassifyPlantedFlipsIdentically) {
   const DetailPtr same = detail(doc, 30);
   ASSERT_TRUE(same);
   EXPECT_FALSE(same->indexer_differs || same->routing_differs);
+
+  // The navigator lists the same flips with the same labels, confident ones first.
+  ASSERT_TRUE(doc.data().divergences);
+  std::set<std::pair<std::string, int64_t>> confident, tie;
+  bool seen_tie = false;
+  for (const gui::Divergence& v : doc.data().divergences->items) {
+    if (v.kind != gui::DivergenceKind::ConfidentFlip && v.kind != gui::DivergenceKind::TieFlip) continue;
+    EXPECT_EQ(v.layer, layer);
+    const bool is_tie = v.kind == gui::DivergenceKind::TieFlip;
+    EXPECT_FALSE(seen_tie && !is_tie) << "a confident flip after a tie flip";
+    seen_tie |= is_tie;
+    (is_tie ? tie : confident).insert({v.what, v.token});
+  }
+  using Set = std::set<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(confident, (Set{{"indexer", 50}, {"indexer", 51}, {"routing", 20}, {"routing", 21}}));
+  EXPECT_EQ(tie, (Set{{"indexer", 40}, {"indexer", 41}, {"routing", 10}, {"routing", 11}}));
+  EXPECT_EQ(doc.data().divergences->confident_flips, L.indexer_confident_flips + L.routing_confident_flips);
+  EXPECT_EQ(doc.data().divergences->tie_flips, L.indexer_tie_flips + L.routing_tie_flips);
 
   // One trace alone: the viewer's own threshold over B's margins is the diff's.
   TraceDocument single;

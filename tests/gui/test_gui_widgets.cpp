@@ -6,19 +6,31 @@
 #include <gtest/gtest.h>
 
 #include <QAbstractItemModelTester>
+#include <QAbstractSeries>
+#include <QAction>
 #include <QApplication>
 #include <QChart>
+#include <QComboBox>
 #include <QDropEvent>
 #include <QElapsedTimer>
 #include <QFile>
+#include <QGroupBox>
+#include <QHeaderView>
+#include <QLabel>
 #include <QMessageBox>
 #include <QMimeData>
 #include <QProgressBar>
+#include <QPushButton>
 #include <QScrollBar>
 #include <QSettings>
+#include <QSplitter>
+#include <QStyle>
+#include <QStyleOptionComboBox>
+#include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
 #include <QTest>
+#include <QTextDocument>
 #include <QTimer>
 #include <QUrl>
 #include <QValueAxis>
@@ -31,8 +43,10 @@
 #include <set>
 
 #include "capture/trace_reader.h"
+#include "cli_util.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
+#include "gui/models/navigator_model.h"
 #include "gui/widgets/detail_panel.h"
 #include "gui/widgets/heatmap_view.h"
 #include "gui/widgets/logprob_chart.h"
@@ -150,9 +164,32 @@ TEST_F(GuiWidgets, FirstDivergenceSelectsTheCellOfTheDiffEngine) {
   const auto& f = *rep.first_divergence;
   // The trace pair diverges first in a per-token tensor of a layer: the cell is (layer, row).
   ASSERT_GE(f.layer, 0);
-  // After loading, the window shows the first divergence by default.
-  EXPECT_EQ(w.heatmapView()->selectedRow(), f.layer);
-  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(f.row));
+  // After loading, the window shows the navigator's most severe item, and the banner names the first
+  // divergence and the flip counts of the report.
+  NavigatorModel* nav = w.navigatorModel();
+  ASSERT_GE(nav->rowCount(), 2);
+  EXPECT_EQ(nav->current(), 0);
+  const Divergence top = *nav->item(0);
+  EXPECT_EQ(w.heatmapView()->selectedRow(), top.cell_layer);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(top.token));
+  EXPECT_TRUE(w.banner()->isVisibleTo(&w));
+  EXPECT_TRUE(w.banner()->text().contains(QString::fromStdString(f.tensor)))
+      << w.banner()->text().toStdString();
+  int64_t confident = 0, tie = 0;
+  for (const auto& l : rep.layers)
+    confident += l.indexer_confident_flips + l.routing_confident_flips,
+        tie += l.indexer_tie_flips + l.routing_tie_flips;
+  EXPECT_TRUE(w.banner()->text().contains(QStringLiteral("%1 confident, %2 tie").arg(confident).arg(tie)))
+      << w.banner()->text().toStdString();
+  // F3 / Shift+F3 walk the list.
+  w.activateWindow();
+  QTest::keyClick(&w, Qt::Key_F3);
+  EXPECT_EQ(nav->current(), 1);
+  EXPECT_EQ(w.heatmapView()->selectedRow(), nav->item(1)->cell_layer);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(nav->item(1)->token));
+  QTest::keyClick(&w, Qt::Key_F3, Qt::ShiftModifier);
+  EXPECT_EQ(nav->current(), 0);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(top.token));
   // Select something else, then Ctrl+D.
   w.selectCell(5, 10);
   EXPECT_EQ(w.heatmapView()->selectedRow(), 5);
@@ -162,6 +199,25 @@ TEST_F(GuiWidgets, FirstDivergenceSelectsTheCellOfTheDiffEngine) {
   EXPECT_EQ(w.heatmapView()->selectedColumn(), int(f.row));
   EXPECT_TRUE(wait_detail(w, f.layer, f.row));
   EXPECT_EQ(w.currentSeq(), f.seq);
+
+  // Linked views: a Tensors row selects its first differing cell; a heatmap cell selects its layer's
+  // row of the Layers table.
+  int first_row = -1;
+  for (size_t i = 0; i < rep.tensors.size() && first_row < 0; ++i)
+    if (rep.tensors[i].name == f.tensor && rep.tensors[i].layer == f.layer) first_row = int(i);
+  ASSERT_GE(first_row, 0);
+  w.selectCell(5, 10);
+  w.tabs()->setCurrentIndex(MainWindow::kTensorsTab);
+  QApplication::processEvents();
+  QTableView* tv = w.tensorView();
+  tv->scrollTo(tv->model()->index(first_row, 0));
+  QTest::mouseClick(tv->viewport(), Qt::LeftButton, {},
+                    tv->visualRect(tv->model()->index(first_row, 0)).center());
+  EXPECT_EQ(w.heatmapView()->selectedRow(), f.layer);
+  EXPECT_EQ(w.heatmapView()->selectedColumn(), int(f.row));
+  w.selectCell(2, 7);
+  ASSERT_TRUE(w.layerView()->selectionModel()->hasSelection());
+  EXPECT_EQ(w.layerView()->selectionModel()->selectedRows().value(0).row(), 2);
 }
 
 TEST_F(GuiWidgets, ChartClickSelectsTheTokenColumnAndMetricsSwitch) {
@@ -181,6 +237,21 @@ TEST_F(GuiWidgets, ChartClickSelectsTheTokenColumnAndMetricsSwitch) {
   EXPECT_EQ(w.heatmapView()->selectedColumn(), token);
   EXPECT_EQ(w.heatmapView()->selectedRow(), 2);
   EXPECT_TRUE(wait_detail(w, 2, token));
+  // Hovering shows that token's values (those of the trace files).
+  const QPoint at = chart->mapFromScene(pos);
+  EXPECT_EQ(chart->tokenAt(at), token);
+  const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
+  const float la = ra.logprobs(0, 0)[size_t(token)], lb = rb.logprobs(0, 0)[size_t(token)];
+  const QString hover = chart->valueText(token);
+  EXPECT_TRUE(hover.contains(QStringLiteral("log p A %1").arg(double(la), 0, 'g', 6))) << hover.toStdString();
+  EXPECT_TRUE(hover.contains(QStringLiteral("log p B %1").arg(double(lb), 0, 'g', 6))) << hover.toStdString();
+  // Difference only: A and B hidden, B − A shown.
+  chart->setDifferenceOnly(true);
+  int shown = 0;
+  for (QAbstractSeries* s : chart->chart()->series())
+    shown += s->isVisible() && s->name() != QStringLiteral("selected");
+  EXPECT_EQ(shown, 1);
+  chart->setDifferenceOnly(false);
 
   // Every metric renders something other than the background in the cell area.
   for (Metric m : w.heatmapModel()->availableMetrics()) {
@@ -217,13 +288,14 @@ TEST_F(GuiWidgets, ExportsWriteFilesOnTheWorker) {
     done << p;
   });
   const QString d = QString::fromStdString(dir);
+  const QSize heatmap_size = w.heatmapView()->size();  // as exported (the layout may settle later)
   w.exportHeatmapPng(d + "/heatmap.png");
   w.exportChartPng(d + "/chart.png");
   w.exportReportJson(d + "/diff.json");
   w.exportReportCsv(d + "/csv");
   ASSERT_TRUE(wait_until([&] { return done.size() == 4; }));
   QImage heat(d + "/heatmap.png");
-  EXPECT_EQ(heat.size(), w.heatmapView()->size());
+  EXPECT_EQ(heat.size(), heatmap_size);
   EXPECT_FALSE(QImage(d + "/chart.png").isNull());
   std::ifstream in(dir + "/diff.json");
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -370,6 +442,151 @@ TEST_F(GuiWidgets, GradientsTabForTwoTrainingSteps) {
 
 // A synthetic 32k-token comparison of 43 layers (the released models' count): the heatmap's frame
 // time while scrolling programmatically, zoomed in and zoomed out.
+// Two traces of different tokens: the load fails after A's summary arrived, and the window is left
+// empty (not half-loaded) with the problem and buttons that open each trace alone.
+TEST_F(GuiWidgets, FailedPairLeavesAUsableWindowThatOpensEachTraceAlone) {
+  const std::string dir = dsv4::test::temp_dir("failed-pair");
+  const std::string other = dir + "/other.h5";
+  const auto rec =
+      dsv4::test::run_cli("record --preset tiny --seed 7 --random " + std::to_string(gui_traces().tokens) +
+                          " --token-seed 4 --out " + other);
+  ASSERT_EQ(rec.code, 0) << rec.out;
+  MainWindow w(false);
+  w.resize(1024, 700);
+  w.show();
+  // The empty window: nothing to go to, no banner, no problem.
+  EXPECT_FALSE(w.firstDivergenceAction()->isEnabled());
+  EXPECT_EQ(w.heatmapModel()->rowCount(), 0);
+  EXPECT_FALSE(w.problemPanel()->isVisibleTo(&w));
+  EXPECT_FALSE(w.banner()->isVisibleTo(&w));
+  ASSERT_FALSE(open_and_wait(w, gui_traces().a, other));
+  EXPECT_FALSE(w.document()->data().summary);  // not half-loaded
+  EXPECT_EQ(w.heatmapModel()->rowCount(), 0);
+  EXPECT_FALSE(w.progressBar()->isVisibleTo(&w));
+  EXPECT_FALSE(w.goToFirstDivergence());
+  EXPECT_FALSE(w.firstDivergenceAction()->isEnabled());
+  ASSERT_TRUE(w.problemPanel()->isVisibleTo(&w));
+  EXPECT_TRUE(
+      w.openAloneButton(0)->text().contains(QString::fromStdString(fs::path(gui_traces().a).filename())));
+  EXPECT_TRUE(w.openAloneButton(1)->text().contains(QStringLiteral("other.h5")));
+  EXPECT_FALSE(w.compareAnywayButton()->isVisibleTo(&w));  // the tokens differ, not the weights
+  // Open B alone: one trace, the problem gone.
+  bool finished = false;
+  QObject::connect(w.document(), &TraceDocument::loadFinished, [&] { finished = true; });
+  w.openAloneButton(1)->click();
+  ASSERT_TRUE(wait_until([&] { return finished; }));
+  EXPECT_FALSE(w.document()->data().comparison());
+  EXPECT_EQ(w.document()->data().summary->a.path, other);
+  EXPECT_FALSE(w.problemPanel()->isVisibleTo(&w));
+  EXPECT_GT(w.heatmapModel()->rowCount(), 0);
+  fs::remove_all(dir);
+}
+
+// Every piece of text of the window at 1024 × 700, on every tab, with a cell selected: no table header
+// narrower than its text (QFontMetrics against the section width), no single-line label or combo box
+// narrower than its text, no tab title cut.
+TEST_F(GuiWidgets, NothingIsElidedAt1024x700) {
+  MainWindow w(false);
+  w.resize(1024, 700);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  ASSERT_TRUE(wait_until([&] { return w.detailPanel()->detail() != nullptr; }));
+  QApplication::processEvents();
+  std::vector<std::string> cut;
+  auto check_visible = [&](const std::string& where) {
+    for (QTableView* t : w.findChildren<QTableView*>()) {
+      if (!t->isVisible() || !t->model()) continue;
+      QHeaderView* h = t->horizontalHeader();
+      const QFontMetrics fm(h->font());
+      const int margin = h->style()->pixelMetric(QStyle::PM_HeaderMargin, nullptr, h);
+      for (int i = 0; i < h->count(); ++i) {
+        if (h->isSectionHidden(i)) continue;
+        const QString text = t->model()->headerData(i, Qt::Horizontal).toString();
+        const int need = fm.horizontalAdvance(text) + 2 * margin;
+        if (h->sectionSize(i) < need)
+          cut.push_back(where + ": header '" + text.toStdString() + "' " + std::to_string(h->sectionSize(i)) +
+                        " px < " + std::to_string(need));
+      }
+    }
+    for (QLabel* l : w.findChildren<QLabel*>()) {
+      if (!l->isVisible() || l->wordWrap() || l->text().isEmpty() || Qt::mightBeRichText(l->text())) continue;
+      if (l->width() < l->fontMetrics().horizontalAdvance(l->text()))
+        cut.push_back(where + ": label '" + l->text().toStdString() + "'");
+    }
+    for (QComboBox* c : w.findChildren<QComboBox*>()) {
+      if (!c->isVisible() || c->currentText().isEmpty()) continue;
+      const int need = c->fontMetrics().horizontalAdvance(c->currentText());
+      QStyleOptionComboBox opt;
+      opt.initFrom(c);
+      const QRect edit =
+          c->style()->subControlRect(QStyle::CC_ComboBox, &opt, QStyle::SC_ComboBoxEditField, c);
+      if (edit.width() < need)
+        cut.push_back(where + ": combo '" + c->currentText().toStdString() + "' " +
+                      std::to_string(edit.width()) + " px < " + std::to_string(need));
+    }
+  };
+  QTabWidget* tabs = w.tabs();
+  for (int i = 0; i < tabs->count(); ++i) {
+    if (!tabs->isTabVisible(i)) continue;
+    tabs->setCurrentIndex(i);
+    QApplication::processEvents();
+    check_visible("tab " + tabs->tabText(i).toStdString());
+    const QFontMetrics fm(tabs->tabBar()->font());
+    if (tabs->tabBar()->tabRect(i).width() < fm.horizontalAdvance(tabs->tabText(i)))
+      cut.push_back("tab title '" + tabs->tabText(i).toStdString() + "'");
+  }
+  EXPECT_TRUE(cut.empty()) << [&] {
+    std::string s;
+    for (const auto& c : cut) s += c + "\n";
+    return s;
+  }();
+
+  // The detail panel's sections fold to their titles and unfold again; its two columns are split.
+  int sections = 0;
+  for (QGroupBox* box : w.detailPanel()->findChildren<QGroupBox*>()) {
+    if (!box->isVisible()) continue;
+    ++sections;
+    ASSERT_TRUE(box->isCheckable()) << box->title().toStdString();
+    const auto children = box->findChildren<QWidget*>(QString(), Qt::FindDirectChildrenOnly);
+    ASSERT_FALSE(children.isEmpty());
+    const int open_height = box->sizeHint().height();
+    std::vector<QWidget*> shown;
+    for (QWidget* c : children)
+      if (c->isVisible()) shown.push_back(c);
+    ASSERT_FALSE(shown.empty());
+    box->setChecked(false);
+    for (QWidget* c : children) EXPECT_FALSE(c->isVisible()) << box->title().toStdString();
+    EXPECT_LT(box->sizeHint().height(), open_height) << box->title().toStdString();
+    box->setChecked(true);
+    for (QWidget* c : shown) EXPECT_TRUE(c->isVisible()) << box->title().toStdString();
+  }
+  EXPECT_GE(sections, 3);
+  EXPECT_NE(w.detailPanel()->findChild<QSplitter*>(), nullptr);
+}
+
+// Zooming keeps the selected column where it is (and the selection), instead of zooming about the
+// centre and pushing it out of view.
+TEST_F(GuiWidgets, ZoomKeepsTheSelectedColumnInPlace) {
+  MainWindow w(false);
+  w.resize(1024, 700);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  HeatmapView* hv = w.heatmapView();
+  hv->fitToWidth();
+  const int col = int(gui_traces().tokens / 6);  // far left of the centre
+  w.selectCell(2, col);
+  QApplication::processEvents();
+  const int x0 = cell_center(hv, 2, col).x();
+  for (int i = 0; i < 4; ++i) {
+    w.activateWindow();
+    QTest::keyClick(&w, Qt::Key_Plus, Qt::ControlModifier);
+  }
+  EXPECT_GT(hv->pixelsPerColumn(), 4.0 * hv->cellRect().width() / gui_traces().tokens);
+  EXPECT_EQ(hv->selectedRow(), 2);
+  EXPECT_EQ(hv->selectedColumn(), col);
+  EXPECT_NEAR(cell_center(hv, 2, col).x(), x0, hv->pixelsPerColumn());
+}
+
 TEST(GuiHeatmapPerf, ScrollingThirtyTwoThousandTokens) {
   constexpr int kLayers = 43;
   constexpr int64_t kTokens = 32768;
