@@ -91,6 +91,20 @@ void swiglu_expert(const ExpertWeights& ew, int64_t m, int64_t D, int64_t I, con
   gemm(linear_params(m, D, I, g, ew.w2, out, OutRound::f32, o));
 }
 
+
+// The end of the MoE sum of every token: acc (+)= each shared expert's output in order, then
+// p.out = bf16(acc). gu and y: scratch of at least [2, T, I_shared] and [T, D].
+void finish_sum(const MoeParams& p, std::vector<float>& acc, float* gu, float* y) {
+  const int64_t T = p.T, D = p.D, Is = p.I_shared > 0 ? p.I_shared : p.I;
+  for (int sidx = 0; sidx < p.n_shared; ++sidx) {
+    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu, y);
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+    for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[i];
+  }
+#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
+  for (int64_t i = 0; i < T * D; ++i) p.out[i] = num::bf16_round(acc[size_t(i)]);
+}
+
 }  // namespace
 
 void moe_experts(const MoeParams& p) {
@@ -137,14 +151,7 @@ void moe_experts(const MoeParams& p) {
       }
     }
   }
-  for (int sidx = 0; sidx < p.n_shared; ++sidx) {
-    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu.data(),
-                  y.data());
-#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
-    for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[size_t(i)];
-  }
-#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
-  for (int64_t i = 0; i < T * D; ++i) p.out[i] = num::bf16_round(acc[size_t(i)]);
+  finish_sum(p, acc, gu.data(), y.data());
 }
 
 }  // namespace dsv4
@@ -197,17 +204,10 @@ void moe_combine(const MoeParams& p, const float* y_slot, float* out) {
       for (int64_t d = 0; d < D; ++d) dst[d] += ys[d];
     }
   const int64_t Is = p.I_shared > 0 ? p.I_shared : p.I;
-  if (p.n_shared > 0) {
-    std::vector<float> gu(size_t(2 * T * Is)), y(size_t(T * D));
-    for (int sidx = 0; sidx < p.n_shared; ++sidx) {
-      swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu.data(),
-                    y.data());
-#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
-      for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[size_t(i)];
-    }
-  }
-#pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
-  for (int64_t i = 0; i < T * D; ++i) out[i] = num::bf16_round(acc[size_t(i)]);
+  std::vector<float> gu(size_t(p.n_shared > 0 ? 2 * T * Is : 0)), y(size_t(p.n_shared > 0 ? T * D : 0));
+  MoeParams q = p;
+  q.out = out;
+  finish_sum(q, acc, gu.data(), y.data());
 }
 
 }  // namespace dsv4
