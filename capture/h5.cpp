@@ -283,11 +283,12 @@ void keep_compact(hid_t plist, const Object& at) {
   check(H5Pset_attr_phase_change(plist, kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
 }
 
-Object create_file(const std::string& path, hid_t fapl) {
+Object create_file(const std::string& path, hid_t fapl, hsize_t user_block) {
   quiet();
   const Object at{Id(), path, "/"};
   Id fcpl(check(H5Pcreate(H5P_FILE_CREATE), at, "cannot create a file creation property list"));
   keep_compact(fcpl.get(), at);
+  if (user_block > 0) check(H5Pset_userblock(fcpl.get(), user_block), at, "cannot reserve the user block");
   Object f{Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl)), path, "/"};
   if (!f.id.valid()) fail(path, "", "cannot create the file");
   return f;
@@ -892,6 +893,10 @@ void check_vlen_references(const Object& ds, hsize_t n) {
   check(H5Pget_sizes(fcpl.get(), &sizeof_addr, &sizeof_size), ds, "cannot read the file's offset sizes");
   if (sizeof_addr < 2 || sizeof_addr > 8 || sizeof_size < 2 || sizeof_size > 8)
     ds.fail("the file's offset sizes are not usable");
+  // Addresses inside the file are relative to its base, which follows the user block (a trace's seal);
+  // H5Dget_offset already counts from the start of the file.
+  hsize_t base = 0;
+  check(H5Pget_userblock(fcpl.get(), &base), ds, "cannot read the file's user block size");
   const int fd = ::open(ds.file.c_str(), O_RDONLY);
   if (fd < 0) ds.fail("cannot open the file to check its strings");
   struct Closer {
@@ -909,7 +914,9 @@ void check_vlen_references(const Object& ds, hsize_t n) {
   std::map<uint64_t, std::map<uint32_t, uint64_t>> collections;
   for (hsize_t i = 0; i < n; ++i) {
     const uint8_t* r = refs.data() + i * ref;
-    const uint64_t len = le(r, 4), addr = le(r + 4, sizeof_addr);
+    const uint64_t len = le(r, 4), rel = le(r + 4, sizeof_addr);
+    if (rel > UINT64_MAX - base) ds.fail(fmt::format("string {}: damaged: heap address {}", i, rel));
+    const uint64_t addr = rel + base;
     const uint32_t idx = uint32_t(le(r + 4 + sizeof_addr, 4));
     if (len == 0) continue;  // an empty string: HDF5 reads no heap object
     auto it = collections.find(addr);

@@ -18,6 +18,9 @@
 
 namespace dsv4::h5 {
 
+// The signature that starts an HDF5 superblock (at offset 0, 512, 1024, ... of a file).
+inline constexpr unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+
 // Owns one HDF5 identifier (file, group, dataset, dataspace, datatype, attribute, property list) and
 // releases it with H5Idec_ref, which closes the object when the last reference goes.
 class Id {
@@ -107,7 +110,9 @@ inline hid_t check(hid_t r, const Object& at, const std::string& what) {
 // POSIX file locks (see step_layout.cpp for why the writer does not lock). Where the file system
 // does not support locks, files open without them.
 Id file_access(bool latest, bool lock);
-Object create_file(const std::string& path, hid_t fapl);                // truncates
+// Truncates. `user_block`: bytes HDF5 leaves to the caller at the start (0, or a power of two >= 512;
+// a trace's seal, capture/trace_seal.h).
+Object create_file(const std::string& path, hid_t fapl, hsize_t user_block = 0);
 Object open_file(const std::string& path, unsigned flags, hid_t fapl);  // H5F_ACC_* flags
 void close_file(Object& f);                                             // H5Fclose with error checking
 Object open(const Object& parent, const std::string& name);             // group or dataset (H5Oopen)

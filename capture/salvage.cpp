@@ -13,6 +13,7 @@
 #include "capture/h5.h"
 #include "capture/layout.h"
 #include "capture/trace_open.h"
+#include "capture/trace_seal.h"
 #include "capture/validate.h"
 
 namespace dsv4 {
@@ -96,10 +97,12 @@ SalvageResult salvage_trace(const std::string& in, const std::string& out) {
   for (const TraceProblem& p : v.problems) {
     if (p.step >= 0 || p.where.rfind("/steps", 0) == 0) continue;
     if (p.where == "file" && v.writer_flag) continue;  // what salvage is for
+    if (p.where == "seal") continue;                    // too: the steps' own checks decide
     throw TraceCorrupt(fmt::format("{}: {}: {}; salvage copies /meta as it is and cannot repair this", in,
                                    p.where, p.what));
   }
   SalvageResult result;
+  result.seal_problem = seal_problem(v.seal);
   for (const StepState& st : v.steps) {
     if (st.complete && st.problems == 0) {
       result.copied.push_back(st.index);
@@ -127,7 +130,7 @@ SalvageResult salvage_trace(const std::string& in, const std::string& out) {
   const std::string tmp = out + ".incomplete";
   try {
     h5::Id fapl = h5::file_access(true, false);
-    h5::Object dst = h5::create_file(tmp, fapl.get());
+    h5::Object dst = h5::create_file(tmp, fapl.get(), kSealBlockBytes);
     h5::write_attr(dst, kFormat, std::string(kFormatValue));
     // The steps keep their layout, so the copy keeps the source's version (readers of that version
     // read the copy too).
@@ -143,6 +146,7 @@ SalvageResult salvage_trace(const std::string& in, const std::string& out) {
         copy_tree(src.file, step_path(result.copied[i]).substr(1), steps, step_name(int(i)));
     }
     h5::close_file(dst);
+    seal_trace(tmp);
     const ValidateReport check = validate_trace(tmp);
     if (!check.ok())
       throw TraceCorrupt(fmt::format("{}: the copy does not validate ({}: {}); nothing was written", in,

@@ -13,6 +13,10 @@ struct SalvageResult {
     std::string reason;  // the first problem validate found in it ("incomplete (status 0)", a damaged dataset)
   };
   std::vector<Skipped> skipped;
+  // The source did not match its seal (capture/trace_seal.h): the copied steps passed every check of
+  // validate, but damage those checks cannot see (a value still within its range) may remain in them;
+  // `dsv4 replay` of the copy re-executes and compares them.
+  std::string seal_problem;
 };
 
 // Copies /meta and every step that validate_trace (capture/validate.h) finds complete and without a

@@ -24,6 +24,7 @@
 #include "capture/env.h"
 #include "capture/errors.h"
 #include "capture/layout.h"
+#include "capture/trace_seal.h"
 #include "capture/version.h"
 
 namespace dsv4 {
@@ -94,7 +95,7 @@ StepLayout::StepLayout(std::string writing_path, const ModelConfig& c)
 
 void StepLayout::write_header(const TraceHeader& h) {
   h5::Id fapl = h5::file_access(true, false);
-  h5::Object f = h5::create_file(writing_path, fapl.get());
+  h5::Object f = h5::create_file(writing_path, fapl.get(), kSealBlockBytes);
   {
     h5::write_attr(f, kFormat, std::string(kFormatValue));
     h5::write_attr(f, kFormatVersion, int32_t(kPrefillFormatVersion));
@@ -120,6 +121,7 @@ void StepLayout::write_header(const TraceHeader& h) {
     h5::create_group(f, kSteps);
   }
   h5::close_file(f);
+  mark_trace_open(writing_path);  // sealed by TraceWriter::close()
 }
 
 // ---- step layout --------------------------------------------------------------------------------

@@ -22,12 +22,11 @@ WriterMarks writer_marks(const std::string& path) {
   const auto size = static_cast<long long>(f.tellg());
   WriterMarks m;
   // The superblock is at 0 or after a user block of 512, 1024, 2048, ... bytes.
-  static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
   for (long long at = 0; at + 12 <= size; at = at == 0 ? 512 : at * 2) {
     unsigned char head[12];
     f.seekg(at);
     if (!f.read(reinterpret_cast<char*>(head), sizeof head)) break;
-    if (std::memcmp(head, kSignature, 8) != 0) continue;
+    if (std::memcmp(head, h5::kSignature, 8) != 0) continue;
     m.hdf5 = true;
     m.version = head[8];
     // Versions 2 and 3: signature, version, size of offsets, size of lengths, file consistency flags
@@ -41,10 +40,10 @@ WriterMarks writer_marks(const std::string& path) {
   return m;
 }
 
-OpenedTrace open_for_reading(const std::string& path, bool clear_flags) {
-  h5::quiet();
-  const WriterMarks marks = writer_marks(path);
-  if (!marks.hdf5) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
+namespace {
+
+// The HDF5 open of open_for_reading(), once the seal was checked.
+OpenedTrace open_hdf5_bounded(const std::string& path, const WriterMarks& marks, bool clear_flags) {
   // Without POSIX locks, like the writer: HDF5 refuses to open one file twice in a process with
   // different locking settings, and the superblock's flags already keep readers and the writer apart.
   h5::Id fapl = h5::file_access(false, false);
@@ -53,12 +52,12 @@ OpenedTrace open_for_reading(const std::string& path, bool clear_flags) {
     h5::check(H5Pset_metadata_read_attempts(fapl.get(), kSwmrReadAttempts), at,
               "cannot set the metadata read attempts");
     h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get())), path, "/"};
-    if (f.id.valid()) return OpenedTrace{std::move(f), false};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}};
     // A flipped flag on a closed file: read it as a closed file below.
   }
   if (!marks.write || marks.swmr) {
     h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
-    if (f.id.valid()) return OpenedTrace{std::move(f), false};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}};
     if (!marks.write)
       h5::fail(path, "", "cannot open the file as HDF5 (damaged or truncated; `dsv4 trace validate` tells more)");
   }
@@ -72,7 +71,20 @@ OpenedTrace open_for_reading(const std::string& path, bool clear_flags) {
     h5::fail(path, "", "the file is marked as open for writing and this HDF5 cannot ignore the mark");
   h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
   if (!f.id.valid()) h5::fail(path, "", "cannot open the file as HDF5 (damaged, or open for writing)");
-  return OpenedTrace{std::move(f), true};
+  return OpenedTrace{std::move(f), true, {}};
+}
+
+}  // namespace
+
+OpenedTrace open_for_reading(const std::string& path, bool clear_flags, SealPolicy seal_policy) {
+  h5::quiet();
+  const SealCheck seal = check_seal(path);
+  if (seal_policy == SealPolicy::enforce) throw_seal_problem(path, seal);
+  const WriterMarks marks = writer_marks(path);
+  if (!marks.hdf5) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
+  OpenedTrace t = open_hdf5_bounded(path, marks, clear_flags);
+  t.seal = seal;
+  return t;
 }
 
 void classify_with_reader(const std::string& path) {

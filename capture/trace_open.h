@@ -6,6 +6,7 @@
 #include <string>
 
 #include "capture/h5.h"
+#include "capture/trace_seal.h"
 
 namespace dsv4 {
 
@@ -30,6 +31,7 @@ constexpr unsigned kSwmrReadAttempts = 4;
 struct OpenedTrace {
   h5::Object file;
   bool writer_flag = false;  // the superblock still says "open for writing" (opened with clear_status_flags)
+  SealCheck seal;            // the file's seal (capture/trace_seal.h), checked before HDF5 saw the file
 };
 
 // Opens a trace read-only. A file whose superblock is not marked open for writing (every closed
@@ -39,8 +41,11 @@ struct OpenedTrace {
 // writing outside SWMR mode (a writer that died while laying out a step) is refused with a sentence
 // naming `dsv4 trace salvage`, unless `clear_flags` is set: then it is opened with HDF5's
 // "clear_status_flags" file-access property, read-only (nothing is written to the file), and
-// writer_flag says so. Throws TraceError naming the file.
-OpenedTrace open_for_reading(const std::string& path, bool clear_flags = true);
+// writer_flag says so. First of all the file's seal is checked (capture/trace_seal.h), with plain file
+// reads: under SealPolicy::enforce a file that does not match its seal is refused before HDF5 reads
+// any of it. Throws TraceError naming the file.
+OpenedTrace open_for_reading(const std::string& path, bool clear_flags = true,
+                             SealPolicy seal = SealPolicy::report);
 
 // The reader's refusals for files that are not traces or are newer than this build: rethrown, so
 // validate and salvage word them as every other command does. Other failures are left to the

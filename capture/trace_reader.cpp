@@ -45,8 +45,8 @@ int parse_index(const std::string& s, const std::string& prefix) {
 // Opens `path` read-only (capture/trace_open.h: SWMR only for a file marked open for SWMR writing,
 // with bounded read attempts; a file a writer died holding outside SWMR mode is refused with the
 // salvage sentence).
-h5::Object open_hdf5(const std::string& path) {
-  return open_for_reading(path, false).file;
+OpenedTrace open_hdf5(const std::string& path, SealPolicy seal) {
+  return open_for_reading(path, false, seal);
 }
 
 bool is_dataset(const h5::Object& o) {
@@ -80,6 +80,8 @@ GroupSize group_size(const h5::Object& g) {
 struct TraceReader::Impl {
   std::string path;
   h5::Object file;
+  SealPolicy seal_policy = SealPolicy::enforce;
+  SealCheck seal;
   int version = 0;
   std::string producer;
   std::vector<TraceStepInfo> steps;
@@ -180,17 +182,17 @@ TraceReader::TraceReader(TraceReader&&) noexcept = default;
 TraceReader& TraceReader::operator=(TraceReader&&) noexcept = default;
 TraceReader::~TraceReader() = default;
 
-TraceReader TraceReader::open(const std::string& path) {
+TraceReader TraceReader::open(const std::string& path, SealPolicy seal) {
   h5::quiet();
   std::error_code ec;
   if (!fs::exists(path, ec)) throw TraceError(fmt::format("{}: no such file", path));
   if (fs::is_directory(path, ec)) throw NotATrace(fmt::format("{}: a directory, not a trace", path));
-  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
-  if (is_h5 == 0) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
-  if (is_h5 < 0) h5::fail(path, "", "cannot read the file");
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  impl->file = open_hdf5(path);
+  impl->seal_policy = seal;
+  OpenedTrace opened = open_hdf5(path, seal);  // not an HDF5 file: NotATrace
+  impl->file = std::move(opened.file);
+  impl->seal = opened.seal;
   const h5::Object& f = impl->file;
   const int v = trace_layout::check_trace_root(f, path, &impl->producer);
   if (v < 1) throw TraceError(fmt::format("{}: format_version {} is not a dsv4 trace version", path, v));
@@ -203,6 +205,9 @@ TraceReader TraceReader::open(const std::string& path) {
 
 const std::string& TraceReader::path() const {
   return impl_->path;
+}
+const SealCheck& TraceReader::seal() const {
+  return impl_->seal;
 }
 int TraceReader::format_version() const {
   return impl_->version;
@@ -251,7 +256,9 @@ void TraceReader::refresh() {
   // A writer holds the file (non-SWMR) for a moment while it lays out a step; retry briefly.
   for (int attempt = 0;; ++attempt) {
     try {
-      impl_->file = open_hdf5(impl_->path);
+      OpenedTrace opened = open_hdf5(impl_->path, impl_->seal_policy);
+      impl_->file = std::move(opened.file);
+      impl_->seal = opened.seal;
       break;
     } catch (const TraceError&) {
       if (attempt >= 20) throw;

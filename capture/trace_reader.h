@@ -15,6 +15,7 @@
 #include "capture/env.h"
 #include "capture/generation.h"
 #include "capture/layout.h"  // kTraceFormatVersion
+#include "capture/trace_seal.h"
 #include "capture/training.h"
 #include "model/collect.h"
 #include "model/config.h"
@@ -63,13 +64,16 @@ struct GroupSize {
 
 class TraceReader {
  public:
-  // Throws NotATrace (not HDF5 or no format attribute), UnsupportedTraceVersion (newer), TraceError.
-  static TraceReader open(const std::string& path);
+  // Throws NotATrace (not HDF5 or no format attribute), UnsupportedTraceVersion (newer), TraceError;
+  // TraceCorrupt for a file that does not match its seal (capture/trace_seal.h), unless `seal` is
+  // SealPolicy::report (validate and salvage, which report it themselves).
+  static TraceReader open(const std::string& path, SealPolicy seal = SealPolicy::enforce);
   TraceReader(TraceReader&&) noexcept;
   TraceReader& operator=(TraceReader&&) noexcept;
   ~TraceReader();
 
   const std::string& path() const;
+  const SealCheck& seal() const;  // the seal as checked at open (or at the last refresh)
   int format_version() const;
   std::string producer() const;
   std::string created() const;

@@ -21,6 +21,7 @@
 #include "capture/layout.h"
 #include "capture/step_layout.h"
 #include "capture/trace_reader.h"
+#include "capture/trace_seal.h"
 
 namespace dsv4 {
 namespace {
@@ -346,6 +347,8 @@ std::unique_ptr<TraceWriter> TraceWriter::append(const std::string& path, const 
     int next = 0;
     for (const auto& s : r.steps()) next = std::max(next, s.index + 1);
     impl->next_step = next;
+    // From here until close() the file is being changed: readers must not trust its old seal.
+    mark_trace_open(path);
   });
   return std::unique_ptr<TraceWriter>(new TraceWriter(std::move(impl)));
 }
@@ -424,6 +427,7 @@ void TraceWriter::close() {
     std::lock_guard lk(w.mu);
     w.rethrow_locked();
   }
+  seal_trace(w.writing_path);  // digest of the finished file (capture/trace_seal.h)
   fsync_path(w.writing_path, false);
   if (w.writing_path != w.final_path) {
     std::error_code ec;
@@ -451,6 +455,7 @@ WriterStats TraceWriter::stats() const {
 }
 
 void set_trace_weights_path(const std::string& path, const std::string& weights_path) {
+  mark_trace_open(path);
   h5::Object f = h5::open_file(path, H5F_ACC_RDWR, H5P_DEFAULT);
   {
     const h5::Object model = h5::open(f, kMetaModel);
@@ -458,6 +463,7 @@ void set_trace_weights_path(const std::string& path, const std::string& weights_
     h5::write_attr(model, kWeightsPath, weights_path);
   }
   h5::close_file(f);
+  seal_trace(path);
 }
 
 }  // namespace dsv4

@@ -48,6 +48,14 @@ class Validator {
       unreadable(fmt::format("{}: no such file", path));
       return;
     }
+    // The seal first, with plain reads: its finding stands even when HDF5 cannot open the file.
+    try {
+      rep_.seal = check_seal(path);
+    } catch (const TraceError& e) {
+      unreadable(e.what());
+      return;
+    }
+    if (!rep_.seal.ok()) problem("seal", seal_problem(rep_.seal));
     try {
       classify_with_reader(path);
     } catch (const TraceError& e) {
@@ -65,6 +73,8 @@ class Validator {
     rep_.readable = true;
     const h5::Object& root = t.file;
     rep_.writer_flag = t.writer_flag;
+    // Past a seal that does not match, the structure is still checked (and the steps read): salvage
+    // needs to know which steps are intact.
     if (t.writer_flag)
       problem(
           "file",
@@ -196,7 +206,7 @@ class Validator {
   void check_with_reader() {
     std::optional<TraceReader> r;
     try {
-      r.emplace(TraceReader::open(path_));
+      r.emplace(TraceReader::open(path_, SealPolicy::report));
     } catch (const std::exception& e) {
       // The reader lists /steps when it opens a trace: a refusal there is about the step list (which
       // salvage rebuilds), anything else about the file.

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "capture/trace_seal.h"
+
 namespace dsv4 {
 
 struct TraceProblem {
@@ -24,6 +26,7 @@ struct ValidateReport {
   bool readable = false;         // false: the file could not be opened as a trace at all
   bool incomplete_file = false;  // NAME.h5.incomplete (a recorder did not close it)
   bool writer_flag = false;      // the superblock says "open for writing" (reported as a problem of "file")
+  SealCheck seal;                // the file's seal (capture/trace_seal.h); not ok() is a problem of "seal"
   std::vector<StepState> steps;
   std::vector<TraceProblem> problems;
   bool ok() const { return readable && problems.empty(); }

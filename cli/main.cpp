@@ -14,6 +14,7 @@
 
 #include "capture/errors.h"
 #include "capture/h5.h"
+#include "capture/trace_seal.h"
 #include "cli/commands.h"
 #include "model/error.h"
 
@@ -81,6 +82,12 @@ int main(int argc, char** argv) {
   // One clean line per error; --verbose adds HDF5's whole error stack to trace errors.
   bool verbose = false;
   app.add_flag("--verbose", verbose, "Errors carry the whole HDF5 error stack")->envname("DSV4_VERBOSE");
+  // A sealed trace is hashed once when a command opens it (traces/FORMAT.md "Seal"); a user who
+  // trusts a very large file may skip that.
+  bool no_seal_check = false;
+  app.add_flag("--no-seal-check", no_seal_check,
+               "Read sealed traces without verifying their whole-file digest first")
+      ->envname("DSV4_NO_SEAL_CHECK");
   app.fallthrough();
   dsv4::cli::register_model_commands(app);
   dsv4::cli::register_forward_commands(app);
@@ -95,6 +102,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   dsv4::h5::set_verbose_errors(verbose);
+  dsv4::set_seal_checks(!no_seal_check);
   // In a parallel run an error ends every rank (the others may be waiting in a collective).
   auto fail = [](const char* what, int code) {
     if (dsv4::Communicator* c = dsv4::cli::active_communicator(); c && c->size() > 1)

@@ -125,6 +125,7 @@ int run_info(const TraceArgs& a) {
     j["format_version"] = r.format_version();
     j["producer"] = r.producer();
     j["created"] = r.created();
+    j["seal"] = seal_state_name(r.seal().state);
     j["model"] = {{"digest", m.model_digest},
                   {"weights_path", m.weights_path},
                   {"layers", c.num_hidden_layers},
@@ -149,6 +150,7 @@ int run_info(const TraceArgs& a) {
   }
   fmt::print("trace: {} (format {}, {}, created {})\n", a.path, r.format_version(), r.producer(),
              r.created());
+  fmt::print("seal: {}\n", seal_summary(r.seal()));
   fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
              m.model_digest, m.weights_path);
   fmt::print("steps: {}\n", steps.size());
@@ -178,6 +180,7 @@ int run_validate(const TraceArgs& a) {
     j["path"] = rep.path;
     j["readable"] = rep.readable;
     j["incomplete_file"] = rep.incomplete_file;
+    j["seal"] = seal_state_name(rep.seal.state);
     j["ok"] = rep.ok();
     j["steps"] = nlohmann::json::array();
     for (const auto& s : rep.steps)
@@ -191,6 +194,7 @@ int run_validate(const TraceArgs& a) {
           "{}: the recorder did not close this file (a crash or a kill); `dsv4 trace salvage` recovers the "
           "complete steps\n",
           a.path);
+    if (rep.readable) fmt::print("seal: {}\n", seal_summary(rep.seal));
     for (const auto& s : rep.steps)
       fmt::print("step {}: {}{}\n", s.index, s.complete ? "complete" : "INCOMPLETE",
                  s.problems ? fmt::format(", {} problems", s.problems) : "");
@@ -207,6 +211,12 @@ int run_salvage(const TraceArgs& a) {
   const size_t n = r.copied.size();
   fmt::print("salvaged {} intact step{} (of {}) from {} into {}\n", n, n == 1 ? "" : "s", n + r.skipped.size(),
              a.path, a.out);
+  if (!r.seal_problem.empty())
+    fmt::print(
+        "warning: {} was {}; the copied steps pass every check of `dsv4 trace validate`, but damage those "
+        "checks cannot see (a value still within its range) may remain: `dsv4 replay {}` re-executes and "
+        "compares them\n",
+        a.path, r.seal_problem, a.out);
   return 0;
 }
 

@@ -1,5 +1,7 @@
 // Raw edits of trace copies for the tests, with the HDF5 C API (no dsv4 code in between): what a
-// corrupted or doctored file looks like.
+// corrupted or doctored file looks like. The edited file is sealed again when the editor closes it
+// (capture/trace_seal.h), as a writer with that bug would have sealed it: what the tests exercise is
+// what the commands make of the contents, behind the seal.
 #pragma once
 
 #include <hdf5.h>
@@ -10,16 +12,21 @@
 #include <utility>
 #include <vector>
 
+#include "capture/trace_seal.h"
+
 namespace dsv4::test {
 
 class H5Edit {
  public:
-  explicit H5Edit(const std::filesystem::path& p) {
+  explicit H5Edit(const std::filesystem::path& p) : path_(p) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     f_ = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     if (f_ < 0) throw std::runtime_error("cannot open " + p.string() + " for writing");
   }
-  ~H5Edit() { H5Fclose(f_); }
+  ~H5Edit() {
+    H5Fclose(f_);
+    dsv4::seal_trace(path_.string());
+  }
 
   // The whole dataset converted to T (mem: the matching native HDF5 type); dims in `dims`.
   template <typename T>
@@ -94,6 +101,7 @@ class H5Edit {
     if (ds < 0) throw std::runtime_error("no dataset " + path);
     return ds;
   }
+  std::filesystem::path path_;
   hid_t f_ = -1;
 };
 

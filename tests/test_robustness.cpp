@@ -263,20 +263,22 @@ TEST_F(Robustness, NumericOptionsAreChecked) {
 
 // ---- bounded time and no crash on any file --------------------------------------------------------
 
-// Mutated copies of the sample trace: every command ends within the time limit, with exit 0, 1 or 2,
-// and says something when it fails. Fixed seeds, so a failure reproduces.
-TEST_F(Robustness, MutatedTracesNeverHangOrCrash) {
-  const std::string sample = std::string(DSV4_SOURCE_DIR) + "/traces/samples/tiny-train.h5";
-  std::ifstream in(sample, std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_GT(bytes.size(), 8192u);
-  struct Mutant {
-    std::string name;
-    std::vector<char> data;
-  };
+struct Mutant {
+  std::string name;
+  std::vector<char> data;
+};
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Mutated copies of a trace's bytes, at fixed seeds so that a failure reproduces: bytes flipped inside
+// the first HDF5 structure of each kind (object headers, heaps, B-trees, chunk indexes: where the
+// library's trust in metadata is tested), in the superblock and first objects, anywhere; zeroed
+// ranges; truncations.
+std::vector<Mutant> mutants_of(const std::vector<char>& bytes) {
   std::vector<Mutant> mutants;
-  // Bytes flipped inside the first HDF5 structure of each kind (object headers, heaps, B-trees, chunk
-  // indexes), at fixed seeds: where the library's trust in metadata is tested.
   uint32_t seed = 1;
   for (const char* sig : {"OHDR", "GCOL", "FRHP", "FHDB", "BTHD", "BTLF", "EAHD", "FAHD"}) {
     const auto at = std::search(bytes.begin(), bytes.end(), sig, sig + 4);
@@ -311,6 +313,16 @@ TEST_F(Robustness, MutatedTracesNeverHangOrCrash) {
   for (size_t keep : {size_t(100), bytes.size() / 3}) {  // truncations
     mutants.push_back({"cut_" + std::to_string(keep), std::vector<char>(bytes.begin(), bytes.begin() + long(keep))});
   }
+  return mutants;
+}
+
+// Mutated copies of the sample trace (written before traces were sealed, so every layer behind the
+// seal is exercised): every command ends within the time limit, with exit 0, 1 or 2, and says
+// something when it fails.
+TEST_F(Robustness, MutatedTracesNeverHangOrCrash) {
+  const std::vector<char> bytes = slurp(std::string(DSV4_SOURCE_DIR) + "/traces/samples/tiny-train.h5");
+  ASSERT_GT(bytes.size(), 8192u);
+  const std::vector<Mutant> mutants = mutants_of(bytes);
   int failures_seen = 0;
   for (const Mutant& m : mutants) {
     const std::string t = p(m.name + ".h5");
@@ -330,6 +342,32 @@ TEST_F(Robustness, MutatedTracesNeverHangOrCrash) {
     }
   }
   EXPECT_GT(failures_seen, 0);  // the mutations are real
+}
+
+// The same mutations of a sealed trace: every command refuses each copy at once, naming the damage,
+// before HDF5 reads the file (validate reports it as a problem of the seal).
+TEST_F(Robustness, MutatedSealedTracesAreRefusedAtOnce) {
+  const std::string t = p("sealed.h5");
+  const CliResult rec = run_cli("record --preset tiny --seed 7 --random 96 --token-seed 3 --profile train "
+                                "--capture 'attn.kv@1,moe.out@3' --threads 1 --out " + t);
+  ASSERT_EQ(rec.code, 0) << rec.out;
+  const std::vector<char> bytes = slurp(t);
+  for (const Mutant& m : mutants_of(bytes)) {
+    const std::string f = p(m.name + ".h5");
+    std::ofstream(f, std::ios::binary).write(m.data.data(), std::streamsize(m.data.size()));
+    const bool short_file = m.data.size() < 520;  // no room for a seal and a superblock: not HDF5
+    for (const std::string cmd : {"trace info", "replay --threads 1"}) {
+      const CliResult r = run_shell("timeout -s KILL 30 " + std::string(DSV4_CLI_PATH) + " " + cmd + " " + f);
+      EXPECT_EQ(r.code, 2) << m.name << ": dsv4 " << cmd << "\n" << r.out;
+      EXPECT_TRUE(has(r.out, short_file ? "not an HDF5 file" : ": damaged: ")) << m.name << ": " << cmd << "\n"
+                                                                             << r.out;
+    }
+    const CliResult v = run_shell("timeout -s KILL 30 " + std::string(DSV4_CLI_PATH) + " trace validate " + f);
+    EXPECT_TRUE(v.code == 1 || v.code == 2) << m.name << "\n" << v.out;
+    if (!short_file) {
+      EXPECT_TRUE(has(v.out, "problem: seal: damaged") || has(v.out, "error:")) << m.name << "\n" << v.out;
+    }
+  }
 }
 
 }  // namespace

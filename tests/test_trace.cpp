@@ -21,6 +21,7 @@
 #include "capture/digest.h"
 #include "capture/errors.h"
 #include "capture/trace_reader.h"
+#include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "model/collect.h"
 #include "model/forward.h"
@@ -542,6 +543,7 @@ TEST(Trace, ForeignAndDamagedFiles) {
     EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT32, &v), 0);
     H5Aclose(a);
     H5Fclose(f);
+    seal_trace(newer);  // a newer writer's file is sealed too
   }
   expect_error<UnsupportedTraceVersion>(newer, "format_version 999 is newer than this dsv4 reads (" +
                                                    std::to_string(kTraceFormatVersion) + "); upgrade dsv4");
@@ -550,9 +552,14 @@ TEST(Trace, ForeignAndDamagedFiles) {
   const std::string truncated = d / "truncated.h5";
   fs::copy_file(good, truncated);
   fs::resize_file(truncated, fs::file_size(good) / 2);
+  expect_error<TraceCorrupt>(truncated, "damaged: the file no longer matches the seal");
+  expect_error<TraceCorrupt>(truncated, "cut short");
+  // Behind the seal (a file without one, or --no-seal-check), HDF5 refuses it.
+  set_seal_checks(false);
   expect_error<TraceError>(truncated, "cannot open");
 
-  // A flipped byte inside a data chunk fails that dataset's read with the fletcher32 checksum error.
+  // A flipped byte inside a data chunk: the seal refuses the file; behind it, the read of that dataset
+  // fails with the fletcher32 checksum error.
   struct Case {
     std::string dataset;
     std::function<void(const TraceReader&)> read;
@@ -572,6 +579,9 @@ TEST(Trace, ForeignAndDamagedFiles) {
     const auto [addr, size] = first_chunk(bad, cases[i].dataset);
     ASSERT_GT(size, 0u) << cases[i].dataset;
     flip_byte(bad, addr + size / 2);
+    set_seal_checks(true);
+    expect_error<TraceCorrupt>(bad, "damaged: the file no longer matches the seal");
+    set_seal_checks(false);
     const TraceReader t = TraceReader::open(bad);  // metadata is intact
     try {
       cases[i].read(t);
@@ -583,6 +593,7 @@ TEST(Trace, ForeignAndDamagedFiles) {
       EXPECT_NE(msg.find("Fletcher32 checksum"), std::string::npos) << msg;  // HDF5's innermost message
     }
   }
+  set_seal_checks(true);
 }
 
 // Bytes per token of a 'decisions' trace of the tiny preset at T=512 (docs/TRACE_SIZES.md).

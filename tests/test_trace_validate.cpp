@@ -14,6 +14,7 @@
 
 #include "capture/errors.h"
 #include "capture/salvage.h"
+#include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/validate.h"
 #include "model/config.h"
@@ -87,15 +88,20 @@ class TraceValidate : public ::testing::Test {
 
 // ---- a small HDF5 C API toolkit, independent of the code under test -----------------------------
 
+// Opened read-write, the file is sealed again at the close (capture/trace_seal.h), as a writer with the
+// planted bug would have sealed it: the checks behind the seal are what these tests exercise.
 struct File {
   hid_t id = -1;
-  explicit File(const std::string& p, unsigned flags = H5F_ACC_RDWR) {
+  std::string path;
+  bool reseal = false;
+  explicit File(const std::string& p, unsigned flags = H5F_ACC_RDWR) : path(p), reseal(flags == H5F_ACC_RDWR) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     id = H5Fopen(p.c_str(), flags, H5P_DEFAULT);
     EXPECT_GE(id, 0) << p;
   }
   ~File() {
     if (id >= 0) H5Fclose(id);
+    if (id >= 0 && reseal) seal_trace(path);
   }
 };
 
@@ -390,6 +396,12 @@ TEST_F(TraceValidate, FlippedByteInAChunkIsAProblemNotACrash) {
     ASSERT_GE(H5Dget_chunk_info(ds, space, 0, offset, &mask, &addr, &size), 0);
     H5Sclose(space);
     H5Dclose(ds);
+    // A chunk's address counts from the HDF5 file's base, after the user block that holds the seal.
+    const hid_t fcpl = H5Fget_create_plist(f.id);
+    hsize_t user_block = 0;
+    ASSERT_GE(H5Pget_userblock(fcpl, &user_block), 0);
+    H5Pclose(fcpl);
+    addr += user_block;
   }
   {
     std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
@@ -400,11 +412,13 @@ TEST_F(TraceValidate, FlippedByteInAChunkIsAProblemNotACrash) {
     f.seekp(std::streamoff(addr + 3));
     f.write(&b, 1);
   }
+  // The seal says the file changed; the chunk's checksum says where.
   const ValidateReport r = validate_trace(p);
   EXPECT_TRUE(r.readable);
   const auto at = problems_at(r, "decisions/layer_000/expert_weights");
   ASSERT_EQ(at.size(), 1u) << all_problems(r);
-  EXPECT_EQ(r.problems.size(), 1u) << all_problems(r);
+  ASSERT_EQ(r.problems.size(), 2u) << all_problems(r);
+  EXPECT_EQ(r.problems[0].where, "seal");
 }
 
 // ---- a recorder that stopped --------------------------------------------------------------------
@@ -463,9 +477,11 @@ TEST_F(TraceValidate, UnclosedTraceKeepsItsCompleteStepThroughSalvage) {
 
 TEST_F(TraceValidate, WriterFlagLeftInTheSuperblock) {
   // A writer that dies while it holds the file outside SWMR mode leaves the superblock's "open for
-  // writing" flag set. A copy taken while this process holds the file read-write has the same bytes.
+  // writing" flag set. A copy taken while this process holds the file read-write has the same bytes
+  // (a writer marks the seal open before it opens the file).
   const std::string clean = record_one("held.h5");
   const std::string p = path("flagged.h5");
+  mark_trace_open(clean);
   {
     const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
@@ -544,10 +560,16 @@ TEST_F(TraceValidate, UnreadableFilesAreReportedNotThrown) {
     ASSERT_NO_THROW(r = validate_trace(c.file)) << c.file;
     EXPECT_FALSE(r.readable) << c.file << all_problems(r);
     EXPECT_FALSE(r.ok());
-    ASSERT_EQ(r.problems.size(), 1u) << c.file << all_problems(r);
-    EXPECT_EQ(r.problems[0].where, "file");
-    EXPECT_FALSE(r.problems[0].what.empty());
-    EXPECT_NE(r.problems[0].what.find(c.needle), std::string::npos) << r.problems[0].what;
+    // A truncated sealed file: the seal says so first, then HDF5's refusal.
+    const bool cut = c.file == truncated;
+    ASSERT_EQ(r.problems.size(), cut ? 2u : 1u) << c.file << all_problems(r);
+    if (cut) {
+      EXPECT_EQ(r.problems[0].where, "seal");
+      EXPECT_NE(r.problems[0].what.find("cut short"), std::string::npos) << r.problems[0].what;
+    }
+    EXPECT_EQ(r.problems.back().where, "file");
+    EXPECT_FALSE(r.problems.back().what.empty());
+    EXPECT_NE(r.problems.back().what.find(c.needle), std::string::npos) << r.problems.back().what;
     EXPECT_THROW(salvage_trace(c.file, path("never.h5")), TraceError) << c.file;
     EXPECT_FALSE(fs::exists(path("never.h5")));
   }

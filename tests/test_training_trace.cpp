@@ -17,6 +17,7 @@
 #include "capture/layout.h"
 #include "capture/salvage.h"
 #include "capture/trace_reader.h"
+#include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/training.h"
 #include "capture/validate.h"
@@ -441,6 +442,7 @@ TEST(TrainingTrace, DamagedRecordIsTraceCorruptNamingTheDataset) {
     EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT32, &two), 0);
     H5Aclose(a);
     H5Fclose(f);
+    seal_trace(old);  // as a writer with that bug would have: the check behind the seal is tested
   }
   const ValidateReport v = validate_trace(old);
   ASSERT_EQ(v.problems.size(), 1u) << all_problems(v);

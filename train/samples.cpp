@@ -12,6 +12,7 @@
 
 #include "capture/errors.h"
 #include "capture/generation.h"
+#include "capture/trace_open.h"
 #include "capture/trace_reader.h"
 #include "model/error.h"
 #include "model/jsonl.h"
@@ -182,10 +183,12 @@ std::string sample_to_json(const TrainSample& s) {
 namespace dsv4::train {
 
 bool is_hdf5_file(const std::string& path) {
-  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-  std::ifstream f(path, std::ios::binary);
-  char head[8] = {};
-  return f.read(head, 8) && std::equal(head, head + 8, kSignature);
+  // HDF5's signature at 0 or after a user block (a sealed trace's is 512 bytes): capture/trace_open.h.
+  try {
+    return writer_marks(path).hdf5;
+  } catch (const TraceError&) {
+    return false;
+  }
 }
 
 std::vector<TrainSample> read_samples_trace(const std::string& trace_path, int step, const std::string& rewards_path,

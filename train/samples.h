@@ -64,7 +64,8 @@ std::vector<TrainSample> read_samples_jsonl(const std::string& path, const Model
 std::vector<TrainSample> read_samples_trace(const std::string& trace_path, int step, const std::string& rewards_path,
                                             const ModelConfig& c);
 
-// Whether the file at `path` is an HDF5 file (a trace) rather than text: its signature.
+// Whether the file at `path` is an HDF5 file (a trace) rather than text: its signature, at 0 or after
+// a user block.
 bool is_hdf5_file(const std::string& path);
 // One sample as a JSON line (the writer of the format above; used by tests and `dsv4 generate`).
 std::string sample_to_json(const TrainSample& s);

@@ -1,0 +1,342 @@
+#include "capture/trace_seal.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "capture/errors.h"
+#include "capture/h5.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'S', 'V', '4', 'S', 'E', 'A', 'L'};
+constexpr uint32_t kSealVersion = 1;
+constexpr uint32_t kStateOpen = 1;
+constexpr uint32_t kStateSealed = 2;
+constexpr size_t kHeaderBytes = 56;  // magic .. header checksum
+constexpr size_t kChecked = 48;      // bytes covered by the header checksum
+constexpr size_t kReadBlock = size_t(1) << 20;
+
+std::atomic<bool> g_checks{true};
+
+using Block = std::array<unsigned char, kSealBlockBytes>;
+
+void put_u32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void put_u64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint32_t get_u32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t get_u64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// A file descriptor closed on scope exit.
+class Fd {
+ public:
+  Fd(const std::string& path, int flags) : fd_(::open(path.c_str(), flags | O_CLOEXEC)) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Reads exactly n bytes at `at`; false at the end of the file, throws on an I/O error.
+bool read_at(int fd, const std::string& path, uint64_t at, void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off_t(at));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw TraceError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+    }
+    if (r == 0) return false;
+    p += r, at += uint64_t(r), n -= size_t(r);
+  }
+  return true;
+}
+
+void write_at(int fd, const std::string& path, uint64_t at, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd, p, n, off_t(at));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(fmt::format("{}: cannot write the trace's seal: {}", path, std::strerror(errno)));
+    }
+    p += r, at += uint64_t(r), n -= size_t(r);
+  }
+}
+
+// The user block of a file, when the file is long enough to have one.
+bool read_block(int fd, const std::string& path, Block& b) {
+  return read_at(fd, path, 0, b.data(), b.size());
+}
+
+bool has_magic(const Block& b) {
+  return std::memcmp(b.data(), kMagic, sizeof kMagic) == 0;
+}
+
+// HDF5's superblock signature right after a 512-byte user block.
+bool follows_block(int fd, const std::string& path) {
+  unsigned char sig[8];
+  return read_at(fd, path, kSealBlockBytes, sig, sizeof sig) && std::memcmp(sig, h5::kSignature, sizeof sig) == 0;
+}
+
+// A slot for a seal: a 512-byte user block (HDF5's superblock signature at 512) holding zeros (a file
+// just created) or a seal header.
+bool has_slot(int fd, const std::string& path, const Block& b) {
+  if (!follows_block(fd, path)) return false;
+  if (has_magic(b)) return true;
+  for (unsigned char c : b)
+    if (c != 0) return false;
+  return true;
+}
+
+struct Header {
+  uint32_t state = 0;
+  uint64_t size = 0;
+  XXH128_canonical_t digest{};
+};
+
+// Parses a header that has the magic; an empty string when it is sound, else what is wrong.
+std::string parse(const Block& b, Header& h) {
+  if (XXH3_64bits(b.data(), kChecked) != get_u64(b.data() + kChecked))
+    return "its header checksum does not match (the first 56 bytes of the file are damaged)";
+  const uint32_t version = get_u32(b.data() + 8);
+  if (version != kSealVersion)
+    return fmt::format("seal layout version {} (this build reads version {})", version, kSealVersion);
+  h.state = get_u32(b.data() + 12);
+  if (h.state != kStateOpen && h.state != kStateSealed) return fmt::format("unknown seal state {}", h.state);
+  if (get_u64(b.data() + 16) != kSealBlockBytes)
+    return fmt::format("user block size {} (expected {})", get_u64(b.data() + 16), kSealBlockBytes);
+  h.size = get_u64(b.data() + 24);
+  std::memcpy(&h.digest, b.data() + 32, sizeof h.digest);
+  return {};
+}
+
+void write_header(int fd, const std::string& path, uint32_t state, uint64_t size, const XXH128_canonical_t& d) {
+  Block b{};
+  std::memcpy(b.data(), kMagic, sizeof kMagic);
+  put_u32(b.data() + 8, kSealVersion);
+  put_u32(b.data() + 12, state);
+  put_u64(b.data() + 16, kSealBlockBytes);
+  put_u64(b.data() + 24, size);
+  std::memcpy(b.data() + 32, &d, sizeof d);
+  put_u64(b.data() + kChecked, XXH3_64bits(b.data(), kChecked));
+  static_assert(kChecked + 8 == kHeaderBytes);
+  write_at(fd, path, 0, b.data(), b.size());
+}
+
+std::string hex(const XXH128_canonical_t& d) {
+  std::string s;
+  for (unsigned char c : d.digest) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+// XXH3-128 of bytes [kHeaderBytes, size) of the file: the rest of the user block and the HDF5 file.
+XXH128_canonical_t hash_body(int fd, const std::string& path, uint64_t size) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw Error(fmt::format("{}: not enough memory for the seal's hash state", path));
+  XXH3_128bits_reset(st);
+  std::vector<unsigned char> buf(kReadBlock);
+  uint64_t at = kHeaderBytes;
+  try {
+    while (at < size) {
+      const size_t n = size_t(std::min<uint64_t>(kReadBlock, size - at));
+      if (!read_at(fd, path, at, buf.data(), n)) break;  // shorter than stat said: hash what is there
+      XXH3_128bits_update(st, buf.data(), n);
+      at += n;
+    }
+  } catch (...) {
+    XXH3_freeState(st);
+    throw;
+  }
+  XXH128_canonical_t out;
+  XXH128_canonicalFromHash(&out, XXH3_128bits_digest(st));
+  XXH3_freeState(st);
+  return out;
+}
+
+// Verified results by (device, inode, size, mtime, ctime).
+using CacheKey = std::tuple<uint64_t, uint64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+std::mutex g_cache_mu;
+std::map<CacheKey, SealCheck>& cache() {
+  static std::map<CacheKey, SealCheck> m;
+  return m;
+}
+CacheKey key_of(const struct stat& s) {
+  return {uint64_t(s.st_dev), uint64_t(s.st_ino), int64_t(s.st_size), int64_t(s.st_mtim.tv_sec),
+          int64_t(s.st_mtim.tv_nsec), int64_t(s.st_ctim.tv_sec), int64_t(s.st_ctim.tv_nsec)};
+}
+
+}  // namespace
+
+const char* seal_state_name(SealCheck::State s) {
+  switch (s) {
+    case SealCheck::State::none:
+      return "none";
+    case SealCheck::State::open:
+      return "open";
+    case SealCheck::State::verified:
+      return "verified";
+    case SealCheck::State::unchecked:
+      return "unchecked";
+    case SealCheck::State::mismatch:
+      return "mismatch";
+    case SealCheck::State::bad_header:
+      return "bad header";
+  }
+  return "?";
+}
+
+std::string seal_summary(const SealCheck& c) {
+  switch (c.state) {
+    case SealCheck::State::none:
+      return "none (written before traces were sealed, or by another tool): not verified";
+    case SealCheck::State::open:
+      return "open (a recorder is writing the file, or died doing so): not verified";
+    case SealCheck::State::verified:
+      return "verified (XXH3-128 of the whole file)";
+    case SealCheck::State::unchecked:
+      return "sealed, not checked (--no-seal-check)";
+    case SealCheck::State::mismatch:
+      return "MISMATCH: " + c.detail;
+    case SealCheck::State::bad_header:
+      return "DAMAGED: " + c.detail;
+  }
+  return "?";
+}
+
+std::string seal_problem(const SealCheck& c) {
+  if (c.state == SealCheck::State::bad_header)
+    return fmt::format("damaged: the seal at the start of the file is unreadable ({})", c.detail);
+  if (c.state == SealCheck::State::mismatch)
+    return fmt::format("damaged: the file no longer matches the seal written when it was closed ({})", c.detail);
+  return {};
+}
+
+void throw_seal_problem(const std::string& path, const SealCheck& c) {
+  if (c.ok()) return;
+  throw TraceCorrupt(fmt::format(
+      "{}: {}; `dsv4 trace validate {}` tells which steps still read and `dsv4 trace salvage {} --out "
+      "NEW.h5` copies them",
+      path, seal_problem(c), path, path));
+}
+
+void set_seal_checks(bool on) {
+  g_checks = on;
+}
+bool seal_checks() {
+  return g_checks;
+}
+
+SealCheck check_seal(const std::string& path) {
+  Fd fd(path, O_RDONLY);
+  if (fd.get() < 0) throw TraceError(fmt::format("{}: cannot open the file for reading: {}", path, std::strerror(errno)));
+  Block first{};
+  SealCheck r;
+  if (!read_block(fd.get(), path, first)) return r;  // too short for a seal: none
+  if (!has_magic(first)) {
+    // A 512-byte user block (the superblock right after it) that is not blank: a seal whose magic was
+    // damaged. A trace written before seals has its superblock at 0.
+    if (has_slot(fd.get(), path, first) || !follows_block(fd.get(), path)) return r;  // blank, or none
+    r.state = SealCheck::State::bad_header;
+    r.detail = "the 512 bytes before the HDF5 superblock do not start with the seal's magic";
+    return r;
+  }
+  Header h;
+  if (std::string why = parse(first, h); !why.empty()) {
+    r.state = SealCheck::State::bad_header;
+    r.detail = std::move(why);
+    return r;
+  }
+  if (h.state == kStateOpen) {
+    r.state = SealCheck::State::open;
+    return r;
+  }
+  if (!g_checks) {
+    r.state = SealCheck::State::unchecked;
+    return r;
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    throw TraceError(fmt::format("{}: cannot read the file's size: {}", path, std::strerror(errno)));
+  const CacheKey key = key_of(st);
+  {
+    std::lock_guard lk(g_cache_mu);
+    if (auto it = cache().find(key); it != cache().end()) return it->second;
+  }
+  const uint64_t size = uint64_t(st.st_size);
+  if (size != h.size) {
+    r.state = SealCheck::State::mismatch;
+    r.detail = fmt::format("the file has {} bytes, it was sealed with {} ({})", size, h.size,
+                           size < h.size ? "cut short" : "grown since");
+  } else {
+    const XXH128_canonical_t got = hash_body(fd.get(), path, size);
+    if (std::memcmp(&got, &h.digest, sizeof got) == 0) {
+      r.state = SealCheck::State::verified;
+    } else {
+      r.state = SealCheck::State::mismatch;
+      r.detail = fmt::format("XXH3-128 of bytes {}..{} is {}, it was sealed as {}", kHeaderBytes, size,
+                             hex(got), hex(h.digest));
+    }
+  }
+  // A writer that took the file meanwhile (mark_trace_open) changed the header first.
+  Block again{};
+  if (!read_block(fd.get(), path, again) || again != first) {
+    r = SealCheck{};
+    r.state = SealCheck::State::open;
+    return r;
+  }
+  std::lock_guard lk(g_cache_mu);
+  cache()[key] = r;
+  return r;
+}
+
+void mark_trace_open(const std::string& path) {
+  Fd fd(path, O_RDWR);
+  if (fd.get() < 0) throw Error(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  Block b{};
+  if (!read_block(fd.get(), path, b) || !has_slot(fd.get(), path, b)) return;
+  write_header(fd.get(), path, kStateOpen, 0, XXH128_canonical_t{});
+  if (::fsync(fd.get()) != 0) throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
+}
+
+void seal_trace(const std::string& path) {
+  Fd fd(path, O_RDWR);
+  if (fd.get() < 0) throw Error(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  Block b{};
+  if (!read_block(fd.get(), path, b) || !has_slot(fd.get(), path, b)) return;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw Error(fmt::format("{}: cannot read the file's size: {}", path, std::strerror(errno)));
+  const uint64_t size = uint64_t(st.st_size);
+  write_header(fd.get(), path, kStateSealed, size, hash_body(fd.get(), path, size));
+  if (::fsync(fd.get()) != 0) throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
+}
+
+}  // namespace dsv4

@@ -1,0 +1,278 @@
+// The seal of a trace (capture/trace_seal.h): its bytes against an independent reading of the layout,
+// its states through a recording, an append and a kill, and every damaged copy refused by the readers
+// before HDF5 sees it, with the file named and the next step given.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <unistd.h>
+
+#include "capture/errors.h"
+#include "capture/salvage.h"
+#include "capture/trace_open.h"
+#include "capture/trace_reader.h"
+#include "capture/trace_seal.h"
+#include "capture/trace_writer.h"
+#include "capture/validate.h"
+#include "model/forward.h"
+#include "cli_util.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace dsv4 {
+namespace {
+
+namespace fs = std::filesystem;
+using test::tiny;
+
+std::vector<char> slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void spit(const std::string& p, const std::vector<char>& d) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(d.data(), std::streamsize(d.size()));
+}
+uint64_t le(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | uint8_t(p[i]);
+  return v;
+}
+
+void run_step(TraceWriter& w, int T, uint64_t seed) {
+  StepSpec s;
+  s.seed = seed;
+  s.threads = 1;
+  auto g = test::rng_for("seal" + std::to_string(seed));
+  std::uniform_int_distribution<int32_t> d(0, tiny().config().vocab_size - 1);
+  std::vector<int32_t> toks(static_cast<size_t>(T));
+  for (auto& x : toks) x = d(g);
+  s.seqs = {toks};
+  Observer& obs = w.begin_step(s);
+  RunOptions opt;
+  opt.observer = &obs;
+  opt.threads = 1;
+  w.end_step(forward(tiny(), s.seqs, opt));
+}
+
+TraceWriter::Options decisions() {
+  TraceWriter::Options o;
+  o.policy = CapturePolicy::parse("decisions");
+  return o;
+}
+
+class TraceSeal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dsv4_seal_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    set_seal_checks(true);
+  }
+  void TearDown() override {
+    set_seal_checks(true);
+    fs::remove_all(dir_);
+  }
+  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string record(const std::string& name, int steps = 2) {
+    const std::string out = p(name);
+    auto w = TraceWriter::create(out, tiny().config(), make_trace_header(tiny()), decisions());
+    for (int i = 0; i < steps; ++i) run_step(*w, 9 + 4 * i, uint64_t(i + 1));
+    w->close();
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+// The header read with the layout written in capture/trace_seal.h, the digest recomputed with
+// libxxhash's one-shot function over the bytes after the header.
+TEST_F(TraceSeal, HeaderMatchesTheDocumentedLayout) {
+  const std::string t = record("a.h5");
+  const std::vector<char> b = slurp(t);
+  ASSERT_GT(b.size(), 1024u);
+  EXPECT_EQ(std::memcmp(b.data(), "DSV4SEAL", 8), 0);
+  EXPECT_EQ(le(&b[8], 4), 1u);                    // layout version
+  EXPECT_EQ(le(&b[12], 4), 2u);                   // sealed
+  EXPECT_EQ(le(&b[16], 8), 512u);                 // user block
+  EXPECT_EQ(le(&b[24], 8), uint64_t(b.size()));   // file size
+  const XXH128_hash_t h = XXH3_128bits(b.data() + 56, b.size() - 56);
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  EXPECT_EQ(std::memcmp(&b[32], c.digest, 16), 0);
+  EXPECT_EQ(le(&b[48], 8), XXH3_64bits(b.data(), 48));
+  for (size_t i = 56; i < 512; ++i) ASSERT_EQ(b[i], 0) << "byte " << i;
+  EXPECT_EQ(std::memcmp(&b[512], "\x89HDF\r\n\x1a\n", 8), 0);  // HDF5's superblock after the block
+
+  EXPECT_EQ(check_seal(t).state, SealCheck::State::verified);
+  const TraceReader r = TraceReader::open(t);
+  EXPECT_EQ(r.seal().state, SealCheck::State::verified);
+  EXPECT_EQ(r.steps().size(), 2u);
+  EXPECT_TRUE(validate_trace(t).ok());
+}
+
+// Open while recording and while appending; sealed again at each close, with every step.
+TEST_F(TraceSeal, StatesThroughRecordingAndAppend) {
+  const std::string t = p("b.h5");
+  {
+    auto w = TraceWriter::create(t, tiny().config(), make_trace_header(tiny()), decisions());
+    EXPECT_EQ(check_seal(w->writing_path()).state, SealCheck::State::open);
+    run_step(*w, 9, 1);
+    EXPECT_EQ(check_seal(w->writing_path()).state, SealCheck::State::open);
+    w->close();
+  }
+  EXPECT_EQ(check_seal(t).state, SealCheck::State::verified);
+  const std::vector<char> before = slurp(t);
+  {
+    auto w = TraceWriter::append(t, tiny().config(), make_trace_header(tiny()), decisions());
+    EXPECT_EQ(check_seal(t).state, SealCheck::State::open);
+    run_step(*w, 13, 2);
+    w->close();
+  }
+  EXPECT_EQ(check_seal(t).state, SealCheck::State::verified);
+  EXPECT_NE(slurp(t), before);
+  EXPECT_EQ(TraceReader::open(t).steps().size(), 2u);
+
+  // A recorder that dies while appending leaves the mark: the file reads without verification, and
+  // validate and the reader agree on what is in it.
+  {
+    auto w = TraceWriter::append(t, tiny().config(), make_trace_header(tiny()), decisions());
+    run_step(*w, 11, 3);
+    // no close(): what a kill after the step leaves
+  }
+  EXPECT_EQ(check_seal(t).state, SealCheck::State::open);
+  const ValidateReport v = validate_trace(t);
+  EXPECT_TRUE(v.ok());
+  EXPECT_EQ(v.seal.state, SealCheck::State::open);
+  EXPECT_EQ(TraceReader::open(t).steps().size(), 3u);
+}
+
+// Every flipped byte, truncation and extension is refused by the reader with one sentence naming the
+// file and salvage, and reported by validate as a problem of the seal.
+TEST_F(TraceSeal, EveryDamagedCopyIsRefusedBeforeHdf5ReadsIt) {
+  const std::string t = record("c.h5");
+  const std::vector<char> b = slurp(t);
+  std::vector<std::pair<std::string, std::vector<char>>> mutants;
+  std::mt19937 rng(11);
+  std::vector<size_t> at = {0, 7, 8, 12, 24, 32, 47, 48, 55, 56, 300, 511, 512, 513, 520, b.size() - 1};
+  for (int i = 0; i < 40; ++i) at.push_back(512 + rng() % (b.size() - 512));
+  for (size_t a : at) {
+    std::vector<char> d = b;
+    d[a] = char(d[a] ^ (1 << (rng() % 8)));
+    mutants.push_back({"flip_" + std::to_string(a), d});
+  }
+  mutants.push_back({"cut", std::vector<char>(b.begin(), b.end() - 100)});
+  std::vector<char> longer = b;
+  longer.insert(longer.end(), 64, '\0');
+  mutants.push_back({"grown", longer});
+  for (const auto& [name, data] : mutants) {
+    const std::string m = p(name + ".h5");
+    spit(m, data);
+    const SealCheck c = check_seal(m);
+    EXPECT_FALSE(c.ok()) << name << ": " << seal_state_name(c.state);
+    try {
+      TraceReader::open(m);
+      ADD_FAILURE() << name << ": opened";
+    } catch (const TraceCorrupt& e) {
+      const std::string w = e.what();
+      EXPECT_EQ(w.rfind(m + ": damaged", 0), 0u) << w;
+      EXPECT_NE(w.find("dsv4 trace salvage"), std::string::npos) << w;
+      EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+    }
+    const ValidateReport v = validate_trace(m);
+    ASSERT_FALSE(v.ok()) << name;
+    if (v.readable) {
+      bool seal = false;
+      for (const auto& q : v.problems) seal = seal || q.where == "seal";
+      EXPECT_TRUE(seal) << name;
+    }
+  }
+}
+
+// Damage the structural checks cannot see (a digit of the `created` attribute, a string in HDF5's
+// global heap): the seal alone catches it, and salvage says that its copy may still hold it.
+TEST_F(TraceSeal, SalvageOfAFileThatMissesItsSealWarns) {
+  const std::string t = record("d.h5", 1);
+  std::vector<char> b = slurp(t);
+  const std::string created = TraceReader::open(t).created();  // 2026-12-01T19:13:33Z
+  ASSERT_GE(created.size(), 19u);
+  const auto at = std::search(b.begin(), b.end(), created.begin(), created.end());
+  ASSERT_NE(at, b.end());
+  char& second = *(at + 18);
+  second = second == '0' ? '1' : '0';
+  const std::string m = p("d_damaged.h5");
+  spit(m, b);
+  EXPECT_EQ(check_seal(m).state, SealCheck::State::mismatch);
+  const ValidateReport v = validate_trace(m);
+  ASSERT_EQ(v.problems.size(), 1u);
+  EXPECT_EQ(v.problems[0].where, "seal");
+  const SalvageResult s = salvage_trace(m, p("d_salvaged.h5"));
+  EXPECT_EQ(s.copied.size(), 1u);
+  EXPECT_NE(s.seal_problem.find("damaged"), std::string::npos);
+  EXPECT_EQ(check_seal(p("d_salvaged.h5")).state, SealCheck::State::verified);
+}
+
+// A trace written before seals (the samples) reads as before; --no-seal-check skips the hash.
+TEST_F(TraceSeal, UnsealedTracesAndSkippedChecks) {
+  const std::string sample = std::string(DSV4_SOURCE_DIR) + "/traces/samples/tiny-train.h5";
+  EXPECT_EQ(check_seal(sample).state, SealCheck::State::none);
+  EXPECT_TRUE(validate_trace(sample).ok());
+  EXPECT_EQ(TraceReader::open(sample).seal().state, SealCheck::State::none);
+  // Appending to it keeps it unsealed (it has no room for a seal) and readable.
+  const std::string copy = p("old.h5");
+  fs::copy_file(sample, copy);
+  const size_t steps = TraceReader::open(copy).steps().size();
+  {
+    auto w = TraceWriter::append(copy, tiny().config(), make_trace_header(tiny()), decisions());
+    run_step(*w, 9, 1);
+    w->close();
+  }
+  EXPECT_EQ(check_seal(copy).state, SealCheck::State::none);
+  EXPECT_EQ(TraceReader::open(copy).steps().size(), steps + 1);
+  EXPECT_TRUE(validate_trace(copy).ok());
+
+  const std::string t = record("e.h5", 1);
+  std::vector<char> b = slurp(t);
+  b[b.size() / 2] ^= 1;
+  const std::string m = p("e_damaged.h5");
+  spit(m, b);
+  set_seal_checks(false);
+  EXPECT_EQ(check_seal(m).state, SealCheck::State::unchecked);
+  set_seal_checks(true);
+  EXPECT_EQ(check_seal(m).state, SealCheck::State::mismatch);
+}
+
+// The commands: one error line, exit 2, for a damaged sealed trace; `trace info` shows the seal.
+TEST_F(TraceSeal, CommandsNameTheSeal) {
+  const std::string t = record("f.h5", 1);
+  test::CliResult r = test::run_cli("trace info " + t);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("seal: verified"), std::string::npos) << r.out;
+  std::vector<char> b = slurp(t);
+  b[b.size() - 10] ^= 4;
+  const std::string m = p("f_damaged.h5");
+  spit(m, b);
+  for (const std::string cmd : {"trace info ", "replay ", "trace dump --what tokens "}) {
+    r = test::run_cli(cmd + m);
+    EXPECT_EQ(r.code, 2) << cmd << r.out;
+    EXPECT_NE(r.out.find("damaged: the file no longer matches the seal"), std::string::npos) << cmd << r.out;
+  }
+  // Without the check the damage is met later, by HDF5's own checksums here.
+  r = test::run_cli("--no-seal-check trace info " + m);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.find("seal:"), std::string::npos) << r.out;
+  r = test::run_cli("--no-seal-check trace info " + t);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("seal: sealed, not checked"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace dsv4
