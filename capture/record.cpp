@@ -44,8 +44,7 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
   wo.policy = policy;
   TraceHeader header = make_trace_header(w);
   if (opt.experts && opt.experts->size() > 1)
-    header.env["parallel"] = fmt::format("expert parallel over {} {} ranks", opt.experts->size(),
-                                         opt.experts->transport());
+    header.env["parallel"] = parallel_layout(*opt.experts);
   auto writer = opt.append ? TraceWriter::append(out, w.config(), header, wo)
                            : TraceWriter::create(out, w.config(), header, wo);
   MidStepKill kill(w.config().num_hidden_layers);

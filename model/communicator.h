@@ -27,6 +27,12 @@ class Communicator {
   virtual int64_t bytes_received() const = 0;
 };
 
+// The layout of a run in words, as traces record it (env key "parallel") and replay reports it:
+// "expert parallel over 2 MPI ranks".
+inline std::string parallel_layout(const Communicator& c) {
+  return "expert parallel over " + std::to_string(c.size()) + " " + c.transport() + " ranks";
+}
+
 // The contiguous block of experts rank r of n owns among E (the first E % n ranks one more):
 // [first, last).
 struct ExpertRange {

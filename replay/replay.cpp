@@ -500,6 +500,11 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
                             const ReplayOptions& opt, const std::optional<TraceReader>& source,
                             const std::vector<TraceStepInfo>& source_steps, ReplayReport& rep) {
   const std::string& trace = r.path();
+  if (opt.experts && (info.kind == trace_layout::kKindGenerate || info.kind == trace_layout::kKindTrainStep))
+    throw InputError(fmt::format(
+        "{}: step {} is of kind '{}'; an expert-parallel replay (--ep) re-executes prefill steps only: "
+        "replay it in one process, or choose a prefill step with --step",
+        trace, index, info.kind));
   if (info.kind == trace_layout::kKindGenerate) {
     if (source || opt.force_indexer || opt.force_routing)
       throw InputError(
@@ -578,6 +583,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   ro.observer = &v;
   ro.overrides = ov.empty() ? nullptr : &ov;
   ro.device = opt.device;
+  ro.experts = opt.experts;
   const KernelRecords recorded_kernels = r.kernels(index);
   sr.kernels_recorded = int64_t(recorded_kernels.kernels.size());
   KernelRecorder recorder;
@@ -704,9 +710,14 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     here["threads"] =
         std::to_string(rep.steps.front().threads > 0 ? rep.steps.front().threads : omp_get_max_threads());
   rep.env_differences = compare_env(r.env(), here);
+  // Which layout recorded the trace and which replayed it, when either was parallel.
   const EnvFingerprint recorded_env = r.env();
-  if (const auto it = recorded_env.find("parallel"); it != recorded_env.end())
-    rep.layout_note = fmt::format("recorded with {}, replayed in one process", it->second);
+  const auto it = recorded_env.find("parallel");
+  const std::string here_layout = opt.experts ? parallel_layout(*opt.experts) : "one process";
+  if (it != recorded_env.end())
+    rep.layout_note = fmt::format("recorded with {}, replayed with {}", it->second, here_layout);
+  else if (opt.experts)
+    rep.layout_note = fmt::format("recorded in one process, replayed with {}", here_layout);
   return rep;
 }
 

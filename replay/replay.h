@@ -11,6 +11,7 @@
 #include "capture/cupti.h"
 #include "capture/env.h"
 #include "capture/trace_reader.h"
+#include "model/communicator.h"
 #include "model/device.h"
 #include "model/weights.h"
 
@@ -30,6 +31,9 @@ struct ReplayOptions {
   // Training steps: the optimizer state the step started from, when it is no longer where the trace
   // says ("" = the recorded path; a fresh state needs none).
   std::string optimizer_state;
+  // Expert parallelism of the replay (model/communicator.h; nullptr: one process). Prefill steps
+  // only: a generation or training step under it is an InputError naming the step.
+  Communicator* experts = nullptr;
 };
 
 // Where two computations first differ.

@@ -167,6 +167,55 @@ TEST(ExpertParallelCli, RecordedInParallelReplaysInOneProcess) {
   EXPECT_NE(r.out.find("first divergence: none (every digest agrees)"), std::string::npos) << r.out;
 }
 
+// Replay across layouts: recorded over 4 ranks, replayed over 2 ranks and in one process, bitwise,
+// the report naming both layouts; and a one-process recording replayed over 2 ranks.
+TEST(ExpertParallelCli, ReplayAcrossLayouts) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  auto r = test::run_shell(mpirun(4) + "record --preset tiny --seed 7 --random 90 --threads 1 --ep 4 --out " +
+                           (d / "ep4.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 " + (d / "ep4.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("recorded with expert parallel over 4 MPI ranks, replayed with expert parallel over 2 MPI "
+                       "ranks"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+  // Rank 0 alone reports.
+  EXPECT_EQ(r.out.find("replay of "), r.out.rfind("replay of ")) << r.out;
+  r = test::run_cli("replay --threads 1 " + (d / "ep4.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("replayed with one process"), std::string::npos) << r.out;
+
+  r = test::run_cli("record --preset tiny --seed 7 --random 90 --threads 1 --out " + (d / "one.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 " + (d / "one.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("recorded in one process, replayed with expert parallel over 2 MPI ranks"),
+            std::string::npos)
+      << r.out;
+
+  // A generation step is not re-executed expert-parallel: named, exit 2.
+  {
+    std::ofstream f(d / "prompts.jsonl");
+    f << R"({"id": "a", "prompt": [1, 2, 3, 4, 5], "seed": 1})" << "\n";
+  }
+  r = test::run_cli("generate --preset tiny --seed 7 --prompts " + (d / "prompts.jsonl") +
+                    " --max-new-tokens 4 --quiet --out " + (d / "gen.jsonl") + " --record " + (d / "gen.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 " + (d / "gen.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("step 0 is of kind 'generate'; an expert-parallel replay (--ep) re-executes prefill steps"),
+            std::string::npos)
+      << r.out;
+
+  // Bad input ends every rank with the error and exit 2, never a hang.
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 --model " + (d / "nowhere") + " " + (d / "one.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("nowhere"), std::string::npos) << r.out;
+}
+
 TEST(ExpertParallelCli, LauncherMismatchesAreNamed) {
   DSV4_REQUIRE_MPI();
   auto r = test::run_cli("forward --preset tiny --random 20 --ep 2");
