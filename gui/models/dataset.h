@@ -61,6 +61,7 @@ struct TraceInfo {
   std::string path;
   int format_version = 0;
   std::string producer, created;
+  std::string seal;  // the file's seal as `trace info` words it (capture/trace_seal.h seal_summary)
   EnvFingerprint env;
   std::string model_digest, weights_path;
   ModelConfig config;

@@ -191,6 +191,7 @@ void SummaryModel::rebuild() {
   if (!s.b) {
     add(QStringLiteral("producer"), q(s.a.producer));
     add(QStringLiteral("created"), q(s.a.created));
+    add(QStringLiteral("seal"), q(s.a.seal));
     add(QStringLiteral("model digest"), q(s.a.model_digest));
     add(QStringLiteral("file size"), QLocale::c().formattedDataSize(s.a.file_bytes));
     add(QStringLiteral("steps in file"), QString::number(s.a.steps.size()));
@@ -418,6 +419,7 @@ void EnvModel::rebuild() {
   for (const auto& k : keys) add(q(k), get(a.env, k), b ? get(b->env, k) : std::string());
   add(QStringLiteral("producer"), a.producer, b ? b->producer : "");
   add(QStringLiteral("created"), a.created, b ? b->created : "");
+  add(QStringLiteral("seal"), a.seal, b ? b->seal : "");
   add(QStringLiteral("format_version"), std::to_string(a.format_version),
       b ? std::to_string(b->format_version) : "");
   add(QStringLiteral("model_digest"), a.model_digest, b ? b->model_digest : "");

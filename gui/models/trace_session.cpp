@@ -54,6 +54,7 @@ TraceInfo trace_info(const TraceReader& r, int step) {
   i.format_version = r.format_version();
   i.producer = r.producer();
   i.created = r.created();
+  i.seal = seal_summary(r.seal());
   i.env = r.env();
   const TraceModelMeta m = r.model();
   i.model_digest = m.model_digest;

@@ -457,6 +457,10 @@ TEST_F(GuiModels, SingleTraceMarginsNearTiesAndExpertLoad) {
   EXPECT_EQ(env.differingRows(), 0);
   EXPECT_EQ(layers.rowCount(), 0);
   EXPECT_EQ(summary.value(QStringLiteral("tokens")), QString::number(gui_traces().tokens));
+  // The file's seal as `trace info` words it (the samples predate seals: "none ...").
+  EXPECT_EQ(summary.value(QStringLiteral("seal")),
+            QString::fromStdString(seal_summary(check_seal(gui_traces().a))));
+  EXPECT_FALSE(summary.value(QStringLiteral("seal")).isEmpty());
   EXPECT_FALSE(doc.data().comparison());
   EXPECT_EQ(heat.metric(), Metric::RouterMargin);
   const auto avail = heat.availableMetrics();
