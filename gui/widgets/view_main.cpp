@@ -71,12 +71,13 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
     if (!message.isEmpty()) std::fprintf(stderr, "dsv4-view: %s\n", message.toLocal8Bit().constData());
     app.exit(code);
   };
+  auto save = [&] {
+    QApplication::processEvents();
+    return w.grab().toImage().save(o.screenshot, "PNG");
+  };
   auto grab = [&] {
     if (done) return;
-    QApplication::processEvents();
-    const QImage img = w.grab().toImage();
-    if (!img.save(o.screenshot, "PNG"))
-      return quit(kExitInput, QStringLiteral("cannot write %1").arg(o.screenshot));
+    if (!save()) return quit(kExitInput, QStringLiteral("cannot write %1").arg(o.screenshot));
     const QRect cells = w.heatmapView()->cellRect();
     const QPoint tl = w.heatmapView()->viewport()->mapTo(&w, cells.topLeft());
     std::printf("heatmap-cells %d %d %d %d\n", tl.x(), tl.y(), cells.width(), cells.height());
@@ -86,8 +87,17 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
     std::fflush(stdout);
     quit(0);
   };
-  QObject::connect(doc, &TraceDocument::loadFailed, &w,
-                   [&](const LoadError& e) { quit(kExitInput, e.message); });
+  // A pair that cannot be compared still renders: the window with its problem panel and the offer to
+  // open each trace alone, as a user sees it; the exit code and message say it failed. A single trace
+  // that cannot be read leaves nothing to show.
+  QObject::connect(doc, &TraceDocument::loadFailed, &w, [&](const LoadError& e) {
+    if (!e.pair) return quit(kExitInput, e.message);
+    const QString message = e.message;
+    QTimer::singleShot(100, &w, [&, message] {
+      if (done) return;
+      quit(kExitInput, save() ? message : message + QStringLiteral(" (and cannot write %1)").arg(o.screenshot));
+    });
+  });
   QObject::connect(doc, &TraceDocument::loadCanceled, &w,
                    [&] { quit(kExitInput, QStringLiteral("loading cancelled")); });
   QObject::connect(doc, &TraceDocument::datasetReset, &w, [&] {

@@ -134,10 +134,13 @@ TEST_F(GuiCli, BadFilesExitTwoWithAMessage) {
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(dir_ + "/x.png"));
   }
-  // The pair with a bad candidate.
-  const auto r = view("--screenshot " + dir_ + "/x.png " + gui_traces().a + " " + cases[0].file);
+  // The pair with a bad candidate: exit 2 with the message, and the window as a user sees it (the
+  // problem panel) rendered all the same.
+  const auto r = view("--screenshot " + dir_ + "/x.png --size 1024x700 " + gui_traces().a + " " + cases[0].file);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("notes.h5"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(dir_ + "/x.png"));
+  EXPECT_EQ(QImage(QString::fromStdString(dir_ + "/x.png")).size(), QSize(1024, 700));
 }
 
 TEST_F(GuiCli, BadArgumentsExitTwo) {
