@@ -1,5 +1,6 @@
 #include "gui/models/trace_document.h"
 
+#include <QDateTime>
 #include <QFileInfo>
 
 namespace dsv4::gui {
@@ -66,10 +67,34 @@ TraceDocument::TraceDocument(QObject* parent) : QObject(parent) {
   connect(&session_, &TraceSession::detailFailed, this,
           [this](quint64, const QString& m) { emit detailFailed(m); });
   connect(&session_, &TraceSession::exportDone, this, &TraceDocument::exportDone);
+  connect(&follow_, &QTimer::timeout, this, [this] {
+    if (request_.path_a.isEmpty() || session_.loading()) return;
+    if (stamp() != loaded_stamp_) emit filesChanged();
+  });
+}
+
+void TraceDocument::setFollow(bool on, int interval_ms) {
+  if (!on) return follow_.stop();
+  follow_.start(interval_ms);
+}
+
+QString TraceDocument::stamp() const {
+  QString s;
+  for (const QString& p : {request_.path_a, request_.path_b}) {
+    if (p.isEmpty()) continue;
+    const QFileInfo f(finished_path(p));
+    s += QStringLiteral("%1|%2|%3|%4;")
+             .arg(f.filePath())
+             .arg(f.exists() ? f.size() : -1)
+             .arg(f.exists() ? f.lastModified().toMSecsSinceEpoch() : 0)
+             .arg(f.exists() ? f.metadataChangeTime().toMSecsSinceEpoch() : 0);
+  }
+  return s;
 }
 
 void TraceDocument::open(const QString& a, const QString& b, int step_a, int step_b) {
   request_ = LoadRequest{a, b, step_a, step_b, false, allow_model_mismatch_};
+  loaded_stamp_ = stamp();
   session_.load(request_);
 }
 
@@ -85,6 +110,7 @@ void TraceDocument::reload() {
   }
   LoadRequest r = request_;
   r.refresh = true;
+  loaded_stamp_ = stamp();
   session_.load(r);
 }
 

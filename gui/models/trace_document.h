@@ -4,6 +4,7 @@
 
 #include <QObject>
 #include <QString>
+#include <QTimer>
 
 #include "gui/models/dataset.h"
 #include "gui/models/trace_session.h"
@@ -22,6 +23,12 @@ class TraceDocument : public QObject {
   // The same files again, re-reading their step lists (a trace being written). A file opened as
   // NAME.h5.incomplete whose recorder has since finished (renamed it to NAME.h5) is followed.
   void reload();
+  // Following a recording: while on, the open files are looked at every `interval_ms` (their size and
+  // modification time, and whether NAME.h5.incomplete became NAME.h5); when they changed since the
+  // last load started and no load is running, filesChanged() is emitted (the window reloads, keeping
+  // the selected cell). A closed trace never changes, so this costs one stat per file and tick.
+  void setFollow(bool on, int interval_ms = 1000);
+  bool follow() const { return follow_.isActive(); }
   // Compare traces of different weights (DiffOptions::allow_model_mismatch); applies to later loads.
   void setAllowModelMismatch(bool on) { allow_model_mismatch_ = on; }
   bool allowModelMismatch() const { return allow_model_mismatch_; }
@@ -58,12 +65,16 @@ class TraceDocument : public QObject {
   void detailReady(dsv4::gui::DetailPtr d);
   void detailFailed(const QString& message);
   void exportDone(const QString& path, const QString& error);
+  void filesChanged();  // following: the open files changed on disk (setFollow)
 
  private:
+  QString stamp() const;  // what the files on disk look like now (paths, sizes, times)
   TraceSession session_;
   LoadRequest request_;
   Dataset data_;
   bool allow_model_mismatch_ = false;
+  QTimer follow_;
+  QString loaded_stamp_;  // stamp() when the last load started
 };
 
 }  // namespace dsv4::gui

@@ -260,6 +260,10 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
   auto fail = [&](LoadErrorKind kind, const QString& message, const char* what) {
     emit failed(id, {kind, message, QString::fromStdString(what), !path_b.empty()});
   };
+  // Readers of other files go first: one left open on a file under its old name (a recording renamed
+  // from NAME.h5.incomplete) would make HDF5 hand the new reader that file's cached, stale state.
+  for (auto it = readers_.begin(); it != readers_.end();)
+    it = it->first == path_a || it->first == path_b ? std::next(it) : readers_.erase(it);
   try {
     emit progress(id, 0, 0, QStringLiteral("opening %1").arg(rq.path_a));
     auto summary = std::make_shared<LoadSummary>();

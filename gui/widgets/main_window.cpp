@@ -320,6 +320,18 @@ void MainWindow::buildActions() {
   reload_->setShortcut(QKeySequence::Refresh);
   reload_->setToolTip(
       QStringLiteral("Read the files again (a trace still being written shows its new steps)"));
+  // A recording that grows (or finishes) is read again by itself, keeping the selected cell.
+  follow_ = file->addAction(QStringLiteral("&Follow the recording"));
+  follow_->setCheckable(true);
+  follow_->setToolTip(QStringLiteral(
+      "Read the files again whenever they change on disk (a trace still being written shows its new steps)"));
+  connect(follow_, &QAction::toggled, doc_, [this](bool on) { doc_->setFollow(on); });
+  follow_->setChecked(true);
+  connect(doc_, &TraceDocument::filesChanged, this, [this] {
+    if (doc_->loading()) return;
+    reload_->trigger();
+    status_->setText(QStringLiteral("The files changed on disk: reading them again"));
+  });
   allow_mismatch_ = file->addAction(QStringLiteral("Allow &model mismatch"));
   allow_mismatch_->setCheckable(true);
   allow_mismatch_->setToolTip(QStringLiteral(

@@ -151,6 +151,7 @@ class MainWindow : public QMainWindow {
   QLabel* problem_text_;
   QPushButton *open_a_, *open_b_, *compare_anyway_;
   QAction* allow_mismatch_;
+  QAction* follow_;  // File ▸ Follow the recording (TraceDocument::setFollow)
   QComboBox *nav_layer_, *nav_kind_, *nav_seq_;
   QLabel* gradient_caption_;
   QComboBox* metric_combo_;

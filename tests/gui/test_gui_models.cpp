@@ -700,6 +700,41 @@ TEST_F(GuiModels, ReloadSeesStepsAppendedToTheTrace) {
   fs::remove_all(dir);
 }
 
+// Following: an unchanged trace never asks for a reload; a step appended by another process, and a
+// recording renamed from NAME.h5.incomplete to NAME.h5 at its close, each do, and the reload shows them.
+TEST_F(GuiModels, FollowingARecordingReloadsWhenTheFilesChange) {
+  const std::string dir = dsv4::test::temp_dir("follow");
+  const std::string done = dir + "/live.h5", live = done + ".incomplete";
+  fs::copy_file(gui_traces().a, live);
+  TraceDocument doc;
+  ASSERT_TRUE(load(doc, live).finished);
+  int changes = 0;
+  QObject::connect(&doc, &TraceDocument::filesChanged, [&] {
+    ++changes;
+    doc.reload();
+  });
+  doc.setFollow(true, 20);
+  EXPECT_TRUE(doc.follow());
+  EXPECT_FALSE(wait_until([&] { return changes > 0; }, 300));  // nothing changed
+  // The recorder finishes: renames the file, then appends a step to it.
+  fs::rename(live, done);
+  ASSERT_TRUE(wait_until([&] { return changes >= 1 && !doc.loading() && doc.lastRequest().path_a == done.c_str(); }));
+  const int before = changes;
+  const auto rec = dsv4::test::run_cli("record --preset tiny --seed 7 --random 24 --profile rollout --append --out " + done);
+  ASSERT_EQ(rec.code, 0) << rec.out;
+  std::string failures;
+  QObject::connect(&doc, &TraceDocument::loadFailed, [&](const LoadError& e) { failures += e.message.toStdString() + "\n"; });
+  ASSERT_TRUE(wait_until([&] {
+    return changes > before && !doc.loading() && doc.data().summary && doc.data().summary->a.steps.size() == 2u;
+  }, 20000)) << "changes " << changes << " before " << before << " loading " << doc.loading() << " summary "
+             << bool(doc.data().summary) << " steps " << (doc.data().summary ? doc.data().summary->a.steps.size() : 0)
+             << " path " << doc.lastRequest().path_a.toStdString() << "\n" << failures;
+  EXPECT_EQ(doc.data().summary->a.path, done);
+  doc.setFollow(false);
+  EXPECT_FALSE(doc.follow());
+  fs::remove_all(dir);
+}
+
 // A recording opened while it is NAME.h5.incomplete: once the recorder closes it (renames it to
 // NAME.h5), reload reads the finished file under its new name.
 TEST_F(GuiModels, ReloadFollowsAFinishedRecordingToItsFinalName) {
