@@ -312,6 +312,28 @@ TensorDetail tensor_detail(const TensorRowPair& p) {
   return d;
 }
 
+Metric default_comparison_metric(const Dataset& d, int seq) {
+  int64_t cells = 0, differing = 0;
+  bool routing = false, indexer = false;
+  for (int layer = 0; layer < d.layers(); ++layer) {
+    const LayerChunk* c = d.chunk(seq, layer);
+    if (!c) continue;
+    for (float v : c->values[int(Metric::MhcDifference)]) {
+      if (!std::isfinite(v)) continue;
+      ++cells;
+      differing += v > 0;
+    }
+    for (const DecisionFlip& f : c->flips) {
+      routing = routing || f.kind == DecisionKind::Routing;
+      indexer = indexer || f.kind == DecisionKind::Indexer;
+    }
+  }
+  if (cells == 0 || 2 * differing < cells) return Metric::MhcDifference;
+  if (routing) return Metric::RoutingAgreement;
+  if (indexer) return Metric::IndexerOverlap;
+  return Metric::MhcDifference;
+}
+
 CellDetail cell_detail(const LoadSummary& s, const SeqTokens& seq, const LayerChunk& chunk,
                        const DiffReport* report, int64_t token, const std::vector<TensorRowPair>& rows) {
   CellDetail d;

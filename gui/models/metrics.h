@@ -60,6 +60,13 @@ std::optional<Cell> first_divergence_cell(const DiffReport& r, const LoadSummary
 // Every differing position of the layer, indexer flips first, each kind in token order.
 std::vector<DecisionFlip> decision_flips(const LayerRecords& a, const LayerRecords& b);
 
+// The metric a comparison opens on, chosen by what differs in sequence `seq` (its loaded layers): the
+// mHC difference while it marks fewer than half of the cells (the runs part somewhere: it shows
+// where); once numerics differ nearly everywhere (half of the cells or more, a solid wall), the
+// decision that flipped — routing agreement when an expert set differs, else indexer overlap when a
+// selection differs — and the mHC difference when no decision flipped.
+Metric default_comparison_metric(const Dataset& d, int seq);
+
 // ---- the detail panel of one cell ------------------------------------------------------------
 
 // One row of a full tensor in each trace (b empty in single mode).

@@ -581,6 +581,7 @@ void MainWindow::setLoadingUi(bool loading) {
 
 void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int step_b) {
   problem_->hide();
+  metric_chosen_ = wanted_metric_.has_value();  // --metric given before the files
   open_timer_.start();
   first_paint_ms_ = load_ms_ = -1;
   setLoadingUi(true);
@@ -671,6 +672,7 @@ void MainWindow::applyThresholdText() {
 }
 
 bool MainWindow::setMetric(Metric m) {
+  metric_chosen_ = true;
   if (!doc_->data().summary) {
     wanted_metric_ = m;
     return true;
@@ -848,6 +850,15 @@ void MainWindow::onLoadFinished() {
                        .arg(d.seq_count())
                        .arg(tokens)
                        .arg(d.layers()));
+  // Opening a comparison on the metric that shows where the runs part (default_comparison_metric),
+  // unless the user chose one.
+  if (d.comparison() && !metric_chosen_) {
+    const Metric m = default_comparison_metric(d, seq_);
+    if (m != heatmap_model_->metric()) {
+      setMetric(m);
+      metric_chosen_ = false;
+    }
+  }
   if (pending_select_) {
     const PendingCell c = *pending_select_;
     pending_select_.reset();

@@ -167,6 +167,7 @@ class MainWindow : public QMainWindow {
 
   int seq_ = 0;
   std::optional<Metric> wanted_metric_;
+  bool metric_chosen_ = false;  // the user (or --metric) chose the metric since the files were opened
   bool pending_first_divergence_ = false;
   struct PendingCell {
     int seq, layer;

@@ -81,6 +81,7 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
     const QRect cells = w.heatmapView()->cellRect();
     const QPoint tl = w.heatmapView()->viewport()->mapTo(&w, cells.topLeft());
     std::printf("heatmap-cells %d %d %d %d\n", tl.x(), tl.y(), cells.width(), cells.height());
+    std::printf("metric %s\n", metric_info(w.heatmapModel()->metric()).name);
     if (o.timing)
       std::printf("timing first_paint_ms=%.1f load_ms=%.1f vmrss_kib=%ld\n", w.firstPaintMs(), w.loadMs(),
                   vmrss_kib());

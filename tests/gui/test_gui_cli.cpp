@@ -7,6 +7,7 @@
 #include <QImage>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -69,17 +70,32 @@ class GuiCli : public ::testing::Test {
   std::string dir_;
 };
 
+// The pair (train vs rollout: numerics differ in every cell, a few decisions flip) opens on the routing
+// flips: a few marks on an agreeing background, not a wall. With the mHC difference the wall is there.
 TEST_F(GuiCli, ScreenshotOfThePair) {
   const std::string png = dir_ + "/pair.png";
-  const auto r = view("--screenshot " + png + " --size 1280x800 " + gui_traces().a + " " + gui_traces().b);
+  auto r = view("--screenshot " + png + " --size 1280x800 " + gui_traces().a + " " + gui_traces().b);
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("metric routing-agreement\n"), std::string::npos) << r.out;
   Rect rect;
   ASSERT_TRUE(heatmap_rect(r.out, &rect)) << r.out;
-  const QImage img(QString::fromStdString(png));
+  QImage img(QString::fromStdString(png));
   ASSERT_FALSE(img.isNull());
   EXPECT_EQ(img.width(), 1280);
   EXPECT_EQ(img.height(), 800);
-  expect_heatmap_not_blank(img, rect);
+  std::map<QRgb, int64_t> count;
+  for (int y = rect.y; y < rect.y + rect.h; ++y)
+    for (int x = rect.x; x < rect.x + rect.w; ++x) ++count[img.pixel(x, y)];
+  int64_t most = 0;
+  for (const auto& [c, n] : count) most = std::max(most, n);
+  EXPECT_GE(count.size(), 2u);                               // the flips are marked
+  EXPECT_GT(double(most) / (int64_t(rect.w) * rect.h), 0.5);  // on a mostly agreeing background
+
+  r = view("--screenshot " + png + " --size 1280x800 --metric mhc-diff " + gui_traces().a + " " + gui_traces().b);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("metric mhc-diff\n"), std::string::npos) << r.out;
+  ASSERT_TRUE(heatmap_rect(r.out, &rect)) << r.out;
+  expect_heatmap_not_blank(QImage(QString::fromStdString(png)), rect);
 }
 
 TEST_F(GuiCli, ScreenshotWithSelectionMetricAndSingleTrace) {
@@ -107,7 +123,8 @@ TEST_F(GuiCli, ScreenshotWithSelectionMetricAndSingleTrace) {
 TEST_F(GuiCli, ScreenshotUnderXvfb) {
   if (run_shell("command -v xvfb-run").code != 0) GTEST_SKIP() << "xvfb-run is not installed";
   const std::string png = dir_ + "/xvfb.png";
-  const auto r = view("--screenshot " + png + " --size 1280x800 " + gui_traces().a + " " + gui_traces().b,
+  const auto r = view("--screenshot " + png + " --size 1280x800 --metric mhc-diff " + gui_traces().a + " " +
+                          gui_traces().b,
                       "env -u QT_QPA_PLATFORM xvfb-run -a");
   ASSERT_EQ(r.code, 0) << r.out;
   Rect rect;

@@ -836,6 +836,40 @@ TEST_F(GuiModels, KernelLaunchesSideBySide) {
 
 // A pair of two sequences (100 and 50 tokens, 4 layers) with planted flips, per-layer thresholds,
 // differing tensors and log-prob differences, shown through TraceDocument::adopt.
+// The metric a comparison opens on: where the mHC difference marks a minority of cells it stays; a
+// wall of differences gives way to the decision that flipped (routing before indexer), and to nothing
+// else when no decision flipped.
+TEST(GuiMetrics, DefaultComparisonMetricFollowsWhatDiffers) {
+  auto summary = std::make_shared<LoadSummary>();
+  summary->a.config = preset("tiny");
+  summary->a.config.num_hidden_layers = 2;
+  summary->b = summary->a;
+  summary->layers = 2;
+  summary->seq_lengths = {10};
+  auto make = [&](int differing_cells, std::vector<DecisionFlip> flips) {
+    Dataset d;
+    d.summary = summary;
+    d.chunks.assign(1, std::vector<ChunkPtr>(2));
+    for (int l = 0; l < 2; ++l) {
+      auto c = std::make_shared<LayerChunk>();
+      c->layer = l;
+      c->values[int(Metric::MhcDifference)].assign(10, 0.0f);
+      for (int t = 0; t < 10; ++t)
+        if (l * 10 + t < differing_cells) c->values[int(Metric::MhcDifference)][size_t(t)] = 1e-7f;
+      c->values[int(Metric::MhcDifference)][9] = kNoValue;  // a cell without data counts for nothing
+      if (l == 1) c->flips = flips;
+      d.chunks[0][size_t(l)] = c;
+    }
+    return d;
+  };
+  const DecisionFlip routing{3, DecisionKind::Routing, 0.5f, 0.6f}, indexer{4, DecisionKind::Indexer, 0.1f, 0.2f};
+  EXPECT_EQ(default_comparison_metric(make(8, {routing}), 0), Metric::MhcDifference);  // 8 of 18: a minority
+  EXPECT_EQ(default_comparison_metric(make(9, {routing, indexer}), 0), Metric::RoutingAgreement);  // half
+  EXPECT_EQ(default_comparison_metric(make(20, {indexer}), 0), Metric::IndexerOverlap);
+  EXPECT_EQ(default_comparison_metric(make(20, {}), 0), Metric::MhcDifference);
+  EXPECT_EQ(default_comparison_metric(Dataset{}, 0), Metric::MhcDifference);
+}
+
 Dataset navigator_dataset() {
   auto summary = std::make_shared<LoadSummary>();
   summary->a.config = preset("tiny");
