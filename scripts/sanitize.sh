@@ -43,7 +43,8 @@ ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
   ctest --test-dir "$build" --output-on-failure -j"$jobs" "${select[@]}" -R "$mpi_tests" || rc=1
 set -e
 t2=$SECONDS
-reports=$(find "$logs" -type f | sort)
+# A file holds a report when it names an error (LeakSanitizer may also list the suppressions it used).
+reports=$(grep -lE 'ERROR: [A-Za-z]+Sanitizer|runtime error' -r "$logs" | sort || true)
 if [[ -n "$reports" ]]; then
   echo "sanitize: sanitizer reports:" >&2
   for f in $reports; do echo "---- $f" >&2; cat "$f" >&2; done
