@@ -107,7 +107,9 @@ void GenerationCollector::on_tensor(const TensorRecord& t) {
   if (keep) {
     grow(rows.values, size_t(end * rows.elems), std::numeric_limits<float>::quiet_NaN());
     const int64_t w = t.row_elems();
-    for (int64_t i = 0; i < n; ++i)
+    // Rows of zero elements (a tensor with no data, whose pointer may be null): nothing to copy, and
+    // memcpy from a null pointer is undefined even for zero bytes.
+    for (int64_t i = 0; w > 0 && i < n; ++i)
       std::memcpy(rows.values.data() + (t.pos0 + i) * rows.elems, v + i * w, size_t(w) * sizeof(float));
   }
   if (logits) {

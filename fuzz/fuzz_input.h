@@ -12,10 +12,11 @@
 
 namespace dsv4::fuzz {
 
-// Writes the input to a file of this process (same path every call) and returns its path.
+// Writes the input to a file of this process (same path every call) and returns its path: in
+// /dev/shm (memory) where it is writable, else /tmp.
 inline const std::string& input_file(const uint8_t* data, size_t size, const char* suffix) {
-  static const std::string path =
-      std::string("/tmp/dsv4-fuzz-") + std::to_string(getpid()) + suffix;
+  static const std::string path = std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
+                                  "/dsv4-fuzz-" + std::to_string(getpid()) + suffix;
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) __builtin_trap();
   if (size && std::fwrite(data, 1, size, f) != size) __builtin_trap();

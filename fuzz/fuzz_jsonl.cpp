@@ -1,7 +1,6 @@
 // libFuzzer harness: a JSONL file through the batch file reader of `record --batch` and the prompts
-// reader of `generate`, against the tiny preset. Seeds: small files written by scripts/fuzz.sh. (The
-// samples reader of `train-step`, train/samples.h, is not fuzzed: train/ needs a compiler with C++20
-// lambda captures of structured bindings, which clang 14 lacks.)
+// reader of `generate`, against the tiny preset. Seeds: small files written by fuzz_seeds. (The
+// samples readers of `train-step` have their own harness, fuzz_samples.)
 #include <cstdint>
 #include <string>
 

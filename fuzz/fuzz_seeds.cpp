@@ -1,16 +1,14 @@
 // Writes the seed corpora of the harnesses into DIR/<harness>/ (scripts/fuzz.sh): every preset's
 // config.json, small safetensors files through the project's writer, capture policies, JSONL files,
-// and a small trace of the tiny preset (one step of 6 tokens, decisions only; the script adds
-// traces/samples/*.h5, which are larger and slower to run).
+// training samples and rewards files, and the small traces of fuzz/fuzz_traces.h (prefill steps of 6
+// and 24 tokens, the second with captured tensors, and a generation step).
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "capture/trace_writer.h"
-#include "model/checkpoint.h"
+#include "fuzz_traces.h"
 #include "model/config.h"
-#include "model/forward.h"
 #include "model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -22,7 +20,7 @@ static void put(const fs::path& p, const std::string& text) {
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const fs::path dir = argv[1];
-  for (const char* h : {"fuzz_trace", "fuzz_config", "fuzz_safetensors", "fuzz_policy", "fuzz_jsonl"})
+  for (const char* h : {"fuzz_trace", "fuzz_config", "fuzz_safetensors", "fuzz_policy", "fuzz_jsonl", "fuzz_samples"})
     fs::create_directories(dir / h);
   for (const std::string& name : dsv4::preset_names())
     put(dir / "fuzz_config" / (name + ".json"), dsv4::config_to_json(dsv4::preset(name)));
@@ -46,22 +44,27 @@ int main(int argc, char** argv) {
   put(dir / "fuzz_jsonl" / "prompts.jsonl",
       "{\"id\": \"a\", \"prompt\": [1, 2, 3], \"max_new_tokens\": 4, \"temperature\": 0.7, \"top_p\": 0.9, "
       "\"top_k\": 5, \"seed\": 3, \"stop\": [0]}\n{\"prompt\": [4, 5]}\n");
-  put(dir / "fuzz_jsonl" / "samples.jsonl",
+  const std::string samples =
       "{\"id\": \"s0\", \"prompt\": [1, 2, 3], \"response\": [4, 5], \"rollout_logprobs\": [-1.5, -0.25], "
       "\"reward\": 1.0, \"group\": \"g\"}\n{\"id\": \"s1\", \"prompt\": [1, 2, 3], \"response\": [6], "
-      "\"rollout_logprobs\": [-2.0], \"reward\": 0.0, \"group\": \"g\"}\n");
-  {
-    const dsv4::Weights w = dsv4::open_preset("tiny", 7);
-    dsv4::TraceWriter::Options opt;
-    opt.policy = dsv4::CapturePolicy::parse("decisions");
-    auto wr = dsv4::TraceWriter::create((dir / "fuzz_trace" / "small.h5").string(), w.config(),
-                                        dsv4::make_trace_header(w), opt);
-    dsv4::StepSpec spec;
-    spec.seqs = {{5, 17, 2, 99, 4, 31}};
-    dsv4::RunOptions ro;
-    ro.observer = &wr->begin_step(spec);
-    wr->end_step(dsv4::forward(w, spec.seqs, ro));
-    wr->close();
-  }
+      "\"rollout_logprobs\": [-2.0], \"reward\": 0.0, \"group\": \"g\"}\n";
+  put(dir / "fuzz_jsonl" / "samples.jsonl", samples);
+  put(dir / "fuzz_samples" / "samples.jsonl", samples);
+  put(dir / "fuzz_samples" / "advantages.jsonl",
+      "{\"id\": 3, \"prompt\": [7], \"response\": [8, 9], \"old_logprobs\": [-1, -2], \"ref_logprobs\": [-1.25, "
+      "-2.5], \"advantage\": -0.5}\n\n{\"prompt\": [1], \"response\": [2], \"advantage\": 0.5}\n");
+  put(dir / "fuzz_samples" / "generated.jsonl",
+      "{\"id\": \"a\", \"index\": 0, \"prompt\": [1, 2], \"response\": [3], \"logprobs\": [-0.5], "
+      "\"finish_reason\": \"length\", \"sampling\": {}, \"prefix\": 0, \"reward\": 1}\n");
+  put(dir / "fuzz_samples" / "gen-rewards.jsonl",
+      "{\"id\": \"a\", \"reward\": 1, \"group\": \"g\"}\n{\"id\": \"b\", \"reward\": 0}\n");
+  put(dir / "fuzz_samples" / "seq-advantages.jsonl", "{\"seq\": 0, \"advantage\": 1}\n{\"seq\": 1, \"advantage\": -1}\n");
+  put(dir / "fuzz_samples" / "prefill-rewards.jsonl", "{\"seq\": 0, \"reward\": 0.5, \"prompt_length\": 3}\n");
+  dsv4::fuzz::write_prefill_trace((dir / "fuzz_trace" / "small.h5").string());
+  // Captured tensors and their digests, as in traces/samples/ (which are 96 tokens, 320 kB).
+  dsv4::fuzz::write_prefill_trace((dir / "fuzz_trace" / "tensors.h5").string(), "attn.kv@1,moe.out@3", 24);
+  dsv4::fuzz::write_prefill_trace((dir / "fuzz_samples" / "prefill.h5").string());
+  dsv4::fuzz::write_generation_trace((dir / "fuzz_trace" / "generation.h5").string());
+  dsv4::fuzz::write_generation_trace((dir / "fuzz_samples" / "generation.h5").string());
   return 0;
 }

@@ -1,5 +1,8 @@
 // libFuzzer harness: a trace file through validate_trace (which also reads every complete step with
-// TraceReader, as the commands do) and through TraceReader directly. Seeds: traces/samples/*.h5.
+// TraceReader, as the commands do) and, for a file validate rejects, through TraceReader directly
+// (the commands that read a trace without validating it first). Seeds: fuzz_seeds' small traces.
+#include <hdf5.h>
+
 #include <cstdint>
 #include <string>
 
@@ -9,10 +12,19 @@
 #include "fuzz_input.h"
 #include "kernels/error.h"
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // HDF5 frees its large per-file structures (the metadata cache of every open file) when a free
+  // list grows past its limit; each open then maps fresh pages, which dominates an execution under
+  // ASan. Without limits they are reused. Only HDF5's internal blocks are affected.
+  H5set_free_list_limits(-1, -1, -1, -1, -1, -1);
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = dsv4::fuzz::input_file(data, size, ".h5");
   const dsv4::ValidateReport rep = dsv4::validate_trace(path);  // never throws
-  if (rep.ok() && rep.steps.empty() && rep.readable) return 0;
+  // A trace validate accepts has been read through every accessor of TraceReader already.
+  if (rep.ok()) return 0;
   try {
     const dsv4::TraceReader r = dsv4::TraceReader::open(path);
     for (const auto& s : r.steps()) {

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "paths.h"
+
 namespace dsv4::test {
 
 struct CliResult {

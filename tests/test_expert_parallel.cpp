@@ -17,6 +17,7 @@
 #include "kernels/moe.h"
 #include "model/communicator.h"
 #include "test_util.h"
+#include "paths.h"
 
 namespace dsv4 {
 namespace {

@@ -19,6 +19,7 @@
 #include "capture/validate.h"
 #include "cli_util.h"
 #include "h5_edit.h"
+#include "paths.h"
 
 namespace {
 

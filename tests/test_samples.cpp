@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "paths.h"
 
 namespace {
 

@@ -196,7 +196,11 @@ OptimizerState OptimizerState::load(const std::string& path) {
 StepStats adamw_step(const AdamWConfig& c, const TensorSet& grads, OptimizerState& state) {
   check(c);
   // Everything is checked before anything changes, so a failed step leaves the state as it was.
-  for (const auto& [name, g] : grads) {
+  for (const auto& entry : grads) {
+    // Named references, not a structured binding: the lambda below captures the name, which
+    // clang 14 does not allow for a structured binding (a C++20 feature it lacks).
+    const std::string& name = entry.first;
+    const auto& g = entry.second;
     auto bad = [&](const std::string& what) {
       return InputError(fmt::format("AdamW step: tensor '{}': {}", name, what));
     };
