@@ -389,6 +389,10 @@ void write_attr(const Object& o, const std::string& name, float value) {
   write_numeric_attr(o, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &value);
 }
 
+namespace {
+void check_attr_references(const Object& o, const Object& attr, const std::string& name);
+}  // namespace
+
 std::string read_attr_string(const Object& o, const std::string& name) {
   ReadScope scope(o.file, o.path + "@" + name, "reading a string attribute");
   Object a = open_attr(o, name);
@@ -397,6 +401,7 @@ std::string read_attr_string(const Object& o, const std::string& name) {
   if (H5Tget_class(type.get()) != H5T_STRING) a.fail("expected a string");
   const htri_t vlen = H5Tis_variable_str(type.get());
   if (vlen > 0) {
+    check_attr_references(o, a, name);
     Id mt = vlen_string_type(a);
     check(H5Tset_cset(mt.get(), H5Tget_cset(type.get())), a, "cannot set the character set");
     char* p = nullptr;
@@ -878,61 +883,188 @@ std::string walk_collection(int fd, uint64_t file_size, uint64_t addr, size_t L,
   return "";
 }
 
-// Checks the heap reference of every element of a contiguous variable-length string dataset (on disk:
-// the length, 4 bytes; the collection's address; the object's index, 4 bytes) and the collections
-// they point into, before HDF5 follows them.
+// The file facts that heap references need: its descriptor and size, the base of its addresses (after
+// the user block that holds a trace's seal) and its address and length widths.
+struct RawFile {
+  int fd = -1;
+  uint64_t size = 0;
+  uint64_t base = 0;
+  size_t sizeof_addr = 8, sizeof_size = 8;
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  explicit RawFile(const Object& at) {
+    Id file(check(H5Iget_file_id(at.get()), at, "cannot get the file"));
+    Id fcpl(check(H5Fget_create_plist(file.get()), at, "cannot read the file's creation properties"));
+    check(H5Pget_sizes(fcpl.get(), &sizeof_addr, &sizeof_size), at, "cannot read the file's offset sizes");
+    if (sizeof_addr < 2 || sizeof_addr > 8 || sizeof_size < 2 || sizeof_size > 8)
+      at.fail("the file's offset sizes are not usable");
+    // Addresses inside the file are relative to its base, which follows the user block (a trace's
+    // seal); H5Dget_offset already counts from the start of the file.
+    hsize_t ub = 0;
+    check(H5Pget_userblock(fcpl.get(), &ub), at, "cannot read the file's user block size");
+    base = ub;
+    fd = ::open(at.file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) at.fail("cannot open the file to check its strings");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      at.fail("cannot read the file size");
+    }
+    size = uint64_t(st.st_size);
+  }
+  ~RawFile() { ::close(fd); }
+  size_t ref_bytes() const { return 4 + sizeof_addr + 4; }  // length, collection address, index
+};
+
+// A damaged file found by our own checks: TraceCorrupt naming the file and object.
+[[noreturn]] void damaged(const Object& at, const std::string& what) {
+  throw TraceCorrupt(at.file + (at.path.empty() ? "" : ": " + at.path) + ": " + what);
+}
+
+// Checks `n` variable-length references laid out as on disk (length, 4 bytes; the collection's address;
+// the object's index, 4 bytes) and the heap collections they point into, before HDF5 follows them.
+// `what` names an element in messages ("string 3").
+void check_heap_refs(const RawFile& f, const Object& at, const uint8_t* refs, uint64_t n, const char* what) {
+  std::map<uint64_t, std::map<uint32_t, uint64_t>> collections;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint8_t* r = refs + i * f.ref_bytes();
+    const uint64_t len = le(r, 4), rel = le(r + 4, f.sizeof_addr);
+    const uint32_t idx = uint32_t(le(r + 4 + f.sizeof_addr, 4));
+    if (len == 0) continue;  // an empty string: HDF5 reads no heap object
+    if (rel > UINT64_MAX - f.base) damaged(at, fmt::format("{} {}: damaged: heap address {}", what, i, rel));
+    const uint64_t addr = rel + f.base;
+    auto it = collections.find(addr);
+    if (it == collections.end()) {
+      it = collections.emplace(addr, std::map<uint32_t, uint64_t>{}).first;
+      const std::string why = walk_collection(f.fd, f.size, addr, f.sizeof_size, it->second);
+      if (!why.empty()) damaged(at, fmt::format("{} {}: damaged: {}", what, i, why));
+    }
+    const auto obj = it->second.find(idx);
+    if (obj == it->second.end())
+      damaged(at, fmt::format("{} {}: damaged: heap object {} is not in the collection at {}", what, i, idx, addr));
+    if (obj->second != len)
+      damaged(at, fmt::format("{} {}: damaged: {} bytes long, its heap object holds {}", what, i, len, obj->second));
+  }
+}
+
+// Checks the heap reference of every element of a contiguous variable-length string dataset.
 void check_vlen_references(const Object& ds, hsize_t n) {
   Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS)
     ds.fail("variable-length strings not stored contiguously (traces/FORMAT.md)");
   const haddr_t at = H5Dget_offset(ds.get());
   if (at == HADDR_UNDEF) return;  // never written: every element is the empty fill value
-  Id file(check(H5Iget_file_id(ds.get()), ds, "cannot get the file"));
-  Id fcpl(check(H5Fget_create_plist(file.get()), ds, "cannot read the file's creation properties"));
-  size_t sizeof_addr = 0, sizeof_size = 0;
-  check(H5Pget_sizes(fcpl.get(), &sizeof_addr, &sizeof_size), ds, "cannot read the file's offset sizes");
-  if (sizeof_addr < 2 || sizeof_addr > 8 || sizeof_size < 2 || sizeof_size > 8)
-    ds.fail("the file's offset sizes are not usable");
-  // Addresses inside the file are relative to its base, which follows the user block (a trace's seal);
-  // H5Dget_offset already counts from the start of the file.
-  hsize_t base = 0;
-  check(H5Pget_userblock(fcpl.get(), &base), ds, "cannot read the file's user block size");
-  const int fd = ::open(ds.file.c_str(), O_RDONLY);
-  if (fd < 0) ds.fail("cannot open the file to check its strings");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) ds.fail("cannot read the file size");
-  const uint64_t file_size = uint64_t(st.st_size);
-  const size_t ref = 4 + sizeof_addr + 4;
-  if (n > file_size / ref || at > file_size - n * ref)
-    ds.fail(fmt::format("{} string references at {} do not fit in the file ({} bytes)", n, at, file_size));
+  const RawFile f(ds);
+  const size_t ref = f.ref_bytes();
+  if (n > f.size / ref || at > f.size - n * ref)
+    ds.fail(fmt::format("{} string references at {} do not fit in the file ({} bytes)", n, at, f.size));
   std::vector<uint8_t> refs(size_t(n) * ref);
-  if (!read_bytes(fd, at, refs.data(), refs.size())) ds.fail("the string references are cut short");
-  std::map<uint64_t, std::map<uint32_t, uint64_t>> collections;
-  for (hsize_t i = 0; i < n; ++i) {
-    const uint8_t* r = refs.data() + i * ref;
-    const uint64_t len = le(r, 4), rel = le(r + 4, sizeof_addr);
-    if (rel > UINT64_MAX - base) ds.fail(fmt::format("string {}: damaged: heap address {}", i, rel));
-    const uint64_t addr = rel + base;
-    const uint32_t idx = uint32_t(le(r + 4 + sizeof_addr, 4));
-    if (len == 0) continue;  // an empty string: HDF5 reads no heap object
-    auto it = collections.find(addr);
-    if (it == collections.end()) {
-      it = collections.emplace(addr, std::map<uint32_t, uint64_t>{}).first;
-      const std::string why = walk_collection(fd, file_size, addr, sizeof_size, it->second);
-      if (!why.empty()) ds.fail(fmt::format("string {}: damaged: {}", i, why));
-    }
-    const auto obj = it->second.find(idx);
-    if (obj == it->second.end())
-      ds.fail(fmt::format("string {}: damaged: heap object {} is not in the collection at {}", i, idx, addr));
-    if (obj->second != len)
-      ds.fail(fmt::format("string {}: damaged: {} bytes long, its heap object holds {}", i, len, obj->second));
-  }
+  if (!read_bytes(f.fd, at, refs.data(), refs.size())) ds.fail("the string references are cut short");
+  check_heap_refs(f, ds, refs.data(), n, "string");
 }
 
+// The raw bytes of an attribute's message, found by walking the object header of `o` as the file
+// format specification lays it out (version 2, "OHDR", its continuation blocks "OCHK"; attribute
+// messages of versions 1 to 3), with every offset bounded by the header. Empty when the attribute is
+// not in the header (dense storage, a version-1 header, a shared datatype or dataspace): then it is
+// not checked here.
+struct AttrRaw {
+  std::vector<uint8_t> datatype, dataspace, data;
+};
+std::optional<AttrRaw> find_attr_message(const RawFile& f, const Object& o, const std::string& name) {
+  H5O_info_t info{};
+  if (H5Oget_info2(o.get(), &info, H5O_INFO_BASIC) < 0 || info.addr == HADDR_UNDEF) return std::nullopt;
+  if (info.addr > UINT64_MAX - f.base) return std::nullopt;
+  // The chunks to read: [address, length) of message bytes, the first found in the prefix.
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;
+  uint8_t hflags = 0;
+  {
+    uint8_t head[6 + 16 + 4 + 8];
+    const uint64_t at = info.addr + f.base;
+    if (at >= f.size) return std::nullopt;
+    const size_t got = size_t(std::min<uint64_t>(sizeof head, f.size - at));
+    if (!read_bytes(f.fd, at, head, got) || got < 7 || std::memcmp(head, "OHDR", 4) != 0 || head[4] != 2)
+      return std::nullopt;
+    hflags = head[5];
+    size_t p = 6 + ((hflags & 0x20) ? 16 : 0) + ((hflags & 0x10) ? 4 : 0);
+    const size_t width = size_t(1) << (hflags & 3);
+    if (p + width > got) return std::nullopt;
+    chunks.push_back({at + p + width, le(head + p, width)});
+  }
+  // A message: type (1), size (2), flags (1), creation order (2, when the header tracks it).
+  const size_t msg_head = 4 + ((hflags & 0x04) ? 2 : 0);
+  for (size_t c = 0; c < chunks.size() && c < 4096; ++c) {
+    const auto [addr, len] = chunks[c];
+    if (addr >= f.size || len > f.size - addr || len > (uint64_t(1) << 26)) return std::nullopt;
+    std::vector<uint8_t> b(static_cast<size_t>(len));
+    if (!read_bytes(f.fd, addr, b.data(), b.size())) return std::nullopt;
+    size_t p = 0;
+    while (p + msg_head <= b.size()) {
+      const uint8_t type = b[p];
+      const size_t size = size_t(le(&b[p + 1], 2));
+      const size_t d = p + msg_head;
+      if (size > b.size() - d) break;
+      if (type == 0x10 && size >= f.sizeof_addr + f.sizeof_size) {  // continuation: "OCHK", messages, checksum
+        const uint64_t ca = le(&b[d], f.sizeof_addr), cl = le(&b[d + f.sizeof_addr], f.sizeof_size);
+        if (cl >= 8 && ca <= UINT64_MAX - f.base - 4) chunks.push_back({ca + f.base + 4, cl - 8});
+      } else if (type == 0x0C && size >= 8) {
+        const uint8_t* m = &b[d];
+        const uint8_t version = m[0];
+        if (version < 1 || version > 3 || (m[1] & 0x03)) {  // shared datatype or dataspace: not here
+          p = d + size;
+          continue;
+        }
+        const size_t nlen = size_t(le(m + 2, 2)), tlen = size_t(le(m + 4, 2)), slen = size_t(le(m + 6, 2));
+        const auto pad = [&](size_t x) { return version == 1 ? (x + 7) & ~size_t(7) : x; };
+        size_t q = version == 3 ? 9 : 8;
+        if (nlen == 0 || q + pad(nlen) + pad(tlen) + pad(slen) > size) {
+          p = d + size;
+          continue;
+        }
+        const std::string found(reinterpret_cast<const char*>(m + q), strnlen(reinterpret_cast<const char*>(m + q), nlen));
+        q += pad(nlen);
+        if (found == name) {
+          AttrRaw r;
+          r.datatype.assign(m + q, m + q + tlen);
+          q += pad(tlen);
+          r.dataspace.assign(m + q, m + q + slen);
+          q += pad(slen);
+          r.data.assign(m + q, m + size);
+          return r;
+        }
+      }
+      p = d + size;
+    }
+  }
+  return std::nullopt;
+}
+
+// Before a variable-length string attribute is read: its heap references, found in the checksummed
+// object header, and the collections they point into (HDF5 1.10 loops or crashes on a damaged one).
+void check_attr_references(const Object& o, const Object& attr, const std::string& name) {
+  const RawFile f(attr);
+  const std::optional<AttrRaw> raw = find_attr_message(f, o, name);
+  if (!raw) return;
+  const auto& t = raw->datatype;
+  // Datatype class 9 (variable-length), type 1 (string).
+  if (t.size() < 8 || (t[0] & 0x0f) != 9 || (t[1] & 0x0f) != 1) return;
+  // The number of elements from the dataspace message (versions 1 and 2).
+  const auto& sp = raw->dataspace;
+  if (sp.size() < 4) damaged(attr, "damaged: the attribute's dataspace message is cut short");
+  const int rank = sp[1];
+  uint64_t n = 1;
+  size_t q = sp[0] == 1 ? 8 : 4;
+  if (sp[0] == 2 && sp[3] == 2) n = 0;  // a null dataspace
+  for (int i = 0; i < rank; ++i, q += f.sizeof_size) {
+    if (q + f.sizeof_size > sp.size()) damaged(attr, "damaged: the attribute's dataspace message is cut short");
+    const uint64_t dim = le(&sp[q], f.sizeof_size);
+    if (dim != 0 && n > UINT64_MAX / dim) damaged(attr, "damaged: the attribute's dimensions overflow");
+    n *= dim;
+  }
+  if (n > raw->data.size() / f.ref_bytes())
+    damaged(attr, fmt::format("damaged: {} string references do not fit the attribute's {} bytes", n, raw->data.size()));
+  check_heap_refs(f, attr, raw->data.data(), n, "string");
+}
 }  // namespace
 
 std::vector<std::string> read_strings(const Object& ds) {

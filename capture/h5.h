@@ -70,8 +70,10 @@ void set_verbose_errors(bool on);
 // ---- reading damaged files ----------------------------------------------------------------------
 // HDF5 1.10 trusts some metadata it cannot check: the global heap that holds variable-length strings
 // has no checksum, and a damaged heap can make the library loop forever or crash. Two defences:
-//  * read_strings() checks every string's heap reference and the heap collection it points into
-//    (check_global_heap) before asking HDF5 for the strings;
+//  * read_strings() and read_attr_string() check every string's heap reference (a dataset's in its
+//    contiguous data, an attribute's in its message in the object header, walked as the file format
+//    specification lays it out) and the heap collection it points into before asking HDF5 for the
+//    strings; damage is TraceCorrupt naming the file, object and string;
 //  * every reading call below runs inside a ReadScope, which names what is being read; the dsv4
 //    command installs signal handlers and a watchdog (cli/main.cpp) that turn a crash or a stall inside
 //    a scope into one error line naming the file and object, and exit code 2.

@@ -25,6 +25,8 @@ int check_trace_root(const h5::Object& root, const std::string& path, std::strin
   std::string format;
   try {
     format = h5::read_attr_string(root, kFormat);
+  } catch (const TraceCorrupt&) {
+    throw;  // a damaged heap behind it, named as such
   } catch (const TraceError&) {
     throw NotATrace(
         fmt::format("{}: an HDF5 file but not a dsv4 trace (its format attribute is not a string)", path));
