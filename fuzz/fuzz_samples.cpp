@@ -14,6 +14,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "capture/trace_seal.h"
 #include "fuzz_input.h"
 #include "fuzz_traces.h"
 #include "kernels/error.h"
@@ -44,6 +45,8 @@ const Fixed& fixed() {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   H5set_free_list_limits(-1, -1, -1, -1, -1, -1);  // as in fuzz_trace.cpp
+  // Mutations of the sealed seed traces reach the readers behind the seal (fuzz_trace fuzzes the seal).
+  dsv4::set_seal_checks(false);
   return 0;
 }
 
