@@ -33,6 +33,13 @@ std::string row_preview(const std::vector<float>& v) {
   return fmt::format("[{}{}]", fmt::join(s, ", "), v.size() > 8 ? ", ..." : "");
 }
 
+// The exit code of a replay: a divergence (1) outranks steps that could not be verified (2: the trace
+// is not whole); 0 only when every step was verified bit-identical.
+int replay_exit_code(const ReplayReport& r) {
+  if (!r.identical()) return 1;
+  return r.skipped.empty() ? 0 : 2;
+}
+
 int run_replay(const ReplayArgs& a) {
   ReplayOptions o;
   o.experts = open_parallel(a.parallel);
@@ -65,7 +72,7 @@ int run_replay(const ReplayArgs& a) {
   // Every rank verified the same outputs (the expert outputs are gathered to all): rank 0 reports,
   // and every rank exits with the verdict.
   const bool quiet = o.experts && o.experts->rank() != 0;
-  if (quiet) return !r.identical() ? 1 : r.skipped.empty() ? 0 : 2;
+  if (quiet) return replay_exit_code(r);
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
     f << replay_to_json(r) << "\n";
@@ -115,17 +122,14 @@ int run_replay(const ReplayArgs& a) {
       fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80),
                  e.here.substr(0, 80));
   }
-  // A divergence (1) outranks steps that could not be verified (2: the trace is not whole).
-  if (!r.identical()) return 1;
-  if (!r.skipped.empty()) {
+  const int code = replay_exit_code(r);
+  if (code == 2)
     fmt::print(stderr,
                "dsv4: error: {}: {} of {} step{} not verified (listed above); `dsv4 trace validate` tells more, "
                "`dsv4 trace salvage` copies the intact steps, `--step N` replays one step\n",
                r.trace, r.skipped.size(), r.skipped.size() + r.steps.size(),
                r.skipped.size() + r.steps.size() == 1 ? "" : "s");
-    return 2;
-  }
-  return 0;
+  return code;
 }
 
 struct DiffArgs {
