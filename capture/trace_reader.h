@@ -33,6 +33,10 @@ struct TraceStepInfo {
   // else what could not be read (a damaged step group, attribute or status), naming the object.
   std::string damage;
   std::vector<int64_t> seq_lengths;
+  // External steps (capture/external.h, format version 4): the engine that computed the step and where
+  // its data came from; both empty for steps of our runtime.
+  std::string engine, source;
+  bool external() const { return !engine.empty(); }
   // "incomplete (status 0)" or "damaged: <what>" for a step that is not complete; "" otherwise.
   std::string why_not_complete() const;
 };
@@ -90,13 +94,28 @@ class TraceReader {
   std::vector<int32_t> tokens(int step, int seq) const;
   std::vector<float> logprobs(int step, int seq) const;
   std::vector<int> decision_layers(int step, int seq) const;
-  std::optional<IndexerRecord> indexer(int step, int seq, int layer) const;  // ids [T, width], -1 padded
+  // Decisions of one layer: ids [rows, width] (-1 padded) and [rows, k]. rows = T for steps of our
+  // runtime; an external step's layer may hold T - 1 rows (the engines' layout) and no margins or
+  // weights (empty vectors then).
+  std::optional<IndexerRecord> indexer(int step, int seq, int layer) const;
   std::optional<RoutingRecord> routing(int step, int seq, int layer) const;
+  // Rows [r0, r1) of the same, reading only those rows (and the indexer's row counts) from the file;
+  // r1 is clamped to the rows stored. The record's T is the number of rows returned.
+  std::optional<IndexerRecord> indexer_rows(int step, int seq, int layer, int64_t r0, int64_t r1) const;
+  std::optional<RoutingRecord> routing_rows(int step, int seq, int layer, int64_t r0, int64_t r1) const;
+  // The request id and prompt length an external step recorded for a sequence ("" and -1 otherwise).
+  std::string sequence_id(int step, int seq) const;
+  int64_t prompt_length(int step, int seq) const;
+  // Whether the sequence holds log-probs (external steps may not).
+  bool has_logprobs(int step, int seq) const;
   std::optional<MhcRecord> mhc(int step, int seq, int layer, Sublayer s) const;
   DigestTable digests(int step, int seq) const;
   // Full tensors kept by the capture policy: (name, layer) pairs, and one of them.
   std::vector<std::pair<std::string, int>> full_tensors(int step, int seq) const;
   std::optional<TensorCopy> tensor(int step, int seq, int layer, const std::string& name) const;
+  // Rows [r0, r1) of a full tensor (shape[0] clamped), reading only those rows.
+  std::optional<TensorCopy> tensor_rows(int step, int seq, int layer, const std::string& name, int64_t r0,
+                                        int64_t r1) const;
 
   // The GPU kernel records of a complete step (/steps/NNNNNN/kernels). A trace written before kernel
   // records existed gives available = false, reason "not recorded in this trace".
