@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -134,6 +135,7 @@ int run_info(const TraceArgs& a) {
       nlohmann::json step = {{"index", s.index},       {"kind", s.kind},       {"profile", s.profile},
                              {"complete", s.complete}, {"capture", s.capture}, {"seq_lengths", s.seq_lengths},
                              {"seed", s.seed}};
+      if (s.external()) step["external"] = {{"engine", s.engine}, {"source", s.source}};
       if (s.complete) {
         const KernelRecords k = r.kernels(s.index);
         step["kernels"] = k.available ? nlohmann::json{{"available", true}, {"launches", k.kernels.size()}}
@@ -152,7 +154,7 @@ int run_info(const TraceArgs& a) {
              r.created());
   fmt::print("seal: {}\n", seal_summary(r.seal()));
   fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
-             m.model_digest, m.weights_path);
+             m.model_digest, m.weights_path.empty() ? "(not named)" : m.weights_path);
   fmt::print("steps: {}\n", steps.size());
   for (const auto& s : steps) {
     std::string kernels;
@@ -160,8 +162,10 @@ int run_info(const TraceArgs& a) {
       const KernelRecords k = r.kernels(s.index);
       kernels = k.available ? fmt::format("  GPU kernels {}", k.kernels.size()) : "";
     }
-    fmt::print("  {:>4}  {:<10} profile {:<8} capture {:<12} sequences [{}]{}{}\n", s.index, s.kind, s.profile,
-               s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE", kernels);
+    const std::string engine =
+        s.external() ? fmt::format("  engine {}{}", s.engine, s.source.empty() ? "" : " from " + s.source) : "";
+    fmt::print("  {:>4}  {:<10} profile {:<8} capture {:<12} sequences [{}]{}{}{}\n", s.index, s.kind, s.profile,
+               s.capture, fmt::join(s.seq_lengths, ", "), s.complete ? "" : "  INCOMPLETE", kernels, engine);
   }
   fmt::print("sizes (stored / in memory):\n");
   for (const auto& g : sizes)
@@ -308,25 +312,31 @@ int run_dump(const TraceArgs& a) {
     auto rec = r.indexer(a.step, a.seq, a.layer);
     if (!rec)
       throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
+    // An external step holds no margins (NaN here: JSON null, "nan" in the text).
+    const auto margin = [&](int64_t t) { return rec->margin.empty() ? NAN : rec->margin[size_t(t)]; };
     for (int64_t t = 0; t < rec->T; ++t) {
       const std::vector<int32_t> s = valid_ids(rec->ids, rec->k, t);
-      j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", rec->margin[t]}});
-      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(rec->margin[t]),
-                          fmt::join(s, ", "));
+      j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", margin(t)}});
+      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(margin(t)), fmt::join(s, ", "));
     }
   } else if (a.what == "experts") {
     auto rec = r.routing(a.step, a.seq, a.layer);
     if (!rec)
       throw TraceError(
           fmt::format("{}: step {} sequence {} has no routing for layer {}", a.path, a.step, a.seq, a.layer));
+    // An external step may hold no weights and holds no margins (NaN here: JSON null, "nan" in the text).
+    const auto margin = [&](int64_t t) { return rec->margin.empty() ? NAN : rec->margin[size_t(t)]; };
     for (int64_t t = 0; t < rec->T; ++t) {
       std::vector<int32_t> ids(rec->ids.begin() + t * rec->k, rec->ids.begin() + (t + 1) * rec->k);
-      std::vector<float> wts(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
-      j["rows"].push_back({{"token", t}, {"experts", ids}, {"weights", wts}, {"margin", rec->margin[t]}});
+      std::vector<float> wts;
+      if (!rec->weights.empty())
+        wts.assign(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
+      j["rows"].push_back(
+          {{"token", t}, {"experts", ids}, {"weights", wts}, {"margin", margin(t)}});
       std::vector<std::string> ws;
       for (float v : wts) ws.push_back(fmt_float(v));
       text += fmt::format("token {:>6}  experts [{}]  weights [{}]  margin {}{}\n", t, fmt::join(ids, ", "),
-                          fmt::join(ws, ", "), fmt_float(rec->margin[t]), rec->hashed ? "  (hash)" : "");
+                          fmt::join(ws, ", "), fmt_float(margin(t)), rec->hashed ? "  (hash)" : "");
     }
   } else if (a.what == "mhc") {
     for (Sublayer s : {Sublayer::attn, Sublayer::ffn}) {
@@ -345,6 +355,9 @@ int run_dump(const TraceArgs& a) {
       }
     }
   } else if (a.what == "digests") {
+    if (steps[size_t(a.step)].external())
+      throw InputError(fmt::format("{}: step {} is an external step (engine '{}'): it holds no digests", a.path, a.step,
+                                   steps[size_t(a.step)].engine));
     const DigestTable d = r.digests(a.step, a.seq);
     const uint64_t all = xxh3_64(d.values.data(), d.values.size() * sizeof(uint64_t));
     j["all_rows_xxh3"] = hex16(all);

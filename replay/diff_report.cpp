@@ -317,7 +317,9 @@ std::string diff_to_table(const DiffReport& r) {
 
   const auto worst = worst_tensors(r, 12);
   o += "\n";
-  if (worst.empty()) {
+  if (r.tensors.empty()) {
+    o += "tensors: none compared (see the notes)\n";
+  } else if (worst.empty()) {
     o += "tensors: every digest row agrees\n";
   } else {
     o += fmt::format("worst tensors ({} of {} differ):\n",
@@ -346,7 +348,7 @@ std::string diff_to_table(const DiffReport& r) {
     const auto& f = *r.first_divergence;
     o += fmt::format("first divergence: seq {}, {}, {}, row {}\n", f.seq, layer_name(f.layer), f.tensor,
                      f.row);
-  } else {
+  } else if (!r.tensors.empty()) {
     o += "first divergence: none (every digest agrees)\n";
   }
   for (const std::string& n : r.notes) o += "note: " + n + "\n";

@@ -585,6 +585,17 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
       if (source->has_logprobs(k, s)) source_logprobs.push_back(source->logprobs(k, s));
     }
     add_overrides(forced_from, batch, true, true, ov);
+    bool completed = false;  // some layer stops one row short (the engines' layout)
+    for (int s = 0; s < n_seqs; ++s) {
+      const int64_t T = int64_t(batch[size_t(s)].size());
+      for (const auto& [layer, x] : forced_from[size_t(s)].indexer) completed |= x.T < T;
+      for (const auto& [layer, x] : forced_from[size_t(s)].routing) completed |= x.T < T;
+    }
+    if (completed)
+      rep.notes.push_back(fmt::format(
+          "{} holds no decisions for the last token of a sequence (the engines' layout); they were completed with "
+          "ids 0, 1, ... (they change no log-prob), so the last row of the replay differs from the recorded one",
+          opt.take_decisions_from));
   } else {
     add_overrides(recorded, batch, opt.force_indexer, opt.force_routing, ov);
   }
@@ -707,7 +718,11 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
           fmt::format("{}: its model config differs from that of {} (layers, compress ratios, indexer or "
                       "experts): its decisions cannot be forced into this replay",
                       opt.take_decisions_from, trace));
-    if (source->model().model_digest != r.model().model_digest)
+    if (source->model().model_digest == trace_layout::kUnknownDigest)
+      rep.notes.push_back(fmt::format("{} does not name the weights its engine ran: the models could not be checked "
+                                      "to be the same",
+                                      opt.take_decisions_from));
+    else if (source->model().model_digest != r.model().model_digest)
       rep.notes.push_back(fmt::format("{} was recorded with other weights (model digest {} vs {})",
                                       opt.take_decisions_from, source->model().model_digest,
                                       r.model().model_digest));

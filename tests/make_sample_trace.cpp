@@ -6,15 +6,23 @@
 //   make_sample_trace OUT.h5 --train-step   the two steps, then a step of kind "train-step" over the
 //                                           same sequences with a training record (format version 3)
 //                                           whose values are made up but follow every rule of the format
+//   make_sample_trace OUT.h5 --external     one external step (format version 4) of engine "sample":
+//                                           the decisions of a forward over the same sequences, laid out
+//                                           as engines report them (T - 1 rows of the index_topk width,
+//                                           ids in reverse order) for the first two sequences and with a
+//                                           row per token, routing weights, log-probs and a bf16 tensor
+//                                           for the third; the first holds no log-probs
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "capture/digest.h"
+#include "capture/external.h"
 #include "capture/layout.h"
 #include "capture/trace_writer.h"
 #include "capture/training.h"
+#include "model/collect.h"
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
@@ -81,18 +89,76 @@ TrainingRecord sample_record(const Weights& w, const std::vector<std::vector<int
   return t;
 }
 
+// The external step of --external (see the usage above).
+void write_external(const std::string& path, const Weights& w, const std::vector<std::vector<int32_t>>& seqs) {
+  DecisionLog log;
+  RunOptions o;
+  o.threads = 1;
+  o.observer = &log;
+  const ForwardResult fr = forward(w, seqs, o);
+  const ModelConfig& c = w.config();
+  ExternalModel m;
+  m.config_json = config_to_json(c);
+  auto writer = ExternalTraceWriter::create(path, m);
+  ExternalStepSpec spec;
+  spec.engine = "sample";
+  spec.source = "make_sample_trace";
+  writer->begin_step(spec);
+  for (int s = 0; s < int(seqs.size()); ++s) {
+    const bool engine_layout = s < 2;
+    ExternalSequence e;
+    e.id = "request-" + std::to_string(s);
+    e.tokens = seqs[size_t(s)];
+    const int64_t T = int64_t(e.tokens.size()), R = engine_layout ? T - 1 : T;
+    e.prompt_length = (T + 1) / 2;
+    if (s > 0) e.logprobs = fr.seqs[size_t(s)].logprobs;
+    for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+      const RoutingRecord& rt = log.routing.at({s, layer});
+      ExternalRouting x{layer, R, rt.k, {}, {}};
+      for (int64_t t = 0; t < R; ++t)
+        for (int j = 0; j < rt.k; ++j) {
+          const int jj = engine_layout ? rt.k - 1 - j : j;
+          x.ids.push_back(rt.ids[size_t(t * rt.k + jj)]);
+          if (!engine_layout) x.weights.push_back(rt.weights[size_t(t * rt.k + jj)]);
+        }
+      e.routing.push_back(std::move(x));
+      if (c.ratio(layer) != 4) continue;
+      const IndexerRecord& ix = log.indexer.at({s, layer});
+      const int width = engine_layout ? c.index_topk : ix.k;
+      ExternalIndexer y{layer, R, width, std::vector<int32_t>(size_t(R * width), -1)};
+      for (int64_t t = 0; t < R; ++t)
+        for (int j = 0; j < ix.k; ++j) y.ids[size_t(t * width + (engine_layout ? ix.k - 1 - j : j))] = ix.ids[size_t(t * ix.k + j)];
+      e.indexer.push_back(std::move(y));
+    }
+    if (!engine_layout) {
+      ExternalTensor h{"engine.hidden", 0, DType::bf16, {T, 4}, {}, {}};
+      for (int64_t i = 0; i < T * 4; ++i) h.f.push_back(float(i % 7) * 0.5f);
+      e.tensors.push_back(std::move(h));
+    }
+    writer->add_sequence(e);
+  }
+  writer->end_step();
+  writer->close();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dsv4;
   const bool die = argc == 3 && std::strcmp(argv[2], "--die-in-step") == 0;
   const bool train_step = argc == 3 && std::strcmp(argv[2], "--train-step") == 0;
-  if (argc < 2 || argc > 3 || (argc == 3 && !die && !train_step)) {
-    std::fprintf(stderr, "usage: %s OUT.h5 [--die-in-step | --train-step]\n", argv[0]);
+  const bool external = argc == 3 && std::strcmp(argv[2], "--external") == 0;
+  if (argc < 2 || argc > 3 || (argc == 3 && !die && !train_step && !external)) {
+    std::fprintf(stderr, "usage: %s OUT.h5 [--die-in-step | --train-step | --external]\n", argv[0]);
     return 2;
   }
   try {
     const Weights w = Weights::init(preset("tiny"), 7);
+    if (external) {
+      const int vocab = w.config().vocab_size;
+      write_external(argv[1], w, {random_tokens(1, vocab, 1), random_tokens(9, vocab, 2), random_tokens(70, vocab, 3)});
+      return 0;
+    }
     TraceWriter::Options opt;
     opt.policy = CapturePolicy::parse("attn.q@1,indexer.*,logits");
     auto writer = TraceWriter::create(argv[1], w.config(), make_trace_header(w), opt);

@@ -121,6 +121,59 @@ def check_seq(path, seq, T, cfg, names, n_layers):
     return n_full
 
 
+def check_external_seq(path, seq, T, cfg, n_layers):
+    """FORMAT.md 'External steps': tokens, optional log-probs, the reported layers' decisions at T or
+    T - 1 rows (sets at the runtime's width, no margins, weights optional), no digests."""
+    vocab, topk = cfg["vocab_size"], cfg["index_topk"]
+    n_exp, k_e = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    ratios = cfg["compress_ratios"][:n_layers]
+    check(isinstance(seq.attrs["request_id"], str), path, "request_id")
+    P = int(seq.attrs["prompt_length"])
+    check(-1 <= P <= T, path, f"prompt_length {P}")
+    tokens = seq["tokens"][:]
+    check(tokens.dtype == np.int32 and tokens.shape == (T,), f"{path}/tokens", f"{tokens.dtype} {tokens.shape}")
+    check(((tokens >= 0) & (tokens < vocab)).all(), f"{path}/tokens", "ids outside [0, vocab)")
+    if "logprobs" in seq:
+        lp = seq["logprobs"][:]
+        check(lp.shape == (T - 1,) and np.isfinite(lp).all(), f"{path}/logprobs", f"{lp.shape}")
+    check("digests" not in seq, path, "an external step holds no digests")
+    rows_seen = set()
+    for name, d in seq.get("decisions", {}).items():
+        where = f"{path}/decisions/{name}"
+        L = int(name[len("layer_"):])
+        check(0 <= L < n_layers, where, "layer out of range")
+        check(int(d.attrs["hashed"]) == (1 if L < cfg.get("num_hash_layers", 0) else 0), where, "hashed")
+        check(not any(k.startswith("mhc_") or k.endswith("_margin") for k in d.keys()), where, "margins or mHC")
+        if "experts" in d:
+            ex = d["experts"][:].astype(np.int64)
+            R = ex.shape[0]
+            rows_seen.add(R)
+            check(R in (T, T - 1) and ex.shape[1:] == (k_e,), where + "/experts", str(ex.shape))
+            check(((ex >= 0) & (ex < n_exp)).all(), where + "/experts", "ids out of range")
+            check((np.diff(ex, axis=1) > 0).all() if k_e > 1 else True, where + "/experts", "not ascending")
+            if "expert_weights" in d:
+                check(d["expert_weights"].shape == ex.shape, where + "/expert_weights", "shape")
+        if "indexer_count" in d:
+            check(ratios[L] == 4, where, "indexer on a layer that is not C4")
+            width = int(d.attrs["indexer_width"])
+            check(width == min(topk, T // 4), where, f"indexer_width {width}")
+            count = d["indexer_count"][:]
+            R = count.shape[0]
+            rows_seen.add(R)
+            check(R in (T, T - 1), where + "/indexer_count", f"{R} rows")
+            for t, ids in enumerate(decode_indexer(count, d["indexer_gaps"][:])):
+                check(len(ids) <= width and (ids < (t + 1) // 4).all(), where, f"row {t}: {ids}")
+    check(len(rows_seen) <= 1, path, f"decision rows differ between layers: {rows_seen}")
+    n_full = 0
+    for name, g in seq.get("tensors", {}).items():
+        for ln, ds in g.items():
+            dt = as_str(ds.attrs["dtype"])
+            check(dt in ("bfloat16", "float32", "int32"), f"{path}/tensors/{name}/{ln}", dt)
+            check(ds.shape[0] == T, f"{path}/tensors/{name}/{ln}", f"shape {ds.shape}")
+            n_full += 1
+    return n_full
+
+
 def ragged(g, name, n, where):
     """FORMAT.md 'Training steps', ragged lists: X concatenated, X_count per entry."""
     data, count = g[name][:], g[name + "_count"][:]
@@ -192,7 +245,9 @@ def main(path):
     f = h5py.File(path, "r", swmr=True)
     check(as_str(f.attrs["format"]) == "dsv4-trace", "/", "format")
     kinds = [as_str(g.attrs["kind"]) for g in f["steps"].values()]
-    check(int(f.attrs["format_version"]) == (3 if "train-step" in kinds else 1), "/", "format_version")
+    external = any("engine" in g.attrs for g in f["steps"].values())
+    check(int(f.attrs["format_version"]) == (4 if external else 3 if "train-step" in kinds else 1), "/",
+          "format_version")
     check(as_str(f.attrs["producer"]).startswith("dsv4 "), "/", "producer")
     check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", as_str(f.attrs["created"])) is not None, "/", "created")
     env = f["meta/env"].attrs
@@ -200,10 +255,12 @@ def main(path):
         check(k in env and isinstance(env[k], str), "/meta/env", f"attribute {k}")
     model = f["meta/model"]
     cfg = json.loads(model.attrs["config_json"])
-    check(re.fullmatch(r"[0-9a-f]{16}", as_str(model.attrs["model_digest"])) is not None, "/meta/model",
+    digest = as_str(model.attrs["model_digest"])
+    check(re.fullmatch(r"[0-9a-f]{16}", digest) is not None or (external and digest == "unknown"), "/meta/model",
           "model_digest")
     wn = [as_str(x) for x in model["tensor_names"][:]]
-    check(wn == sorted(wn) and len(wn) > 0, "/meta/model/tensor_names", "not sorted / empty")
+    check(wn == sorted(wn) and (len(wn) > 0 or digest == "unknown"), "/meta/model/tensor_names",
+          "not sorted / empty")
     check(model["tensor_digests"].dtype == np.uint64 and model["tensor_digests"].shape == (len(wn),),
           "/meta/model/tensor_digests", "shape/dtype")
     names = [as_str(x) for x in f["meta/tensor_names"].asstr()[:]]
@@ -220,6 +277,15 @@ def main(path):
         if status[0] != 1:
             continue
         complete += 1
+        if "engine" in g.attrs:
+            check(as_str(g.attrs["kind"]) in ("train", "rollout"), where, "kind")
+            check(as_str(g.attrs["capture"]) == "external" and as_str(g.attrs["engine"]) != "", where,
+                  "capture / engine")
+            lengths = g["seq_lengths"][:]
+            check(len(lengths) == int(g.attrs["n_seqs"]), where + "/seq_lengths", str(lengths))
+            for i, T in enumerate(lengths):
+                n_full += check_external_seq(f"{where}/seq_{i:03d}", g[f"seq_{i:03d}"], int(T), cfg, n_layers)
+            continue
         check(as_str(g.attrs["kind"]) in ("train", "rollout", "train-step"), where, "kind")
         check(as_str(g.attrs["profile"]) in ("train", "rollout"), where, "profile")
         check(g.attrs["seed"].dtype == np.uint64, where, "seed dtype")

@@ -241,7 +241,7 @@ TEST(TrainingTrace, RoundTripsEveryFieldExactly) {
 
   const TraceReader r = TraceReader::open(path);
   EXPECT_EQ(r.format_version(), 3);
-  EXPECT_EQ(kTraceFormatVersion, 3);
+  EXPECT_EQ(kTrainingFormatVersion, 3);
   const auto steps = r.steps();
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].kind, "train");

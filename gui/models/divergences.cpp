@@ -117,6 +117,7 @@ DivergenceList build_divergences(const LoadSummary& s, const std::vector<SeqPtr>
   }
 
   std::stable_sort(out.items.begin(), out.items.end(), divergence_before);
+  out.digests_compared = !r.tensors.empty();
   if (r.first_divergence) {
     out.has_first_divergence = true;
     out.first = *r.first_divergence;

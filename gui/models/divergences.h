@@ -43,6 +43,7 @@ struct DivergenceList {
   int64_t confident_flips = 0, tie_flips = 0;
   int64_t indexer_flips = 0, routing_flips = 0;
   bool has_first_divergence = false;
+  bool digests_compared = true;  // false when a side is an external step (no digests)
   DiffReport::First first;  // the report's first divergence
   Cell first_cell;          // its heatmap cell
 };

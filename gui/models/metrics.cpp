@@ -328,7 +328,8 @@ Metric default_comparison_metric(const Dataset& d, int seq) {
       indexer = indexer || f.kind == DecisionKind::Indexer;
     }
   }
-  if (cells == 0 || 2 * differing < cells) return Metric::MhcDifference;
+  if (cells == 0) return Metric::RoutingAgreement;  // no mHC on a side (an external step): decisions
+  if (2 * differing < cells) return Metric::MhcDifference;
   if (routing) return Metric::RoutingAgreement;
   if (indexer) return Metric::IndexerOverlap;
   return Metric::MhcDifference;

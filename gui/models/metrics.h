@@ -64,7 +64,8 @@ std::vector<DecisionFlip> decision_flips(const LayerRecords& a, const LayerRecor
 // mHC difference while it marks fewer than half of the cells (the runs part somewhere: it shows
 // where); once numerics differ nearly everywhere (half of the cells or more, a solid wall), the
 // decision that flipped — routing agreement when an expert set differs, else indexer overlap when a
-// selection differs — and the mHC difference when no decision flipped.
+// selection differs — and the mHC difference when no decision flipped. Without mHC cells (a side is
+// an external step, which holds only decisions) routing agreement.
 Metric default_comparison_metric(const Dataset& d, int seq);
 
 // ---- the detail panel of one cell ------------------------------------------------------------

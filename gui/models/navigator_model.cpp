@@ -184,6 +184,8 @@ QString NavigatorModel::banner() const {
                                          : QStringLiteral("model"))
                  .arg(QString::fromStdString(l.first.tensor).toHtmlEscaped())
                  .arg(l.first_cell.token);
+  } else if (!l.digests_compared) {
+    parts << QStringLiteral("<b>Decisions only</b>: an external step holds no digests");
   } else {
     parts << QStringLiteral("<b>No divergence</b>: every digest is equal");
   }

@@ -209,9 +209,12 @@ void SummaryModel::rebuild() {
     const auto& f = *r.first_divergence;
     add(QStringLiteral("first divergence"),
         QStringLiteral("seq %1, layer %2, %3, row %4").arg(f.seq).arg(f.layer).arg(q(f.tensor)).arg(f.row));
+  } else if (r.tensors.empty()) {
+    add(QStringLiteral("first divergence"), QStringLiteral("not compared: an external step holds no digests"));
   } else {
     add(QStringLiteral("first divergence"), QStringLiteral("none: every digest is equal"));
   }
+  for (const std::string& n : r.notes) add(QStringLiteral("note"), q(n));
   add(QStringLiteral("KL k1"), num(r.k1));
   add(QStringLiteral("KL k3"), num(r.k3));
   add(QStringLiteral("ratio mean"), num(r.ratio_mean));

@@ -321,8 +321,9 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
       seq->T = summary->seq_lengths[s];
       current = path_a;
       seq->tokens = ra->tokens(sa, s);
-      seq->logprobs_a = ra->logprobs(sa, s);
-      seq->digests_a = ra->digests(sa, s);
+      // An external step (another engine's decisions) may hold no log-probs and holds no digests.
+      if (ra->has_logprobs(sa, s)) seq->logprobs_a = ra->logprobs(sa, s);
+      if (!step_of(summary->a).external()) seq->digests_a = ra->digests(sa, s);
       auto full = ra->full_tensors(sa, s);
       if (rb) {
         current = path_b;
@@ -334,8 +335,8 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
                            " differs at position " + std::to_string(p) +
                            "; a comparison needs two runs over the same tokens");
         }
-        seq->logprobs_b = rb->logprobs(sb, s);
-        seq->digests_b = rb->digests(sb, s);
+        if (rb->has_logprobs(sb, s)) seq->logprobs_b = rb->logprobs(sb, s);
+        if (!step_of(*summary->b).external()) seq->digests_b = rb->digests(sb, s);
         const auto full_b = rb->full_tensors(sb, s);
         std::erase_if(
             full, [&](const auto& f) { return std::find(full_b.begin(), full_b.end(), f) == full_b.end(); });

@@ -867,7 +867,8 @@ TEST(GuiMetrics, DefaultComparisonMetricFollowsWhatDiffers) {
   EXPECT_EQ(default_comparison_metric(make(9, {routing, indexer}), 0), Metric::RoutingAgreement);  // half
   EXPECT_EQ(default_comparison_metric(make(20, {indexer}), 0), Metric::IndexerOverlap);
   EXPECT_EQ(default_comparison_metric(make(20, {}), 0), Metric::MhcDifference);
-  EXPECT_EQ(default_comparison_metric(Dataset{}, 0), Metric::MhcDifference);
+  // No mHC cell (nothing loaded, or a side is an external step, which holds decisions only).
+  EXPECT_EQ(default_comparison_metric(Dataset{}, 0), Metric::RoutingAgreement);
 }
 
 Dataset navigator_dataset() {
