@@ -36,12 +36,16 @@ py::dict step_dict(const TraceStepInfo& s) {
   return d;
 }
 
+// Margins and weights are absent (None) from records that have rows but not those values (external
+// steps); a slice of no rows has empty arrays of everything the record holds.
+bool absent(const std::vector<float>& v, int64_t rows) { return v.empty() && rows > 0; }
+
 py::object indexer_dict(std::optional<IndexerRecord> rec) {
   if (!rec) return py::none();
   py::dict d;
   const auto rows = static_cast<py::ssize_t>(rec->T);
   d["ids"] = to_numpy(std::move(rec->ids), {rows, rec->k});
-  d["margin"] = rec->margin.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
+  d["margin"] = absent(rec->margin, rec->T) ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
   return d;
 }
 
@@ -50,9 +54,9 @@ py::object routing_dict(std::optional<RoutingRecord> rec) {
   py::dict d;
   const auto rows = static_cast<py::ssize_t>(rec->T);
   d["ids"] = to_numpy(std::move(rec->ids), {rows, rec->k});
-  d["weights"] = rec->weights.empty() ? py::object(py::none())
-                                      : py::object(to_numpy(std::move(rec->weights), {rows, rec->k}));
-  d["margin"] = rec->margin.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
+  d["weights"] = absent(rec->weights, rec->T) ? py::object(py::none())
+                                              : py::object(to_numpy(std::move(rec->weights), {rows, rec->k}));
+  d["margin"] = absent(rec->margin, rec->T) ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
   d["hashed"] = rec->hashed;
   return d;
 }
