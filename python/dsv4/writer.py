@@ -69,18 +69,24 @@ class TraceWriter:
     model_config: the model's config.json as a path (file or checkpoint directory), a JSON string or
     a dict. kind: "rollout" (an inference engine) or "train" (a trainer's forward). profile: the
     numerics profile of ours that describes the engine, if any. engine: who computed the steps.
+    weights_path, model_digest, weight_names, weight_digests: the weights the engine ran, when known
+    (a trace's `model` dict holds them as weights_path, digest, tensor_names, tensor_digests); the
+    digest must agree with the per-weight digests, in the config's weight order.
 
     Per step: begin_step(), then per sequence add_sequence(...) followed by its record_*() calls, then
     end_step(). A sequence is checked and written when the next add_sequence() or end_step() comes;
     errors raise InputError naming the sequence, the layer and the row, and nothing of that sequence
     is written. Used as a context manager, the trace is closed when the block ends normally and left
-    as NAME.h5.incomplete when it raises.
+    as NAME.h5.incomplete when it raises (or ends with a step still open, which raises dsv4.Error).
     """
 
     def __init__(self, path, model_config, profile="unknown", kind="rollout", engine="python", source="",
-                 weights_path="", model_digest=""):
+                 weights_path="", model_digest="", weight_names=(), weight_digests=()):
         text = _config_text(model_config)
-        self._w = _dsv4.ExternalTraceWriter(os.fspath(path), text, weights_path, model_digest)
+        names = [str(n) for n in weight_names]
+        digests = [int(d) for d in np.asarray(weight_digests, dtype=np.uint64).reshape(-1)]
+        self._w = _dsv4.ExternalTraceWriter(os.fspath(path), text, os.fspath(weights_path), model_digest, names,
+                                            digests)
         self.config = json.loads(text)  # the model's config.json as a dict (it parsed in C++ already)
         self._num_layers = self._w.num_hidden_layers
         self.kind, self.profile, self.engine, self.source = kind, profile, engine, source
@@ -167,11 +173,10 @@ class TraceWriter:
         self._step_open = False
 
     def close(self):
-        """Seal the file and give it its final name. A step still open stays incomplete (status 0).
-        Idempotent."""
+        """Seal the file and give it its final name. Idempotent. Raises dsv4.Error while a step is open
+        (end it first, or abandon() the trace)."""
         if self._w is None:
             return
-        self._seq = None  # a sequence never handed over belongs to a step that is not ended
         self._w.close()
         self._w = None
 
@@ -185,7 +190,11 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except Exception:
+                self.abandon()  # e.g. a step left open: the trace stays .incomplete, as after a crash
+                raise
         else:
             self.abandon()
         return False

@@ -95,14 +95,18 @@ void bind_writer(py::module_& m) {
 
   py::class_<ExternalTraceWriter>(m, "ExternalTraceWriter")
       .def(py::init([](const std::string& path, const std::string& config_json, const std::string& weights_path,
-                       const std::string& model_digest) {
+                       const std::string& model_digest, std::vector<std::string> weight_names,
+                       std::vector<uint64_t> weight_digests) {
              ExternalModel model;
              model.config_json = config_json;
              model.weights_path = weights_path;
              model.model_digest = model_digest;
+             model.tensor_names = std::move(weight_names);
+             model.tensor_digests = std::move(weight_digests);
              return ExternalTraceWriter::create(path, model);
            }),
-           py::arg("path"), py::arg("config_json"), py::arg("weights_path") = "", py::arg("model_digest") = "")
+           py::arg("path"), py::arg("config_json"), py::arg("weights_path"), py::arg("model_digest"),
+           py::arg("weight_names"), py::arg("weight_digests"))
       .def("begin_step",
            [](ExternalTraceWriter& w, const std::string& kind, const std::string& engine, const std::string& profile,
               const std::string& source) {

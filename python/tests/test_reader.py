@@ -129,7 +129,7 @@ def test_row_slices_equal_rows_of_the_whole(train_trace):
     part = seq.tensor("attn.q", 0, rows=slice(2, 6))
     assert part.dtype == "bf16" and np.array_equal(part.values, whole_t.values[2:6])
     assert np.array_equal(seq.tensor("attn.q", 0, rows=4).values, whole_t.values[4])
-    with pytest.raises(IndexError):
+    with pytest.raises(dsv4.TraceError, match=r"rows \[27, 28\) asked of 24 rows"):
         seq.routing(layer, rows=TOKENS + 3)
     with pytest.raises(ValueError, match="negative"):
         seq.indexer(layer, rows=slice(-3, None))

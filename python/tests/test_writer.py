@@ -52,7 +52,8 @@ def external_copy(work, train_trace, tiny_config):
     if not dst.exists():
         model = dsv4.open_trace(train_trace).model
         copy_as_external(train_trace, dst, tiny_config, profile="train", kind="train", engine="pytest",
-                         source="train.h5", weights_path=model["weights_path"], model_digest=model["digest"])
+                         source="train.h5", weights_path=model["weights_path"], model_digest=model["digest"],
+                         weight_names=model["tensor_names"], weight_digests=model["tensor_digests"])
     return dst
 
 
@@ -217,3 +218,12 @@ def test_exception_in_with_block_leaves_incomplete(work, tiny_config):
             raise RuntimeError("engine died")
     assert not path.exists()
     assert Path(str(path) + ".incomplete").exists()
+
+
+def test_with_block_ending_inside_a_step_raises_and_leaves_incomplete(work, tiny_config):
+    path = work / "unended.h5"
+    with pytest.raises(dsv4.Error, match="still open"):
+        with dsv4.TraceWriter(path, tiny_config) as w:
+            w.begin_step()
+            w.add_sequence([5, 6, 7])
+    assert not path.exists() and Path(str(path) + ".incomplete").exists()
