@@ -91,6 +91,22 @@ def test_round_trip_is_bitwise(train_trace, external_copy):
     assert seq.tensor("positions", -1).values.ravel().tolist() == list(range(TOKENS))
 
 
+def test_cpp_reader_sees_the_same_decisions(external_copy, tiny_config):
+    """The CLI's reader on the Python-written trace: the same ids and weights, bit for bit (weights are
+    printed with 9 significant digits, which round-trip float32), and no margins (none were given)."""
+    seq = dsv4.open_trace(external_copy).step(0).seq(0)
+    for layer in range(tiny_config["num_hidden_layers"]):
+        rows = cli_json("trace", "dump", external_copy, "--what", "experts", "--layer", layer, "--json")["rows"]
+        rt = seq.routing(layer)
+        assert rt["ids"].tolist() == [r["experts"] for r in rows]
+        printed = np.array([r["weights"] for r in rows], dtype=np.float32)
+        assert np.array_equal(printed.view(np.uint32), rt["weights"].view(np.uint32))
+        assert all("margin" not in r for r in rows)
+    for layer in c4_layers(tiny_config):
+        rows = cli_json("trace", "dump", external_copy, "--what", "indexer", "--layer", layer, "--json")["rows"]
+        assert [r[r >= 0].tolist() for r in seq.indexer(layer)["ids"]] == [r["ids"] for r in rows]
+
+
 def test_cpp_reader_sees_the_same_tensor(external_copy, train_trace):
     mine = cli_json("trace", "dump", external_copy, "--what", "tensor", "--tensor", "attn.q", "--layer", 0, "--json")
     theirs = cli_json("trace", "dump", train_trace, "--what", "tensor", "--tensor", "attn.q", "--layer", 0, "--json")
@@ -217,7 +233,24 @@ def test_exception_in_with_block_leaves_incomplete(work, tiny_config):
             w.add_sequence([5, 6, 7])
             raise RuntimeError("engine died")
     assert not path.exists()
-    assert Path(str(path) + ".incomplete").exists()
+    left = Path(str(path) + ".incomplete")
+    assert left.exists()
+    steps = dsv4.open_trace(left).steps  # what a crash leaves: the ended step, the open one at status 0
+    assert [s.complete for s in steps] == [True, False] and "status 0" in steps[1].why_not_complete
+    assert cli("trace", "validate", left, check=False).returncode == 1
+
+
+def test_routing_without_weights(work, tiny_config):
+    path = work / "no-weights.h5"
+    with dsv4.TraceWriter(path, tiny_config, engine="sglang") as w:
+        w.begin_step()
+        w.add_sequence(list(range(TOKENS)), id="r")
+        w.record_routing(0, routing_rows(tiny_config)[:-1])  # T - 1 rows: the engines' layout
+        w.end_step()
+    rt = dsv4.open_trace(path).step(0).seq(0).routing(0)
+    assert rt["weights"] is None and rt["margin"] is None and rt["ids"].shape[0] == TOKENS - 1
+    rows = cli_json("trace", "dump", path, "--what", "experts", "--layer", 0, "--json")["rows"]
+    assert [r["experts"] for r in rows] == rt["ids"].tolist() and all("weights" not in r for r in rows)
 
 
 def test_with_block_ending_inside_a_step_raises_and_leaves_incomplete(work, tiny_config):
