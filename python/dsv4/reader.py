@@ -112,11 +112,14 @@ class Sequence:
     def __init__(self, step, index):
         self.step = step
         self.index = index
-        self._reader = step.trace._reader
         self._where = "{} step {} sequence {}".format(step.trace.path, step.index, index)
 
     def __repr__(self):
         return "<dsv4.Sequence {} ({} tokens)>".format(self._where, self.length)
+
+    @property
+    def _reader(self):
+        return self.step.trace._open_reader()
 
     @property
     def length(self):
@@ -271,12 +274,18 @@ class Trace:
         return False
 
     def close(self):
-        """Release the file (a Trace also releases it when garbage-collected)."""
+        """Release the file (a Trace also releases it when garbage-collected). Reading a record of a
+        closed trace raises dsv4.TraceError."""
         self._reader = None
+
+    def _open_reader(self):
+        if self._reader is None:
+            raise _dsv4.TraceError("{}: the trace is closed".format(self.path))
+        return self._reader
 
     def refresh(self):
         """Re-read the step list (a trace that is still being written)."""
-        self._reader.refresh()
+        self._open_reader().refresh()
         self.steps = [Step(self, s) for s in self._reader.steps()]
 
     def step(self, i):
@@ -287,12 +296,12 @@ class Trace:
     @property
     def env(self):
         """The environment fingerprint recorded with the trace (dict of strings)."""
-        return dict(self._reader.env())
+        return dict(self._open_reader().env())
 
     @property
     def model(self):
         """{"config": dict, "config_json": str, "digest": str, "weights_path": str, "tensor_names":
         [str], "tensor_digests": uint64 array}."""
-        m = self._reader.model()
+        m = self._open_reader().model()
         m["config"] = json.loads(m["config_json"])
         return m

@@ -1,43 +1,33 @@
-"""Record what a PyTorch DeepSeek-V4 model decides, with forward hooks (torch is not needed by dsv4).
-
-The hooks see each MoE gate's top-k and each indexer's top-k as the model computes them; the names
-below (`.mlp.gate`, `.attn.indexer`, outputs (weights, ids) / ids) follow the reference inference
-code: adapt them to your model. One sequence per forward; rows are the tokens fed.
-"""
+"""Record a PyTorch DeepSeek-V4 model's routing and indexer decisions with forward hooks. The module
+names and outputs below (`mlp.gate` -> (weights, ids), `attn.indexer` -> ids, -1 for empty slots)
+follow the reference inference code: adapt them to your model. One sequence per forward."""
 
 import torch
 
 import dsv4
 
 
-def record(model, config_path, token_batches, out="torch.h5"):
-    seen = {}  # (kind, layer) -> numpy array of the current forward
+def record(model, config_path, sequences, path="torch.h5"):
+    seen = {}  # (layer, kind) -> what the module returned in this forward
 
-    def hook(kind, layer):
-        def grab(module, inputs, output):
-            if kind == "routing":  # gate returns (weights [T, k], ids [T, k])
-                seen[kind, layer] = (output[1].cpu().numpy(), output[0].float().cpu().numpy())
-            else:  # indexer returns top-k group ids [T, width], -1 where empty
-                seen[kind, layer] = output.cpu().numpy()
-        return grab
+    def hook(layer, kind):
+        return lambda module, inputs, output: seen.__setitem__((layer, kind), output)
 
     for name, module in model.named_modules():
-        parts = name.split(".")
-        if "layers" in parts and name.endswith(("mlp.gate", "attn.indexer")):
-            layer = int(parts[parts.index("layers") + 1])
-            module.register_forward_hook(hook("routing" if name.endswith("gate") else "indexer", layer))
+        if name.endswith(("mlp.gate", "attn.indexer")) and ".layers." in name:
+            layer = int(name.split(".layers.")[1].split(".")[0])
+            module.register_forward_hook(hook(layer, "routing" if name.endswith("gate") else "indexer"))
 
-    with dsv4.TraceWriter(out, config_path, profile="train", kind="train", engine="pytorch") as w:
+    with dsv4.TraceWriter(path, config_path, profile="train", kind="train", engine="pytorch") as w:
         w.begin_step()
-        for tokens in token_batches:
+        for tokens in sequences:
             seen.clear()
             with torch.no_grad():
-                logits = model(torch.tensor([tokens]))[0].float()
-            logprobs = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
-            w.add_sequence(tokens, logprobs=logprobs.numpy())
-            for (kind, layer), value in sorted(seen.items()):
+                logp = torch.log_softmax(model(torch.tensor([tokens]))[0, :-1].float(), -1)
+            w.add_sequence(tokens, logprobs=logp.gather(1, torch.tensor(tokens[1:])[:, None])[:, 0].numpy())
+            for (layer, kind), result in sorted(seen.items()):
                 if kind == "routing":
-                    w.record_routing(layer, value[0], value[1])
+                    w.record_routing(layer, result[1].cpu().numpy(), result[0].float().cpu().numpy())
                 else:
-                    w.record_indexer(layer, value)
+                    w.record_indexer(layer, result.cpu().numpy())
         w.end_step()

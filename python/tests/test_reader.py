@@ -151,6 +151,11 @@ def test_errors_name_the_file(tmp_path, train_trace):
         t.step(0).seq(0).tensor("no.such.tensor", 0)
     with pytest.raises(ValueError, match="attn' or 'ffn"):
         t.step(0).seq(0).mhc(0, "moe")
+    seq = t.step(0).seq(0)
+    with t:
+        pass  # leaving the block closes the trace
+    with pytest.raises(dsv4.TraceError, match="closed"):
+        seq.tokens
 
 
 def test_bf16_helpers():
