@@ -64,3 +64,30 @@ def test_run_errors_are_python_exceptions(tmp_path, train_trace):
         dsv4.replay(train_trace, step=5)
     with pytest.raises(ValueError, match="unknown kind"):
         dsv4.replay(train_trace, force="experts")
+
+
+def test_forward_of_a_checkpoint_equals_the_cli(work):
+    model = work / "run-model"
+    cli("model", "init", "--preset", "tiny", "--seed", 11, "--out", model)
+    tokens = list(range(40, 70))
+    mine = dsv4.forward(tokens, model=model, temperature=0.7)
+    theirs = cli_json("forward", "--model", model, "--tokens", ",".join(map(str, tokens)), "--temperature", 0.7)
+    assert mine == theirs
+
+
+def test_counterfactual_replay_with_a_python_written_trace(work, train_trace, rollout_trace):
+    """Replay the training step with the decisions of a trace written from Python (the rollout's,
+    re-reported by an "engine"): the report equals the CLI's for the same command."""
+    from test_writer import copy_as_external
+    engine = work / "engine-rollout.h5"
+    if not engine.exists():
+        model = dsv4.open_trace(rollout_trace).model
+        copy_as_external(rollout_trace, engine, model["config"], tensors=False, profile="rollout", engine="pytest",
+                         weights_path=model["weights_path"], model_digest=model["digest"],
+                         weight_names=model["tensor_names"], weight_digests=model["tensor_digests"])
+    mine = dsv4.replay(train_trace, take_decisions_from=engine)
+    out = work / "counterfactual.json"
+    cli("replay", train_trace, "--take-decisions-from", engine, "--json", out, check=False)
+    assert without_seconds(mine) == without_seconds(json.loads(out.read_text()))
+    forced = mine["steps"][0]["counterfactual"]
+    assert forced["decisions_equal"] and forced["source"].endswith("step 0, engine pytest")

@@ -15,10 +15,10 @@ def c4_layers(config):
     return [l for l in range(config["num_hidden_layers"]) if config["compress_ratios"][l] == 4]
 
 
-def copy_as_external(src, dst, config, **writer_args):
+def copy_as_external(src, dst, config, tensors=True, **writer_args):
     """Write step 0 of a C++-written trace again, as an engine would report it: tokens, log-probs, the
     indexer and routing decisions (routing rows reversed, indexer rows padded with -1 in front: the
-    writer must store them as the sets they are), and three tensors of each dtype's kind."""
+    writer must store them as the sets they are), and (with `tensors`) a tensor of each dtype."""
     seq = dsv4.open_trace(src).step(0).seq(0)
     with dsv4.TraceWriter(dst, config, **writer_args) as w:
         w.begin_step()
@@ -30,10 +30,11 @@ def copy_as_external(src, dst, config, **writer_args):
                 w.record_indexer(layer, np.hstack([pad, ix["ids"][:, ::-1]]))
             rt = seq.routing(layer)
             w.record_routing(layer, rt["ids"][:, ::-1], rt["weights"][:, ::-1])
-        w.record_tensor("attn.q", 0, seq.tensor("attn.q", 0).values)  # uint16: bf16 bits
-        w.record_tensor("attn.kv", 1, seq.tensor("attn.kv", 1).float32(), dtype="bf16")  # bf16-exact floats
-        w.record_tensor("logits", -1, seq.tensor("logits", -1).values)  # float32
-        w.record_tensor("positions", -1, np.arange(TOKENS, dtype=np.int32).reshape(TOKENS, 1))
+        if tensors:
+            w.record_tensor("attn.q", 0, seq.tensor("attn.q", 0).values)  # uint16: bf16 bits
+            w.record_tensor("attn.kv", 1, seq.tensor("attn.kv", 1).float32(), dtype="bf16")  # bf16-exact floats
+            w.record_tensor("logits", -1, seq.tensor("logits", -1).values)  # float32
+            w.record_tensor("positions", -1, np.arange(TOKENS, dtype=np.int32).reshape(TOKENS, 1))
         w.end_step()
     return seq
 
