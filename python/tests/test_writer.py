@@ -175,7 +175,6 @@ def test_writer_checks_raise_with_the_message(work, tiny_config):
             w.add_sequence(tokens, id="next")  # the bad sequence is checked when it is handed over
         for m in match:
             assert m in str(e.value), str(e.value)
-        w._seq = None  # drop the "next" placeholder: the step goes on as if it never came
 
     good = indexer_rows(tiny_config)
     rejected(lambda: w.record_indexer(c4, good[:, :-1]), "width", "layer {}".format(c4))
@@ -186,6 +185,14 @@ def test_writer_checks_raise_with_the_message(work, tiny_config):
     future[9, 0] = 3  # position 9 sees groups 0 and 1 only
     rejected(lambda: w.record_indexer(c4, future), "layer {}".format(c4), "9")
     rejected(lambda: w.record_routing(0, routing_rows(tiny_config), np.ones((TOKENS, 1), np.float32)), "layer 0")
+    rejected(lambda: w.record_tensor("attn.q", 0, np.full((TOKENS, 4), 1 + 2 ** -20, np.float32), dtype="bf16"),
+             "attn.q", "not a bf16 value")
+    with pytest.raises(dsv4.InputError, match="oov.*outside the vocabulary"):
+        w.add_sequence([1, tiny_config["vocab_size"]], id="oov")
+        w.add_sequence(tokens, id="next")
+    with pytest.raises(dsv4.InputError, match="short.*log-probs"):
+        w.add_sequence([1, 2, 3], logprobs=[-1.0], id="short")
+        w.add_sequence(tokens, id="next")
     # Checks on the Python side, at the call.
     w.add_sequence(tokens, id="ok")
     with pytest.raises(dsv4.InputError, match="expected integers"):
@@ -202,8 +209,11 @@ def test_writer_checks_raise_with_the_message(work, tiny_config):
     w.end_step()
     w.close()
     assert cli("trace", "validate", path, check=False).returncode == 0
-    seq = dsv4.open_trace(path).step(0).seq(0)
-    assert seq.id == "ok" and np.array_equal(seq.indexer(c4)["ids"][:, :good.shape[1]], good)
+    # Written: "ok" only (a call that raised for the sequence before it did not start its own).
+    step = dsv4.open_trace(path).step(0)
+    assert [q.id for q in step.sequences] == ["ok"]
+    seq = step.seq(0)
+    assert np.array_equal(seq.indexer(c4)["ids"][:, :good.shape[1]], good) and seq.routing(c4) is None
 
 
 def test_state_errors(work, tiny_config):
