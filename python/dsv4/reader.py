@@ -80,8 +80,10 @@ class Tensor:
             return bf16_to_float32(self.values)
         return self.values.astype(np.float32, copy=False)
 
-    def __array__(self, dtype=None):
-        return self.values if dtype is None else self.values.astype(dtype)
+    def __array__(self, dtype=None, copy=None):
+        if dtype is None and not copy:
+            return self.values
+        return self.values.astype(self.values.dtype if dtype is None else dtype)
 
 
 @dataclass

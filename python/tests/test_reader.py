@@ -103,6 +103,7 @@ def test_tensors_equal_trace_dump(train_trace, name, layer):
     dump = cli_json("trace", "dump", train_trace, "--what", "tensor", "--tensor", name, "--layer", layer, "--json")
     assert t.dtype == dump["dtype"] and list(t.shape) == dump["shape"]
     assert t.values.dtype == {"bf16": np.uint16, "f32": np.float32, "i32": np.int32}[t.dtype]
+    assert np.asarray(t).dtype == t.values.dtype and np.array_equal(np.asarray(t), t.values)
     printed = [v for row in dump["rows"] for v in row]  # strings, "{:.9g}": round-trip exact for float32
     if t.dtype == "i32":
         assert t.values.ravel().tolist() == [int(v) for v in printed]
