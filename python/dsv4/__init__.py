@@ -46,6 +46,12 @@ from .writer import TraceWriter
 
 __version__ = _dsv4.__version__
 
+# The exceptions are defined by the extension module; tracebacks name them as the package exports them.
+for _exc in (ConfigError, Error, InputError, NotATrace, OverrideError, TraceCorrupt, TraceError, TraceIncomplete,
+             UnsupportedTraceVersion, WeightsError):
+    _exc.__module__ = "dsv4"
+del _exc
+
 __all__ = [
     "ConfigError", "Digests", "Error", "InputError", "NotATrace", "OverrideError", "Sequence", "Step",
     "Tensor", "Trace", "TraceCorrupt", "TraceError", "TraceIncomplete", "TraceWriter",
