@@ -76,8 +76,11 @@ class TraceWriter:
     Per step: begin_step(), then per sequence add_sequence(...) followed by its record_*() calls, then
     end_step(). A sequence is checked and written when the next add_sequence() or end_step() comes;
     errors raise InputError naming the sequence, the layer and the row, nothing of that sequence is
-    written, and the call that raised did not start its own sequence (call it again). Used as a context manager, the trace is closed when the block ends normally and left
-    as NAME.h5.incomplete when it raises (or ends with a step still open, which raises dsv4.Error).
+    written, and the call that raised did not start its own sequence (call it again). A layer out of
+    range or an array of the wrong kind raises at the record_*() call already.
+
+    Used as a context manager, the trace is closed when the block ends normally and left as
+    NAME.h5.incomplete when it raises (or ends with a step still open, which raises dsv4.Error).
     """
 
     def __init__(self, path, model_config, profile="unknown", kind="rollout", engine="python", source="",
