@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "model/checkpoint.h"
@@ -16,6 +15,7 @@
 #include "model/compare.h"
 #include "model/error.h"
 #include "model/forward.h"
+#include "model/forward_json.h"
 #include "model/tokens.h"
 #include "replay/replay.h"
 #include "rollout/engine.h"
@@ -38,32 +38,6 @@ struct ForwardArgs {
   ParallelArgs parallel;
 };
 
-nlohmann::json forward_json(const SequenceResult& r, const DecisionLog& log, const std::string& profile) {
-  nlohmann::json j;
-  j["profile"] = profile;
-  j["tokens"] = r.tokens;
-  j["logprobs"] = r.logprobs;
-  j["indexer_topk"] = nlohmann::json::array();
-  for (const auto& [key, rec] : log.indexer) {
-    nlohmann::json sets = nlohmann::json::array();
-    for (int64_t t = 0; t < rec.T; ++t) {
-      std::vector<int32_t> s;
-      for (int i = 0; i < rec.k; ++i)
-        if (rec.ids[t * rec.k + i] != -1) s.push_back(rec.ids[t * rec.k + i]);
-      sets.push_back(s);
-    }
-    j["indexer_topk"].push_back({{"layer", key.second}, {"sets", sets}});
-  }
-  j["experts"] = nlohmann::json::array();
-  for (const auto& [key, rec] : log.routing) {
-    nlohmann::json ids = nlohmann::json::array();
-    for (int64_t t = 0; t < rec.T; ++t)
-      ids.push_back(std::vector<int32_t>(rec.ids.begin() + t * rec.k, rec.ids.begin() + (t + 1) * rec.k));
-    j["experts"].push_back({{"layer", key.second}, {"hashed", rec.hashed}, {"ids", ids}});
-  }
-  return j;
-}
-
 int run_forward(const ForwardArgs& a) {
   Communicator* const comm = open_parallel(a.parallel);
   Weights w = open_model(a.model);
@@ -80,13 +54,13 @@ int run_forward(const ForwardArgs& a) {
   ForwardResult res = forward(w, {tokens}, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm && comm->rank() != 0) return 0;  // every rank holds the same result: rank 0 reports it
-  const nlohmann::json j = forward_json(res.seqs[0], log, a.profile);
+  const std::string json = forward_to_json(res.seqs[0], log, a.profile);
   if (!a.out.empty()) {
     std::ofstream f(a.out);
-    f << j.dump() << "\n";
+    f << json << "\n";
     if (!f) throw Error(fmt::format("{}: write failed", a.out));
   } else {
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", json);
   }
   double sum = 0;
   for (float v : res.seqs[0].logprobs) sum += v;

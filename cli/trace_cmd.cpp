@@ -312,31 +312,37 @@ int run_dump(const TraceArgs& a) {
     auto rec = r.indexer(a.step, a.seq, a.layer);
     if (!rec)
       throw InputError(fmt::format("layer {} has no indexer (compress ratio {})", a.layer, c.ratio(a.layer)));
-    // An external step holds no margins (NaN here: JSON null, "nan" in the text).
-    const auto margin = [&](int64_t t) { return rec->margin.empty() ? NAN : rec->margin[size_t(t)]; };
+    // External steps may hold no margins (capture/external.h): the key is left out, the text says "-".
+    const bool margins = !rec->margin.empty();
     for (int64_t t = 0; t < rec->T; ++t) {
       const std::vector<int32_t> s = valid_ids(rec->ids, rec->k, t);
-      j["rows"].push_back({{"token", t}, {"ids", s}, {"margin", margin(t)}});
-      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, fmt_float(margin(t)), fmt::join(s, ", "));
+      nlohmann::json row = {{"token", t}, {"ids", s}};
+      if (margins) row["margin"] = rec->margin[t];
+      j["rows"].push_back(row);
+      text += fmt::format("token {:>6}  margin {:>14}  ids [{}]\n", t, margins ? fmt_float(rec->margin[t]) : "-",
+                          fmt::join(s, ", "));
     }
   } else if (a.what == "experts") {
     auto rec = r.routing(a.step, a.seq, a.layer);
     if (!rec)
       throw TraceError(
           fmt::format("{}: step {} sequence {} has no routing for layer {}", a.path, a.step, a.seq, a.layer));
-    // An external step may hold no weights and holds no margins (NaN here: JSON null, "nan" in the text).
-    const auto margin = [&](int64_t t) { return rec->margin.empty() ? NAN : rec->margin[size_t(t)]; };
+    // External steps may hold no weights or margins: their keys are left out, the text says "-".
+    const bool weights = !rec->weights.empty(), margins = !rec->margin.empty();
     for (int64_t t = 0; t < rec->T; ++t) {
       std::vector<int32_t> ids(rec->ids.begin() + t * rec->k, rec->ids.begin() + (t + 1) * rec->k);
-      std::vector<float> wts;
-      if (!rec->weights.empty())
-        wts.assign(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
-      j["rows"].push_back(
-          {{"token", t}, {"experts", ids}, {"weights", wts}, {"margin", margin(t)}});
+      nlohmann::json row = {{"token", t}, {"experts", ids}};
       std::vector<std::string> ws;
-      for (float v : wts) ws.push_back(fmt_float(v));
+      if (weights) {
+        std::vector<float> wts(rec->weights.begin() + t * rec->k, rec->weights.begin() + (t + 1) * rec->k);
+        for (float v : wts) ws.push_back(fmt_float(v));
+        row["weights"] = wts;
+      }
+      if (margins) row["margin"] = rec->margin[t];
+      j["rows"].push_back(row);
       text += fmt::format("token {:>6}  experts [{}]  weights [{}]  margin {}{}\n", t, fmt::join(ids, ", "),
-                          fmt::join(ws, ", "), fmt_float(margin(t)), rec->hashed ? "  (hash)" : "");
+                          weights ? fmt::format("{}", fmt::join(ws, ", ")) : "-",
+                          margins ? fmt_float(rec->margin[t]) : "-", rec->hashed ? "  (hash)" : "");
     }
   } else if (a.what == "mhc") {
     for (Sublayer s : {Sublayer::attn, Sublayer::ffn}) {

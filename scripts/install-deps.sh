@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
+  python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
   clang-format libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
 )

@@ -16,12 +16,13 @@ if command -v ccache >/dev/null; then
   # working directory (which -g would otherwise hash) is left out.
   export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 fi
-# gtest_discover_tests runs the test binaries at build time: same sanitizer settings as the runs.
+# gtest_discover_tests runs the test binaries at build time: same sanitizer settings as the runs. No
+# Python package: an instrumented extension module does not load into an uninstrumented interpreter.
 source scripts/san-env.sh
 mkdir -p "$build"
 san="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DDSV4_CUDA=OFF -DDSV4_GUI=OFF -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=OFF -DDSV4_FUZZ=ON \
+  -DDSV4_CUDA=OFF -DDSV4_GUI=OFF -DDSV4_BUILD_TESTS=ON -DDSV4_BUILD_BENCH=OFF -DDSV4_FUZZ=ON -DDSV4_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" "${launcher[@]}" >"$build/configure.log" 2>&1 \
   || { cat "$build/configure.log"; exit 1; }

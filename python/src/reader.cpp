@@ -1,0 +1,195 @@
+// TraceReader for Python: every accessor returns plain Python values and numpy arrays (dicts of
+// arrays for a record), None where the trace holds nothing. The row arguments [r0, r1) read only
+// those rows from the file; r1 < 0 means "to the end" and then the whole record is read at once.
+#include <fmt/core.h>
+
+#include <cstring>
+#include <limits>
+
+#include "capture/errors.h"
+#include "capture/trace_reader.h"
+#include "python/src/bindings.h"
+
+namespace dsv4::python {
+
+namespace {
+
+
+bool whole(int64_t r0, int64_t r1) { return r0 == 0 && r1 < 0; }
+int64_t end_of(int64_t r1) { return r1 < 0 ? std::numeric_limits<int64_t>::max() : r1; }
+
+py::dict step_dict(const TraceStepInfo& s) {
+  py::dict d;
+  d["index"] = s.index;
+  d["group"] = s.group;
+  d["kind"] = s.kind;
+  d["profile"] = s.profile;
+  d["capture"] = s.capture;
+  d["seed"] = s.seed;
+  d["threads"] = s.threads;
+  d["complete"] = s.complete;
+  d["damage"] = s.damage;
+  d["seq_lengths"] = s.seq_lengths;
+  d["engine"] = s.engine;
+  d["source"] = s.source;
+  d["why_not_complete"] = s.why_not_complete();
+  return d;
+}
+
+// Margins and weights are absent (None) from records that have rows but not those values (external
+// steps); a slice of no rows has empty arrays of everything the record holds.
+bool absent(const std::vector<float>& v, int64_t rows) { return v.empty() && rows > 0; }
+
+py::object indexer_dict(std::optional<IndexerRecord> rec) {
+  if (!rec) return py::none();
+  py::dict d;
+  const auto rows = static_cast<py::ssize_t>(rec->T);
+  d["ids"] = to_numpy(std::move(rec->ids), {rows, rec->k});
+  d["margin"] = absent(rec->margin, rec->T) ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
+  return d;
+}
+
+py::object routing_dict(std::optional<RoutingRecord> rec) {
+  if (!rec) return py::none();
+  py::dict d;
+  const auto rows = static_cast<py::ssize_t>(rec->T);
+  d["ids"] = to_numpy(std::move(rec->ids), {rows, rec->k});
+  d["weights"] = absent(rec->weights, rec->T) ? py::object(py::none())
+                                              : py::object(to_numpy(std::move(rec->weights), {rows, rec->k}));
+  d["margin"] = absent(rec->margin, rec->T) ? py::object(py::none()) : py::object(to_numpy(std::move(rec->margin)));
+  d["hashed"] = rec->hashed;
+  return d;
+}
+
+// bf16 values arrive widened to fp32 (exactly); the package hands them out as they are stored, the
+// upper 16 bits, so nothing is widened before the caller asks (dsv4.bf16_to_float32).
+py::array_t<uint16_t> bf16_bits(const std::vector<float>& f, std::vector<py::ssize_t> shape) {
+  std::vector<uint16_t> u(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &f[i], sizeof bits);
+    u[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return to_numpy(std::move(u), std::move(shape));
+}
+
+py::object tensor_dict(std::optional<TensorCopy> t) {
+  if (!t) return py::none();
+  std::vector<py::ssize_t> shape(t->shape.begin(), t->shape.end());
+  py::dict d;
+  d["dtype"] = to_string(t->dtype);
+  d["shape"] = t->shape;
+  switch (t->dtype) {
+    case DType::bf16:
+      d["values"] = bf16_bits(t->f, std::move(shape));
+      break;
+    case DType::f32:
+      d["values"] = to_numpy(std::move(t->f), std::move(shape));
+      break;
+    case DType::i32:
+      d["values"] = to_numpy(std::move(t->i), std::move(shape));
+      break;
+  }
+  return d;
+}
+
+Sublayer sublayer_of(const std::string& s) {
+  if (s == "attn") return Sublayer::attn;
+  if (s == "ffn") return Sublayer::ffn;
+  throw py::value_error(fmt::format("sublayer '{}': expected 'attn' or 'ffn'", s));
+}
+
+}  // namespace
+
+void bind_reader(py::module_& m) {
+  py::class_<TraceReader>(m, "TraceReader")
+      .def(py::init([](const std::string& path) { return std::make_unique<TraceReader>(TraceReader::open(path)); }),
+           py::arg("path"))
+      .def_property_readonly("path", &TraceReader::path)
+      .def_property_readonly("format_version", &TraceReader::format_version)
+      .def_property_readonly("producer", &TraceReader::producer)
+      .def_property_readonly("created", &TraceReader::created)
+      .def_property_readonly("seal", [](const TraceReader& r) { return seal_state_name(r.seal().state); })
+      .def("env", &TraceReader::env)
+      .def("model",
+           [](const TraceReader& r) {
+             TraceModelMeta meta = r.model();
+             py::dict d;
+             d["config_json"] = meta.config_json;
+             d["weights_path"] = meta.weights_path;
+             d["digest"] = meta.model_digest;
+             d["tensor_names"] = meta.tensor_names;
+             d["tensor_digests"] = to_numpy(std::move(meta.tensor_digests));
+             return d;
+           })
+      .def("steps",
+           [](const TraceReader& r) {
+             py::list l;
+             for (const auto& s : r.steps()) l.append(step_dict(s));
+             return l;
+           })
+      .def("refresh", &TraceReader::refresh)
+      .def("tokens", [](const TraceReader& r, int step, int seq) { return to_numpy(r.tokens(step, seq)); })
+      .def("has_logprobs", &TraceReader::has_logprobs)
+      .def("logprobs", [](const TraceReader& r, int step, int seq) { return to_numpy(r.logprobs(step, seq)); })
+      .def("sequence_id", &TraceReader::sequence_id)
+      .def("prompt_length", &TraceReader::prompt_length)
+      .def("decision_layers", &TraceReader::decision_layers)
+      .def(
+          "indexer",
+          [](const TraceReader& r, int step, int seq, int layer, int64_t r0, int64_t r1) {
+            return indexer_dict(whole(r0, r1) ? r.indexer(step, seq, layer)
+                                              : r.indexer_rows(step, seq, layer, r0, end_of(r1)));
+          },
+          py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("r0") = 0, py::arg("r1") = -1)
+      .def(
+          "routing",
+          [](const TraceReader& r, int step, int seq, int layer, int64_t r0, int64_t r1) {
+            return routing_dict(whole(r0, r1) ? r.routing(step, seq, layer)
+                                              : r.routing_rows(step, seq, layer, r0, end_of(r1)));
+          },
+          py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("r0") = 0, py::arg("r1") = -1)
+      .def("mhc",
+           [](const TraceReader& r, int step, int seq, int layer, const std::string& sublayer) -> py::object {
+             std::optional<MhcRecord> rec = r.mhc(step, seq, layer, sublayer_of(sublayer));
+             if (!rec) return py::none();
+             const auto T = static_cast<py::ssize_t>(rec->T);
+             py::dict d;
+             d["pre"] = to_numpy(std::move(rec->pre), {T, rec->hc});
+             d["post"] = to_numpy(std::move(rec->post), {T, rec->hc});
+             d["comb"] = to_numpy(std::move(rec->comb), {T, rec->hc, rec->hc});
+             return d;
+           })
+      .def("digests",
+           [](const TraceReader& r, int step, int seq) {
+             DigestTable t = r.digests(step, seq);
+             std::vector<std::string> names;
+             std::vector<int32_t> layers;
+             std::vector<int64_t> rows, first;
+             for (const auto& rec : t.records) {
+               names.push_back(rec.name);
+               layers.push_back(rec.layer);
+               rows.push_back(rec.rows);
+               first.push_back(rec.first);
+             }
+             py::dict d;
+             d["names"] = names;
+             d["layers"] = to_numpy(std::move(layers));
+             d["rows"] = to_numpy(std::move(rows));
+             d["first"] = to_numpy(std::move(first));
+             d["values"] = to_numpy(std::move(t.values));
+             return d;
+           })
+      .def("full_tensors", &TraceReader::full_tensors)
+      .def(
+          "tensor",
+          [](const TraceReader& r, int step, int seq, int layer, const std::string& name, int64_t r0, int64_t r1) {
+            return tensor_dict(whole(r0, r1) ? r.tensor(step, seq, layer, name)
+                                             : r.tensor_rows(step, seq, layer, name, r0, end_of(r1)));
+          },
+          py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("name"), py::arg("r0") = 0,
+          py::arg("r1") = -1)
+      .def("file_bytes", &TraceReader::file_bytes);
+}
+
+}  // namespace dsv4::python
