@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
+  libssl-dev libzip-dev  # adapters/: base64 (OpenSSL EVP), .npz (libzip)
   clang-format libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
 )
