@@ -826,6 +826,44 @@ std::vector<T> read(const Object& ds) {
   return v;
 }
 
+template <typename T>
+std::vector<T> read_rows(const Object& ds, hsize_t r0, hsize_t r1) {
+  quiet();
+  ReadScope scope(ds.file, ds.path, "reading rows of the dataset", true);
+  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const bool want_int = std::numeric_limits<T>::is_integer;
+  if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
+    ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 1) ds.fail("has no row axis");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank)), start(static_cast<size_t>(rank), 0), count;
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (r0 > r1 || r1 > dims[0])
+    ds.fail(fmt::format("rows [{}, {}) asked of {} rows", r0, r1, dims[0]));
+  count = dims;
+  count[0] = r1 - r0;
+  start[0] = r0;
+  hsize_t n = 1;
+  for (hsize_t c : count) n *= c;
+  std::vector<T> v;
+  try {
+    v.resize(n);
+  } catch (const std::exception&) {
+    ds.fail(fmt::format("not enough memory for {} values", n));
+  }
+  if (v.empty()) return v;
+  check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), ds,
+        "cannot select rows");
+  Id mem(check(H5Screate_simple(rank, count.data(), nullptr), ds, "cannot create a memory dataspace"));
+  Id dxpl(check(H5Pcreate(H5P_DATASET_XFER), ds, "cannot create a transfer property list"));
+  check(H5Pset_type_conv_cb(dxpl.get(), abort_on_range, nullptr), ds, "cannot set the conversion callback");
+  check(H5Dread(ds.get(), mem_type(TypeOf<T>::value), mem.get(), space.get(), dxpl.get(), v.data()), ds,
+        "cannot read");
+  return v;
+}
+
 namespace {
 
 // A file's bytes at [at, at + n), or false when they are not all there.
@@ -1117,7 +1155,8 @@ int64_t logical_bytes(const Object& ds) {
 
 #define DSV4_H5_INSTANTIATE(T)                                  \
   template void write<T>(const Object&, const std::vector<T>&); \
-  template std::vector<T> read<T>(const Object&);
+  template std::vector<T> read<T>(const Object&);                 \
+  template std::vector<T> read_rows<T>(const Object&, hsize_t, hsize_t);
 DSV4_H5_INSTANTIATE(uint8_t)
 DSV4_H5_INSTANTIATE(uint16_t)
 DSV4_H5_INSTANTIATE(uint32_t)

@@ -186,6 +186,10 @@ void write_strings(const Object& ds, const std::vector<std::string>& v);
 template <typename T>
 std::vector<T> read(const Object& ds);
 std::vector<std::string> read_strings(const Object& ds);
+// Rows [r0, r1) along axis 0 (every element of those rows), converted like read(); only those rows'
+// chunks are read from the file.
+template <typename T>
+std::vector<T> read_rows(const Object& ds, hsize_t r0, hsize_t r1);
 
 // Raw data bytes on disk (after filters) and in memory.
 int64_t storage_bytes(const Object& ds);

@@ -15,11 +15,13 @@ struct Object;
 }
 
 // Bump when a name, a shape or an encoding below changes meaning; see traces/FORMAT.md "Versioning".
+// Version 4 added external steps (the `engine` attribute; capture/external.h).
 // Version 2 added generation steps (kind "generate", the `generation` groups), version 3 training steps
 // (kind "train-step", the `training` group). A trace is written as the version its steps' kinds need
 // (step_format_version), so a trace of prefill steps only is still version 1 and one with generation
 // steps but no training step version 2: earlier readers keep reading every trace they could read.
-constexpr int kTraceFormatVersion = 3;  // the newest this build writes and reads
+constexpr int kTraceFormatVersion = 4;  // the newest this build writes and reads
+constexpr int kExternalFormatVersion = 4;
 constexpr int kTrainingFormatVersion = 3;
 constexpr int kGenerationFormatVersion = 2;
 constexpr int kPrefillFormatVersion = 1;
@@ -170,6 +172,14 @@ inline constexpr char kTrainActDigests[] = "digests";
 inline constexpr char kTrainFullGrads[] = "full_grads";      // group: a dataset per tensor name
 inline constexpr char kTrainFullWeights[] = "full_weights";  // group: a dataset per tensor name
 inline constexpr char kCountSuffix[] = "_count";
+
+// External steps (format version 4; capture/external.h): computed by another engine, no digests.
+inline constexpr char kEngine[] = "engine";  // step attribute: who computed the step
+inline constexpr char kSource[] = "source";  // step attribute: where its data came from
+inline constexpr char kExternalCapture[] = "external";  // the step's `capture` attribute
+inline constexpr char kRequestId[] = "request_id";     // sequence attribute
+inline constexpr char kPromptLength[] = "prompt_length";  // sequence attribute (-1: unknown)
+inline constexpr char kUnknownDigest[] = "unknown";       // model_digest when the weights are unknown
 
 // ---- composed names ---------------------------------------------------------------------------
 inline std::string step_name(int step) {  // under /steps

@@ -32,6 +32,14 @@ namespace {
 
 using namespace trace_layout;  // the format's names
 
+std::vector<hsize_t> dims(std::initializer_list<int64_t> d) {
+  std::vector<hsize_t> v;
+  for (int64_t x : d) v.push_back(hsize_t(x));
+  return v;
+}
+
+}  // namespace
+
 // The smallest unsigned storage type that holds `max`.
 h5::Type unsigned_for(uint64_t max) {
   if (max <= 0xff) return h5::Type::u8;
@@ -63,12 +71,6 @@ const char* dtype_attr(DType t) {
   return "?";
 }
 
-std::vector<hsize_t> dims(std::initializer_list<int64_t> d) {
-  std::vector<hsize_t> v;
-  for (int64_t x : d) v.push_back(hsize_t(x));
-  return v;
-}
-
 // Writes integer ids in the storage width chosen at creation (ranges were checked by the caller).
 void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v) {
   switch (t) {
@@ -84,7 +86,31 @@ void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t
   }
 }
 
-}  // namespace
+
+IndexerGaps encode_indexer_gaps(const int32_t* ids, int64_t rows, int k, int64_t groups) {
+  IndexerGaps e;
+  e.count.resize(size_t(rows));
+  e.gaps.reserve(size_t(rows * k));
+  for (int64_t p = 0; p < rows; ++p) {
+    int64_t prev = -1;
+    int n = 0;
+    for (int j = 0; j < k; ++j) {
+      const int32_t g = ids[p * k + j];
+      if (g == -1) continue;
+      if (n != j || g <= prev || g >= groups) {
+        e.bad_row = p;
+        e.bad_slot = j;
+        e.bad_id = g;
+        return e;
+      }
+      e.gaps.push_back(uint32_t(g - prev - 1));
+      prev = g;
+      ++n;
+    }
+    e.count[size_t(p)] = uint16_t(n);
+  }
+  return e;
+}
 
 StepLayout::StepLayout(std::string writing_path, const ModelConfig& c)
     : writing_path(std::move(writing_path)), cfg(c), names(tensor_names(c)) {
@@ -307,28 +333,14 @@ void StepLayout::write_indexer(const StepRecord& m) {
   if (m.T != L.T || m.k != L.width)
     throw Error(fmt::format("step {} seq {} layer {}: indexer ids [{}, {}], expected [{}, {}]", step_index,
                             m.seq, m.layer, m.T, m.k, L.T, L.width));
-  const int64_t groups = L.T / 4;
-  std::vector<uint16_t> count(size_t(L.T));
-  std::vector<uint32_t> gaps;
-  gaps.reserve(m.ids.size());
-  for (int64_t p = 0; p < L.T; ++p) {
-    int64_t prev = -1;
-    int n = 0;
-    for (int j = 0; j < m.k; ++j) {
-      const int32_t g = m.ids[size_t(p * m.k + j)];
-      if (g == -1) continue;
-      // The encoding assumes ids ascending, valid ones first, and bounded by the group count.
-      if (n != j || g <= prev || g >= groups)
-        throw Error(
-            fmt::format("step {} seq {} layer {} token {}: indexer ids are not an ascending, -1-tailed "
-                        "list of groups < {} (slot {} holds {})",
-                        step_index, m.seq, m.layer, p, groups, j, g));
-      gaps.push_back(uint32_t(g - prev - 1));
-      prev = g;
-      ++n;
-    }
-    count[size_t(p)] = uint16_t(n);
-  }
+  // The encoding assumes ids ascending, valid ones first, and bounded by the group count.
+  const IndexerGaps e = encode_indexer_gaps(m.ids.data(), L.T, m.k, L.T / 4);
+  if (e.bad_row >= 0)
+    throw Error(fmt::format("step {} seq {} layer {} token {}: indexer ids are not an ascending, -1-tailed "
+                            "list of groups < {} (slot {} holds {})",
+                            step_index, m.seq, m.layer, e.bad_row, L.T / 4, e.bad_slot, e.bad_id));
+  const std::vector<uint16_t>& count = e.count;
+  const std::vector<uint32_t>& gaps = e.gaps;
   h5::write(open_in_seq(L, d + kIndexerCount), count);
   h5::Object ds = open_in_seq(L, d + kIndexerGaps);
   h5::set_extent(ds, {hsize_t(gaps.size())});

@@ -43,6 +43,27 @@ struct StepRecord {
   std::vector<float> pre, post, comb;  // mhc
 };
 
+// Storage rules shared by the runtime's writer (StepLayout) and the external writer (capture/external.h).
+// The smallest unsigned storage type that holds `max` (expert ids, indexer gaps).
+h5::Type unsigned_for(uint64_t max);
+h5::Type storage_type(DType t);  // bf16 -> uint16, f32 -> float32, i32 -> int32
+const char* dtype_attr(DType t);  // the `dtype` attribute of a full tensor
+// Writes integer ids in the storage width chosen at creation (ranges checked by the caller).
+void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v);
+
+// The compact encoding of indexer rows (traces/FORMAT.md): per row the number of valid ids and the gaps
+// between consecutive ones. Each row of `ids` ([rows, k]) must be ascending, its valid ids first (-1
+// after them) and below `groups`; the first slot that is not is named by bad_row/bad_slot/bad_id
+// (bad_row = -1 when every row is).
+struct IndexerGaps {
+  std::vector<uint16_t> count;
+  std::vector<uint32_t> gaps;
+  int64_t bad_row = -1;
+  int bad_slot = -1;
+  int32_t bad_id = 0;
+};
+IndexerGaps encode_indexer_gaps(const int32_t* ids, int64_t rows, int k, int64_t groups);
+
 class StepLayout {
  public:
   // The trace file at `writing_path`, of a model of config `c` (/meta/tensor_names).

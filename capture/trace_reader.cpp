@@ -110,6 +110,12 @@ struct TraceReader::Impl {
         s.capture = h5::read_attr_string(sg, kCapture);
         s.seed = h5::read_attr_u64(sg, kSeed);
         s.threads = int(h5::read_attr_int(sg, kThreads));
+        if (h5::has_attr(sg, kEngine)) {
+          s.engine = h5::read_attr_string(sg, kEngine);
+          if (s.engine.empty())
+            throw TraceCorrupt(fmt::format("{}: {}: the engine attribute is empty", path, s.group));
+          if (h5::has_attr(sg, kSource)) s.source = h5::read_attr_string(sg, kSource);
+        }
         s.seq_lengths = h5::read<int64_t>(h5::open(sg, kSeqLengths));
         for (size_t q = 0; q < s.seq_lengths.size(); ++q)
           if (s.seq_lengths[q] < 0)
@@ -277,7 +283,24 @@ std::vector<int32_t> TraceReader::tokens(int step, int seq) const {
 std::vector<float> TraceReader::logprobs(int step, int seq) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
+  if (impl_->step(step).external() && !h5::exists(g, kLogprobs))
+    throw TraceError(fmt::format("{}: step {} sequence {} holds no log-probs (engine '{}' did not report them)",
+                                 impl_->path, step, seq, impl_->step(step).engine));
   return h5::read<float>(Impl::dataset(g, kLogprobs, {hsize_t(std::max<int64_t>(T - 1, 0))}));
+}
+
+bool TraceReader::has_logprobs(int step, int seq) const {
+  return h5::exists(impl_->seq(step, seq), kLogprobs);
+}
+
+std::string TraceReader::sequence_id(int step, int seq) const {
+  h5::Object g = impl_->seq(step, seq);
+  return h5::has_attr(g, kRequestId) ? h5::read_attr_string(g, kRequestId) : std::string();
+}
+
+int64_t TraceReader::prompt_length(int step, int seq) const {
+  h5::Object g = impl_->seq(step, seq);
+  return h5::has_attr(g, kPromptLength) ? h5::read_attr_int(g, kPromptLength) : -1;
 }
 
 std::optional<GenerationRecord> TraceReader::generation(int step) const {
@@ -348,7 +371,30 @@ std::vector<int> TraceReader::decision_layers(int step, int seq) const {
   return layers;
 }
 
+namespace {
+
+// The decision rows a layer may hold: a row per token, or (external steps, the engines' layout) none
+// for the last token.
+void check_decision_rows(const h5::Object& ds, hsize_t rows, int64_t T) {
+  if (int64_t(rows) != T && int64_t(rows) != T - 1)
+    ds.fail(fmt::format("{} rows for {} tokens (expected {}, or {} for an external step)", rows, T, T, T - 1));
+}
+
+// [r0, min(r1, rows)), or an error naming the dataset for r0 beyond it.
+std::pair<hsize_t, hsize_t> row_range(const h5::Object& ds, hsize_t rows, int64_t r0, int64_t r1) {
+  if (r0 < 0 || r0 > int64_t(rows) || r1 < r0)
+    ds.fail(fmt::format("rows [{}, {}) asked of {} rows", r0, r1, rows));
+  return {hsize_t(r0), std::min(hsize_t(r1), rows)};
+}
+
+}  // namespace
+
 std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) const {
+  return indexer_rows(step, seq, layer, 0, INT64_MAX);
+}
+
+std::optional<IndexerRecord> TraceReader::indexer_rows(int step, int seq, int layer, int64_t r0,
+                                                       int64_t r1) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
   const std::string rel = decisions_path(layer);
@@ -356,32 +402,51 @@ std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) 
   h5::Object d = h5::open(g, rel);
   const int64_t width = h5::read_attr_int(d, kIndexerWidth);
   if (width < 0 || width > T) d.fail(fmt::format("indexer_width {} is out of range for {} tokens", width, T));
-  const auto count = h5::read<int64_t>(Impl::dataset(d, kIndexerCount, {hsize_t(T)}));
+  h5::Object cd = Impl::dataset_any(d, kIndexerCount, 1);
+  const hsize_t R = h5::shape(cd)[0];
+  check_decision_rows(cd, R, T);
+  const auto [a, b] = row_range(cd, R, r0, r1);
+  // The counts up to the last row asked locate its gaps (2 bytes a row); only those gaps are read.
+  const auto count = h5::read_rows<int64_t>(cd, 0, b);
+  int64_t first = 0, n_gaps = 0;
+  for (hsize_t p = 0; p < b; ++p) {
+    if (count[p] < 0 || count[p] > width)
+      d.fail(fmt::format("indexer_count[{}] = {} exceeds indexer_width {}", p, count[p], width));
+    (p < a ? first : n_gaps) += count[p];
+  }
   h5::Object gd = Impl::dataset_any(d, kIndexerGaps, 1);
-  const auto gaps = h5::read<int64_t>(gd);
+  const hsize_t total = h5::shape(gd)[0];
+  if (hsize_t(first + n_gaps) > total)
+    gd.fail(fmt::format("holds {} gaps, indexer_count needs {} (to row {})", total, first + n_gaps, b));
+  if (a == 0 && b == R && hsize_t(n_gaps) != total)
+    gd.fail(fmt::format("holds {} gaps, indexer_count sums to {}", total, n_gaps));
+  const auto gaps = h5::read_rows<int64_t>(gd, hsize_t(first), hsize_t(first + n_gaps));
   IndexerRecord r;
-  r.T = T;
+  r.T = int64_t(b - a);
   r.k = int(width);
-  r.margin = h5::read<float>(Impl::dataset(d, kIndexerMargin, {hsize_t(T)}));
-  r.ids.assign(size_t(T * width), -1);
+  if (h5::exists(d, kIndexerMargin)) {
+    h5::Object md = Impl::dataset(d, kIndexerMargin, {R});
+    r.margin = h5::read_rows<float>(md, a, b);
+  }
+  r.ids.assign(size_t(r.T * width), -1);
   size_t at = 0;
-  for (int64_t p = 0; p < T; ++p) {
-    const int64_t n = count[size_t(p)];
-    if (n > width) d.fail(fmt::format("indexer_count[{}] = {} exceeds indexer_width {}", p, n, width));
-    if (at + size_t(n) > gaps.size())
-      gd.fail(fmt::format("holds {} gaps, indexer_count needs more (at token {})", gaps.size(), p));
+  for (hsize_t p = a; p < b; ++p) {
     int64_t id = -1;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < count[p]; ++j) {
       id += gaps[at++] + 1;
       if (id > INT32_MAX) gd.fail(fmt::format("decodes to id {} at token {}", id, p));
-      r.ids[size_t(p * width + j)] = int32_t(id);
+      r.ids[size_t(int64_t(p - a) * width + j)] = int32_t(id);
     }
   }
-  if (at != gaps.size()) gd.fail(fmt::format("holds {} gaps, indexer_count sums to {}", gaps.size(), at));
   return r;
 }
 
 std::optional<RoutingRecord> TraceReader::routing(int step, int seq, int layer) const {
+  return routing_rows(step, seq, layer, 0, INT64_MAX);
+}
+
+std::optional<RoutingRecord> TraceReader::routing_rows(int step, int seq, int layer, int64_t r0,
+                                                       int64_t r1) const {
   int64_t T = 0;
   h5::Object g = impl_->seq(step, seq, &T);
   const std::string rel = decisions_path(layer);
@@ -389,14 +454,16 @@ std::optional<RoutingRecord> TraceReader::routing(int step, int seq, int layer) 
   h5::Object d = h5::open(g, rel);
   h5::Object ex = Impl::dataset_any(d, kExperts, 2);
   const auto shape = h5::shape(ex);
-  if (shape[0] != hsize_t(T)) ex.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
+  check_decision_rows(ex, shape[0], T);
+  const auto [a, b] = row_range(ex, shape[0], r0, r1);
   RoutingRecord r;
-  r.T = T;
+  r.T = int64_t(b - a);
   r.k = int(shape[1]);
   r.hashed = h5::read_attr_int(d, kHashed) != 0;
-  r.ids = h5::read<int32_t>(ex);
-  r.weights = h5::read<float>(Impl::dataset(d, kExpertWeights, shape));
-  r.margin = h5::read<float>(Impl::dataset(d, kRouterMargin, {hsize_t(T)}));
+  r.ids = h5::read_rows<int32_t>(ex, a, b);
+  // An external step may lack the weights and the margins; the runtime's steps hold both.
+  if (h5::exists(d, kExpertWeights)) r.weights = h5::read_rows<float>(Impl::dataset(d, kExpertWeights, shape), a, b);
+  if (h5::exists(d, kRouterMargin)) r.margin = h5::read_rows<float>(Impl::dataset(d, kRouterMargin, {shape[0]}), a, b);
   return r;
 }
 
@@ -462,6 +529,11 @@ std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int
 }
 
 std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, const std::string& name) const {
+  return tensor_rows(step, seq, layer, name, 0, INT64_MAX);
+}
+
+std::optional<TensorCopy> TraceReader::tensor_rows(int step, int seq, int layer, const std::string& name,
+                                                   int64_t r0, int64_t r1) const {
   h5::Object g = impl_->seq(step, seq);
   const std::string rel = tensor_path(name, layer);
   if (!h5::exists(g, rel)) return std::nullopt;
@@ -469,11 +541,15 @@ std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, cons
   if (!is_dataset(d)) d.fail("not a dataset");
   const std::string dtype = h5::read_attr_string(d, kDtype);
   TensorCopy c;
-  for (hsize_t x : h5::shape(d)) c.shape.push_back(int64_t(x));
+  const auto shape = h5::shape(d);
+  if (shape.empty()) d.fail("has no row axis");
+  for (hsize_t x : shape) c.shape.push_back(int64_t(x));
+  const auto [a, b] = row_range(d, shape[0], r0, r1);
+  c.shape[0] = int64_t(b - a);
   if (dtype == "bfloat16") {
     if (h5::stored_type(d) != h5::Type::u16) d.fail("dtype bfloat16 needs uint16 storage");
     c.dtype = DType::bf16;
-    const auto u = h5::read<uint16_t>(d);
+    const auto u = h5::read_rows<uint16_t>(d, a, b);
     c.f.resize(u.size());
     for (size_t i = 0; i < u.size(); ++i) {
       const uint32_t bits = uint32_t(u[i]) << 16;
@@ -481,10 +557,10 @@ std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, cons
     }
   } else if (dtype == "float32") {
     c.dtype = DType::f32;
-    c.f = h5::read<float>(d);
+    c.f = h5::read_rows<float>(d, a, b);
   } else if (dtype == "int32") {
     c.dtype = DType::i32;
-    c.i = h5::read<int32_t>(d);
+    c.i = h5::read_rows<int32_t>(d, a, b);
   } else {
     d.fail(fmt::format("unknown dtype attribute '{}'", dtype));
   }

@@ -427,17 +427,20 @@ void TraceWriter::close() {
     std::lock_guard lk(w.mu);
     w.rethrow_locked();
   }
-  seal_trace(w.writing_path);  // digest of the finished file (capture/trace_seal.h)
-  fsync_path(w.writing_path, false);
-  if (w.writing_path != w.final_path) {
+  publish_trace(w.writing_path, w.final_path);
+  w.closed = true;
+}
+
+void publish_trace(const std::string& writing_path, const std::string& final_path) {
+  seal_trace(writing_path);  // digest of the finished file (capture/trace_seal.h)
+  fsync_path(writing_path, false);
+  if (writing_path != final_path) {
     std::error_code ec;
-    fs::rename(w.writing_path, w.final_path, ec);
-    if (ec)
-      throw Error(fmt::format("{}: cannot rename to {}: {}", w.writing_path, w.final_path, ec.message()));
-    const fs::path dir = fs::absolute(w.final_path).parent_path();
+    fs::rename(writing_path, final_path, ec);
+    if (ec) throw Error(fmt::format("{}: cannot rename to {}: {}", writing_path, final_path, ec.message()));
+    const fs::path dir = fs::absolute(final_path).parent_path();
     fsync_path(dir.string(), true);
   }
-  w.closed = true;
 }
 
 const std::string& TraceWriter::final_path() const {

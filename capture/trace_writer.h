@@ -95,6 +95,10 @@ class TraceWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// The last act of every trace writer: seals the finished file at `writing_path`, flushes it to disk and
+// renames it to `final_path` (when they differ), so a trace under its final name is always whole.
+void publish_trace(const std::string& writing_path, const std::string& final_path);
+
 // Points the complete trace `path` at other weights: /meta/model weights_path becomes
 // `weights_path` and the previous value is kept as weights_path_recorded (a bundle's trace names the
 // model folder beside it).

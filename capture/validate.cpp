@@ -236,14 +236,14 @@ class Validator {
       guarded(where, [&] {
         for (int q = 0; q < int(info->seq_lengths.size()); ++q) {
           r->tokens(st.index, q);
-          r->logprobs(st.index, q);
+          if (!info->external() || r->has_logprobs(st.index, q)) r->logprobs(st.index, q);
           for (int L : r->decision_layers(st.index, q)) {
             r->indexer(st.index, q, L);
             r->routing(st.index, q, L);
             r->mhc(st.index, q, L, Sublayer::attn);
             r->mhc(st.index, q, L, Sublayer::ffn);
           }
-          r->digests(st.index, q);
+          if (!info->external()) r->digests(st.index, q);
           for (const auto& [name, L] : r->full_tensors(st.index, q)) r->tensor(st.index, q, L, name);
         }
         r->kernels(st.index);
@@ -309,6 +309,10 @@ class Validator {
     auto digests = names ? read<uint64_t>(model, kTensorDigests, {h5::Type::u64}, {int64_t(names->size())})
                          : std::nullopt;
     if (!names || !digests) return;
+    // An external trace may not know the engine's weights: model_digest "unknown", no tensor list.
+    if (names->empty() && h5::has_attr(model, kModelDigest) &&
+        h5::read_attr_string(model, kModelDigest) == kUnknownDigest)
+      return;
     const std::string nwhere = model.child(kTensorNames);
     if (!std::is_sorted(names->begin(), names->end())) problem(nwhere, "the names are not sorted");
     if (cfg_) {
@@ -395,6 +399,11 @@ class Validator {
     std::optional<CapturePolicy> policy;
     int64_t n_seqs = -1;
     step_kind_.clear();
+    // An external step (capture/external.h): another engine's decisions, no digests.
+    external_ = h5::has_attr(step, kEngine);
+    if (external_ && version_ >= 1 && version_ < kExternalFormatVersion)
+      problem(step.path, fmt::format("an external step needs format_version {}, the file has {}", kExternalFormatVersion,
+                                     version_));
     guarded(step.path, [&] {
       for (const char* a : {kKind, kProfile, kSeed, kThreads, kCapture, kNSeqs})
         if (!h5::has_attr(step, a)) problem(step.path, fmt::format("attribute '{}' is missing", a));
@@ -416,7 +425,7 @@ class Validator {
           problem(step.path, fmt::format("a '{}' step needs format_version {}, the file has {}", kind,
                                          step_format_version(kind), version_));
       }
-      if (h5::has_attr(step, kProfile)) {
+      if (h5::has_attr(step, kProfile) && !external_) {  // an engine's numerics need not be a profile of ours
         const std::string profile = h5::read_attr_string(step, kProfile);
         const auto known = profile_names();
         if (std::find(known.begin(), known.end(), profile) == known.end())
@@ -425,7 +434,13 @@ class Validator {
       if (h5::has_attr(step, kSeed)) h5::read_attr_u64(step, kSeed);
       if (h5::has_attr(step, kThreads) && h5::read_attr_int(step, kThreads) < 0)
         problem(step.path, "threads is negative");
-      if (h5::has_attr(step, kCapture)) {
+      if (external_) {
+        if (!h5::has_attr(step, kCapture) || h5::read_attr_string(step, kCapture) != kExternalCapture)
+          problem(step.path, fmt::format("an external step's capture is '{}'", kExternalCapture));
+        if (h5::read_attr_string(step, kEngine).empty()) problem(step.path, "the engine attribute is empty");
+        if (step_kind_ != "rollout" && step_kind_ != "train")
+          problem(step.path, fmt::format("an external step of kind '{}', expected 'rollout' or 'train'", step_kind_));
+      } else if (h5::has_attr(step, kCapture)) {
         try {
           policy = CapturePolicy::parse(h5::read_attr_string(step, kCapture));
           if (cfg_) policy->check_matches(*cfg_);
@@ -468,7 +483,54 @@ class Validator {
   }
 
   // ---- one sequence -----------------------------------------------------------------------------
+  // An external step's sequence: tokens, log-probs when the engine reported them, the decisions of the
+  // layers it reported (T or T - 1 rows, margins and weights optional), no digests.
+  void check_external_sequence(const h5::Object& seq, int64_t T) {
+    if (auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T}); tokens && cfg_) {
+      Findings f(*this, seq.child(kTokens));
+      for (size_t t = 0; t < tokens->size(); ++t)
+        if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
+          f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
+                            cfg_->vocab_size));
+    }
+    if (h5::exists(seq, kLogprobs))
+      if (auto lp = read<float>(seq, kLogprobs, {h5::Type::f32}, {T - 1})) check_finite(seq.child(kLogprobs), *lp, 1, "log-prob");
+    if (!cfg_ || !h5::exists(seq, kDecisions)) return;
+    const h5::Object dec = h5::open(seq, kDecisions);
+    for (const std::string& child : h5::children(dec)) {
+      const int L = child.size() == 9 && child.rfind(kLayerPrefix, 0) == 0 ? std::atoi(child.c_str() + 6) : -1;
+      if (L < 0 || L >= cfg_->num_hidden_layers) {
+        problem(dec.child(child), fmt::format("unexpected: the config has {} layers", cfg_->num_hidden_layers));
+        continue;
+      }
+      guarded(dec.child(child), [&] {
+        const h5::Object g = h5::open(dec, child);
+        check_hashed_attr(g, cfg_->is_hash_layer(L));
+        for (const char* n : {kIndexerCount, kExperts}) {
+          if (!h5::exists(g, n)) continue;
+          const int64_t rows = int64_t(h5::shape(h5::open(g, n)).at(0));
+          if (rows != T && rows != T - 1) {
+            problem(g.child(n), fmt::format("{} rows for {} tokens (expected {} or {})", rows, T, T, T - 1));
+            return;
+          }
+          if (n == kIndexerCount) {
+            if (cfg_->ratio(L) != 4)
+              problem(g.child(n), fmt::format("unexpected on a layer with compress ratio {}", cfg_->ratio(L)));
+            else
+              check_indexer(g, T, rows);
+          } else {
+            check_routing(g, L, rows);
+          }
+        }
+      });
+    }
+  }
+
   void check_sequence(const h5::Object& seq, int64_t T, const CapturePolicy* policy) {
+    if (external_) {
+      check_external_sequence(seq, T);
+      return;
+    }
     if (auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T}); tokens && cfg_) {
       Findings f(*this, seq.child(kTokens));
       for (size_t t = 0; t < tokens->size(); ++t)
@@ -536,7 +598,26 @@ class Validator {
                               "indexer)",
                               c.ratio(L)));
     }
-    // Routing.
+    check_routing(g, L, T);
+    check_hashed_attr(g, c.is_hash_layer(L));
+    // mHC mixing.
+    const int64_t hc = c.hc_mult;
+    for (const char* sub : {"attn", "ffn"}) {
+      for (const char* part : {"pre", "post"}) {
+        const std::string n = mhc_name(sub, part);
+        if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc}))
+          check_finite(g.child(n), *v, hc, "mHC weight");
+      }
+      const std::string n = mhc_name(sub, "comb");
+      if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc, hc}))
+        check_finite(g.child(n), *v, hc * hc, "mHC weight");
+    }
+  }
+
+  // Routing of layer L over `T` rows: ids ascending, distinct and in range, weights finite, margins
+  // (optional on external steps, like the weights) never NaN.
+  void check_routing(const h5::Object& g, int L, int64_t T) {
+    const ModelConfig& c = *cfg_;
     const int k = c.num_experts_per_tok;
     const h5::Type id_type = c.n_routed_experts - 1 <= 0xff ? h5::Type::u8 : h5::Type::u16;
     if (auto ids = read<int32_t>(g, kExperts, {id_type}, {T, k})) {
@@ -552,10 +633,13 @@ class Validator {
                               (*ids)[size_t(t * k + j - 1)]));
         }
     }
-    if (auto w = read<float>(g, kExpertWeights, {h5::Type::f32}, {T, k}))
+    if (external_ && !h5::exists(g, kExpertWeights)) {
+    } else if (auto w = read<float>(g, kExpertWeights, {h5::Type::f32}, {T, k})) {
       check_finite(g.child(kExpertWeights), *w, k, "routing weight");
+    }
     const bool hashed = c.is_hash_layer(L);
-    if (auto m = read<float>(g, kRouterMargin, {h5::Type::f32}, {T})) {
+    if (external_ && !h5::exists(g, kRouterMargin)) {
+    } else if (auto m = read<float>(g, kRouterMargin, {h5::Type::f32}, {T})) {
       Findings f(*this, g.child(kRouterMargin));
       for (int64_t t = 0; t < T; ++t) {
         const float x = (*m)[size_t(t)];
@@ -567,25 +651,13 @@ class Validator {
           f.add(fmt::format("margin {} at token {} is negative (a top-k margin is >= 0)", x, t));
       }
     }
-    check_hashed_attr(g, hashed);
-    // mHC mixing.
-    const int64_t hc = c.hc_mult;
-    for (const char* sub : {"attn", "ffn"}) {
-      for (const char* part : {"pre", "post"}) {
-        const std::string n = mhc_name(sub, part);
-        if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc}))
-          check_finite(g.child(n), *v, hc, "mHC weight");
-      }
-      const std::string n = mhc_name(sub, "comb");
-      if (auto v = read<float>(g, n, {h5::Type::f32}, {T, hc, hc}))
-        check_finite(g.child(n), *v, hc * hc, "mHC weight");
-    }
   }
 
   // A margin is score(k-th chosen) - score(best unchosen) >= 0 (kernels/indexer.h topk_row). Only a
   // training step may have run with forced decisions (R3), whose margins are measured against the
   // free choice and can be negative (kernels/moe.h).
   bool margins_may_be_negative() const { return step_kind_ == kKindTrainStep; }
+  bool external_ = false;  // the step being checked is an external step
 
   // The `hashed` flag: an attribute of the layer group or of its router_margin dataset.
   void check_hashed_attr(const h5::Object& g, bool hashed) {
@@ -606,7 +678,9 @@ class Validator {
     });
   }
 
-  void check_indexer(const h5::Object& g, int64_t T) {
+  // The indexer of a sequence of T tokens over `rows` rows (T; T - 1 on an external step).
+  void check_indexer(const h5::Object& g, int64_t T, int64_t rows = -1) {
+    if (rows < 0) rows = T;
     const int64_t width = cfg_->indexer_width(T);
     // indexer_width: on the layer group or on indexer_margin.
     guarded(g.path, [&] {
@@ -627,9 +701,10 @@ class Validator {
                 fmt::format("indexer_width = {}, expected min(index_topk = {}, floor(T / 4) = {}) = {}",
                             recorded, cfg_->index_topk, T / 4, width));
     });
-    if (auto m = read<float>(g, kIndexerMargin, {h5::Type::f32}, {T})) {
+    if (external_ && !h5::exists(g, kIndexerMargin)) {
+    } else if (auto m = read<float>(g, kIndexerMargin, {h5::Type::f32}, {rows})) {
       Findings f(*this, g.child(kIndexerMargin));
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; t < rows; ++t) {
         const float x = (*m)[size_t(t)];
         if (std::isnan(x))
           f.add(fmt::format("margin at token {} is NaN", t));
@@ -637,13 +712,13 @@ class Validator {
           f.add(fmt::format("margin {} at token {} is negative (a top-k margin is >= 0)", x, t));
       }
     }
-    const auto count = read<int64_t>(g, kIndexerCount, {h5::Type::u16}, {T});
+    const auto count = read<int64_t>(g, kIndexerCount, {h5::Type::u16}, {rows});
     if (!count) return;
     int64_t total = 0;
     bool counts_ok = true;
     {
       Findings f(*this, g.child(kIndexerCount));
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; t < rows; ++t) {
         const int64_t n = (*count)[size_t(t)];
         const int64_t visible = (t + 1) / 4;
         if (n > width) {
@@ -661,7 +736,7 @@ class Validator {
     // Decoding makes the ids ascending and distinct by construction; what can be wrong is visibility.
     Findings f(*this, g.child(kIndexerGaps));
     size_t pos = 0;
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < rows; ++t) {
       const int64_t visible = (t + 1) / 4;
       int64_t id = -1;
       for (int64_t j = 0; j < (*count)[size_t(t)]; ++j) {

@@ -113,6 +113,11 @@ int run_replay(const ReplayArgs& a) {
           "  counterfactual: mean |Δ log-prob| {:.4e} -> {:.4e}, KL {:.4e} -> {:.4e} with the other trace's "
           "decisions forced\n",
           *s.mean_abs_dlogprob_before, *s.mean_abs_dlogprob_after, *s.kl_before, *s.kl_after);
+    if (s.mean_abs_dlogprob_forced)
+      fmt::print(
+          "  with the decisions of {}: mean log-prob {:.6f} (recorded {:.6f}), mean |Δ log-prob| {:.4e}{}\n",
+          s.counterfactual_source, *s.mean_logprob_forced, *s.mean_logprob_recorded, *s.mean_abs_dlogprob_forced,
+          s.mean_abs_dlogprob_before ? "" : "; the other trace holds no log-probs to compare with");
   }
   for (const auto& k : r.skipped) fmt::print("step {}: NOT VERIFIED: {}\n", k.step, k.reason);
   for (const auto& n : r.notes) fmt::print("note: {}\n", n);

@@ -73,4 +73,13 @@ std::optional<double> relative_tie_threshold(std::initializer_list<const std::ve
   return factor * m[m.size() / 2];
 }
 
+std::vector<int32_t> complete_decision_rows(const std::vector<int32_t>& ids, int64_t rows, int k, int64_t T) {
+  std::vector<int32_t> out(ids);
+  if (rows >= T || k <= 0) return out;
+  out.reserve(size_t(T * k));
+  for (int64_t t = rows; t < T; ++t)
+    for (int j = 0; j < k; ++j) out.push_back(j);
+  return out;
+}
+
 }  // namespace dsv4

@@ -43,4 +43,11 @@ inline bool is_tie_flip(float margin_a, float margin_b, double threshold) {
   return margin_a < threshold || margin_b < threshold;
 }
 
+// The engines report no decision for a sequence's last token (it was never fed: MODEL.md §6.2), so an
+// external step's layer may hold T − 1 rows. Forcing such decisions into a forward of T tokens needs
+// the last row; it changes no log-prob (the last position's output predicts no token of the sequence),
+// so it is completed the way the trainers fill rows without a decision (MODEL.md §6.4): ids 0, 1, …,
+// k − 1. `ids` is [rows, k]; returns [T, k] (ids itself when rows = T).
+std::vector<int32_t> complete_decision_rows(const std::vector<int32_t>& ids, int64_t rows, int k, int64_t T);
+
 }  // namespace dsv4

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "capture/errors.h"
+#include "capture/layout.h"
 #include "capture/trace_reader.h"
 #include "model/decision_sets.h"
 
@@ -51,6 +52,8 @@ Side open_side(const std::string& path, int step, const char* label) {
 // The model digests must agree; the message names the first weight tensor that differs.
 std::string model_difference(const Side& a, const Side& b) {
   if (a.meta.model_digest == b.meta.model_digest) return "";
+  if (a.meta.model_digest == trace_layout::kUnknownDigest || b.meta.model_digest == trace_layout::kUnknownDigest)
+    return "";  // an external step's weights may be unknown: diff_traces notes it
   std::map<std::string, uint64_t> db;
   for (size_t i = 0; i < b.meta.tensor_names.size() && i < b.meta.tensor_digests.size(); ++i)
     db[b.meta.tensor_names[i]] = b.meta.tensor_digests[i];
@@ -159,13 +162,18 @@ struct SetRows {
   std::vector<float> ma, mb;
   std::vector<std::pair<int, int64_t>> where;  // (sequence, position)
 
+  // Rows [0, T) of both sides. An external step may hold no margins (empty): its side's margin reads
+  // NaN, so only the other side's margin can make a flip a tie.
   void add(int seq, int64_t T, const std::vector<int32_t>& ids_a, int ka, const std::vector<float>& marg_a,
            const std::vector<int32_t>& ids_b, int kb, const std::vector<float>& marg_b) {
+    const auto margin = [](const std::vector<float>& m, int64_t t) {
+      return m.empty() ? std::numeric_limits<float>::quiet_NaN() : m[size_t(t)];
+    };
     for (int64_t t = 0; t < T; ++t) {
       a.push_back(valid_ids(ids_a.data() + t * ka, ka));
       b.push_back(valid_ids(ids_b.data() + t * kb, kb));
-      ma.push_back(marg_a[size_t(t)]);
-      mb.push_back(marg_b[size_t(t)]);
+      ma.push_back(margin(marg_a, t));
+      mb.push_back(margin(marg_b, t));
       where.emplace_back(seq, t);
     }
   }
@@ -307,6 +315,13 @@ LayerOutputs diff_tensors(const Steps& st, DiffReport& rep) {
   return out;
 }
 
+// Decision rows of two steps compare when equal in number, or one short on an external step's side
+// (the engines report no row for the last token); then the rows both hold are compared.
+bool comparable_rows(int64_t Ta, int64_t Tb, const Steps& st) {
+  if (Ta == Tb) return true;
+  return (Ta == Tb - 1 && st.A.step.external()) || (Tb == Ta - 1 && st.B.step.external());
+}
+
 // Indexer (C4 layers): overlap, flips; positions whose selections differ leave `agree`.
 void diff_indexer(const Steps& st, int layer, const DiffOptions& opt, double factor, LayerDiff& L,
                   Agreement& agree, SeqNotes& notes) {
@@ -315,11 +330,11 @@ void diff_indexer(const Steps& st, int layer, const DiffOptions& opt, double fac
     const auto ia = st.A.r.indexer(st.sa, s, layer);
     const auto ib = st.B.r.indexer(st.sb, s, layer);
     if (ia && ib) {
-      if (ia->T != ib->T) {
-        notes[size_t(s)].push_back(
-            fmt::format("seq {} layer {} indexer: {} rows in A, {} in B", s, layer, ia->T, ib->T));
+      if (!comparable_rows(ia->T, ib->T, st) || ia->k != ib->k) {
+        notes[size_t(s)].push_back(fmt::format("seq {} layer {} indexer: [{}, {}] in A, [{}, {}] in B", s, layer,
+                                               ia->T, ia->k, ib->T, ib->k));
       } else {
-        idx.add(s, ia->T, ia->ids, ia->k, ia->margin, ib->ids, ib->k, ib->margin);
+        idx.add(s, std::min(ia->T, ib->T), ia->ids, ia->k, ia->margin, ib->ids, ib->k, ib->margin);
       }
     } else if (ia || ib) {
       notes[size_t(s)].push_back(
@@ -360,11 +375,11 @@ void diff_routing(const Steps& st, int layer, const DiffOptions& opt, double fac
         notes[size_t(s)].push_back(
             fmt::format("seq {} layer {} routing: hashed in {} only", s, layer, ra->hashed ? "A" : "B"));
       }
-      if (ra->T != rb->T) {
-        notes[size_t(s)].push_back(
-            fmt::format("seq {} layer {} routing: {} rows in A, {} in B", s, layer, ra->T, rb->T));
+      if (!comparable_rows(ra->T, rb->T, st) || ra->k != rb->k) {
+        notes[size_t(s)].push_back(fmt::format("seq {} layer {} routing: [{}, {}] in A, [{}, {}] in B", s, layer,
+                                               ra->T, ra->k, rb->T, rb->k));
       } else {
-        rt.add(s, ra->T, ra->ids, ra->k, ra->margin, rb->ids, rb->k, rb->margin);
+        rt.add(s, std::min(ra->T, rb->T), ra->ids, ra->k, ra->margin, rb->ids, rb->k, rb->margin);
       }
     } else if (ra || rb) {
       notes[size_t(s)].push_back(
@@ -394,6 +409,7 @@ void diff_routing(const Steps& st, int layer, const DiffOptions& opt, double fac
 
 // mHC: max |A − B| of the mixing weights over both sublayers.
 void diff_mhc(const Steps& st, int layer, LayerDiff& L, SeqNotes& notes) {
+  if (st.A.step.external() || st.B.step.external()) return;  // engines report no mHC mixes
   for (int s = 0; s < st.S; ++s) {
     for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
       const auto ma = st.A.r.mhc(st.sa, s, layer, sub);
@@ -469,6 +485,13 @@ void diff_tokens(const Steps& st, DiffReport& rep) {
   double sum_k1 = 0, sum_k3 = 0, sum_r = 0, sum_abs = 0;
   int64_t outside = 0;
   for (int s = 0; s < st.S; ++s) {
+    if (!st.A.r.has_logprobs(st.sa, s) || !st.B.r.has_logprobs(st.sb, s)) {
+      rep.unmatched.push_back(fmt::format("seq {} logprobs: only in {}", s,
+                                          st.A.r.has_logprobs(st.sa, s) ? "A"
+                                          : st.B.r.has_logprobs(st.sb, s) ? "B"
+                                                                          : "neither"));
+      continue;
+    }
     const std::vector<float> la = st.A.r.logprobs(st.sa, s);
     const std::vector<float> lb = st.B.r.logprobs(st.sb, s);
     if (la.size() != lb.size())
@@ -556,7 +579,18 @@ DiffReport diff_traces(const std::string& path_a, const std::string& path_b, con
   }
   diff_training(A, B, rep);
   Steps st{A, B, A.step.index, B.step.index, S};
-  const LayerOutputs out = diff_tensors(st, rep);
+  for (const Side* s : {&A, &B}) {
+    if (s->meta.model_digest == trace_layout::kUnknownDigest)
+      rep.notes.push_back(fmt::format("{} ({}) does not name its weights: the models could not be checked to be the "
+                                      "same",
+                                      s->label, s->r.path()));
+    if (s->step.external())
+      rep.notes.push_back(fmt::format("{} step {} is an external step (engine '{}'): it holds no digests, so "
+                                      "decisions and log-probs are compared, tensors are not",
+                                      s->label, s->step.index, s->step.engine));
+  }
+  const bool digests = !A.step.external() && !B.step.external();
+  const LayerOutputs out = digests ? diff_tensors(st, rep) : LayerOutputs{};
   diff_layers(st, opt, out, rep);
   diff_tokens(st, rep);
   return rep;

@@ -113,6 +113,8 @@ struct DiffReport {
   // than for any two steps of the same tokens.
   std::optional<TrainingDiff> training;
   std::string training_note;
+  // Remarks on what could not be compared: an external step (no digests), weights a trace does not name.
+  std::vector<std::string> notes;
 };
 
 // Throws InputError when the traces hold different tokens (naming the sequence and the first

@@ -165,6 +165,7 @@ std::string diff_to_json(const DiffReport& r) {
   }
   j["tokens"] = std::move(tokens);
   j["unmatched"] = r.unmatched;
+  j["notes"] = r.notes;
   j["training"] = r.training ? training_json(*r.training) : J(nullptr);
   j["training_note"] = r.training_note;
   return j.dump(2) + "\n";
@@ -348,6 +349,7 @@ std::string diff_to_table(const DiffReport& r) {
   } else {
     o += "first divergence: none (every digest agrees)\n";
   }
+  for (const std::string& n : r.notes) o += "note: " + n + "\n";
   if (!r.unmatched.empty()) {
     o += fmt::format("unmatched ({}):\n", r.unmatched.size());
     for (size_t i = 0; i < r.unmatched.size() && i < 20; ++i) o += "  " + r.unmatched[i] + "\n";

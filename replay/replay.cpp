@@ -228,11 +228,12 @@ void compare_ids(int seq, int layer, const char* kind, int64_t Ta, int ka, const
   c.seq = seq;
   c.layer = layer;
   c.kind = kind;
-  if (Ta != Tb || ka != kb || int64_t(a.size()) != Ta * ka || int64_t(b.size()) != Tb * kb) {
+  // An external step's layer may stop one row short (the engines' layout): the rows both hold compare.
+  if (std::abs(Ta - Tb) > 1 || ka != kb || int64_t(a.size()) != Ta * ka || int64_t(b.size()) != Tb * kb) {
     c.rows_changed = std::max(Ta, Tb);
     c.first_row = 0;
   } else {
-    for (int64_t t = 0; t < Ta; ++t) {
+    for (int64_t t = 0; t < std::min(Ta, Tb); ++t) {
       if (valid_ids(a, ka, t) == valid_ids(b, kb, t)) continue;  // decisions compare as sets
       ++c.rows_changed;
       if (c.first_row < 0) c.first_row = t;
@@ -292,14 +293,26 @@ std::vector<DecisionChange> compare_decisions_with(const DecisionLog& log,
 
 // Overrides that force recorded decisions: indexer selections of C4 layers and/or the experts of
 // learned layers (hash layers are never overridden; their ids follow from the tokens anyway).
-void add_overrides(const std::vector<SeqDecisions>& d, bool indexer, bool routing, Overrides& o) {
+// Why an external step is not re-executed, and what it is good for.
+std::string external_step_note(const TraceStepInfo& s) {
+  return fmt::format("engine '{}' computed it{}, so there is nothing to re-execute; `dsv4 diff` compares it with a "
+                     "step of ours and `dsv4 replay OURS.h5 --take-decisions-from` forces its decisions",
+                     s.engine, s.source.empty() ? "" : " (from " + s.source + ")");
+}
+
+// Forces the decisions `d` into a forward of `batch`; an external step's rows that stop before the
+// last token are completed (model/decision_sets.h complete_decision_rows).
+void add_overrides(const std::vector<SeqDecisions>& d, const std::vector<std::vector<int32_t>>& batch, bool indexer,
+                   bool routing, Overrides& o) {
   for (int seq = 0; seq < int(d.size()); ++seq) {
+    const int64_t T = int64_t(batch[size_t(seq)].size());
     if (indexer)
       for (const auto& [layer, x] : d[size_t(seq)].indexer)
-        o.force_indexer(seq, layer, ForcedSelection{x.T, x.k, x.ids});
+        o.force_indexer(seq, layer, ForcedSelection{T, x.k, complete_decision_rows(x.ids, x.T, x.k, T)});
     if (routing)
       for (const auto& [layer, x] : d[size_t(seq)].routing)
-        if (!x.hashed) o.force_experts(seq, layer, ForcedSelection{x.T, x.k, x.ids});
+        if (!x.hashed)
+          o.force_experts(seq, layer, ForcedSelection{T, x.k, complete_decision_rows(x.ids, x.T, x.k, T)});
   }
 }
 
@@ -530,7 +543,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
           index));
     const TrainingReplayPlan plan = plan_training_replay(r, index);
     Overrides forced;
-    add_overrides(recorded, plan.force_indexer, plan.force_routing, forced);
+    add_overrides(recorded, batch, plan.force_indexer, plan.force_routing, forced);
     Verifier v(r, index, std::move(tables), sr);
     replay_training_step(r, plan, w, opt, forced, v, sr);
     v.finish();
@@ -569,11 +582,11 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
             opt.take_decisions_from, k, s, trace, index, toks.size(), batch[size_t(s)].size(), p));
       }
       forced_from.push_back(read_decisions(*source, k, s));
-      source_logprobs.push_back(source->logprobs(k, s));
+      if (source->has_logprobs(k, s)) source_logprobs.push_back(source->logprobs(k, s));
     }
-    add_overrides(forced_from, true, true, ov);
+    add_overrides(forced_from, batch, true, true, ov);
   } else {
-    add_overrides(recorded, opt.force_indexer, opt.force_routing, ov);
+    add_overrides(recorded, batch, opt.force_indexer, opt.force_routing, ov);
   }
 
   Verifier v(r, index, std::move(tables), sr);
@@ -606,23 +619,35 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   if (source) {
     sr.counterfactual_mismatches = compare_decisions_with(v.log, forced_from);
     sr.counterfactual_decisions_equal = sr.counterfactual_mismatches.empty();
+    // A's log-probs take part only when every sequence of A holds them (an external step may not).
+    const bool with_a = int(source_logprobs.size()) == n_seqs;
     std::vector<float> a, b_rec, b_rep;
     for (int s = 0; s < n_seqs; ++s) {
       const std::vector<float> rec = r.logprobs(index, s);
       const std::vector<float>& rep_lp = result.seqs[size_t(s)].logprobs;
-      if (source_logprobs[size_t(s)].size() != rec.size() || rec.size() != rep_lp.size())
+      if ((with_a && source_logprobs[size_t(s)].size() != rec.size()) || rec.size() != rep_lp.size())
         throw TraceError(
             fmt::format("{} / {}: sequence {} holds {} and {} log-probs, the replay computed {}",
-                        opt.take_decisions_from, trace, s, source_logprobs[size_t(s)].size(), rec.size(),
-                        rep_lp.size()));
-      a.insert(a.end(), source_logprobs[size_t(s)].begin(), source_logprobs[size_t(s)].end());
+                        opt.take_decisions_from, trace, s, with_a ? source_logprobs[size_t(s)].size() : 0,
+                        rec.size(), rep_lp.size()));
+      if (with_a) a.insert(a.end(), source_logprobs[size_t(s)].begin(), source_logprobs[size_t(s)].end());
       b_rec.insert(b_rec.end(), rec.begin(), rec.end());
       b_rep.insert(b_rep.end(), rep_lp.begin(), rep_lp.end());
     }
-    sr.mean_abs_dlogprob_before = mean_abs_diff(a, b_rec);
-    sr.mean_abs_dlogprob_after = mean_abs_diff(a, b_rep);
-    sr.kl_before = mean_diff(a, b_rec);
-    sr.kl_after = mean_diff(a, b_rep);
+    if (with_a) {
+      sr.mean_abs_dlogprob_before = mean_abs_diff(a, b_rec);
+      sr.mean_abs_dlogprob_after = mean_abs_diff(a, b_rep);
+      sr.kl_before = mean_diff(a, b_rec);
+      sr.kl_after = mean_diff(a, b_rep);
+    }
+    const std::vector<float> none(b_rec.size(), 0.0f);
+    sr.mean_abs_dlogprob_forced = mean_abs_diff(b_rec, b_rep);
+    sr.mean_logprob_recorded = mean_diff(b_rec, none);
+    sr.mean_logprob_forced = mean_diff(b_rep, none);
+    const int k = opt.take_step >= 0 ? opt.take_step : index;
+    const TraceStepInfo& src = source_steps[size_t(k)];
+    sr.counterfactual_source = fmt::format("{} step {}{}", opt.take_decisions_from, k,
+                                           src.external() ? ", engine " + src.engine : std::string());
   }
   sr.identical = !sr.first && sr.decision_changes.empty();
   rep.steps.push_back(std::move(sr));
@@ -649,15 +674,21 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
           fmt::format("{}: step {} is incomplete (its recorder stopped while writing it); `dsv4 "
                       "trace validate` lists the complete steps",
                       trace, *opt.step));
+    if (st.external())
+      throw InputError(fmt::format("{}: step {} is an external step: {}", trace, *opt.step, external_step_note(st)));
     selected.push_back(*opt.step);
   } else {
     for (const auto& s : steps) {
-      if (s.complete) {
+      if (s.complete && s.external()) {
+        rep.notes.push_back(fmt::format("step {} not replayed: {}", s.index, external_step_note(s)));
+      } else if (s.complete) {
         selected.push_back(s.index);
       } else {
         rep.skipped.push_back({s.index, s.why_not_complete()});
       }
     }
+    if (selected.empty() && rep.skipped.empty() && !rep.notes.empty())
+      throw InputError(fmt::format("{}: every step is an external step: {}", trace, external_step_note(steps.front())));
     if (selected.empty()) {
       std::string why;
       for (const auto& k : rep.skipped) why += fmt::format("; step {}: {}", k.step, k.reason);

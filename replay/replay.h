@@ -81,7 +81,12 @@ struct StepReplay {
   double seconds = 0;
   // Counterfactual (take_decisions_from): log-prob mismatch between the two traces before and after
   // forcing A's decisions into B. k1 = mean(logp_A - logp_B) over every predicted token.
+  // Needs the other trace's log-probs: an external step may hold none (nullopt then).
   std::optional<double> mean_abs_dlogprob_before, mean_abs_dlogprob_after, kl_before, kl_after;
+  // Counterfactual, always: what forcing A's decisions did to this trace's log-probs (B recorded vs B
+  // replayed with A's decisions): mean |Δ| and the mean log-prob of each.
+  std::optional<double> mean_abs_dlogprob_forced, mean_logprob_recorded, mean_logprob_forced;
+  std::string counterfactual_source;  // A's step as "TRACE step K" (+ ", engine E" for an external one)
   // Counterfactual: whether the forced run's decisions equal A's recorded ones (as sets, every layer
   // including hash layers), and where they do not.
   std::optional<bool> counterfactual_decisions_equal;

@@ -44,11 +44,19 @@ std::string replay_to_json(const ReplayReport& r) {
                      {"replayed", s.kernels_replayed},
                      {"first_difference", s.kernel_first_difference},
                      {"note", s.kernels_note}};
-    if (s.mean_abs_dlogprob_before)
-      js["counterfactual"] = {{"mean_abs_dlogprob_before", *s.mean_abs_dlogprob_before},
-                              {"mean_abs_dlogprob_after", *s.mean_abs_dlogprob_after},
-                              {"kl_before", *s.kl_before},
-                              {"kl_after", *s.kl_after}};
+    if (s.mean_abs_dlogprob_forced) {
+      // null where the other trace holds no log-probs (an external step may not).
+      const auto num = [](const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(); };
+      js["counterfactual"] = {{"source", s.counterfactual_source},
+                              {"mean_abs_dlogprob_before", num(s.mean_abs_dlogprob_before)},
+                              {"mean_abs_dlogprob_after", num(s.mean_abs_dlogprob_after)},
+                              {"kl_before", num(s.kl_before)},
+                              {"kl_after", num(s.kl_after)},
+                              {"mean_abs_dlogprob_forced", *s.mean_abs_dlogprob_forced},
+                              {"mean_logprob_recorded", num(s.mean_logprob_recorded)},
+                              {"mean_logprob_forced", num(s.mean_logprob_forced)},
+                              {"decisions_equal", s.counterfactual_decisions_equal.value_or(false)}};
+    }
     j["steps"].push_back(js);
   }
   return j.dump(2);
