@@ -97,6 +97,7 @@ int export_step(const TraceReader& r, int step) {
 }
 
 int64_t trace_prompt_length(const TraceReader& r, int step, int seq) {
+  if (int64_t p = r.prompt_length(step, seq); p >= 0) return p;
   if (auto g = r.generation(step); g && seq < int(g->requests.size())) return g->requests[size_t(seq)].prompt_length;
   if (auto t = r.training(step); t && seq < int(t->samples.size())) return t->samples[size_t(seq)].prompt_length;
   return -1;
@@ -123,7 +124,8 @@ int64_t export_sglang(const TraceReader& r, int step, const std::string& out) {
   if (!f) throw InputError(fmt::format("{}: cannot create", tmp));
   for (int s = 0; s < int(info.seq_lengths.size()); ++s) {
     const std::vector<int32_t> tokens = r.tokens(step, s);
-    const std::string id = fmt::format("step{}-seq{}", step, s);
+    std::string id = r.sequence_id(step, s);
+    if (id.empty()) id = fmt::format("step{}-seq{}", step, s);
     const R3EngineBuffers b = sequence_buffers(r, c, step, s, int64_t(tokens.size()));
     f << sglang_response(id, tokens, trace_prompt_length(r, step, s), b).dump() << '\n';
     if (!f) throw InputError(fmt::format("{}: write failed", tmp));

@@ -43,8 +43,8 @@ ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelCo
 // (InputError listing the steps when there are several).
 int export_step(const TraceReader& r, int step);
 
-// The prompt length of a sequence as the trace knows it (a generation's request, a training sample's),
-// or −1.
+// The prompt length of a sequence as the trace knows it (an external step's, a generation's request, a
+// training sample's), or −1.
 int64_t trace_prompt_length(const TraceReader& r, int step, int seq);
 
 // One JSON line per sequence (sglang_response), to `out` (refused when it exists). Returns the sequences.

@@ -17,6 +17,8 @@
 #include "adapters/npy.h"
 #include "adapters/r3.h"
 #include "adapters/sglang.h"
+#include "cli_util.h"
+#include "capture/external.h"
 #include "capture/record.h"
 #include "capture/trace_reader.h"
 #include "model/error.h"
@@ -802,6 +804,80 @@ TEST(Adapters, ExportNeedsAStepWhenThereAreSeveral) {
   }
   EXPECT_EQ(export_step(r, 1), 1);
   EXPECT_THROW(export_step(r, 2), InputError);
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(Adapters, ImportThroughTheWriterAndExportAgainGivesTheSameBytes) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  const TraceReader ours = TraceReader::open(trace);
+  ASSERT_EQ(export_sglang(ours, 0, d / "first.jsonl"), 2);
+
+  ExternalModel m;
+  m.config_json = config_to_json(ours.config());
+  auto w = ExternalTraceWriter::create(d / "imported.h5", m);
+  ExternalStepSpec spec;
+  spec.engine = "sglang";
+  spec.source = d / "first.jsonl";
+  w->begin_step(spec);
+  const ImportSummary s = import_sglang({d / "first.jsonl"}, ours.config(), nullptr,
+                                        [&](ExternalSequence&& x) { w->add_sequence(x); });
+  w->end_step();
+  w->close();
+  EXPECT_EQ(s.requests, 2);
+
+  const TraceReader theirs = TraceReader::open(d / "imported.h5");
+  ASSERT_EQ(theirs.steps().size(), 1u);
+  EXPECT_EQ(theirs.steps()[0].engine, "sglang");
+  EXPECT_EQ(theirs.sequence_id(0, 1), "step0-seq1");
+  for (int q = 0; q < 2; ++q) EXPECT_EQ(theirs.tokens(0, q), ours.tokens(0, q));
+  ASSERT_EQ(export_sglang(theirs, 0, d / "second.jsonl"), 2);
+  const std::string a = text_of(d / "first.jsonl"), b = text_of(d / "second.jsonl");
+  EXPECT_GT(a.size(), 1000u);
+  EXPECT_TRUE(a == b) << "the export of the import differs from the first export";
+}
+
+TEST(Adapters, CommandLineImportExportAndErrors) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  auto r = test::run_cli("export sglang " + trace + " --out " + (d / "a.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --preset tiny --out " + (d / "a.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("import sglang: 2 requests, 33 tokens"), std::string::npos) << r.out;
+  r = test::run_cli("export miles " + (d / "a.h5") + " --out " + (d / "npz"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("import miles " + (d / "npz") + " --preset tiny --kind train --out " + (d / "b.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("import miles: 2 requests"), std::string::npos) << r.out;
+
+  // A capturer bound too early: an all-zero routing buffer. Exit 2, the request named, nothing left behind.
+  std::ifstream f(d / "a.jsonl");
+  std::string line;
+  std::getline(f, line);
+  json resp = json::parse(line);
+  std::string err;
+  std::vector<uint8_t> bytes = base64_decode(resp["meta_info"]["routed_experts"].get<std::string>(), err);
+  std::fill(bytes.begin(), bytes.end(), 0);
+  resp["meta_info"]["routed_experts"] = base64_encode(bytes);
+  std::ofstream(d / "zero.jsonl") << resp.dump() << "\n";
+  r = test::run_cli("import sglang " + (d / "zero.jsonl") + " --preset tiny --out " + (d / "z.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("zero.jsonl:1: request 'step0-seq0' (#0): routed_experts: every layer, every row is expert 0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(d / "z.h5"));
+  // A wrong config: the layer count does not match.
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --preset tiny-b --out " + (d / "c.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("request 'step0-seq0' (#0): routed_experts"), std::string::npos) << r.out;
+  r = test::run_cli("import sglang --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Example:"), std::string::npos) << r.out;
 }
 
 }  // namespace
