@@ -19,40 +19,50 @@ bool is_b64(char ch) {
 }
 }  // namespace
 
-std::vector<uint8_t> base64_decode(std::string_view text, std::string& error) {
+size_t base64_decoded_size(std::string_view text, std::string& error) {
   error.clear();
   if (text.size() % 4 != 0) {
     error = fmt::format("base64 text of {} characters is not a multiple of 4", text.size());
-    return {};
+    return 0;
   }
   size_t pad = 0;
   while (pad < 2 && pad < text.size() && text[text.size() - 1 - pad] == '=') ++pad;
-  std::vector<uint8_t> out(text.size() / 4 * 3);
+  return text.size() / 4 * 3 - pad;
+}
+
+bool base64_decode_into(std::string_view text, uint8_t* out, std::string& error) {
+  error.clear();
   const int64_t blocks = int64_t((text.size() + kTextBlock - 1) / kTextBlock);
   std::atomic<int64_t> bad{-1};  // lowest failing block
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const size_t at = size_t(b) * kTextBlock, len = std::min(kTextBlock, text.size() - at);
-    const int n = EVP_DecodeBlock(out.data() + at / 4 * 3, reinterpret_cast<const unsigned char*>(text.data() + at),
-                                  int(len));
+    const int n =
+        EVP_DecodeBlock(out + at / 4 * 3, reinterpret_cast<const unsigned char*>(text.data() + at), int(len));
     if (n < 0) {
       int64_t cur = bad.load();
       while ((cur < 0 || b < cur) && !bad.compare_exchange_weak(cur, b)) {
       }
     }
   }
-  if (bad.load() >= 0) {
-    // EVP says only "invalid": find the character for the message.
-    const size_t from = size_t(bad.load()) * kTextBlock, to = std::min(text.size(), from + kTextBlock);
-    for (size_t i = from; i < to; ++i)
-      if (!is_b64(text[i]) && !(text[i] == '=' && i + pad >= text.size())) {
-        error = fmt::format("not base64: byte {} at offset {}", int(uint8_t(text[i])), i);
-        return {};
-      }
-    error = fmt::format("not base64 (block at offset {})", from);
-    return {};
-  }
-  out.resize(out.size() - pad);
+  if (bad.load() < 0) return true;
+  // EVP says only "invalid": find the character for the message.
+  const size_t from = size_t(bad.load()) * kTextBlock, to = std::min(text.size(), from + kTextBlock);
+  for (size_t i = from; i < to; ++i)
+    if (!is_b64(text[i]) && !(text[i] == '=' && i + 2 >= text.size())) {
+      error = fmt::format("not base64: byte {} at offset {}", int(uint8_t(text[i])), i);
+      return false;
+    }
+  error = fmt::format("not base64 (block at offset {})", from);
+  return false;
+}
+
+std::vector<uint8_t> base64_decode(std::string_view text, std::string& error) {
+  const size_t n = base64_decoded_size(text, error);
+  if (!error.empty()) return {};
+  std::vector<uint8_t> out(n + 2);
+  if (!base64_decode_into(text, out.data(), error)) return {};
+  out.resize(n);
   return out;
 }
 

@@ -18,10 +18,14 @@ std::string R3Origin::describe() const {
   return id.empty() ? fmt::format("{}: request #{}", file, index) : fmt::format("{}: request '{}' (#{})", file, id, index);
 }
 
-std::vector<int32_t> r3_words(std::span<const uint8_t> bytes, const R3Origin& o, const char* buffer_name) {
-  if (bytes.size() % 4 != 0)
+void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name) {
+  if (bytes % 4 != 0)
     throw InputError(fmt::format("{}: {} holds {} bytes, not a whole number of int32 values (4 bytes each)",
-                                 o.describe(), buffer_name, bytes.size()));
+                                 o.describe(), buffer_name, bytes));
+}
+
+std::vector<int32_t> r3_words(std::span<const uint8_t> bytes, const R3Origin& o, const char* buffer_name) {
+  r3_check_bytes(bytes.size(), o, buffer_name);
   std::vector<int32_t> w(bytes.size() / 4);
   if (!w.empty()) std::memcpy(w.data(), bytes.data(), bytes.size());
   return w;

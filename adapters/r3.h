@@ -58,6 +58,8 @@ struct R3Request {
 // The engine buffers are little-endian int32: base64-decoded bytes become words here, and a length that
 // is not a multiple of 4 bytes is an InputError naming the origin and the buffer.
 std::vector<int32_t> r3_words(std::span<const uint8_t> bytes, const R3Origin& o, const char* buffer_name);
+// The same rule for a length alone (for callers that decode into int32 storage directly).
+void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name);
 
 // Checks a request against the config and returns its ExternalSequence (routing of every layer when
 // routed_experts is present, indexer top-k of every C4 layer, mapped from C4 ordinals to layer ids, at

@@ -48,11 +48,17 @@ R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o) {
     throw InputError(fmt::format("{}: meta_info.{} is not a base64 string", o.describe(), field));
   std::string text = std::move(it->get_ref<std::string&>());
   std::string error;
-  std::vector<uint8_t> bytes = base64_decode(text, error);
+  const size_t bytes = base64_decoded_size(text, error);
+  if (error.empty()) {
+    // Decoded straight into the int32 words (one allocation); the spare words take a partial last
+    // word and EVP's padding bytes until the length is checked.
+    b.words.resize(bytes / 4 + 2);
+    base64_decode_into(text, reinterpret_cast<uint8_t*>(b.words.data()), error);
+  }
   if (!error.empty()) throw InputError(fmt::format("{}: meta_info.{}: {}", o.describe(), field, error));
-  text = std::string();
+  r3_check_bytes(bytes, o, field);
+  b.words.resize(bytes / 4);
   b.present = true;
-  b.words = r3_words(bytes, o, field);
   return b;
 }
 

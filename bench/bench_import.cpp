@@ -5,14 +5,18 @@
 //   parse_s    nlohmann::json::parse of the line
 //   decode_s   the base64 strings → int32 buffers (sglang_request)
 //   checks_s   r3_import: every pitfall check, C4 ordinals → layers, the runtime width
+//   write_s    ExternalTraceWriter: the sequence written as an external step, the file sealed
 //
-// raw_MB is the size of the two int32 buffers. T defaults to 32768 (the size: about 1.9 GB of
+// raw_MB is the size of the two int32 buffers, trace_MB the trace file, trace_over_raw their ratio. T defaults to 32768 (the size: about 1.9 GB of
 // JSON and 1.4 GB of buffers; the process needs about 6 GB); DSV4_BENCH_IMPORT_TOKENS=N picks another.
 // Run: build/bench/bench_import   (quick: DSV4_BENCH_IMPORT_TOKENS=4096 build/bench/bench_import)
 #include <benchmark/benchmark.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "adapters/base64.h"
 #include "adapters/r3.h"
 #include "adapters/sglang.h"
+#include "capture/external.h"
 #include "model/config.h"
 
 namespace {
@@ -86,7 +91,12 @@ void BM_ImportSglangFlash(benchmark::State& state) {
   const ModelConfig c = dsv4::preset("flash");
   const int64_t T = tokens_from_env();
   const Response resp = synthesize(c, T);
-  double parse = 0, decode = 0, checks = 0;
+  const std::string trace =
+      (std::filesystem::temp_directory_path() / ("dsv4_bench_import_" + std::to_string(getpid()) + ".h5")).string();
+  dsv4::ExternalModel model;
+  model.config_json = dsv4::config_to_json(c);
+  double parse = 0, decode = 0, checks = 0, write = 0;
+  int64_t trace_bytes = 0;
   for (auto _ : state) {
     auto t0 = Clock::now();
     nlohmann::json j = nlohmann::json::parse(resp.line);
@@ -99,8 +109,20 @@ void BM_ImportSglangFlash(benchmark::State& state) {
     t0 = Clock::now();
     dsv4::ExternalSequence s = dsv4::r3_import(c, std::move(q), nullptr, notes);
     checks += seconds(t0);
-    benchmark::DoNotOptimize(s.indexer.data());
+    t0 = Clock::now();
+    std::filesystem::remove(trace);
+    auto w = dsv4::ExternalTraceWriter::create(trace, model);
+    dsv4::ExternalStepSpec spec;
+    spec.engine = "sglang";
+    spec.source = "bench.jsonl";
+    w->begin_step(spec);
+    w->add_sequence(s);
+    w->end_step();
+    w->close();
+    write += seconds(t0);
+    trace_bytes = int64_t(std::filesystem::file_size(trace));
   }
+  std::filesystem::remove(trace);
   const double it = double(state.iterations());
   state.counters["tokens"] = double(T);
   state.counters["json_MB"] = resp.line.size() / 1e6;
@@ -108,8 +130,11 @@ void BM_ImportSglangFlash(benchmark::State& state) {
   state.counters["parse_s"] = parse / it;
   state.counters["decode_s"] = decode / it;
   state.counters["checks_s"] = checks / it;
-  state.counters["total_s"] = (parse + decode + checks) / it;
-  state.counters["json_MB_per_s"] = resp.line.size() / 1e6 / ((parse + decode + checks) / it);
+  state.counters["write_s"] = write / it;
+  state.counters["total_s"] = (parse + decode + checks + write) / it;
+  state.counters["json_MB_per_s"] = resp.line.size() / 1e6 / ((parse + decode + checks + write) / it);
+  state.counters["trace_MB"] = trace_bytes / 1e6;
+  state.counters["trace_over_raw"] = double(trace_bytes) / double(resp.raw_bytes);
 }
 BENCHMARK(BM_ImportSglangFlash)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
 
