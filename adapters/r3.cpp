@@ -96,11 +96,11 @@ int64_t routing_rows(const ModelConfig& c, const R3Request& q) {
 }
 
 // The first problem of one routing layer's rows, or "" (rows r < keep of the buffer [rows, L, k]).
+// `table`: the layer's tid2eid [vocab, k] when it is a hash layer and the weights are known.
 std::string check_routing_layer(const ModelConfig& c, const R3Request& q, int layer, int64_t keep,
-                                const Weights* weights) {
+                                const int32_t* table) {
   const int L = c.num_hidden_layers, k = c.num_experts_per_tok, E = c.n_routed_experts;
   const int32_t* w = q.routed_experts.words.data();
-  const int32_t* table = weights && c.is_hash_layer(layer) ? weights->layer_i(layer, "mlp.topk.tid2eid") : nullptr;
   std::vector<int32_t> row(k), want(k);
   for (int64_t r = 0; r < keep; ++r) {
     const int32_t* ids = w + (r * L + layer) * k;
@@ -185,46 +185,55 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
   return s;
 }
 
-// The first problem of one C4 layer's rows, or "". `seen` is scratch of ⌊T/4⌋ + 1 entries (a row's
-// stamp per group, so it needs no clearing between rows).
-std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int ordinal, int layer,
-                                const IndexerShape& s, int64_t keep, std::vector<int64_t>& seen) {
+// Checks one C4 layer's rows (r < keep) and copies them into `out` at the runtime width; returns the
+// first problem, or "". `seen` is scratch of ⌊T/4⌋ + 1 entries (a row's stamp per group, so it needs no
+// clearing between rows). One pass over the rows: this is most of an import's work.
+std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int ordinal, const IndexerShape& s,
+                                int64_t keep, std::vector<int64_t>& seen, ExternalIndexer& out) {
   const int64_t n = c.num_c4_layers(), W = s.width, runtime = c.indexer_width(int64_t(q.tokens.size()));
+  const int64_t width = std::min(W, runtime);
   const int32_t* w = q.indexer_topk.words.data();
-  int64_t valid = 0, zeros = 0;
+  auto row_of = [&](int64_t t) { return w + (t * n + ordinal) * W; };
+  const std::string layer = layer_name(c, out.layer);
+  // An all-zero layer is the capturer's initial buffer; say so whatever row fails first (row 0 does).
+  auto problem = [&](std::string message) {
+    for (int64_t t = 0; t < keep; ++t)
+      if (!std::all_of(row_of(t), row_of(t) + W, [](int32_t v) { return v == 0; })) return message;
+    return fmt::format("{}: every row is all zero: {}", layer, kCapturer);
+  };
+  out.ids.clear();
+  out.ids.reserve(size_t(keep * width));
+  int64_t valid = 0;
   for (int64_t t = 0; t < keep; ++t) {
-    const int32_t* row = w + (t * n + ordinal) * W;
-    for (int64_t j = 0; j < W; ++j) zeros += row[j] == 0;
-  }
-  if (keep > 0 && zeros == keep * W)
-    return fmt::format("{}: every row is all zero: {}", layer_name(c, layer), kCapturer);
-  for (int64_t t = 0; t < keep; ++t) {
-    const int32_t* row = w + (t * n + ordinal) * W;
+    const int32_t* row = row_of(t);
     const int64_t visible = (t + 1) / 4;  // groups complete once token t is fed
     for (int64_t j = 0; j < W; ++j) {
       const int32_t v = row[j];
       if (v == -1) continue;
       if (v < -1)
-        return fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 (empty)",
-                           layer_name(c, layer), t, j, v);
+        return problem(fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 "
+                                   "(empty)",
+                                   layer, t, j, v));
       if (j >= runtime)
-        return fmt::format("{} row {}: column {} holds {}; columns from the runtime width min(index_topk, ⌊T/4⌋) = "
-                           "{} on must be −1",
-                           layer_name(c, layer), t, j, v, runtime);
+        return problem(fmt::format("{} row {}: column {} holds {}; columns from the runtime width min(index_topk, "
+                                   "⌊T/4⌋) = {} on must be −1",
+                                   layer, t, j, v, runtime));
       if (v >= visible)
-        return fmt::format("{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) "
-                           "(⌊(t+1)/4⌋)",
-                           layer_name(c, layer), t, v, t, visible);
+        return problem(fmt::format("{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) "
+                                   "(⌊(t+1)/4⌋)",
+                                   layer, t, v, t, visible));
       if (seen[size_t(v)] == t + 1)
-        return fmt::format("{} row {}: group {} appears twice; a row must be a set", layer_name(c, layer), t, v);
+        return problem(fmt::format("{} row {}: group {} appears twice; a row must be a set", layer, t, v));
       seen[size_t(v)] = t + 1;
       ++valid;
     }
+    out.ids.insert(out.ids.end(), row, row + width);
   }
   // Row 3 is the first to see a compressed group, so a layer with rows from there on must pick some.
   if (valid == 0 && keep >= 4)
-    return fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}", layer_name(c, layer),
-                       kCapturer);
+    return fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}", layer, kCapturer);
+  out.rows = keep;
+  out.width = int(width);
   return "";
 }
 
@@ -262,9 +271,13 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
       throw InputError(fmt::format("{}: routed_experts: every layer, every row is expert 0: {}", who, kCapturer));
     if (all_equal(words, -1))
       throw InputError(fmt::format("{}: routed_experts: every layer, every row is −1: {}", who, kCapturer));
+    // The tables are looked up here: a missing one throws, which must not happen inside the parallel loop.
+    std::vector<const int32_t*> tables(size_t(L), nullptr);
+    for (int l = 0; l < L && weights; ++l)
+      if (c.is_hash_layer(l)) tables[size_t(l)] = weights->layer_i(l, "mlp.topk.tid2eid");
     std::vector<std::string> errors(static_cast<size_t>(L));
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int l = 0; l < L; ++l) errors[size_t(l)] = check_routing_layer(c, q, l, keep, weights);
+    for (int l = 0; l < L; ++l) errors[size_t(l)] = check_routing_layer(c, q, l, keep, tables[size_t(l)]);
     throw_first(who + ": routed_experts ", errors);
     if (routed_rows == T) notes.push_back(fmt::format("{}: routed_experts: dropped the stop-edge row {}", who, T - 1));
     seq.routing.resize(size_t(L));
@@ -291,6 +304,8 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
     for (int l = 0; l < c.num_hidden_layers; ++l)
       if (c.c4_ordinal(l) >= 0) layers.push_back(l);
     const int n = int(layers.size());
+    // Checked and copied at the runtime's width (the columns beyond it are checked to be −1 in every row).
+    seq.indexer.resize(size_t(n));
     std::vector<std::string> errors(static_cast<size_t>(n));
 #pragma omp parallel
     {
@@ -298,24 +313,12 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
 #pragma omp for schedule(dynamic, 1)
       for (int o = 0; o < n; ++o) {
         std::fill(seen.begin(), seen.end(), 0);
-        errors[size_t(o)] = check_indexer_layer(c, q, o, layers[size_t(o)], s, keep, seen);
+        seq.indexer[size_t(o)].layer = layers[size_t(o)];
+        errors[size_t(o)] = check_indexer_layer(c, q, o, s, keep, seen, seq.indexer[size_t(o)]);
       }
     }
     throw_first(who + ": indexer_topk ", errors);
     if (s.rows == T) notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));
-    // Stored at the runtime's width: the columns beyond it were checked to be −1 in every row.
-    const int64_t width = std::min<int64_t>(s.width, c.indexer_width(T));
-    seq.indexer.resize(size_t(n));
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < n; ++o) {
-      ExternalIndexer& x = seq.indexer[size_t(o)];
-      x.layer = layers[size_t(o)];
-      x.rows = keep;
-      x.width = int(width);
-      x.ids.resize(size_t(keep * width));
-      for (int64_t t = 0; t < keep; ++t)
-        std::memcpy(&x.ids[size_t(t * width)], &words[size_t((t * n + o) * s.width)], size_t(width) * 4);
-    }
   }
   return seq;
 }

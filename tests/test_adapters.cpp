@@ -875,6 +875,30 @@ TEST(Adapters, CommandLineImportExportAndErrors) {
   r = test::run_cli("import sglang " + (d / "a.jsonl") + " --preset tiny-b --out " + (d / "c.h5"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("request 'step0-seq0' (#0): routed_experts"), std::string::npos) << r.out;
+  // --model: the weights' tid2eid tables check the hash layers (0 and 1 on tiny).
+  test::tiny().save(d / "model");
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --model " + (d / "model") + " --out " + (d / "m.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  resp = json::parse(line);
+  bytes = base64_decode(resp["meta_info"]["routed_experts"].get<std::string>(), err);
+  const ModelConfig& c = test::tiny().config();
+  const int32_t tok = resp["input_ids"][5].get<int32_t>();
+  const int32_t* table = test::tiny().layer_i(0, "mlp.topk.tid2eid");
+  int32_t other = 0;
+  while (other == table[tok * c.num_experts_per_tok] || other == table[tok * c.num_experts_per_tok + 1]) ++other;
+  int32_t* ids = reinterpret_cast<int32_t*>(bytes.data());
+  // `other` is in neither slot of the token's table row: the row stays a set, only the table check fails.
+  ids[(5 * c.num_hidden_layers + 0) * c.num_experts_per_tok + 0] = other;  // row 5, layer 0, slot 0
+  resp["meta_info"]["routed_experts"] = base64_encode(bytes);
+  std::ofstream(d / "hash.jsonl") << resp.dump() << "\n";
+  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --model " + (d / "model") + " --out " + (d / "h.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("routed_experts layer 0 (hash layer) row 5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tid2eid"), std::string::npos) << r.out;
+  // Without the weights the same file imports (nothing to compare the hash layers with).
+  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --preset tiny --out " + (d / "h2.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+
   r = test::run_cli("import sglang --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("Example:"), std::string::npos) << r.out;
