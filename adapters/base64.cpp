@@ -15,7 +15,8 @@ constexpr size_t kTextBlock = size_t(48) << 20;
 constexpr size_t kByteBlock = kTextBlock / 4 * 3;
 
 bool is_b64(char ch) {
-  return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '+' || ch == '/';
+  return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '+' ||
+         ch == '/';
 }
 }  // namespace
 

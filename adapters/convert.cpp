@@ -29,8 +29,8 @@ void count(ImportSummary& s, const ExternalSequence& seq) {
 
 }  // namespace
 
-ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c, const Weights* weights,
-                            const SequenceSink& sink, const ProgressFn& progress) {
+ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
+                            const Weights* weights, const SequenceSink& sink, const ProgressFn& progress) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t done_bytes = 0;  // bytes of the files finished
@@ -56,8 +56,8 @@ ImportSummary import_sglang(const std::vector<std::string>& files, const ModelCo
   return s;
 }
 
-ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c, const Weights* weights,
-                           const SequenceSink& sink, const ProgressFn& progress) {
+ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
+                           const Weights* weights, const SequenceSink& sink, const ProgressFn& progress) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> samples = miles_sample_paths(inputs);
@@ -85,7 +85,8 @@ int export_step(const TraceReader& r, int step) {
     if (step >= int(steps.size()))
       throw InputError(fmt::format("{}: --step {}: the trace has {} steps", r.path(), step, steps.size()));
     if (!steps[size_t(step)].complete)
-      throw InputError(fmt::format("{}: step {} is {}", r.path(), step, steps[size_t(step)].why_not_complete()));
+      throw InputError(
+          fmt::format("{}: step {} is {}", r.path(), step, steps[size_t(step)].why_not_complete()));
     return step;
   }
   std::vector<int> complete;
@@ -98,8 +99,10 @@ int export_step(const TraceReader& r, int step) {
 
 int64_t trace_prompt_length(const TraceReader& r, int step, int seq) {
   if (int64_t p = r.prompt_length(step, seq); p >= 0) return p;
-  if (auto g = r.generation(step); g && seq < int(g->requests.size())) return g->requests[size_t(seq)].prompt_length;
-  if (auto t = r.training(step); t && seq < int(t->samples.size())) return t->samples[size_t(seq)].prompt_length;
+  if (auto g = r.generation(step); g && seq < int(g->requests.size()))
+    return g->requests[size_t(seq)].prompt_length;
+  if (auto t = r.training(step); t && seq < int(t->samples.size()))
+    return t->samples[size_t(seq)].prompt_length;
   return -1;
 }
 

@@ -14,9 +14,9 @@
 namespace dsv4 {
 
 struct ImportProgress {
-  int64_t requests = 0;     // done so far
-  int64_t bytes_read = 0;   // input bytes read so far (all files)
-  double seconds = 0;       // since the import started
+  int64_t requests = 0;    // done so far
+  int64_t bytes_read = 0;  // input bytes read so far (all files)
+  double seconds = 0;      // since the import started
 };
 
 struct ImportSummary {
@@ -33,11 +33,13 @@ using ProgressFn = std::function<void(const ImportProgress&)>;
 
 // Every response of every file, in order, one at a time: read, checked (r3_import), handed to `sink`.
 // `weights` (optional) checks the hash layers against tid2eid.
-ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c, const Weights* weights,
-                            const SequenceSink& sink, const ProgressFn& progress = nullptr);
+ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
+                            const Weights* weights, const SequenceSink& sink,
+                            const ProgressFn& progress = nullptr);
 // Every sample of miles_sample_paths(inputs), likewise.
-ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c, const Weights* weights,
-                           const SequenceSink& sink, const ProgressFn& progress = nullptr);
+ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
+                           const Weights* weights, const SequenceSink& sink,
+                           const ProgressFn& progress = nullptr);
 
 // The step an export reads: `step` when >= 0 (it must be complete), else the trace's only complete step
 // (InputError listing the steps when there are several).

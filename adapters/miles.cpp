@@ -19,8 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kMembers[] = {"tokens", "rollout_routed_experts", "rollout_indexer_topk", "response_length",
-                                    "rollout_log_probs"};
+constexpr const char* kMembers[] = {"tokens", "rollout_routed_experts", "rollout_indexer_topk",
+                                    "response_length", "rollout_log_probs"};
 
 bool is_sample_dir(const fs::path& p) {
   return fs::is_directory(p) && fs::is_regular_file(p / "tokens.npy");
@@ -48,14 +48,15 @@ std::map<std::string, NpyArray> read_npz(const std::string& path) {
     if (zip_stat_index(z.get(), zip_uint64_t(idx), 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
       throw InputError(fmt::format("{}: {}: cannot read its size: {}", path, member, zip_strerror(z.get())));
     std::vector<uint8_t> bytes(st.size);
-    std::unique_ptr<zip_file_t, decltype(&zip_fclose)> f(zip_fopen_index(z.get(), zip_uint64_t(idx), 0), &zip_fclose);
+    std::unique_ptr<zip_file_t, decltype(&zip_fclose)> f(zip_fopen_index(z.get(), zip_uint64_t(idx), 0),
+                                                         &zip_fclose);
     if (!f) throw InputError(fmt::format("{}: {}: cannot open: {}", path, member, zip_strerror(z.get())));
     zip_uint64_t got = 0;
     while (got < st.size) {
       const zip_int64_t n = zip_fread(f.get(), bytes.data() + got, st.size - got);
       if (n <= 0)
-        throw InputError(fmt::format("{}: {}: read failed after {} of {} bytes: {}", path, member, got, st.size,
-                                     zip_file_strerror(f.get())));
+        throw InputError(fmt::format("{}: {}: read failed after {} of {} bytes: {}", path, member, got,
+                                     st.size, zip_file_strerror(f.get())));
       got += zip_uint64_t(n);
     }
     const std::string what = fmt::format("{}: {}", path, member);
@@ -93,7 +94,8 @@ std::vector<std::string> miles_sample_paths(const std::vector<std::string>& inpu
         if ((e.is_regular_file() && e.path().extension() == ".npz") || is_sample_dir(e.path()))
           found.push_back(e.path().string());
       if (found.empty())
-        throw InputError(fmt::format("{}: no miles samples here (no .npz files, no directories with tokens.npy)", in));
+        throw InputError(
+            fmt::format("{}: no miles samples here (no .npz files, no directories with tokens.npy)", in));
       std::sort(found.begin(), found.end());
       out.insert(out.end(), found.begin(), found.end());
     } else {
@@ -107,14 +109,16 @@ R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::
   const bool dir = fs::is_directory(path);
   std::map<std::string, NpyArray> arrays = dir ? read_npy_dir(path) : read_npz(path);
   auto what = [&](const char* name) {
-    return dir ? (fs::path(path) / (std::string(name) + ".npy")).string() : fmt::format("{}: {}.npy", path, name);
+    return dir ? (fs::path(path) / (std::string(name) + ".npy")).string()
+               : fmt::format("{}: {}.npy", path, name);
   };
   R3Request q;
   q.origin = R3Origin{path, "", index};
   auto tok = arrays.find("tokens");
   if (tok == arrays.end()) throw InputError(fmt::format("{}: no tokens array", path));
   if (tok->second.shape.size() != 1)
-    throw InputError(fmt::format("{}: tokens has {} dimensions, expected 1", what("tokens"), tok->second.shape.size()));
+    throw InputError(
+        fmt::format("{}: tokens has {} dimensions, expected 1", what("tokens"), tok->second.shape.size()));
   q.tokens = npy_int32(tok->second, what("tokens"), /*widen_i8=*/true);
   if (auto r = arrays.find("response_length"); r != arrays.end()) {
     const int64_t R = npy_scalar_int(r->second, what("response_length"));
@@ -136,9 +140,10 @@ R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::
   if (!q.routed_experts.present && !q.indexer_topk.present)
     throw InputError(fmt::format("{}: neither rollout_routed_experts nor rollout_indexer_topk", path));
   if (arrays.count("rollout_log_probs"))
-    notes.push_back(fmt::format("{}: rollout_log_probs cover the response only; not stored, since a trace holds "
-                                "log-probs for every position or none",
-                                path));
+    notes.push_back(
+        fmt::format("{}: rollout_log_probs cover the response only; not stored, since a trace holds "
+                    "log-probs for every position or none",
+                    path));
   return q;
 }
 

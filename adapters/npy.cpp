@@ -61,7 +61,8 @@ std::vector<int64_t> parse_shape(const std::string& v, const std::string& what) 
   return shape;
 }
 
-std::vector<uint8_t> encode(const char* descr, const void* values, size_t bytes, const std::vector<int64_t>& shape) {
+std::vector<uint8_t> encode(const char* descr, const void* values, size_t bytes,
+                            const std::vector<int64_t>& shape) {
   std::string dims;
   for (int64_t d : shape) dims += fmt::format("{}, ", d);
   if (shape.size() > 1) dims.resize(dims.size() - 2);  // (3,) for one dimension, (2, 3) for more
@@ -101,8 +102,8 @@ NpyArray npy_parse(std::span<const uint8_t> file, const std::string& what) {
     throw InputError(fmt::format("{}: not a .npy array (no \\x93NUMPY magic)", what));
   const int major = file[6];
   if (major < 1 || major > 3)
-    throw InputError(fmt::format("{}: .npy format version {}.{} is not supported (1.0, 2.0, 3.0 are)", what, major,
-                                 int(file[7])));
+    throw InputError(fmt::format("{}: .npy format version {}.{} is not supported (1.0, 2.0, 3.0 are)", what,
+                                 major, int(file[7])));
   size_t prefix = 10, hl = size_t(file[8]) | size_t(file[9]) << 8;
   if (major >= 2) {
     if (file.size() < 12) throw InputError(fmt::format("{}: truncated .npy header", what));
@@ -115,20 +116,21 @@ NpyArray npy_parse(std::span<const uint8_t> file, const std::string& what) {
   NpyArray a;
   std::string descr = dict_value(h, "descr", what);
   if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"'))
-    throw InputError(fmt::format("{}: .npy descr {} is not a simple dtype (structured arrays are not supported)",
-                                 what, descr));
+    throw InputError(fmt::format(
+        "{}: .npy descr {} is not a simple dtype (structured arrays are not supported)", what, descr));
   a.descr = descr.substr(1, descr.size() - 2);
   // '|' or '=' byte order only for one-byte types; here every accepted type is little-endian.
   if (a.descr.size() >= 1 && a.descr[0] == '>')
-    throw InputError(fmt::format("{}: dtype '{}' is big-endian; save it little-endian (arr.astype('<i4'))", what,
-                                 a.descr));
+    throw InputError(fmt::format("{}: dtype '{}' is big-endian; save it little-endian (arr.astype('<i4'))",
+                                 what, a.descr));
   if (a.descr != "<i4" && a.descr != "<i8" && a.descr != "<f4")
-    throw InputError(fmt::format("{}: dtype '{}' is not supported (int32 '<i4', int64 '<i8' or float32 '<f4')", what,
-                                 a.descr));
+    throw InputError(fmt::format(
+        "{}: dtype '{}' is not supported (int32 '<i4', int64 '<i8' or float32 '<f4')", what, a.descr));
   const std::string fortran = dict_value(h, "fortran_order", what);
   if (fortran == "True")
     throw InputError(fmt::format("{}: Fortran-order array; save it in C order (np.ascontiguousarray)", what));
-  if (fortran != "False") throw InputError(fmt::format("{}: .npy fortran_order {} is not a boolean", what, fortran));
+  if (fortran != "False")
+    throw InputError(fmt::format("{}: .npy fortran_order {} is not a boolean", what, fortran));
   a.shape = parse_shape(dict_value(h, "shape", what), what);
   const size_t elem = a.descr == "<i8" ? 8 : 4;
   const size_t need = size_t(a.count()) * elem;
@@ -160,14 +162,16 @@ std::vector<int32_t> npy_int32(const NpyArray& a, const std::string& what, bool 
 }
 
 std::vector<float> npy_float32(const NpyArray& a, const std::string& what) {
-  if (a.descr != "<f4") throw InputError(fmt::format("{}: dtype '{}', expected float32 ('<f4')", what, a.descr));
+  if (a.descr != "<f4")
+    throw InputError(fmt::format("{}: dtype '{}', expected float32 ('<f4')", what, a.descr));
   std::vector<float> out(size_t(a.count()));
   if (!out.empty()) std::memcpy(out.data(), a.data.data(), out.size() * 4);
   return out;
 }
 
 int64_t npy_scalar_int(const NpyArray& a, const std::string& what) {
-  if (a.count() != 1) throw InputError(fmt::format("{}: expected one integer, found {} values", what, a.count()));
+  if (a.count() != 1)
+    throw InputError(fmt::format("{}: expected one integer, found {} values", what, a.count()));
   if (a.descr == "<i4") {
     int32_t v;
     std::memcpy(&v, a.data.data(), 4);

@@ -12,10 +12,10 @@
 namespace dsv4 {
 
 struct NpyArray {
-  std::string descr;            // "<i4", "<i8" or "<f4"
-  std::vector<int64_t> shape;   // () for a scalar
-  std::vector<uint8_t> data;    // the values, C order, little-endian
-  int64_t count() const;        // product of shape (1 for a scalar)
+  std::string descr;           // "<i4", "<i8" or "<f4"
+  std::vector<int64_t> shape;  // () for a scalar
+  std::vector<uint8_t> data;   // the values, C order, little-endian
+  int64_t count() const;       // product of shape (1 for a scalar)
 };
 
 // Parses a whole .npy file. `what` names it in errors ("sample.npz: tokens.npy").

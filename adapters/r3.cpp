@@ -15,7 +15,8 @@ static_assert(std::endian::native == std::endian::little,
               "the engine buffers are little-endian int32; a big-endian host would need a byte swap");
 
 std::string R3Origin::describe() const {
-  return id.empty() ? fmt::format("{}: request #{}", file, index) : fmt::format("{}: request '{}' (#{})", file, id, index);
+  return id.empty() ? fmt::format("{}: request #{}", file, index)
+                    : fmt::format("{}: request '{}' (#{})", file, id, index);
 }
 
 void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name) {
@@ -66,32 +67,36 @@ int64_t routing_rows(const ModelConfig& c, const R3Request& q) {
   int64_t rows = 0;
   if (!b.shape.empty()) {
     if (b.shape.size() != 3)
-      throw InputError(fmt::format("{}: shape {} has {} dimensions, expected 3 [len(tokens) − 1, layers, k]", where,
-                                   shape_str(b.shape), b.shape.size()));
+      throw InputError(fmt::format("{}: shape {} has {} dimensions, expected 3 [len(tokens) − 1, layers, k]",
+                                   where, shape_str(b.shape), b.shape.size()));
     if (b.shape[1] != L)
-      throw InputError(fmt::format("{}: shape {} holds {} layers, the config has {} (num_hidden_layers; hash layers "
-                                   "included)",
-                                   where, shape_str(b.shape), b.shape[1], L));
+      throw InputError(
+          fmt::format("{}: shape {} holds {} layers, the config has {} (num_hidden_layers; hash layers "
+                      "included)",
+                      where, shape_str(b.shape), b.shape[1], L));
     if (b.shape[2] != k)
-      throw InputError(fmt::format("{}: shape {} holds {} ids per row, the config routes to {} (num_experts_per_tok)",
-                                   where, shape_str(b.shape), b.shape[2], k));
+      throw InputError(
+          fmt::format("{}: shape {} holds {} ids per row, the config routes to {} (num_experts_per_tok)",
+                      where, shape_str(b.shape), b.shape[2], k));
     rows = b.shape[0];
   } else {
     const int64_t n = int64_t(b.words.size());
     // A buffer of T − 1 rows of k ids but another layer count: say that, not "wrong length".
     if (T > 1 && n % ((T - 1) * k) == 0 && n / ((T - 1) * k) != L)
-      throw InputError(fmt::format("{}: {} bytes = {} rows (len(tokens) − 1) × {} layers × {} ids; the config has {} "
-                                   "layers (num_hidden_layers; hash layers included)",
-                                   where, n * 4, T - 1, n / ((T - 1) * k), k, L));
+      throw InputError(
+          fmt::format("{}: {} bytes = {} rows (len(tokens) − 1) × {} layers × {} ids; the config has {} "
+                      "layers (num_hidden_layers; hash layers included)",
+                      where, n * 4, T - 1, n / ((T - 1) * k), k, L));
     if (n % (L * k) != 0)
-      throw InputError(fmt::format("{}: {} bytes are not a whole number of rows of {} layers × {} ids × 4 bytes", where,
-                                   n * 4, L, k));
+      throw InputError(fmt::format(
+          "{}: {} bytes are not a whole number of rows of {} layers × {} ids × 4 bytes", where, n * 4, L, k));
     rows = n / (L * k);
   }
   if (!rows_fit(rows, T))
-    throw InputError(fmt::format("{}: {} rows for {} tokens; the layout has len(tokens) − 1 = {} rows (or {} with the "
-                                 "stop-edge row)",
-                                 where, rows, T, T - 1, T));
+    throw InputError(
+        fmt::format("{}: {} rows for {} tokens; the layout has len(tokens) − 1 = {} rows (or {} with the "
+                    "stop-edge row)",
+                    where, rows, T, T - 1, T));
   return rows;
 }
 
@@ -119,8 +124,9 @@ std::string check_routing_layer(const ModelConfig& c, const R3Request& q, int la
       want.assign(table + int64_t(tok) * k, table + int64_t(tok) * k + k);
       std::sort(want.begin(), want.end());
       if (row != want)
-        return fmt::format("{} row {}: experts {} disagree with the model's tid2eid[{}] = {} (token {} at position {})",
-                           layer_name(c, layer), r, fmt::join(row, ","), tok, fmt::join(want, ","), tok, r);
+        return fmt::format(
+            "{} row {}: experts {} disagree with the model's tid2eid[{}] = {} (token {} at position {})",
+            layer_name(c, layer), r, fmt::join(row, ","), tok, fmt::join(want, ","), tok, r);
     }
   }
   return "";
@@ -139,20 +145,24 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
   const auto& b = q.indexer_topk;
   auto layer_count_error = [&](int64_t got, const char* field) {
     return InputError(fmt::format(
-        "{}: {} is {}, the config has {} C4 layers (the engine packs the indexer by C4 ordinal{})", where, field, got,
-        n, got == c.num_hidden_layers ? "; this buffer looks indexed by global layer id (MODEL.md §6.6 item 1)" : ""));
+        "{}: {} is {}, the config has {} C4 layers (the engine packs the indexer by C4 ordinal{})", where,
+        field, got, n,
+        got == c.num_hidden_layers ? "; this buffer looks indexed by global layer id (MODEL.md §6.6 item 1)"
+                                   : ""));
   };
   IndexerShape s;
   if (!b.shape.empty()) {
     if (b.shape.size() != 3)
-      throw InputError(fmt::format("{}: shape {} has {} dimensions, expected 3 [len(tokens) − 1, C4 layers, width]",
-                                   where, shape_str(b.shape), b.shape.size()));
+      throw InputError(
+          fmt::format("{}: shape {} has {} dimensions, expected 3 [len(tokens) − 1, C4 layers, width]", where,
+                      shape_str(b.shape), b.shape.size()));
     if (b.shape[1] != n) throw layer_count_error(b.shape[1], "its layer dimension");
     s = {b.shape[0], b.shape[2]};
     if (!rows_fit(s.rows, T))
-      throw InputError(fmt::format("{}: {} rows for {} tokens; the layout has len(tokens) − 1 = {} rows (or {} with "
-                                   "the stop-edge row)",
-                                   where, s.rows, T, T - 1, T));
+      throw InputError(
+          fmt::format("{}: {} rows for {} tokens; the layout has len(tokens) − 1 = {} rows (or {} with "
+                      "the stop-edge row)",
+                      where, s.rows, T, T - 1, T));
   } else {
     if (q.indexer_num_layers >= 0 && q.indexer_num_layers != n)
       throw layer_count_error(q.indexer_num_layers, "indexer_topk_num_layers");
@@ -163,7 +173,8 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
     std::vector<int64_t> candidates;
     if (routing_rows_or_0 > 0) candidates.push_back(routing_rows_or_0);
     for (int64_t r : {T - 1, T})
-      if (r > 0 && std::find(candidates.begin(), candidates.end(), r) == candidates.end()) candidates.push_back(r);
+      if (r > 0 && std::find(candidates.begin(), candidates.end(), r) == candidates.end())
+        candidates.push_back(r);
     bool found = false;
     for (int64_t r : candidates) {
       if (words % (r * n) == 0 && words / (r * n) > 0) {
@@ -173,15 +184,17 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
       }
     }
     if (!found)
-      throw InputError(fmt::format("{}: {} bytes are not a whole number of rows of {} C4 layers × width × 4 bytes for "
-                                   "len(tokens) − 1 = {} rows (or {} with the stop-edge row)",
-                                   where, words * 4, n, T - 1, T));
+      throw InputError(
+          fmt::format("{}: {} bytes are not a whole number of rows of {} C4 layers × width × 4 bytes for "
+                      "len(tokens) − 1 = {} rows (or {} with the stop-edge row)",
+                      where, words * 4, n, T - 1, T));
   }
   const int64_t runtime = c.indexer_width(T);
   if (s.width != c.index_topk && s.width != runtime)
-    throw InputError(fmt::format("{}: width {} is neither index_topk ({}, what the engine writes) nor the runtime "
-                                 "width min(index_topk, ⌊T/4⌋) = {} for T = {}",
-                                 where, s.width, c.index_topk, runtime, T));
+    throw InputError(
+        fmt::format("{}: width {} is neither index_topk ({}, what the engine writes) nor the runtime "
+                    "width min(index_topk, ⌊T/4⌋) = {} for T = {}",
+                    where, s.width, c.index_topk, runtime, T));
   return s;
 }
 
@@ -211,17 +224,20 @@ std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int or
       const int32_t v = row[j];
       if (v == -1) continue;
       if (v < -1)
-        return problem(fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 "
-                                   "(empty)",
-                                   layer, t, j, v));
+        return problem(
+            fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 "
+                        "(empty)",
+                        layer, t, j, v));
       if (j >= runtime)
-        return problem(fmt::format("{} row {}: column {} holds {}; columns from the runtime width min(index_topk, "
-                                   "⌊T/4⌋) = {} on must be −1",
-                                   layer, t, j, v, runtime));
+        return problem(
+            fmt::format("{} row {}: column {} holds {}; columns from the runtime width min(index_topk, "
+                        "⌊T/4⌋) = {} on must be −1",
+                        layer, t, j, v, runtime));
       if (v >= visible)
-        return problem(fmt::format("{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) "
-                                   "(⌊(t+1)/4⌋)",
-                                   layer, t, v, t, visible));
+        return problem(
+            fmt::format("{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) "
+                        "(⌊(t+1)/4⌋)",
+                        layer, t, v, t, visible));
       if (seen[size_t(v)] == t + 1)
         return problem(fmt::format("{} row {}: group {} appears twice; a row must be a set", layer, t, v));
       seen[size_t(v)] = t + 1;
@@ -231,7 +247,8 @@ std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int or
   }
   // Row 3 is the first to see a compressed group, so a layer with rows from there on must pick some.
   if (valid == 0 && keep >= 4)
-    return fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}", layer, kCapturer);
+    return fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}", layer,
+                       kCapturer);
   out.rows = keep;
   out.width = int(width);
   return "";
@@ -246,7 +263,8 @@ void throw_first(const std::string& prefix, const std::vector<std::string>& erro
 
 }  // namespace
 
-ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* weights, std::vector<std::string>& notes) {
+ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* weights,
+                           std::vector<std::string>& notes) {
   const std::string who = q.origin.describe();
   const int64_t T = int64_t(q.tokens.size());
   if (T == 0) throw InputError(fmt::format("{}: no tokens", who));
@@ -268,7 +286,8 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
     const int L = c.num_hidden_layers, k = c.num_experts_per_tok;
     const std::vector<int32_t>& words = q.routed_experts.words;
     if (all_equal(words, 0))
-      throw InputError(fmt::format("{}: routed_experts: every layer, every row is expert 0: {}", who, kCapturer));
+      throw InputError(
+          fmt::format("{}: routed_experts: every layer, every row is expert 0: {}", who, kCapturer));
     if (all_equal(words, -1))
       throw InputError(fmt::format("{}: routed_experts: every layer, every row is −1: {}", who, kCapturer));
     // The tables are looked up here: a missing one throws, which must not happen inside the parallel loop.
@@ -279,7 +298,8 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
 #pragma omp parallel for schedule(dynamic, 1)
     for (int l = 0; l < L; ++l) errors[size_t(l)] = check_routing_layer(c, q, l, keep, tables[size_t(l)]);
     throw_first(who + ": routed_experts ", errors);
-    if (routed_rows == T) notes.push_back(fmt::format("{}: routed_experts: dropped the stop-edge row {}", who, T - 1));
+    if (routed_rows == T)
+      notes.push_back(fmt::format("{}: routed_experts: dropped the stop-edge row {}", who, T - 1));
     seq.routing.resize(size_t(L));
 #pragma omp parallel for schedule(static)
     for (int l = 0; l < L; ++l) {
@@ -297,9 +317,10 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
     const IndexerShape s = indexer_shape(c, q, routed_rows);
     const std::vector<int32_t>& words = q.indexer_topk.words;
     if (all_equal(words, -1) && keep >= 4)
-      throw InputError(fmt::format("{}: indexer_topk: every layer, every row is −1 although rows 3.. see compressed "
-                                   "groups: {}",
-                                   who, kCapturer));
+      throw InputError(
+          fmt::format("{}: indexer_topk: every layer, every row is −1 although rows 3.. see compressed "
+                      "groups: {}",
+                      who, kCapturer));
     std::vector<int> layers;
     for (int l = 0; l < c.num_hidden_layers; ++l)
       if (c.c4_ordinal(l) >= 0) layers.push_back(l);
@@ -318,13 +339,14 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
       }
     }
     throw_first(who + ": indexer_topk ", errors);
-    if (s.rows == T) notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));
+    if (s.rows == T)
+      notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));
   }
   return seq;
 }
 
-R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& routing, const IndexerSource& indexer,
-                          const std::string& what) {
+R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& routing,
+                          const IndexerSource& indexer, const std::string& what) {
   if (T < 1) throw InputError(fmt::format("{}: no tokens", what));
   R3EngineBuffers b;
   b.rows = T - 1;
@@ -332,8 +354,9 @@ R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& 
 
   // Every layer or none: a partial buffer would shift the layers after a gap.
   auto require_all = [&](const char* buffer, int present_layer, int missing_layer) {
-    throw InputError(fmt::format("{}: {} holds every layer or none, but {} has decisions and layer {} has none", what,
-                                 buffer, layer_name(c, present_layer), missing_layer));
+    throw InputError(
+        fmt::format("{}: {} holds every layer or none, but {} has decisions and layer {} has none", what,
+                    buffer, layer_name(c, present_layer), missing_layer));
   };
 
   int first_present = -1, first_missing = -1;
@@ -352,8 +375,8 @@ R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& 
       b.routed_experts.assign(size_t(b.rows * L * k), -1);
     }
     if (r->k != k || r->T < b.rows)
-      throw InputError(fmt::format("{}: {}: routing of {} rows × {} ids, expected at least {} rows × {}", what,
-                                   layer_name(c, l), r->T, r->k, b.rows, k));
+      throw InputError(fmt::format("{}: {}: routing of {} rows × {} ids, expected at least {} rows × {}",
+                                   what, layer_name(c, l), r->T, r->k, b.rows, k));
     for (int64_t t = 0; t < b.rows; ++t) {
       int32_t* dst = &b.routed_experts[size_t((t * L + l) * k)];
       std::memcpy(dst, &r->ids[size_t(t * k)], size_t(k) * 4);
@@ -390,7 +413,8 @@ R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& 
         const int32_t v = x->ids[size_t(t * x->k + j)];
         if (v < 0) continue;
         if (m == K)
-          throw InputError(fmt::format("{}: {} row {}: more than index_topk = {} groups", what, layer_name(c, l), t, K));
+          throw InputError(
+              fmt::format("{}: {} row {}: more than index_topk = {} groups", what, layer_name(c, l), t, K));
         dst[m++] = v;
       }
       std::sort(dst, dst + m);

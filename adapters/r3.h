@@ -75,9 +75,9 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request req, const Weights* w
 
 // The engine buffers of one sequence, built from decisions (for export).
 struct R3EngineBuffers {
-  int64_t rows = 0;                     // T − 1
-  int num_layers = 0, k = 0;            // routed_experts [rows, num_layers, k]
-  std::vector<int32_t> routed_experts;  // empty when the trace holds no routing
+  int64_t rows = 0;                       // T − 1
+  int num_layers = 0, k = 0;              // routed_experts [rows, num_layers, k]
+  std::vector<int32_t> routed_experts;    // empty when the trace holds no routing
   int indexer_num_layers = 0, width = 0;  // indexer_topk [rows, indexer_num_layers, width]
   std::vector<int32_t> indexer_topk;      // empty when the trace holds no indexer decisions
 };

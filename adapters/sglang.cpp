@@ -21,7 +21,8 @@ std::vector<int32_t> token_list(const json& v, const std::string& where) {
   out.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     const json& x = v[i];
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+        x.get<int64_t>() > std::numeric_limits<int32_t>::max())
       throw InputError(fmt::format("{}[{}]: {} is not a token id", where, i, x.dump()));
     out.push_back(int32_t(x.get<int64_t>()));
   }
@@ -68,7 +69,8 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
   if (!response.is_object()) throw InputError(fmt::format("{}: not a JSON object", origin.describe()));
   auto mi = response.find("meta_info");
   if (mi == response.end() || !mi->is_object())
-    throw InputError(fmt::format("{}: no meta_info object (not an SGLang /generate response)", origin.describe()));
+    throw InputError(
+        fmt::format("{}: no meta_info object (not an SGLang /generate response)", origin.describe()));
   json& meta = *mi;
   if (auto id = meta.find("id"); id != meta.end()) {
     if (id->is_string())
@@ -81,9 +83,10 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
   R3Request q;
   auto in = response.find("input_ids");
   if (in == response.end())
-    throw InputError(fmt::format("{}: no input_ids: SGLang does not echo the prompt's token ids, so the dump must "
-                                 "hold the ids the request sent as \"input_ids\"",
-                                 who));
+    throw InputError(
+        fmt::format("{}: no input_ids: SGLang does not echo the prompt's token ids, so the dump must "
+                    "hold the ids the request sent as \"input_ids\"",
+                    who));
   std::vector<int32_t> prompt = token_list(*in, who + ": input_ids");
   const json* out_lp = logprob_entries(meta, "output_token_logprobs", who);
   std::vector<int32_t> output;
@@ -95,21 +98,23 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
   } else if (out_lp) {
     for (size_t i = 0; i < out_lp->size(); ++i) {
       const json& e = (*out_lp)[i][1];
-      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > std::numeric_limits<int32_t>::max())
-        throw InputError(fmt::format("{}: meta_info.output_token_logprobs[{}][1]: {} is not a token id", who, i,
-                                     e.dump()));
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 ||
+          e.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        throw InputError(fmt::format("{}: meta_info.output_token_logprobs[{}][1]: {} is not a token id", who,
+                                     i, e.dump()));
       output.push_back(int32_t(e.get<int64_t>()));
     }
   } else {
-    throw InputError(fmt::format("{}: no output_ids and no meta_info.output_token_logprobs: the generated tokens are "
-                                 "unknown",
-                                 who));
+    throw InputError(
+        fmt::format("{}: no output_ids and no meta_info.output_token_logprobs: the generated tokens are "
+                    "unknown",
+                    who));
   }
   auto count_check = [&](const char* field, size_t have, const char* list) {
     auto it = meta.find(field);
     if (it != meta.end() && it->is_number_integer() && it->get<int64_t>() != int64_t(have))
-      throw InputError(fmt::format("{}: meta_info.{} is {} but {} holds {} tokens", who, field, it->get<int64_t>(),
-                                   list, have));
+      throw InputError(fmt::format("{}: meta_info.{} is {} but {} holds {} tokens", who, field,
+                                   it->get<int64_t>(), list, have));
   };
   count_check("prompt_tokens", prompt.size(), "input_ids");
   count_check("completion_tokens", output.size(), "the output");
@@ -129,16 +134,19 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
       lp.reserve(T - 1);
       for (size_t p = 1; p < T && complete; ++p) {
         const json& e = p < P ? (*in_lp)[p][0] : (*out_lp)[p - P][0];
-        if (!e.is_number()) complete = false;
-        else lp.push_back(e.get<float>());
+        if (!e.is_number())
+          complete = false;
+        else
+          lp.push_back(e.get<float>());
       }
     }
     if (complete)
       q.logprobs = std::move(lp);
     else
-      notes.push_back(fmt::format("{}: log-probs of the response only (no input_token_logprobs for the prompt); not "
-                                  "stored, since a trace holds log-probs for every position or none",
-                                  who));
+      notes.push_back(
+          fmt::format("{}: log-probs of the response only (no input_token_logprobs for the prompt); not "
+                      "stored, since a trace holds log-probs for every position or none",
+                      who));
   }
 
   q.routed_experts = decode_buffer(meta, "routed_experts", origin);
@@ -146,13 +154,15 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
   if (q.indexer_topk.present) {
     auto n = meta.find("indexer_topk_num_layers");
     if (n == meta.end() || !n->is_number_integer())
-      throw InputError(fmt::format("{}: meta_info.indexer_topk without an integer indexer_topk_num_layers", who));
+      throw InputError(
+          fmt::format("{}: meta_info.indexer_topk without an integer indexer_topk_num_layers", who));
     q.indexer_num_layers = int(n->get<int64_t>());
   }
   if (!q.routed_experts.present && !q.indexer_topk.present)
-    throw InputError(fmt::format("{}: meta_info has neither routed_experts nor indexer_topk (send the request with "
-                                 "return_routed_experts / return_indexer_topk)",
-                                 who));
+    throw InputError(
+        fmt::format("{}: meta_info has neither routed_experts nor indexer_topk (send the request with "
+                    "return_routed_experts / return_indexer_topk)",
+                    who));
   q.origin = std::move(origin);
   return q;
 }

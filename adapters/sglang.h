@@ -41,7 +41,7 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
 // first prompt_length tokens, or all of them when the prompt length is unknown), output_ids (the rest),
 // meta_info {id, prompt_tokens, completion_tokens, routed_experts, indexer_topk,
 // indexer_topk_num_layers}; the buffers a trace does not hold are left out.
-nlohmann::json sglang_response(const std::string& id, const std::vector<int32_t>& tokens, int64_t prompt_length,
-                               const R3EngineBuffers& b);
+nlohmann::json sglang_response(const std::string& id, const std::vector<int32_t>& tokens,
+                               int64_t prompt_length, const R3EngineBuffers& b);
 
 }  // namespace dsv4

@@ -7,17 +7,18 @@
 //   checks_s   r3_import: every pitfall check, C4 ordinals → layers, the runtime width
 //   write_s    ExternalTraceWriter: the sequence written as an external step, the file sealed
 //
-// raw_MB is the size of the two int32 buffers, trace_MB the trace file, trace_over_raw their ratio. T defaults to 32768 (the size: about 1.9 GB of
-// JSON and 1.4 GB of buffers; the process needs about 6 GB); DSV4_BENCH_IMPORT_TOKENS=N picks another.
-// Run: build/bench/bench_import   (quick: DSV4_BENCH_IMPORT_TOKENS=4096 build/bench/bench_import)
+// raw_MB is the size of the two int32 buffers, trace_MB the trace file, trace_over_raw their ratio. T
+// defaults to 32768 (the size: about 1.9 GB of JSON and 1.4 GB of buffers; the process needs about 6
+// GB); DSV4_BENCH_IMPORT_TOKENS=N picks another. Run: build/bench/bench_import   (quick:
+// DSV4_BENCH_IMPORT_TOKENS=4096 build/bench/bench_import)
 #include <benchmark/benchmark.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,8 @@ Response synthesize(const ModelConfig& c, int64_t T) {
   std::vector<int32_t> routed(size_t(rows * L * k));
   for (int64_t t = 0; t < rows; ++t)
     for (int l = 0; l < L; ++l)
-      for (int j = 0; j < k; ++j) routed[size_t((t * L + l) * k + j)] = int32_t((t * 7 + l * 13 + j * 41) % E);
+      for (int j = 0; j < k; ++j)
+        routed[size_t((t * L + l) * k + j)] = int32_t((t * 7 + l * 13 + j * 41) % E);
   std::vector<int32_t> indexer(size_t(rows * n * K), -1);
   for (int64_t t = 0; t < rows; ++t) {
     const int64_t visible = (t + 1) / 4, picks = std::min<int64_t>(visible, K);
@@ -67,7 +69,8 @@ Response synthesize(const ModelConfig& c, int64_t T) {
     }
   }
   auto b64 = [](const std::vector<int32_t>& w) {
-    return dsv4::base64_encode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4));
+    return dsv4::base64_encode(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4));
   };
   Response r;
   r.raw_bytes = int64_t(routed.size() + indexer.size()) * 4;
@@ -92,7 +95,8 @@ void BM_ImportSglangFlash(benchmark::State& state) {
   const int64_t T = tokens_from_env();
   const Response resp = synthesize(c, T);
   const std::string trace =
-      (std::filesystem::temp_directory_path() / ("dsv4_bench_import_" + std::to_string(getpid()) + ".h5")).string();
+      (std::filesystem::temp_directory_path() / ("dsv4_bench_import_" + std::to_string(getpid()) + ".h5"))
+          .string();
   dsv4::ExternalModel model;
   model.config_json = dsv4::config_to_json(c);
   double parse = 0, decode = 0, checks = 0, write = 0;

@@ -73,7 +73,8 @@ class ImportProgressLine {
     if (p.seconds - last_ < 1.0) return;
     last_ = p.seconds;
     fmt::print(stderr, "{}import {}: {} requests, {:.1f} MB read, {:.1f} MB/s{}", tty_ ? "\r" : "", engine_,
-               p.requests, p.bytes_read / 1e6, p.bytes_read / 1e6 / std::max(p.seconds, 1e-9), tty_ ? "   " : "\n");
+               p.requests, p.bytes_read / 1e6, p.bytes_read / 1e6 / std::max(p.seconds, 1e-9),
+               tty_ ? "   " : "\n");
     shown_ = true;
   }
   void finish() {
@@ -94,7 +95,8 @@ int run_import(const ImportArgs& a) {
   spec.kind = a.kind;
   spec.engine = a.engine;
   spec.profile = a.profile;
-  spec.source = a.inputs.size() == 1 ? a.inputs[0] : fmt::format("{} and {} more", a.inputs[0], a.inputs.size() - 1);
+  spec.source =
+      a.inputs.size() == 1 ? a.inputs[0] : fmt::format("{} and {} more", a.inputs[0], a.inputs.size() - 1);
   w->begin_step(spec);
   ImportProgressLine line(a.engine);
   const Weights* weights = m.weights ? &*m.weights : nullptr;
@@ -106,15 +108,18 @@ int run_import(const ImportArgs& a) {
   w->end_step();
   w->close();
   constexpr size_t kNotesShown = 10;
-  for (size_t i = 0; i < s.notes.size() && i < kNotesShown; ++i) fmt::print(stderr, "import {}: note: {}\n", a.engine, s.notes[i]);
+  for (size_t i = 0; i < s.notes.size() && i < kNotesShown; ++i)
+    fmt::print(stderr, "import {}: note: {}\n", a.engine, s.notes[i]);
   if (s.notes.size() > kNotesShown)
     fmt::print(stderr, "import {}: note: ... and {} more notes\n", a.engine, s.notes.size() - kNotesShown);
   // What the decisions take as the engines' int32 buffers, against the trace's bytes.
-  const int64_t raw = s.routing_rows * m.config.num_experts_per_tok * 4 + s.indexer_rows * m.config.index_topk * 4;
+  const int64_t raw =
+      s.routing_rows * m.config.num_experts_per_tok * 4 + s.indexer_rows * m.config.index_topk * 4;
   std::error_code ec;
   const auto trace_bytes = int64_t(std::filesystem::file_size(w->final_path(), ec));
   fmt::print(stderr,
-             "import {}: {} requests, {} tokens, {:.1f} MB read in {:.2f} s ({:.1f} MB/s); {} ({:.1f} MB, {:.3f} of the "
+             "import {}: {} requests, {} tokens, {:.1f} MB read in {:.2f} s ({:.1f} MB/s); {} ({:.1f} MB, "
+             "{:.3f} of the "
              "{:.1f} MB of int32 buffers)\n",
              a.engine, s.requests, s.tokens, s.input_bytes / 1e6, s.seconds,
              s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), w->final_path(), trace_bytes / 1e6,
@@ -142,11 +147,14 @@ void add_import(CLI::App* import, const std::string& engine, const std::string& 
                 const std::string& example) {
   auto a = std::make_shared<ImportArgs>();
   a->engine = engine;
-  CLI::App* cmd = import->add_subcommand(engine, fmt::format("Import {} R3 data as one external step", engine));
+  CLI::App* cmd =
+      import->add_subcommand(engine, fmt::format("Import {} R3 data as one external step", engine));
   cmd->add_option("INPUTS", a->inputs, inputs_help)->required();
   cmd->add_option("--config", a->config, "The model's config.json (no hash-layer check)");
-  cmd->add_option("--model", a->model, "Checkpoint directory: config and weights (checks hash layers against tid2eid)");
-  cmd->add_option("--preset", a->preset, "Built-in config: tiny, tiny-b, mid, flash, pro (no hash-layer check)");
+  cmd->add_option("--model", a->model,
+                  "Checkpoint directory: config and weights (checks hash layers against tid2eid)");
+  cmd->add_option("--preset", a->preset,
+                  "Built-in config: tiny, tiny-b, mid, flash, pro (no hash-layer check)");
   cmd->add_option("--out", a->out, "New trace file (NAME.h5)")->required();
   cmd->add_option("--kind", a->kind, "rollout (an inference engine) or train (a trainer's forward)")
       ->capture_default_str()
@@ -157,10 +165,12 @@ void add_import(CLI::App* import, const std::string& engine, const std::string& 
   cmd->callback([a] { set_action([a] { return run_import(*a); }); });
 }
 
-void add_export(CLI::App* exp, const std::string& engine, const std::string& out_help, const std::string& example) {
+void add_export(CLI::App* exp, const std::string& engine, const std::string& out_help,
+                const std::string& example) {
   auto a = std::make_shared<ExportArgs>();
   a->engine = engine;
-  CLI::App* cmd = exp->add_subcommand(engine, fmt::format("Write a step's decisions in {}'s R3 layout", engine));
+  CLI::App* cmd =
+      exp->add_subcommand(engine, fmt::format("Write a step's decisions in {}'s R3 layout", engine));
   cmd->add_option("TRACE", a->trace, "Trace file")->required();
   cmd->add_option("--step", a->step, "Step index (default: the trace's only complete step)")
       ->check(CLI::NonNegativeNumber);
@@ -172,11 +182,14 @@ void add_export(CLI::App* exp, const std::string& engine, const std::string& out
 }  // namespace
 
 void register_adapter_commands(CLI::App& app) {
-  CLI::App* import = app.add_subcommand("import", "Import another engine's routing / indexer decisions (R3) as a trace");
+  CLI::App* import =
+      app.add_subcommand("import", "Import another engine's routing / indexer decisions (R3) as a trace");
   import->require_subcommand(1);
-  add_import(import, "sglang", "SGLang responses: JSON (an object or an array of them) or JSONL, one file or more",
+  add_import(import, "sglang",
+             "SGLang responses: JSON (an object or an array of them) or JSONL, one file or more",
              "dsv4 import sglang responses.jsonl --model /ckpt/dsv4-flash --out rollout.h5");
-  add_import(import, "miles", "miles samples: .npz files, sample directories of .npy files, or directories of those",
+  add_import(import, "miles",
+             "miles samples: .npz files, sample directories of .npy files, or directories of those",
              "dsv4 import miles dumps/rollout_0/ --config flash/config.json --out rollout.h5");
 
   CLI::App* exp = app.add_subcommand("export", "Write a trace's decisions in another engine's R3 layout");

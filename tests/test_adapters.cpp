@@ -17,10 +17,10 @@
 #include "adapters/npy.h"
 #include "adapters/r3.h"
 #include "adapters/sglang.h"
-#include "cli_util.h"
 #include "capture/external.h"
 #include "capture/record.h"
 #include "capture/trace_reader.h"
+#include "cli_util.h"
 #include "model/error.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -136,11 +136,14 @@ TEST(Adapters, GoldenIndexerMapsC4OrdinalsToLayers) {
     EXPECT_EQ(x.rows, 8);
     // Stored at the runtime width min(index_topk, ⌊9/4⌋) = 2: columns 2..7 were −1 and are dropped.
     ASSERT_EQ(x.width, 2);
-    EXPECT_EQ(std::vector<int32_t>(x.ids.begin(), x.ids.begin() + 6), (std::vector<int32_t>{-1, -1, -1, -1, -1, -1}));
+    EXPECT_EQ(std::vector<int32_t>(x.ids.begin(), x.ids.begin() + 6),
+              (std::vector<int32_t>{-1, -1, -1, -1, -1, -1}));
     EXPECT_EQ(std::vector<int32_t>(x.ids.begin() + 6, x.ids.begin() + 8), (std::vector<int32_t>{0, -1}));
   }
-  EXPECT_EQ(std::vector<int32_t>(s.indexer[0].ids.end() - 2, s.indexer[0].ids.end()), (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(std::vector<int32_t>(s.indexer[1].ids.end() - 2, s.indexer[1].ids.end()), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(std::vector<int32_t>(s.indexer[0].ids.end() - 2, s.indexer[0].ids.end()),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(std::vector<int32_t>(s.indexer[1].ids.end() - 2, s.indexer[1].ids.end()),
+            (std::vector<int32_t>{1, 0}));
 }
 
 TEST(Adapters, C4OrdinalsOfAnotherLayout) {
@@ -182,7 +185,8 @@ TEST(Adapters, StopEdgeRowIsDroppedWithANote) {
 }
 
 TEST(Adapters, RuntimeWidthBufferIsAccepted) {
-  // A buffer at the runtime width min(index_topk, ⌊T/4⌋) (what a trainer's record holds) instead of index_topk.
+  // A buffer at the runtime width min(index_topk, ⌊T/4⌋) (what a trainer's record holds) instead of
+  // index_topk.
   const ModelConfig& c = cfg();
   R3Request q = well_formed(c, 9, 8);
   q.indexer_topk.words.clear();
@@ -276,11 +280,14 @@ TEST(Adapters, EveryPitfallIsRefusedByName) {
            for (int j = 0; j < 8; ++j) indexer_at(q, c, t, 0, j) = -1;
        },
        {"indexer_topk layer 1 (C4 ordinal 0) (hash layer) row 3", "capturer was bound"}},
-      {"expert id out of range", [&](R3Request& q) { routed_at(q, c, 5, 4, 1) = 8; },
+      {"expert id out of range",
+       [&](R3Request& q) { routed_at(q, c, 5, 4, 1) = 8; },
        {"routed_experts layer 4 row 5", "expert id 8 (slot 1) is outside [0, 8)"}},
-      {"negative expert id", [&](R3Request& q) { routed_at(q, c, 2, 3, 0) = -1; },
+      {"negative expert id",
+       [&](R3Request& q) { routed_at(q, c, 2, 3, 0) = -1; },
        {"routed_experts layer 3 (C4 ordinal 1) row 2", "expert id -1"}},
-      {"routing row not a set", [&](R3Request& q) { routed_at(q, c, 1, 2, 1) = routed_at(q, c, 1, 2, 0); },
+      {"routing row not a set",
+       [&](R3Request& q) { routed_at(q, c, 1, 2, 1) = routed_at(q, c, 1, 2, 0); },
        {"routed_experts layer 2 row 1", "appears twice"}},
       {"indexer row not a set",
        [&](R3Request& q) {
@@ -288,10 +295,12 @@ TEST(Adapters, EveryPitfallIsRefusedByName) {
          indexer_at(q, c, 7, 1, 1) = 1;
        },
        {"indexer_topk layer 3 (C4 ordinal 1) row 7", "group 1 appears twice"}},
-      {"future position", [&](R3Request& q) { indexer_at(q, c, 3, 0, 1) = 1; },
+      {"future position",
+       [&](R3Request& q) { indexer_at(q, c, 3, 0, 1) = 1; },
        {"indexer_topk layer 1 (C4 ordinal 0) (hash layer) row 3", "position 1 is in the future",
         "sees compressed groups [0, 1)"}},
-      {"future position on a row that sees none", [&](R3Request& q) { indexer_at(q, c, 2, 1, 0) = 0; },
+      {"future position on a row that sees none",
+       [&](R3Request& q) { indexer_at(q, c, 2, 1, 0) = 0; },
        {"layer 3 (C4 ordinal 1) row 2", "position 0 is in the future"}},
       {"valid id beyond the runtime width",
        [&](R3Request& q) {
@@ -299,14 +308,16 @@ TEST(Adapters, EveryPitfallIsRefusedByName) {
          indexer_at(q, c, 7, 1, 5) = 1;
        },
        {"layer 3 (C4 ordinal 1) row 7", "column 5 holds 1", "runtime width min(index_topk, ⌊T/4⌋) = 2"}},
-      {"indexer id below -1", [&](R3Request& q) { indexer_at(q, c, 4, 0, 3) = -2; },
+      {"indexer id below -1",
+       [&](R3Request& q) { indexer_at(q, c, 4, 0, 3) = -2; },
        {"layer 1 (C4 ordinal 0) (hash layer) row 4", "column 3 holds -2"}},
       {"routing layer count",
        [&](R3Request& q) {  // 7 layers' worth of rows
          q.routed_experts.words.resize(size_t(8 * 7 * 2), 1);
        },
        {"routed_experts", "8 rows (len(tokens) − 1) × 7 layers", "the config has 6 layers"}},
-      {"indexer layer count by global id", [&](R3Request& q) { q.indexer_num_layers = 6; },
+      {"indexer layer count by global id",
+       [&](R3Request& q) { q.indexer_num_layers = 6; },
        {"indexer_topk_num_layers is 6", "2 C4 layers", "indexed by global layer id"}},
       {"indexer width",
        [&](R3Request& q) {  // 5 columns
@@ -322,10 +333,13 @@ TEST(Adapters, EveryPitfallIsRefusedByName) {
       {"row count",
        [&](R3Request& q) { q.routed_experts.words.resize(size_t(5 * 6 * 2)); },
        {"routed_experts: 5 rows for 9 tokens", "len(tokens) − 1 = 8"}},
-      {"token outside the vocabulary", [&](R3Request& q) { q.tokens[3] = 512; },
+      {"token outside the vocabulary",
+       [&](R3Request& q) { q.tokens[3] = 512; },
        {"request 'req-7'", "token 512 at position 3"}},
       {"npy shape of the routing",
-       [&](R3Request& q) { q.routed_experts.shape = {8, 6, 3}; },
+       [&](R3Request& q) {
+         q.routed_experts.shape = {8, 6, 3};
+       },
        {"routed_experts: shape [8, 6, 3] holds 3 ids per row", "num_experts_per_tok"}},
   };
   for (const Pitfall& p : cases) {
@@ -390,7 +404,8 @@ json response_of(const R3Request& q, size_t P, const std::string& id) {
 
 std::vector<ExternalSequence> read_all(const std::string& path, std::vector<std::string>& notes) {
   std::vector<ExternalSequence> out;
-  sglang_read(path, [&](R3Request&& q) { out.push_back(r3_import(cfg(), std::move(q), nullptr, notes)); }, notes);
+  sglang_read(
+      path, [&](R3Request&& q) { out.push_back(r3_import(cfg(), std::move(q), nullptr, notes)); }, notes);
   return out;
 }
 
@@ -423,7 +438,9 @@ TEST(Adapters, SglangJsonJsonlAndArraysReadTheSame) {
   }
   // The JSONL line and the request are named in the stop-edge note.
   bool noted = false;
-  for (const auto& n : notes) noted |= n.find("two.jsonl:3: request 'B' (#1): routed_experts: dropped the stop-edge") != std::string::npos;
+  for (const auto& n : notes)
+    noted |=
+        n.find("two.jsonl:3: request 'B' (#1): routed_experts: dropped the stop-edge") != std::string::npos;
   EXPECT_TRUE(noted);
 }
 
@@ -523,24 +540,30 @@ TEST(Adapters, NpyReadsWhatNumpyWroteAndRefusesTheRest) {
   const std::string py = numpy_python();
   if (py.empty()) GTEST_SKIP() << "no python3 with numpy: cannot produce numpy's own .npy files";
   TempDir d;
-  ASSERT_EQ(run_python(py, "import numpy as np\n"
-                           "d = '" + d.dir.string() + "'\n"
-                           "np.save(d + '/i4.npy', np.arange(24, dtype='<i4').reshape(2, 3, 4) - 5)\n"
-                           "np.save(d + '/i8.npy', np.array([7, 8, 9], dtype=np.int64))\n"
-                           "np.save(d + '/f4.npy', np.array([0.5, -1.25], dtype=np.float32))\n"
-                           "np.save(d + '/scalar.npy', np.int64(42))\n"
-                           "np.save(d + '/fortran.npy', np.asfortranarray(np.zeros((2, 3), dtype='<i4')))\n"
-                           "np.save(d + '/big.npy', np.zeros(3, dtype='>i4'))\n"
-                           "np.save(d + '/f8.npy', np.zeros(3, dtype=np.float64))\n"
-                           "np.lib.format.write_array(open(d + '/v2.npy', 'wb'), np.ones((3,), '<i4'), version=(2, 0))\n"),
-            0);
+  ASSERT_EQ(
+      run_python(
+          py,
+          "import numpy as np\n"
+          "d = '" +
+              d.dir.string() +
+              "'\n"
+              "np.save(d + '/i4.npy', np.arange(24, dtype='<i4').reshape(2, 3, 4) - 5)\n"
+              "np.save(d + '/i8.npy', np.array([7, 8, 9], dtype=np.int64))\n"
+              "np.save(d + '/f4.npy', np.array([0.5, -1.25], dtype=np.float32))\n"
+              "np.save(d + '/scalar.npy', np.int64(42))\n"
+              "np.save(d + '/fortran.npy', np.asfortranarray(np.zeros((2, 3), dtype='<i4')))\n"
+              "np.save(d + '/big.npy', np.zeros(3, dtype='>i4'))\n"
+              "np.save(d + '/f8.npy', np.zeros(3, dtype=np.float64))\n"
+              "np.lib.format.write_array(open(d + '/v2.npy', 'wb'), np.ones((3,), '<i4'), version=(2, 0))\n"),
+      0);
   const NpyArray i4 = npy_parse(file_bytes(d / "i4.npy"), "i4.npy");
   EXPECT_EQ(i4.shape, (std::vector<int64_t>{2, 3, 4}));
   const auto v = npy_int32(i4, "i4.npy");
   ASSERT_EQ(v.size(), 24u);
   EXPECT_EQ(v[0], -5);
   EXPECT_EQ(v[23], 18);
-  EXPECT_EQ(npy_int32(npy_parse(file_bytes(d / "i8.npy"), "i8"), "i8", true), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(npy_int32(npy_parse(file_bytes(d / "i8.npy"), "i8"), "i8", true),
+            (std::vector<int32_t>{7, 8, 9}));
   EXPECT_THROW(npy_int32(npy_parse(file_bytes(d / "i8.npy"), "i8"), "i8"), InputError);
   EXPECT_EQ(npy_float32(npy_parse(file_bytes(d / "f4.npy"), "f4"), "f4"), (std::vector<float>{0.5f, -1.25f}));
   const NpyArray sc = npy_parse(file_bytes(d / "scalar.npy"), "scalar");
@@ -575,7 +598,8 @@ TEST(Adapters, NpyWriterRoundTripsThroughNumpy) {
   const std::string py = numpy_python();
   if (py.empty()) GTEST_SKIP() << "no python3 with numpy: checked our own reader only";
   TempDir d;
-  std::ofstream(d / "m.npy", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
+  std::ofstream(d / "m.npy", std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
   EXPECT_EQ(run_python(py, "import numpy as np\na = np.load('" + (d / "m.npy") +
                                "')\nassert a.dtype == np.int32 and a.shape == (1, 2, 3), (a.dtype, a.shape)\n"
                                "assert a.ravel().tolist() == [3, -1, 7, 0, 5, 6]\n"),
@@ -593,23 +617,26 @@ TEST(Adapters, MilesSampleFromNumpysNpzAndNpyDirectory) {
   j["re"] = q.routed_experts.words;
   j["ix"] = q.indexer_topk.words;
   std::ofstream(d / "q.json") << j.dump();
-  ASSERT_EQ(run_python(py, "import json, os, numpy as np\nd = '" + d.dir.string() +
-                               "'\nj = json.load(open(d + '/q.json'))\n"
-                               "t = np.array(j['tokens'])\n"  // numpy's default int64
-                               "re = np.array(j['re'], dtype=np.int32).reshape(8, 6, 2)\n"
-                               "ix = np.array(j['ix'], dtype=np.int32).reshape(8, 2, 8)\n"
-                               "np.savez(d + '/s0.npz', tokens=t, rollout_routed_experts=re, rollout_indexer_topk=ix, "
-                               "response_length=np.int64(4))\n"
-                               "np.savez_compressed(d + '/s1.npz', tokens=t, rollout_routed_experts=re)\n"
-                               "os.mkdir(d + '/s2')\n"
-                               "np.save(d + '/s2/tokens.npy', t.astype(np.int32))\n"
-                               "np.save(d + '/s2/rollout_indexer_topk.npy', ix)\n"
-                               "np.savez(d + '/bad.npz', tokens=t, rollout_routed_experts=re.astype(np.int64))\n"),
-            0);
+  ASSERT_EQ(
+      run_python(py,
+                 "import json, os, numpy as np\nd = '" + d.dir.string() +
+                     "'\nj = json.load(open(d + '/q.json'))\n"
+                     "t = np.array(j['tokens'])\n"  // numpy's default int64
+                     "re = np.array(j['re'], dtype=np.int32).reshape(8, 6, 2)\n"
+                     "ix = np.array(j['ix'], dtype=np.int32).reshape(8, 2, 8)\n"
+                     "np.savez(d + '/s0.npz', tokens=t, rollout_routed_experts=re, rollout_indexer_topk=ix, "
+                     "response_length=np.int64(4))\n"
+                     "np.savez_compressed(d + '/s1.npz', tokens=t, rollout_routed_experts=re)\n"
+                     "os.mkdir(d + '/s2')\n"
+                     "np.save(d + '/s2/tokens.npy', t.astype(np.int32))\n"
+                     "np.save(d + '/s2/rollout_indexer_topk.npy', ix)\n"
+                     "np.savez(d + '/bad.npz', tokens=t, rollout_routed_experts=re.astype(np.int64))\n"),
+      0);
   std::vector<std::string> notes;
   std::vector<ExternalSequence> got;
   const auto paths = miles_sample_paths({d / "s0.npz", d / "s1.npz", d / "s2"});
-  for (size_t i = 0; i < paths.size(); ++i) got.push_back(r3_import(cfg(), miles_sample(paths[i], int64_t(i), notes), nullptr, notes));
+  for (size_t i = 0; i < paths.size(); ++i)
+    got.push_back(r3_import(cfg(), miles_sample(paths[i], int64_t(i), notes), nullptr, notes));
   ASSERT_EQ(got.size(), 3u);
   std::vector<std::string> n2;
   const ExternalSequence want = r3_import(cfg(), q, nullptr, n2);
@@ -730,8 +757,8 @@ TEST(Adapters, ExportSglangImportsBackBitwise) {
   }
 
   std::vector<ExternalSequence> imported;
-  const ImportSummary s = import_sglang(
-      {d / "out.jsonl"}, c, &test::tiny(), [&](ExternalSequence&& x) { imported.push_back(std::move(x)); });
+  const ImportSummary s = import_sglang({d / "out.jsonl"}, c, &test::tiny(),
+                                        [&](ExternalSequence&& x) { imported.push_back(std::move(x)); });
   EXPECT_EQ(s.requests, 2);
   EXPECT_EQ(s.tokens, 33);
   expect_same_decisions(r, imported);
@@ -779,13 +806,16 @@ TEST(Adapters, ExportMilesImportsBack) {
   expect_same_decisions(r, imported);
   const std::string py = numpy_python();
   if (py.empty()) GTEST_SKIP() << "no python3 with numpy: numpy.load of the .npz not checked";
-  EXPECT_EQ(run_python(py, "import numpy as np\nz = np.load('" + (d / "samples/sample_000000.npz") +
-                               "')\nassert z['tokens'].dtype == np.int32 and z['tokens'].shape == (23,)\n"
-                               "assert z['rollout_routed_experts'].shape == (22, 6, 2), z['rollout_routed_experts'].shape\n"
-                               "assert z['rollout_indexer_topk'].shape == (22, 2, 8)\n"
-                               "assert (np.diff(z['rollout_routed_experts'], axis=2) > 0).all()\n"
-                               "assert (z['rollout_indexer_topk'][:3] == -1).all()\n"),
-            0);
+  EXPECT_EQ(
+      run_python(
+          py,
+          "import numpy as np\nz = np.load('" + (d / "samples/sample_000000.npz") +
+              "')\nassert z['tokens'].dtype == np.int32 and z['tokens'].shape == (23,)\n"
+              "assert z['rollout_routed_experts'].shape == (22, 6, 2), z['rollout_routed_experts'].shape\n"
+              "assert z['rollout_indexer_topk'].shape == (22, 2, 8)\n"
+              "assert (np.diff(z['rollout_routed_experts'], axis=2) > 0).all()\n"
+              "assert (z['rollout_indexer_topk'][:3] == -1).all()\n"),
+      0);
 }
 
 TEST(Adapters, ExportNeedsAStepWhenThereAreSeveral) {
@@ -867,8 +897,10 @@ TEST(Adapters, CommandLineImportExportAndErrors) {
   std::ofstream(d / "zero.jsonl") << resp.dump() << "\n";
   r = test::run_cli("import sglang " + (d / "zero.jsonl") + " --preset tiny --out " + (d / "z.h5"));
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("zero.jsonl:1: request 'step0-seq0' (#0): routed_experts: every layer, every row is expert 0"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find(
+          "zero.jsonl:1: request 'step0-seq0' (#0): routed_experts: every layer, every row is expert 0"),
+      std::string::npos)
       << r.out;
   EXPECT_FALSE(std::filesystem::exists(d / "z.h5"));
   // A wrong config: the layer count does not match.
@@ -877,7 +909,8 @@ TEST(Adapters, CommandLineImportExportAndErrors) {
   EXPECT_NE(r.out.find("request 'step0-seq0' (#0): routed_experts"), std::string::npos) << r.out;
   // --model: the weights' tid2eid tables check the hash layers (0 and 1 on tiny).
   test::tiny().save(d / "model");
-  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --model " + (d / "model") + " --out " + (d / "m.h5"));
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --model " + (d / "model") + " --out " +
+                    (d / "m.h5"));
   EXPECT_EQ(r.code, 0) << r.out;
   resp = json::parse(line);
   bytes = base64_decode(resp["meta_info"]["routed_experts"].get<std::string>(), err);
@@ -885,13 +918,15 @@ TEST(Adapters, CommandLineImportExportAndErrors) {
   const int32_t tok = resp["input_ids"][5].get<int32_t>();
   const int32_t* table = test::tiny().layer_i(0, "mlp.topk.tid2eid");
   int32_t other = 0;
-  while (other == table[tok * c.num_experts_per_tok] || other == table[tok * c.num_experts_per_tok + 1]) ++other;
+  while (other == table[tok * c.num_experts_per_tok] || other == table[tok * c.num_experts_per_tok + 1])
+    ++other;
   int32_t* ids = reinterpret_cast<int32_t*>(bytes.data());
   // `other` is in neither slot of the token's table row: the row stays a set, only the table check fails.
   ids[(5 * c.num_hidden_layers + 0) * c.num_experts_per_tok + 0] = other;  // row 5, layer 0, slot 0
   resp["meta_info"]["routed_experts"] = base64_encode(bytes);
   std::ofstream(d / "hash.jsonl") << resp.dump() << "\n";
-  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --model " + (d / "model") + " --out " + (d / "h.h5"));
+  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --model " + (d / "model") + " --out " +
+                    (d / "h.h5"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("routed_experts layer 0 (hash layer) row 5"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tid2eid"), std::string::npos) << r.out;
