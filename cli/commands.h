@@ -22,6 +22,7 @@ void register_train_command(CLI::App& app);
 void register_trace_commands(CLI::App& app);
 void register_replay_commands(CLI::App& app);
 void register_bundle_command(CLI::App& trace);
+void register_adapter_commands(CLI::App& app);
 
 // --model DIR | --preset NAME [--seed S], shared by the commands that run the model.
 struct ModelArgs {

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   dsv4::cli::register_train_command(app);
   dsv4::cli::register_trace_commands(app);
   dsv4::cli::register_replay_commands(app);
+  dsv4::cli::register_adapter_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
   python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
+  libssl-dev libzip-dev  # adapters/: base64 (OpenSSL EVP), .npz (libzip)
   clang-format libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
 )

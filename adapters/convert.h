@@ -1,0 +1,57 @@
+// Whole imports and exports: the files of an SGLang or miles dump → checked ExternalSequences handed to
+// a sink (the CLI's sink is ExternalTraceWriter::add_sequence), and a trace's step → SGLang JSONL or
+// miles .npz files.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "adapters/r3.h"
+#include "capture/trace_reader.h"
+
+namespace dsv4 {
+
+struct ImportProgress {
+  int64_t requests = 0;    // done so far
+  int64_t bytes_read = 0;  // input bytes read so far (all files)
+  double seconds = 0;      // since the import started
+};
+
+struct ImportSummary {
+  int64_t requests = 0;
+  int64_t tokens = 0;
+  int64_t input_bytes = 0;
+  int64_t routing_rows = 0, indexer_rows = 0;  // rows imported, summed over layers
+  double seconds = 0;
+  std::vector<std::string> notes;
+};
+
+using SequenceSink = std::function<void(ExternalSequence&&)>;
+using ProgressFn = std::function<void(const ImportProgress&)>;
+
+// Every response of every file, in order, one at a time: read, checked (r3_import), handed to `sink`.
+// `weights` (optional) checks the hash layers against tid2eid.
+ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
+                            const Weights* weights, const SequenceSink& sink,
+                            const ProgressFn& progress = nullptr);
+// Every sample of miles_sample_paths(inputs), likewise.
+ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
+                           const Weights* weights, const SequenceSink& sink,
+                           const ProgressFn& progress = nullptr);
+
+// The step an export reads: `step` when >= 0 (it must be complete), else the trace's only complete step
+// (InputError listing the steps when there are several).
+int export_step(const TraceReader& r, int step);
+
+// The prompt length of a sequence as the trace knows it (an external step's, a generation's request, a
+// training sample's), or −1.
+int64_t trace_prompt_length(const TraceReader& r, int step, int seq);
+
+// One JSON line per sequence (sglang_response), to `out` (refused when it exists). Returns the sequences.
+int64_t export_sglang(const TraceReader& r, int step, const std::string& out);
+// One .npz per sequence, DIR/sample_SSSSSS.npz (DIR is created; files that exist are refused).
+int64_t export_miles(const TraceReader& r, int step, const std::string& dir);
+
+}  // namespace dsv4

@@ -1,0 +1,95 @@
+// The R3 layouts of the rollout engines (MODEL.md §6.2), written once: SGLang's meta_info buffers and
+// miles' per-sample arrays hold the same two int32 tensors of one request,
+//
+//   routed_experts  [rows, num_hidden_layers, num_experts_per_tok]   every decoder layer, hash layers
+//                                                                    included (their tid2eid ids)
+//   indexer_topk    [rows, n_C4_layers, width]                       slot = the layer's C4 ordinal
+//                                                                    (ModelConfig::c4_ordinal), values
+//                                                                    0-based compressed-group positions
+//                                                                    of the request, −1 for empty slots
+//
+// with rows = len(tokens) − 1 (the last token was never fed) and width = index_topk as the engine
+// writes it. r3_import turns them into an ExternalSequence for ExternalTraceWriter after checking the
+// pitfalls of MODEL.md §6.6; r3_export turns a trace's decisions back into the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "capture/external.h"
+#include "model/collect.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+// Where a request came from, for messages: "FILE: request 'ID' (#N)" or "FILE: request #N".
+struct R3Origin {
+  std::string file;
+  std::string id;     // the engine's request id, "" when it has none
+  int64_t index = 0;  // position of the request in its file (0-based)
+  std::string describe() const;
+};
+
+// One engine buffer: flat int32 words, and the shape when the container states one (a .npy array);
+// an empty shape means "recover it from the length" (SGLang's base64 strings).
+struct R3Buffer {
+  bool present = false;  // the engine reported this buffer
+  std::vector<int32_t> words;
+  std::vector<int64_t> shape;
+};
+
+// A request as the engine reported it. indexer_num_layers is SGLang's indexer_topk_num_layers (−1 when
+// the container gives a shape instead).
+struct R3Request {
+  R3Origin origin;
+  std::vector<int32_t> tokens;  // prompt + response, as fed
+  int64_t prompt_length = -1;   // −1: unknown
+  std::vector<float> logprobs;  // empty or T − 1 (ExternalSequence's rule)
+  R3Buffer routed_experts;
+  R3Buffer indexer_topk;
+  int indexer_num_layers = -1;
+};
+
+// The engine buffers are little-endian int32: base64-decoded bytes become words here, and a length that
+// is not a multiple of 4 bytes is an InputError naming the origin and the buffer.
+std::vector<int32_t> r3_words(std::span<const uint8_t> bytes, const R3Origin& o, const char* buffer_name);
+// The same rule for a length alone (for callers that decode into int32 storage directly).
+void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name);
+
+// Checks a request against the config and returns its ExternalSequence (routing of every layer when
+// routed_experts is present, indexer top-k of every C4 layer, mapped from C4 ordinals to layer ids, at
+// the runtime's width min(index_topk, ⌊T/4⌋), T − 1 rows). `weights` (optional) supplies the hash
+// layers' tid2eid tables. Throws InputError naming the origin, the buffer, the layer (global id and C4
+// ordinal) and the row for: a byte length that does not fit the layout, rows other than T − 1 (or T:
+// the stop-edge row, which is dropped with a note), a layer count or width that does not match the
+// config, an all-zero or all −1 buffer, ids out of range, duplicate ids in a row, indexer positions the
+// row cannot see yet (≥ ⌊(t+1)/4⌋), valid ids in the columns beyond the runtime width, hash-layer ids
+// that disagree with tid2eid. Things worth telling the user that are not errors are appended to notes.
+ExternalSequence r3_import(const ModelConfig& c, R3Request req, const Weights* weights,
+                           std::vector<std::string>& notes);
+
+// The engine buffers of one sequence, built from decisions (for export).
+struct R3EngineBuffers {
+  int64_t rows = 0;                       // T − 1
+  int num_layers = 0, k = 0;              // routed_experts [rows, num_layers, k]
+  std::vector<int32_t> routed_experts;    // empty when the trace holds no routing
+  int indexer_num_layers = 0, width = 0;  // indexer_topk [rows, indexer_num_layers, width]
+  std::vector<int32_t> indexer_topk;      // empty when the trace holds no indexer decisions
+};
+
+// Reads one layer's decisions (nullopt: the trace has none for that layer).
+using RoutingSource = std::function<std::optional<RoutingRecord>(int layer)>;
+using IndexerSource = std::function<std::optional<IndexerRecord>(int layer)>;
+
+// The engine layout of a sequence of T tokens: T − 1 rows, ids ascending inside a row, indexer rows −1
+// padded to index_topk columns. Routing must be there for every layer or none, the indexer for every
+// C4 layer or none (the engine reports whole buffers); `what` names the sequence in errors.
+R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& routing,
+                          const IndexerSource& indexer, const std::string& what);
+
+}  // namespace dsv4

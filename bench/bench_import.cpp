@@ -1,0 +1,147 @@
+// Importing one Flash-sized SGLang response (43 layers × 6 routing ids and 21 C4 layers × 512 indexer
+// ids per token; the flash preset): a synthetic JSONL line of T tokens goes through the import's
+// phases, each timed on its own and reported as a counter (seconds per phase, MB/s of the JSON text):
+//
+//   parse_s    nlohmann::json::parse of the line
+//   decode_s   the base64 strings → int32 buffers (sglang_request)
+//   checks_s   r3_import: every pitfall check, C4 ordinals → layers, the runtime width
+//   write_s    ExternalTraceWriter: the sequence written as an external step, the file sealed
+//
+// raw_MB is the size of the two int32 buffers, trace_MB the trace file, trace_over_raw their ratio. T
+// defaults to 32768 (the size: about 1.9 GB of JSON and 1.4 GB of buffers; the process needs about 6
+// GB); DSV4_BENCH_IMPORT_TOKENS=N picks another. Run: build/bench/bench_import   (quick:
+// DSV4_BENCH_IMPORT_TOKENS=4096 build/bench/bench_import)
+#include <benchmark/benchmark.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "adapters/base64.h"
+#include "adapters/r3.h"
+#include "adapters/sglang.h"
+#include "capture/external.h"
+#include "model/config.h"
+
+namespace {
+
+using dsv4::ModelConfig;
+using Clock = std::chrono::steady_clock;
+
+int64_t tokens_from_env() {
+  const char* s = std::getenv("DSV4_BENCH_IMPORT_TOKENS");
+  return s ? std::max<int64_t>(8, std::atoll(s)) : 32768;
+}
+
+double seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Response {
+  std::string line;
+  int64_t raw_bytes = 0;
+};
+
+// A response in SGLang's layout with engine-like contents: distinct experts per row, and indexer rows
+// that pick min(visible groups, index_topk) distinct visible groups, −1 padded.
+Response synthesize(const ModelConfig& c, int64_t T) {
+  const int L = c.num_hidden_layers, k = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int n = c.num_c4_layers(), K = c.index_topk;
+  const int64_t rows = T - 1;
+  std::vector<int32_t> routed(size_t(rows * L * k));
+  for (int64_t t = 0; t < rows; ++t)
+    for (int l = 0; l < L; ++l)
+      for (int j = 0; j < k; ++j)
+        routed[size_t((t * L + l) * k + j)] = int32_t((t * 7 + l * 13 + j * 41) % E);
+  std::vector<int32_t> indexer(size_t(rows * n * K), -1);
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t visible = (t + 1) / 4, picks = std::min<int64_t>(visible, K);
+    const int64_t stride = picks > 0 ? visible / picks : 1;
+    for (int o = 0; o < n; ++o) {
+      int32_t* row = &indexer[size_t((t * n + o) * K)];
+      // One id per stride-wide bucket: distinct, ascending, all below `visible`.
+      for (int64_t j = 0; j < picks; ++j) row[j] = int32_t(j * stride + o % stride);
+    }
+  }
+  auto b64 = [](const std::vector<int32_t>& w) {
+    return dsv4::base64_encode(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4));
+  };
+  Response r;
+  r.raw_bytes = int64_t(routed.size() + indexer.size()) * 4;
+  nlohmann::json j;
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 7919) % c.vocab_size);
+  const int64_t P = T / 4;
+  j["input_ids"] = std::vector<int32_t>(ids.begin(), ids.begin() + P);
+  j["output_ids"] = std::vector<int32_t>(ids.begin() + P, ids.end());
+  j["meta_info"] = {{"id", "bench"}, {"prompt_tokens", P}, {"completion_tokens", T - P}};
+  j["meta_info"]["routed_experts"] = b64(routed);
+  routed = {};
+  j["meta_info"]["indexer_topk"] = b64(indexer);
+  indexer = {};
+  j["meta_info"]["indexer_topk_num_layers"] = n;
+  r.line = j.dump();
+  return r;
+}
+
+void BM_ImportSglangFlash(benchmark::State& state) {
+  const ModelConfig c = dsv4::preset("flash");
+  const int64_t T = tokens_from_env();
+  const Response resp = synthesize(c, T);
+  const std::string trace =
+      (std::filesystem::temp_directory_path() / ("dsv4_bench_import_" + std::to_string(getpid()) + ".h5"))
+          .string();
+  dsv4::ExternalModel model;
+  model.config_json = dsv4::config_to_json(c);
+  double parse = 0, decode = 0, checks = 0, write = 0;
+  int64_t trace_bytes = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    nlohmann::json j = nlohmann::json::parse(resp.line);
+    parse += seconds(t0);
+    t0 = Clock::now();
+    std::vector<std::string> notes;
+    dsv4::R3Request q = dsv4::sglang_request(j, dsv4::R3Origin{"bench.jsonl:1", "", 0}, notes);
+    j = nullptr;
+    decode += seconds(t0);
+    t0 = Clock::now();
+    dsv4::ExternalSequence s = dsv4::r3_import(c, std::move(q), nullptr, notes);
+    checks += seconds(t0);
+    t0 = Clock::now();
+    std::filesystem::remove(trace);
+    auto w = dsv4::ExternalTraceWriter::create(trace, model);
+    dsv4::ExternalStepSpec spec;
+    spec.engine = "sglang";
+    spec.source = "bench.jsonl";
+    w->begin_step(spec);
+    w->add_sequence(s);
+    w->end_step();
+    w->close();
+    write += seconds(t0);
+    trace_bytes = int64_t(std::filesystem::file_size(trace));
+  }
+  std::filesystem::remove(trace);
+  const double it = double(state.iterations());
+  state.counters["tokens"] = double(T);
+  state.counters["json_MB"] = resp.line.size() / 1e6;
+  state.counters["raw_MB"] = resp.raw_bytes / 1e6;
+  state.counters["parse_s"] = parse / it;
+  state.counters["decode_s"] = decode / it;
+  state.counters["checks_s"] = checks / it;
+  state.counters["write_s"] = write / it;
+  state.counters["total_s"] = (parse + decode + checks + write) / it;
+  state.counters["json_MB_per_s"] = resp.line.size() / 1e6 / ((parse + decode + checks + write) / it);
+  state.counters["trace_MB"] = trace_bytes / 1e6;
+  state.counters["trace_over_raw"] = double(trace_bytes) / double(resp.raw_bytes);
+}
+BENCHMARK(BM_ImportSglangFlash)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

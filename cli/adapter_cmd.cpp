@@ -1,0 +1,203 @@
+// dsv4 import sglang|miles | export sglang|miles: the rollout engines' R3 data (docs/ADAPTERS.md).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "adapters/convert.h"
+#include "capture/digest.h"
+#include "capture/external.h"
+#include "capture/trace_reader.h"
+#include "cli/commands.h"
+#include "model/checkpoint.h"
+#include "model/error.h"
+
+namespace dsv4::cli {
+
+namespace {
+
+struct ImportArgs {
+  std::string engine;  // "sglang" | "miles"
+  std::vector<std::string> inputs;
+  std::string config, model, preset;
+  std::string out;
+  std::string kind = "rollout";
+  std::string profile = "unknown";
+};
+
+// The model the engine ran. --model loads the weights too, for the hash layers' tid2eid check.
+struct ImportModel {
+  ModelConfig config;
+  std::optional<Weights> weights;
+  ExternalModel external;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot open", path));
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+ImportModel import_model(const ImportArgs& a) {
+  const int given = int(!a.config.empty()) + int(!a.model.empty()) + int(!a.preset.empty());
+  if (given != 1) throw InputError("give exactly one of --config FILE, --model DIR or --preset NAME");
+  ImportModel m;
+  if (!a.model.empty()) {
+    m.weights = open_checkpoint(a.model);
+    m.config = m.weights->config();
+    m.external.config_json = read_text((std::filesystem::path(a.model) / "config.json").string());
+    m.external.weights_path = a.model;
+    const ModelDigest d = model_digest(*m.weights);
+    m.external.model_digest = hex16(d.whole);
+    m.external.tensor_names = d.names;
+    m.external.tensor_digests = d.digests;
+  } else if (!a.config.empty()) {
+    m.external.config_json = read_text(a.config);
+    m.config = config_from_json(m.external.config_json, a.config);
+  } else {
+    m.config = preset(a.preset);
+    m.external.config_json = config_to_json(m.config);
+  }
+  return m;
+}
+
+// One line per second at most (a carriage-return line on a terminal).
+class ImportProgressLine {
+ public:
+  explicit ImportProgressLine(std::string engine) : engine_(std::move(engine)), tty_(isatty(2)) {}
+  void operator()(const ImportProgress& p) {
+    if (p.seconds - last_ < 1.0) return;
+    last_ = p.seconds;
+    fmt::print(stderr, "{}import {}: {} requests, {:.1f} MB read, {:.1f} MB/s{}", tty_ ? "\r" : "", engine_,
+               p.requests, p.bytes_read / 1e6, p.bytes_read / 1e6 / std::max(p.seconds, 1e-9),
+               tty_ ? "   " : "\n");
+    shown_ = true;
+  }
+  void finish() {
+    if (shown_ && tty_) fmt::print(stderr, "\n");
+  }
+
+ private:
+  std::string engine_;
+  bool tty_;
+  bool shown_ = false;
+  double last_ = 0;
+};
+
+int run_import(const ImportArgs& a) {
+  ImportModel m = import_model(a);
+  auto w = ExternalTraceWriter::create(a.out, m.external);
+  ExternalStepSpec spec;
+  spec.kind = a.kind;
+  spec.engine = a.engine;
+  spec.profile = a.profile;
+  spec.source =
+      a.inputs.size() == 1 ? a.inputs[0] : fmt::format("{} and {} more", a.inputs[0], a.inputs.size() - 1);
+  w->begin_step(spec);
+  ImportProgressLine line(a.engine);
+  const Weights* weights = m.weights ? &*m.weights : nullptr;
+  auto sink = [&](ExternalSequence&& s) { w->add_sequence(s); };
+  auto progress = [&](const ImportProgress& p) { line(p); };
+  const ImportSummary s = a.engine == "sglang" ? import_sglang(a.inputs, m.config, weights, sink, progress)
+                                               : import_miles(a.inputs, m.config, weights, sink, progress);
+  line.finish();
+  w->end_step();
+  w->close();
+  constexpr size_t kNotesShown = 10;
+  for (size_t i = 0; i < s.notes.size() && i < kNotesShown; ++i)
+    fmt::print(stderr, "import {}: note: {}\n", a.engine, s.notes[i]);
+  if (s.notes.size() > kNotesShown)
+    fmt::print(stderr, "import {}: note: ... and {} more notes\n", a.engine, s.notes.size() - kNotesShown);
+  // What the decisions take as the engines' int32 buffers, against the trace's bytes.
+  const int64_t raw =
+      s.routing_rows * m.config.num_experts_per_tok * 4 + s.indexer_rows * m.config.index_topk * 4;
+  std::error_code ec;
+  const auto trace_bytes = int64_t(std::filesystem::file_size(w->final_path(), ec));
+  fmt::print(stderr,
+             "import {}: {} requests, {} tokens, {:.1f} MB read in {:.2f} s ({:.1f} MB/s); {} ({:.1f} MB, "
+             "{:.3f} of the "
+             "{:.1f} MB of int32 buffers)\n",
+             a.engine, s.requests, s.tokens, s.input_bytes / 1e6, s.seconds,
+             s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), w->final_path(), trace_bytes / 1e6,
+             raw > 0 ? double(trace_bytes) / double(raw) : 0.0, raw / 1e6);
+  return 0;
+}
+
+struct ExportArgs {
+  std::string engine;
+  std::string trace, out;
+  int step = -1;
+};
+
+int run_export(const ExportArgs& a) {
+  TraceReader r = TraceReader::open(a.trace);
+  const int step = export_step(r, a.step);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = a.engine == "sglang" ? export_sglang(r, step, a.out) : export_miles(r, step, a.out);
+  fmt::print(stderr, "export {}: step {} of {}: {} sequences in {:.2f} s → {}\n", a.engine, step, a.trace, n,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.out);
+  return 0;
+}
+
+void add_import(CLI::App* import, const std::string& engine, const std::string& inputs_help,
+                const std::string& example) {
+  auto a = std::make_shared<ImportArgs>();
+  a->engine = engine;
+  CLI::App* cmd =
+      import->add_subcommand(engine, fmt::format("Import {} R3 data as one external step", engine));
+  cmd->add_option("INPUTS", a->inputs, inputs_help)->required();
+  cmd->add_option("--config", a->config, "The model's config.json (no hash-layer check)");
+  cmd->add_option("--model", a->model,
+                  "Checkpoint directory: config and weights (checks hash layers against tid2eid)");
+  cmd->add_option("--preset", a->preset,
+                  "Built-in config: tiny, tiny-b, mid, flash, pro (no hash-layer check)");
+  cmd->add_option("--out", a->out, "New trace file (NAME.h5)")->required();
+  cmd->add_option("--kind", a->kind, "rollout (an inference engine) or train (a trainer's forward)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"rollout", "train"}));
+  cmd->add_option("--profile", a->profile, "The engine's numerics profile, when one of ours describes it")
+      ->capture_default_str();
+  cmd->footer("Example:\n  " + example + "\nLayouts, fields read and the checks: docs/ADAPTERS.md");
+  cmd->callback([a] { set_action([a] { return run_import(*a); }); });
+}
+
+void add_export(CLI::App* exp, const std::string& engine, const std::string& out_help,
+                const std::string& example) {
+  auto a = std::make_shared<ExportArgs>();
+  a->engine = engine;
+  CLI::App* cmd =
+      exp->add_subcommand(engine, fmt::format("Write a step's decisions in {}'s R3 layout", engine));
+  cmd->add_option("TRACE", a->trace, "Trace file")->required();
+  cmd->add_option("--step", a->step, "Step index (default: the trace's only complete step)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--out", a->out, out_help)->required();
+  cmd->footer("Example:\n  " + example + "\nLayouts: docs/ADAPTERS.md");
+  cmd->callback([a] { set_action([a] { return run_export(*a); }); });
+}
+
+}  // namespace
+
+void register_adapter_commands(CLI::App& app) {
+  CLI::App* import =
+      app.add_subcommand("import", "Import another engine's routing / indexer decisions (R3) as a trace");
+  import->require_subcommand(1);
+  add_import(import, "sglang",
+             "SGLang responses: JSON (an object or an array of them) or JSONL, one file or more",
+             "dsv4 import sglang responses.jsonl --model /ckpt/dsv4-flash --out rollout.h5");
+  add_import(import, "miles",
+             "miles samples: .npz files, sample directories of .npy files, or directories of those",
+             "dsv4 import miles dumps/rollout_0/ --config flash/config.json --out rollout.h5");
+
+  CLI::App* exp = app.add_subcommand("export", "Write a trace's decisions in another engine's R3 layout");
+  exp->require_subcommand(1);
+  add_export(exp, "sglang", "JSONL file, one SGLang response per sequence",
+             "dsv4 export sglang run.h5 --step 0 --out responses.jsonl");
+  add_export(exp, "miles", "Directory for one .npz per sequence (sample_000000.npz, ...)",
+             "dsv4 export miles run.h5 --out samples/");
+}
+
+}  // namespace dsv4::cli

@@ -1,0 +1,943 @@
+// The R3 adapters (adapters/): SGLang's and miles' layouts read into ExternalSequences with every
+// pitfall of MODEL.md §6.6 refused by name, and a trace's decisions written back in those layouts.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "adapters/base64.h"
+#include "adapters/convert.h"
+#include "adapters/miles.h"
+#include "adapters/npy.h"
+#include "adapters/r3.h"
+#include "adapters/sglang.h"
+#include "capture/external.h"
+#include "capture/record.h"
+#include "capture/trace_reader.h"
+#include "cli_util.h"
+#include "model/error.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace dsv4 {
+namespace {
+
+using json = nlohmann::json;
+using test::TempDir;
+
+// tiny: 6 layers, compress_ratios {0, 4, 128, 4, 128, 0} (C4 layers 1 and 3 = ordinals 0 and 1), hash
+// layers 0 and 1, 8 experts, k = 2, index_topk = 8.
+const ModelConfig& cfg() {
+  static const ModelConfig c = preset("tiny");
+  return c;
+}
+
+// The engine's indexer row for a row that sees `n` groups and fits: 0, 1, ..., n−1, then −1 (MODEL.md §6.2).
+std::vector<int32_t> engine_row(int n, int width) {
+  std::vector<int32_t> r(size_t(width), -1);
+  for (int i = 0; i < std::min(n, width); ++i) r[size_t(i)] = i;
+  return r;
+}
+
+// A request of T tokens with well-formed buffers at the engine's width (index_topk columns): routing
+// row t of layer l is {(t + l) % E, (t + l + 1) % E} (hash layers too unless `tid2eid` is given), the
+// indexer as the engine writes short rows. `rows` = T − 1, or T for the stop-edge row.
+R3Request well_formed(const ModelConfig& c, int64_t T, int64_t rows, const Weights* tid2eid = nullptr) {
+  R3Request q;
+  q.origin = R3Origin{"dump.jsonl:1", "req-7", 0};
+  for (int64_t t = 0; t < T; ++t) q.tokens.push_back(int32_t((t * 37 + 5) % c.vocab_size));
+  const int L = c.num_hidden_layers, k = c.num_experts_per_tok, E = c.n_routed_experts;
+  q.routed_experts.present = true;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int l = 0; l < L; ++l)
+      for (int j = 0; j < k; ++j) {
+        int32_t v = int32_t((t + l + j) % E);
+        if (tid2eid && c.is_hash_layer(l) && t < T)
+          v = tid2eid->layer_i(l, "mlp.topk.tid2eid")[q.tokens[size_t(t)] * k + j];
+        q.routed_experts.words.push_back(v);
+      }
+  q.indexer_topk.present = true;
+  q.indexer_num_layers = c.num_c4_layers();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int o = 0; o < c.num_c4_layers(); ++o) {
+      const auto r = engine_row(int((t + 1) / 4), c.index_topk);
+      q.indexer_topk.words.insert(q.indexer_topk.words.end(), r.begin(), r.end());
+    }
+  return q;
+}
+
+int32_t& routed_at(R3Request& q, const ModelConfig& c, int64_t t, int l, int j) {
+  return q.routed_experts.words[size_t((t * c.num_hidden_layers + l) * c.num_experts_per_tok + j)];
+}
+int32_t& indexer_at(R3Request& q, const ModelConfig& c, int64_t t, int ordinal, int col, int width = -1) {
+  if (width < 0) width = c.index_topk;
+  return q.indexer_topk.words[size_t((t * c.num_c4_layers() + ordinal) * width + col)];
+}
+
+std::string import_error(const ModelConfig& c, R3Request q, const Weights* w = nullptr) {
+  std::vector<std::string> notes;
+  try {
+    r3_import(c, std::move(q), w, notes);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// ---- golden buffers ----------------------------------------------------------------------------------
+
+TEST(Adapters, GoldenRoutingBufferOfThreeTokens) {
+  // T = 3 → 2 rows × 6 layers × 2 ids, written out by hand in the engine's order (row, layer, slot).
+  R3Request q;
+  q.origin = R3Origin{"golden.json", "", 0};
+  q.tokens = {10, 20, 30};
+  q.routed_experts.present = true;
+  q.routed_experts.words = {
+      // row 0: layers 0..5 (0 and 1 are hash layers: their table ids, recorded like any other)
+      1, 2, /**/ 3, 4, /**/ 5, 6, /**/ 7, 0, /**/ 2, 1, /**/ 6, 5,
+      // row 1
+      0, 7, /**/ 1, 6, /**/ 2, 5, /**/ 3, 4, /**/ 4, 3, /**/ 5, 2};
+  std::vector<std::string> notes;
+  const ExternalSequence s = r3_import(cfg(), q, nullptr, notes);
+  ASSERT_EQ(s.routing.size(), 6u);
+  EXPECT_TRUE(s.indexer.empty());
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{10, 20, 30}));
+  for (const auto& r : s.routing) {
+    EXPECT_EQ(r.rows, 2);
+    EXPECT_EQ(r.k, 2);
+  }
+  EXPECT_EQ(s.routing[0].layer, 0);
+  EXPECT_EQ(s.routing[0].ids, (std::vector<int32_t>{1, 2, 0, 7}));
+  EXPECT_EQ(s.routing[3].ids, (std::vector<int32_t>{7, 0, 3, 4}));
+  EXPECT_EQ(s.routing[5].ids, (std::vector<int32_t>{6, 5, 5, 2}));
+}
+
+TEST(Adapters, GoldenIndexerMapsC4OrdinalsToLayers) {
+  // T = 9 → 8 rows × 2 C4 layers × 8 columns. Row t sees ⌊(t+1)/4⌋ groups: rows 0-2 none, 3-6 one,
+  // row 7 two. Ordinal 0 is layer 1, ordinal 1 layer 3; ordinal 1 row 7 lists its groups out of order.
+  const ModelConfig& c = cfg();
+  R3Request q = well_formed(c, 9, 8);
+  q.routed_experts = {};
+  indexer_at(q, c, 7, 1, 0) = 1;
+  indexer_at(q, c, 7, 1, 1) = 0;
+  std::vector<std::string> notes;
+  const ExternalSequence s = r3_import(c, q, nullptr, notes);
+  ASSERT_EQ(s.indexer.size(), 2u);
+  EXPECT_EQ(s.indexer[0].layer, 1);
+  EXPECT_EQ(s.indexer[1].layer, 3);
+  for (const auto& x : s.indexer) {
+    EXPECT_EQ(x.rows, 8);
+    // Stored at the runtime width min(index_topk, ⌊9/4⌋) = 2: columns 2..7 were −1 and are dropped.
+    ASSERT_EQ(x.width, 2);
+    EXPECT_EQ(std::vector<int32_t>(x.ids.begin(), x.ids.begin() + 6),
+              (std::vector<int32_t>{-1, -1, -1, -1, -1, -1}));
+    EXPECT_EQ(std::vector<int32_t>(x.ids.begin() + 6, x.ids.begin() + 8), (std::vector<int32_t>{0, -1}));
+  }
+  EXPECT_EQ(std::vector<int32_t>(s.indexer[0].ids.end() - 2, s.indexer[0].ids.end()),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(std::vector<int32_t>(s.indexer[1].ids.end() - 2, s.indexer[1].ids.end()),
+            (std::vector<int32_t>{1, 0}));
+}
+
+TEST(Adapters, C4OrdinalsOfAnotherLayout) {
+  // C4 layers 0, 2, 3 (ordinals 0, 1, 2): only layer 0 keeps its number. Each ordinal gets a marker
+  // in row 7 so the mapping cannot be confused.
+  ModelConfig c = cfg();
+  c.compress_ratios = {4, 0, 4, 4, 128, 0};
+  validate(c, "test");
+  ASSERT_EQ(c.num_c4_layers(), 3);
+  R3Request q = well_formed(c, 9, 8);
+  indexer_at(q, c, 7, 0, 0) = 0, indexer_at(q, c, 7, 0, 1) = -1;  // ordinal 0: {0}
+  indexer_at(q, c, 7, 1, 0) = 1, indexer_at(q, c, 7, 1, 1) = -1;  // ordinal 1: {1}
+  indexer_at(q, c, 7, 2, 0) = 1, indexer_at(q, c, 7, 2, 1) = 0;   // ordinal 2: {1, 0}
+  std::vector<std::string> notes;
+  const ExternalSequence s = r3_import(c, q, nullptr, notes);
+  ASSERT_EQ(s.indexer.size(), 3u);
+  EXPECT_EQ(s.indexer[0].layer, 0);
+  EXPECT_EQ(s.indexer[1].layer, 2);
+  EXPECT_EQ(s.indexer[2].layer, 3);
+  auto last = [](const ExternalIndexer& x) { return std::vector<int32_t>(x.ids.end() - 2, x.ids.end()); };
+  EXPECT_EQ(last(s.indexer[0]), (std::vector<int32_t>{0, -1}));
+  EXPECT_EQ(last(s.indexer[1]), (std::vector<int32_t>{1, -1}));
+  EXPECT_EQ(last(s.indexer[2]), (std::vector<int32_t>{1, 0}));
+}
+
+TEST(Adapters, StopEdgeRowIsDroppedWithANote) {
+  const ModelConfig& c = cfg();
+  R3Request q = well_formed(c, 9, 9);  // len(tokens) rows: one too many
+  // The extra row is not the routing of any fed token: even an invalid one does not matter.
+  routed_at(q, c, 8, 2, 0) = 99;
+  std::vector<std::string> notes;
+  const ExternalSequence s = r3_import(c, q, nullptr, notes);
+  EXPECT_EQ(s.routing[2].rows, 8);
+  EXPECT_EQ(s.routing[2].ids.size(), 16u);
+  EXPECT_EQ(s.indexer[0].rows, 8);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("routed_experts: dropped the stop-edge row 8"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[1].find("indexer_topk: dropped the stop-edge row 8"), std::string::npos) << notes[1];
+}
+
+TEST(Adapters, RuntimeWidthBufferIsAccepted) {
+  // A buffer at the runtime width min(index_topk, ⌊T/4⌋) (what a trainer's record holds) instead of
+  // index_topk.
+  const ModelConfig& c = cfg();
+  R3Request q = well_formed(c, 9, 8);
+  q.indexer_topk.words.clear();
+  for (int t = 0; t < 8; ++t)
+    for (int o = 0; o < 2; ++o) {
+      const auto r = engine_row((t + 1) / 4, 2);
+      q.indexer_topk.words.insert(q.indexer_topk.words.end(), r.begin(), r.end());
+    }
+  std::vector<std::string> notes;
+  const ExternalSequence s = r3_import(c, q, nullptr, notes);
+  EXPECT_EQ(s.indexer[1].width, 2);
+  EXPECT_EQ(s.indexer[1].ids.back(), 1);
+}
+
+TEST(Adapters, MultiTurnPrefixExtendsTheFirstTurn) {
+  // Turn 2 re-sends turn 1's tokens and returns the whole prefix: its first rows are turn 1's rows.
+  const ModelConfig& c = cfg();
+  const R3Request turn1 = well_formed(c, 9, 8);
+  R3Request turn2 = well_formed(c, 14, 13);
+  ASSERT_TRUE(std::equal(turn1.tokens.begin(), turn1.tokens.end(), turn2.tokens.begin()));
+  std::vector<std::string> notes;
+  const ExternalSequence a = r3_import(c, turn1, nullptr, notes);
+  const ExternalSequence b = r3_import(c, turn2, nullptr, notes);
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    EXPECT_TRUE(std::equal(a.routing[size_t(l)].ids.begin(), a.routing[size_t(l)].ids.end(),
+                           b.routing[size_t(l)].ids.begin()))
+        << "layer " << l;
+  // Widths differ (2 for 9 tokens, 3 for 14); rows compare as sets.
+  for (size_t o = 0; o < 2; ++o) {
+    ASSERT_EQ(b.indexer[o].width, 3);
+    for (int64_t t = 0; t < 8; ++t) {
+      std::set<int32_t> x, y;
+      for (int j = 0; j < 2; ++j) x.insert(a.indexer[o].ids[size_t(t * 2 + j)]);
+      for (int j = 0; j < 3; ++j) y.insert(b.indexer[o].ids[size_t(t * 3 + j)]);
+      x.erase(-1), y.erase(-1);
+      EXPECT_EQ(x, y) << "ordinal " << o << " row " << t;
+    }
+  }
+}
+
+TEST(Adapters, HashLayersAgreeWithTid2eid) {
+  const ModelConfig& c = test::tiny().config();
+  R3Request q = well_formed(c, 9, 8, &test::tiny());
+  std::vector<std::string> notes;
+  EXPECT_NO_THROW(r3_import(c, q, &test::tiny(), notes));
+  // Without weights there is nothing to compare with; with them a table disagreement is named.
+  std::swap(routed_at(q, c, 4, 1, 0), routed_at(q, c, 4, 1, 1));  // same set: still fine
+  EXPECT_NO_THROW(r3_import(c, q, &test::tiny(), notes));
+  const int32_t* table = test::tiny().layer_i(1, "mlp.topk.tid2eid");
+  const int32_t tok = q.tokens[4];
+  int32_t other = 0;
+  while (other == table[tok * 2] || other == table[tok * 2 + 1]) ++other;
+  routed_at(q, c, 4, 1, 0) = other;
+  EXPECT_NO_THROW(r3_import(c, q, nullptr, notes));
+  const std::string e = import_error(c, q, &test::tiny());
+  EXPECT_NE(e.find("request 'req-7'"), std::string::npos) << e;
+  EXPECT_NE(e.find("layer 1 (C4 ordinal 0) (hash layer) row 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("tid2eid"), std::string::npos) << e;
+}
+
+// ---- pitfalls ------------------------------------------------------------------------------------
+
+struct Pitfall {
+  const char* name;
+  std::function<void(R3Request&)> spoil;
+  std::vector<std::string> expect;  // substrings of the message
+};
+
+TEST(Adapters, EveryPitfallIsRefusedByName) {
+  const ModelConfig& c = cfg();
+  const std::vector<Pitfall> cases = {
+      {"routing all zero",
+       [&](R3Request& q) { std::fill(q.routed_experts.words.begin(), q.routed_experts.words.end(), 0); },
+       {"dump.jsonl:1: request 'req-7' (#0): routed_experts", "every layer, every row",
+        "capturer was bound before it existed"}},
+      {"routing all -1",
+       [&](R3Request& q) { std::fill(q.routed_experts.words.begin(), q.routed_experts.words.end(), -1); },
+       {"routed_experts", "capturer was bound before it existed"}},
+      {"indexer all -1",
+       [&](R3Request& q) { std::fill(q.indexer_topk.words.begin(), q.indexer_topk.words.end(), -1); },
+       {"request 'req-7'", "indexer_topk", "rows 3.. see compressed groups", "capturer was bound"}},
+      {"one indexer layer all zero",
+       [&](R3Request& q) {
+         for (int t = 0; t < 8; ++t)
+           for (int j = 0; j < 8; ++j) indexer_at(q, c, t, 1, j) = 0;
+       },
+       {"indexer_topk layer 3 (C4 ordinal 1)", "all zero", "capturer was bound"}},
+      {"one indexer layer all -1",
+       [&](R3Request& q) {
+         for (int t = 0; t < 8; ++t)
+           for (int j = 0; j < 8; ++j) indexer_at(q, c, t, 0, j) = -1;
+       },
+       {"indexer_topk layer 1 (C4 ordinal 0) (hash layer) row 3", "capturer was bound"}},
+      {"expert id out of range",
+       [&](R3Request& q) { routed_at(q, c, 5, 4, 1) = 8; },
+       {"routed_experts layer 4 row 5", "expert id 8 (slot 1) is outside [0, 8)"}},
+      {"negative expert id",
+       [&](R3Request& q) { routed_at(q, c, 2, 3, 0) = -1; },
+       {"routed_experts layer 3 (C4 ordinal 1) row 2", "expert id -1"}},
+      {"routing row not a set",
+       [&](R3Request& q) { routed_at(q, c, 1, 2, 1) = routed_at(q, c, 1, 2, 0); },
+       {"routed_experts layer 2 row 1", "appears twice"}},
+      {"indexer row not a set",
+       [&](R3Request& q) {
+         indexer_at(q, c, 7, 1, 0) = 1;
+         indexer_at(q, c, 7, 1, 1) = 1;
+       },
+       {"indexer_topk layer 3 (C4 ordinal 1) row 7", "group 1 appears twice"}},
+      {"future position",
+       [&](R3Request& q) { indexer_at(q, c, 3, 0, 1) = 1; },
+       {"indexer_topk layer 1 (C4 ordinal 0) (hash layer) row 3", "position 1 is in the future",
+        "sees compressed groups [0, 1)"}},
+      {"future position on a row that sees none",
+       [&](R3Request& q) { indexer_at(q, c, 2, 1, 0) = 0; },
+       {"layer 3 (C4 ordinal 1) row 2", "position 0 is in the future"}},
+      {"valid id beyond the runtime width",
+       [&](R3Request& q) {
+         indexer_at(q, c, 7, 1, 1) = -1;
+         indexer_at(q, c, 7, 1, 5) = 1;
+       },
+       {"layer 3 (C4 ordinal 1) row 7", "column 5 holds 1", "runtime width min(index_topk, ⌊T/4⌋) = 2"}},
+      {"indexer id below -1",
+       [&](R3Request& q) { indexer_at(q, c, 4, 0, 3) = -2; },
+       {"layer 1 (C4 ordinal 0) (hash layer) row 4", "column 3 holds -2"}},
+      {"routing layer count",
+       [&](R3Request& q) {  // 7 layers' worth of rows
+         q.routed_experts.words.resize(size_t(8 * 7 * 2), 1);
+       },
+       {"routed_experts", "8 rows (len(tokens) − 1) × 7 layers", "the config has 6 layers"}},
+      {"indexer layer count by global id",
+       [&](R3Request& q) { q.indexer_num_layers = 6; },
+       {"indexer_topk_num_layers is 6", "2 C4 layers", "indexed by global layer id"}},
+      {"indexer width",
+       [&](R3Request& q) {  // 5 columns
+         q.indexer_topk.words.assign(size_t(8 * 2 * 5), -1);
+       },
+       {"indexer_topk", "width 5 is neither index_topk (8", "runtime width min(index_topk, ⌊T/4⌋) = 2"}},
+      {"routing byte length",
+       [&](R3Request& q) { q.routed_experts.words.pop_back(); },
+       {"routed_experts", "not a whole number of rows of 6 layers × 2 ids"}},
+      {"indexer byte length",
+       [&](R3Request& q) { q.indexer_topk.words.pop_back(); },
+       {"indexer_topk", "not a whole number of rows of 2 C4 layers"}},
+      {"row count",
+       [&](R3Request& q) { q.routed_experts.words.resize(size_t(5 * 6 * 2)); },
+       {"routed_experts: 5 rows for 9 tokens", "len(tokens) − 1 = 8"}},
+      {"token outside the vocabulary",
+       [&](R3Request& q) { q.tokens[3] = 512; },
+       {"request 'req-7'", "token 512 at position 3"}},
+      {"npy shape of the routing",
+       [&](R3Request& q) {
+         q.routed_experts.shape = {8, 6, 3};
+       },
+       {"routed_experts: shape [8, 6, 3] holds 3 ids per row", "num_experts_per_tok"}},
+  };
+  for (const Pitfall& p : cases) {
+    R3Request q = well_formed(c, 9, 8);
+    {
+      std::vector<std::string> notes;
+      ASSERT_NO_THROW(r3_import(c, q, nullptr, notes)) << p.name << ": the unspoiled request must pass";
+    }
+    p.spoil(q);
+    const std::string e = import_error(c, q);
+    for (const std::string& s : p.expect) EXPECT_NE(e.find(s), std::string::npos) << p.name << ": " << e;
+  }
+}
+
+TEST(Adapters, WordsRefuseAPartialInt32) {
+  const std::vector<uint8_t> seven(7, 0);
+  try {
+    r3_words(seven, R3Origin{"f.json", "abc", 2}, "routed_experts");
+    FAIL() << "accepted 7 bytes";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("f.json: request 'abc' (#2): routed_experts holds 7 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- SGLang responses --------------------------------------------------------------------------------
+
+TEST(Adapters, Base64MatchesTheStandardAlphabet) {
+  // int32 [1, 2] little-endian, and 5 bytes (one '=' of padding), as Python's base64 writes them.
+  std::string err;
+  EXPECT_EQ(base64_decode("AQAAAAIAAAA=", err), (std::vector<uint8_t>{1, 0, 0, 0, 2, 0, 0, 0}));
+  EXPECT_TRUE(err.empty());
+  EXPECT_EQ(base64_encode(std::vector<uint8_t>{1, 0, 0, 0, 2, 0, 0, 0}), "AQAAAAIAAAA=");
+  EXPECT_EQ(base64_encode(std::vector<uint8_t>{0xff, 0xfe, 0x7f, 0x00, 0x41}), "//5/AEE=");
+  EXPECT_EQ(base64_decode("//5/AEE=", err), (std::vector<uint8_t>{0xff, 0xfe, 0x7f, 0x00, 0x41}));
+  base64_decode("AQA*AAIA", err);
+  EXPECT_NE(err.find("offset 3"), std::string::npos) << err;
+  base64_decode("AQAAA", err);
+  EXPECT_NE(err.find("not a multiple of 4"), std::string::npos) << err;
+}
+
+std::string b64(const std::vector<int32_t>& w) {
+  return base64_encode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4));
+}
+
+// An SGLang response of a well-formed request: prompt of `P` tokens.
+json response_of(const R3Request& q, size_t P, const std::string& id) {
+  json r;
+  r["text"] = "...";
+  r["input_ids"] = std::vector<int32_t>(q.tokens.begin(), q.tokens.begin() + int64_t(P));
+  r["output_ids"] = std::vector<int32_t>(q.tokens.begin() + int64_t(P), q.tokens.end());
+  r["meta_info"] = {{"id", id},
+                    {"finish_reason", {{"type", "length"}}},
+                    {"prompt_tokens", P},
+                    {"completion_tokens", q.tokens.size() - P},
+                    {"routed_experts", b64(q.routed_experts.words)},
+                    {"indexer_topk", b64(q.indexer_topk.words)},
+                    {"indexer_topk_num_layers", q.indexer_num_layers}};
+  return r;
+}
+
+std::vector<ExternalSequence> read_all(const std::string& path, std::vector<std::string>& notes) {
+  std::vector<ExternalSequence> out;
+  sglang_read(
+      path, [&](R3Request&& q) { out.push_back(r3_import(cfg(), std::move(q), nullptr, notes)); }, notes);
+  return out;
+}
+
+TEST(Adapters, SglangJsonJsonlAndArraysReadTheSame) {
+  TempDir d;
+  const R3Request a = well_formed(cfg(), 9, 8), b = well_formed(cfg(), 14, 14);  // b with the stop-edge row
+  const json ra = response_of(a, 5, "A"), rb = response_of(b, 6, "B");
+  {
+    std::ofstream(d / "one.json") << ra.dump(2);
+    std::ofstream(d / "two.jsonl") << ra.dump() << "\n\n" << rb.dump() << "\n";
+    std::ofstream(d / "array.json") << json::array({ra, rb}).dump(1);
+  }
+  std::vector<std::string> notes;
+  const auto one = read_all(d / "one.json", notes);
+  const auto two = read_all(d / "two.jsonl", notes);
+  const auto arr = read_all(d / "array.json", notes);
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(two.size(), 2u);
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(one[0].id, "A");
+  EXPECT_EQ(one[0].tokens, a.tokens);
+  EXPECT_EQ(one[0].prompt_length, 5);
+  EXPECT_EQ(two[1].id, "B");
+  EXPECT_EQ(two[1].prompt_length, 6);
+  EXPECT_EQ(two[1].routing[4].rows, 13);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(two[i].tokens, arr[i].tokens);
+    for (size_t l = 0; l < 6; ++l) EXPECT_EQ(two[i].routing[l].ids, arr[i].routing[l].ids);
+    for (size_t o = 0; o < 2; ++o) EXPECT_EQ(two[i].indexer[o].ids, arr[i].indexer[o].ids);
+  }
+  // The JSONL line and the request are named in the stop-edge note.
+  bool noted = false;
+  for (const auto& n : notes)
+    noted |=
+        n.find("two.jsonl:3: request 'B' (#1): routed_experts: dropped the stop-edge") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(Adapters, SglangTokensFromOutputTokenLogprobsAndCompleteLogprobs) {
+  TempDir d;
+  const R3Request a = well_formed(cfg(), 9, 8);
+  json r = response_of(a, 5, "A");
+  r.erase("output_ids");
+  json out_lp = json::array(), in_lp = json::array();
+  for (size_t p = 5; p < 9; ++p) out_lp.push_back({-0.5 * double(p), a.tokens[p], nullptr});
+  in_lp.push_back({nullptr, a.tokens[0], nullptr});
+  for (size_t p = 1; p < 5; ++p) in_lp.push_back({-0.25 * double(p), a.tokens[p], nullptr});
+  r["meta_info"]["output_token_logprobs"] = out_lp;
+  std::ofstream(d / "a.json") << r.dump();
+  std::vector<std::string> notes;
+  auto s = read_all(d / "a.json", notes);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].tokens, a.tokens);
+  EXPECT_TRUE(s[0].logprobs.empty());  // response only: not stored
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("log-probs of the response only"), std::string::npos) << notes[0];
+
+  r["meta_info"]["input_token_logprobs"] = in_lp;
+  std::ofstream(d / "b.json") << r.dump();
+  notes.clear();
+  s = read_all(d / "b.json", notes);
+  EXPECT_TRUE(notes.empty());
+  ASSERT_EQ(s[0].logprobs.size(), 8u);  // logprobs[t] = log p(tokens[t + 1])
+  EXPECT_FLOAT_EQ(s[0].logprobs[0], -0.25f);
+  EXPECT_FLOAT_EQ(s[0].logprobs[3], -1.0f);
+  EXPECT_FLOAT_EQ(s[0].logprobs[4], -2.5f);
+  EXPECT_FLOAT_EQ(s[0].logprobs[7], -4.0f);
+}
+
+TEST(Adapters, SglangResponsesThatCannotBeReadAreNamed) {
+  TempDir d;
+  const R3Request a = well_formed(cfg(), 9, 8);
+  auto expect_error = [&](const json& r, const std::string& want) {
+    std::ofstream(d / "bad.jsonl") << response_of(a, 5, "ok").dump() << "\n" << r.dump() << "\n";
+    std::vector<std::string> notes;
+    try {
+      read_all(d / "bad.jsonl", notes);
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  json r = response_of(a, 5, "x");
+  r.erase("input_ids");
+  expect_error(r, "bad.jsonl:2: request 'x' (#1): no input_ids");
+  r = response_of(a, 5, "x");
+  r["meta_info"]["prompt_tokens"] = 6;
+  expect_error(r, "request 'x' (#1): meta_info.prompt_tokens is 6 but input_ids holds 5 tokens");
+  r = response_of(a, 5, "x");
+  r["meta_info"]["routed_experts"] = "AAAA*AAA";
+  expect_error(r, "request 'x' (#1): meta_info.routed_experts: not base64");
+  r = response_of(a, 5, "x");
+  r["meta_info"]["routed_experts"] = "AAAAAAA=";  // 5 bytes
+  expect_error(r, "request 'x' (#1): routed_experts holds 5 bytes");
+  r = response_of(a, 5, "x");
+  r["meta_info"].erase("routed_experts");
+  r["meta_info"].erase("indexer_topk");
+  expect_error(r, "neither routed_experts nor indexer_topk");
+  std::ofstream(d / "broken.jsonl") << "{\"meta_info\": {}}\n{\"meta_info\": \n";
+  std::vector<std::string> notes;
+  try {
+    read_all(d / "broken.jsonl", notes);
+    ADD_FAILURE() << "accepted broken JSON";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.jsonl:1"), std::string::npos) << e.what();
+  }
+}
+
+// ---- .npy / .npz -------------------------------------------------------------------------------------
+
+// A python3 with numpy, or "" (the tests that need numpy's own files skip then).
+std::string numpy_python() {
+  for (const char* p : {"python3", "/usr/bin/python3"}) {
+    const std::string cmd = std::string(p) + " -c 'import numpy' >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) return p;
+  }
+  return "";
+}
+
+int run_python(const std::string& py, const std::string& script) {
+  TempDir d;
+  std::ofstream(d / "s.py") << script;
+  return std::system((py + " " + (d / "s.py")).c_str());
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(Adapters, NpyReadsWhatNumpyWroteAndRefusesTheRest) {
+  const std::string py = numpy_python();
+  if (py.empty()) GTEST_SKIP() << "no python3 with numpy: cannot produce numpy's own .npy files";
+  TempDir d;
+  ASSERT_EQ(
+      run_python(
+          py,
+          "import numpy as np\n"
+          "d = '" +
+              d.dir.string() +
+              "'\n"
+              "np.save(d + '/i4.npy', np.arange(24, dtype='<i4').reshape(2, 3, 4) - 5)\n"
+              "np.save(d + '/i8.npy', np.array([7, 8, 9], dtype=np.int64))\n"
+              "np.save(d + '/f4.npy', np.array([0.5, -1.25], dtype=np.float32))\n"
+              "np.save(d + '/scalar.npy', np.int64(42))\n"
+              "np.save(d + '/fortran.npy', np.asfortranarray(np.zeros((2, 3), dtype='<i4')))\n"
+              "np.save(d + '/big.npy', np.zeros(3, dtype='>i4'))\n"
+              "np.save(d + '/f8.npy', np.zeros(3, dtype=np.float64))\n"
+              "np.lib.format.write_array(open(d + '/v2.npy', 'wb'), np.ones((3,), '<i4'), version=(2, 0))\n"),
+      0);
+  const NpyArray i4 = npy_parse(file_bytes(d / "i4.npy"), "i4.npy");
+  EXPECT_EQ(i4.shape, (std::vector<int64_t>{2, 3, 4}));
+  const auto v = npy_int32(i4, "i4.npy");
+  ASSERT_EQ(v.size(), 24u);
+  EXPECT_EQ(v[0], -5);
+  EXPECT_EQ(v[23], 18);
+  EXPECT_EQ(npy_int32(npy_parse(file_bytes(d / "i8.npy"), "i8"), "i8", true),
+            (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_THROW(npy_int32(npy_parse(file_bytes(d / "i8.npy"), "i8"), "i8"), InputError);
+  EXPECT_EQ(npy_float32(npy_parse(file_bytes(d / "f4.npy"), "f4"), "f4"), (std::vector<float>{0.5f, -1.25f}));
+  const NpyArray sc = npy_parse(file_bytes(d / "scalar.npy"), "scalar");
+  EXPECT_TRUE(sc.shape.empty());
+  EXPECT_EQ(npy_scalar_int(sc, "scalar"), 42);
+  EXPECT_EQ(npy_int32(npy_parse(file_bytes(d / "v2.npy"), "v2"), "v2"), (std::vector<int32_t>{1, 1, 1}));
+  auto refused = [&](const char* name, const std::string& want) {
+    try {
+      npy_parse(file_bytes(d / name), std::string("s.npz: ") + name);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("s.npz: ") + name + ": " + want), std::string::npos)
+          << e.what();
+    }
+  };
+  refused("fortran.npy", "Fortran-order");
+  refused("big.npy", "dtype '>i4' is big-endian");
+  refused("f8.npy", "dtype '<f8' is not supported");
+  // A truncated file: the data does not match the shape.
+  auto cut = file_bytes(d / "i4.npy");
+  cut.resize(cut.size() - 4);
+  EXPECT_THROW(npy_parse(cut, "cut"), InputError);
+}
+
+TEST(Adapters, NpyWriterRoundTripsThroughNumpy) {
+  const std::vector<int32_t> v = {3, -1, 7, 0, 5, 6};
+  const auto bytes = npy_encode_int32(v, {1, 2, 3});
+  EXPECT_EQ(bytes.size() % 64, 24u);  // header padded to 64 bytes; 24 data bytes
+  const NpyArray a = npy_parse(bytes, "mine");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(npy_int32(a, "mine"), v);
+  const std::string py = numpy_python();
+  if (py.empty()) GTEST_SKIP() << "no python3 with numpy: checked our own reader only";
+  TempDir d;
+  std::ofstream(d / "m.npy", std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), int64_t(bytes.size()));
+  EXPECT_EQ(run_python(py, "import numpy as np\na = np.load('" + (d / "m.npy") +
+                               "')\nassert a.dtype == np.int32 and a.shape == (1, 2, 3), (a.dtype, a.shape)\n"
+                               "assert a.ravel().tolist() == [3, -1, 7, 0, 5, 6]\n"),
+            0);
+}
+
+TEST(Adapters, MilesSampleFromNumpysNpzAndNpyDirectory) {
+  const std::string py = numpy_python();
+  if (py.empty()) GTEST_SKIP() << "no python3 with numpy: cannot produce numpy's own .npz files";
+  TempDir d;
+  const R3Request q = well_formed(cfg(), 9, 8);
+  // The buffers go to Python as lists; numpy writes them as miles would.
+  json j;
+  j["tokens"] = q.tokens;
+  j["re"] = q.routed_experts.words;
+  j["ix"] = q.indexer_topk.words;
+  std::ofstream(d / "q.json") << j.dump();
+  ASSERT_EQ(
+      run_python(py,
+                 "import json, os, numpy as np\nd = '" + d.dir.string() +
+                     "'\nj = json.load(open(d + '/q.json'))\n"
+                     "t = np.array(j['tokens'])\n"  // numpy's default int64
+                     "re = np.array(j['re'], dtype=np.int32).reshape(8, 6, 2)\n"
+                     "ix = np.array(j['ix'], dtype=np.int32).reshape(8, 2, 8)\n"
+                     "np.savez(d + '/s0.npz', tokens=t, rollout_routed_experts=re, rollout_indexer_topk=ix, "
+                     "response_length=np.int64(4))\n"
+                     "np.savez_compressed(d + '/s1.npz', tokens=t, rollout_routed_experts=re)\n"
+                     "os.mkdir(d + '/s2')\n"
+                     "np.save(d + '/s2/tokens.npy', t.astype(np.int32))\n"
+                     "np.save(d + '/s2/rollout_indexer_topk.npy', ix)\n"
+                     "np.savez(d + '/bad.npz', tokens=t, rollout_routed_experts=re.astype(np.int64))\n"),
+      0);
+  std::vector<std::string> notes;
+  std::vector<ExternalSequence> got;
+  const auto paths = miles_sample_paths({d / "s0.npz", d / "s1.npz", d / "s2"});
+  for (size_t i = 0; i < paths.size(); ++i)
+    got.push_back(r3_import(cfg(), miles_sample(paths[i], int64_t(i), notes), nullptr, notes));
+  ASSERT_EQ(got.size(), 3u);
+  std::vector<std::string> n2;
+  const ExternalSequence want = r3_import(cfg(), q, nullptr, n2);
+  EXPECT_EQ(got[0].prompt_length, 5);
+  EXPECT_EQ(got[1].prompt_length, -1);
+  for (const auto& s : got) EXPECT_EQ(s.tokens, q.tokens);
+  for (size_t l = 0; l < 6; ++l) {
+    EXPECT_EQ(got[0].routing[l].ids, want.routing[l].ids);
+    EXPECT_EQ(got[1].routing[l].ids, want.routing[l].ids);
+  }
+  EXPECT_TRUE(got[1].indexer.empty());
+  EXPECT_TRUE(got[2].routing.empty());
+  for (size_t o = 0; o < 2; ++o) {
+    EXPECT_EQ(got[0].indexer[o].ids, want.indexer[o].ids);
+    EXPECT_EQ(got[2].indexer[o].ids, want.indexer[o].ids);
+  }
+  try {
+    miles_sample(d / "bad.npz", 3, notes);
+    FAIL() << "int64 routing accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.npz: rollout_routed_experts.npy: dtype '<i8', expected int32"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- export → import --------------------------------------------------------------------------------
+
+// A trace of two tiny sequences recorded by our runtime (decisions only).
+std::string recorded_trace(const TempDir& d) {
+  const std::string path = d / "run.h5";
+  RecordOptions o;
+  o.threads = 1;
+  std::vector<std::vector<int32_t>> batch = {{}, {}};
+  for (int t = 0; t < 23; ++t) batch[0].push_back((t * 53 + 11) % 512);
+  for (int t = 0; t < 10; ++t) batch[1].push_back((t * 29 + 3) % 512);
+  record_step(test::tiny(), batch, path, o);
+  return path;
+}
+
+std::set<int32_t> row_set(const std::vector<int32_t>& ids, int64_t row, int width) {
+  std::set<int32_t> s(ids.begin() + row * width, ids.begin() + (row + 1) * width);
+  s.erase(-1);
+  return s;
+}
+
+// Every decision of every sequence of `imported` equals the trace's, as sets, and the tokens are equal.
+void expect_same_decisions(const TraceReader& r, const std::vector<ExternalSequence>& imported) {
+  const ModelConfig c = r.config();
+  ASSERT_EQ(imported.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const ExternalSequence& x = imported[size_t(s)];
+    EXPECT_EQ(x.tokens, r.tokens(0, s));
+    const int64_t T = int64_t(x.tokens.size());
+    ASSERT_EQ(x.routing.size(), size_t(c.num_hidden_layers));
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      const RoutingRecord rec = *r.routing(0, s, l);
+      ASSERT_EQ(x.routing[size_t(l)].rows, T - 1);
+      for (int64_t t = 0; t < T - 1; ++t)
+        ASSERT_EQ(row_set(x.routing[size_t(l)].ids, t, rec.k), row_set(rec.ids, t, rec.k))
+            << "seq " << s << " layer " << l << " row " << t;
+    }
+    ASSERT_EQ(x.indexer.size(), size_t(c.num_c4_layers()));
+    int64_t valid = 0;
+    for (const ExternalIndexer& xi : x.indexer) {
+      const IndexerRecord rec = *r.indexer(0, s, xi.layer);
+      EXPECT_EQ(xi.width, rec.k);
+      for (int64_t t = 0; t < T - 1; ++t) {
+        const auto got = row_set(xi.ids, t, xi.width);
+        ASSERT_EQ(got, row_set(rec.ids, t, rec.k)) << "seq " << s << " layer " << xi.layer << " row " << t;
+        valid += int64_t(got.size());
+      }
+    }
+    EXPECT_GT(valid, 0);  // the comparison saw real picks
+  }
+}
+
+TEST(Adapters, ExportSglangImportsBackBitwise) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  const TraceReader r = TraceReader::open(trace);
+  const int step = export_step(r, -1);
+  EXPECT_EQ(export_sglang(r, step, d / "out.jsonl"), 2);
+  EXPECT_THROW(export_sglang(r, step, d / "out.jsonl"), InputError);  // never overwrites
+
+  // The bytes are the documented layout: row t, layer l, ids ascending; indexer −1 padded to index_topk.
+  std::ifstream f(d / "out.jsonl");
+  std::string line;
+  std::getline(f, line);
+  const json first = json::parse(line);
+  const ModelConfig c = r.config();
+  std::string err;
+  const auto re = base64_decode(first["meta_info"]["routed_experts"].get<std::string>(), err);
+  const auto ix = base64_decode(first["meta_info"]["indexer_topk"].get<std::string>(), err);
+  ASSERT_EQ(re.size(), size_t(22 * c.num_hidden_layers * c.num_experts_per_tok * 4));
+  ASSERT_EQ(ix.size(), size_t(22 * c.num_c4_layers() * c.index_topk * 4));
+  EXPECT_EQ(first["meta_info"]["indexer_topk_num_layers"], c.num_c4_layers());
+  EXPECT_EQ(first["input_ids"].size() + first["output_ids"].size(), 23u);
+  std::vector<int32_t> rw(re.size() / 4), iw(ix.size() / 4);
+  std::memcpy(rw.data(), re.data(), re.size());
+  std::memcpy(iw.data(), ix.data(), ix.size());
+  const RoutingRecord l4 = *r.routing(0, 0, 4);
+  for (int64_t t = 0; t < 22; ++t) {
+    std::vector<int32_t> want(l4.ids.begin() + t * l4.k, l4.ids.begin() + (t + 1) * l4.k);
+    std::sort(want.begin(), want.end());
+    const int32_t* got = &rw[size_t((t * c.num_hidden_layers + 4) * c.num_experts_per_tok)];
+    ASSERT_EQ(std::vector<int32_t>(got, got + c.num_experts_per_tok), want) << "row " << t;
+  }
+  const IndexerRecord l3 = *r.indexer(0, 0, 3);  // C4 ordinal 1
+  for (int64_t t = 0; t < 22; ++t) {
+    std::vector<int32_t> want;
+    for (int j = 0; j < l3.k; ++j)
+      if (l3.ids[size_t(t * l3.k + j)] >= 0) want.push_back(l3.ids[size_t(t * l3.k + j)]);
+    std::sort(want.begin(), want.end());
+    want.resize(size_t(c.index_topk), -1);
+    const int32_t* got = &iw[size_t((t * c.num_c4_layers() + 1) * c.index_topk)];
+    ASSERT_EQ(std::vector<int32_t>(got, got + c.index_topk), want) << "row " << t;
+  }
+
+  std::vector<ExternalSequence> imported;
+  const ImportSummary s = import_sglang({d / "out.jsonl"}, c, &test::tiny(),
+                                        [&](ExternalSequence&& x) { imported.push_back(std::move(x)); });
+  EXPECT_EQ(s.requests, 2);
+  EXPECT_EQ(s.tokens, 33);
+  expect_same_decisions(r, imported);
+
+  // Exporting what was imported gives the same bytes (the layout is one rule both ways).
+  for (size_t i = 0; i < imported.size(); ++i) {
+    const ExternalSequence& x = imported[i];
+    const R3EngineBuffers b = r3_export(
+        c, int64_t(x.tokens.size()),
+        [&](int l) {
+          RoutingRecord rr;
+          rr.T = x.routing[size_t(l)].rows;
+          rr.k = x.routing[size_t(l)].k;
+          rr.ids = x.routing[size_t(l)].ids;
+          return std::optional<RoutingRecord>(rr);
+        },
+        [&](int l) {
+          for (const auto& xi : x.indexer)
+            if (xi.layer == l) {
+              IndexerRecord ir;
+              ir.T = xi.rows;
+              ir.k = xi.width;
+              ir.ids = xi.ids;
+              return std::optional<IndexerRecord>(ir);
+            }
+          return std::optional<IndexerRecord>();
+        },
+        "reimport");
+    if (i == 0) {
+      EXPECT_TRUE(test::bitwise_equal(b.routed_experts, rw));
+      EXPECT_TRUE(test::bitwise_equal(b.indexer_topk, iw));
+    }
+  }
+}
+
+TEST(Adapters, ExportMilesImportsBack) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  const TraceReader r = TraceReader::open(trace);
+  EXPECT_EQ(export_miles(r, 0, d / "samples"), 2);
+  std::vector<ExternalSequence> imported;
+  const ImportSummary s = import_miles({d / "samples"}, r.config(), &test::tiny(),
+                                       [&](ExternalSequence&& x) { imported.push_back(std::move(x)); });
+  EXPECT_EQ(s.requests, 2);
+  expect_same_decisions(r, imported);
+  const std::string py = numpy_python();
+  if (py.empty()) GTEST_SKIP() << "no python3 with numpy: numpy.load of the .npz not checked";
+  EXPECT_EQ(
+      run_python(
+          py,
+          "import numpy as np\nz = np.load('" + (d / "samples/sample_000000.npz") +
+              "')\nassert z['tokens'].dtype == np.int32 and z['tokens'].shape == (23,)\n"
+              "assert z['rollout_routed_experts'].shape == (22, 6, 2), z['rollout_routed_experts'].shape\n"
+              "assert z['rollout_indexer_topk'].shape == (22, 2, 8)\n"
+              "assert (np.diff(z['rollout_routed_experts'], axis=2) > 0).all()\n"
+              "assert (z['rollout_indexer_topk'][:3] == -1).all()\n"),
+      0);
+}
+
+TEST(Adapters, ExportNeedsAStepWhenThereAreSeveral) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  RecordOptions o;
+  o.threads = 1;
+  o.append = true;
+  record_step(test::tiny(), {{1, 2, 3, 4, 5}}, trace, o);
+  const TraceReader r = TraceReader::open(trace);
+  try {
+    export_step(r, -1);
+    FAIL() << "picked one of two steps";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("choose one with --step N"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(export_step(r, 1), 1);
+  EXPECT_THROW(export_step(r, 2), InputError);
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(Adapters, ImportThroughTheWriterAndExportAgainGivesTheSameBytes) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  const TraceReader ours = TraceReader::open(trace);
+  ASSERT_EQ(export_sglang(ours, 0, d / "first.jsonl"), 2);
+
+  ExternalModel m;
+  m.config_json = config_to_json(ours.config());
+  auto w = ExternalTraceWriter::create(d / "imported.h5", m);
+  ExternalStepSpec spec;
+  spec.engine = "sglang";
+  spec.source = d / "first.jsonl";
+  w->begin_step(spec);
+  const ImportSummary s = import_sglang({d / "first.jsonl"}, ours.config(), nullptr,
+                                        [&](ExternalSequence&& x) { w->add_sequence(x); });
+  w->end_step();
+  w->close();
+  EXPECT_EQ(s.requests, 2);
+
+  const TraceReader theirs = TraceReader::open(d / "imported.h5");
+  ASSERT_EQ(theirs.steps().size(), 1u);
+  EXPECT_EQ(theirs.steps()[0].engine, "sglang");
+  EXPECT_EQ(theirs.sequence_id(0, 1), "step0-seq1");
+  for (int q = 0; q < 2; ++q) EXPECT_EQ(theirs.tokens(0, q), ours.tokens(0, q));
+  ASSERT_EQ(export_sglang(theirs, 0, d / "second.jsonl"), 2);
+  const std::string a = text_of(d / "first.jsonl"), b = text_of(d / "second.jsonl");
+  EXPECT_GT(a.size(), 1000u);
+  EXPECT_TRUE(a == b) << "the export of the import differs from the first export";
+}
+
+TEST(Adapters, CommandLineImportExportAndErrors) {
+  TempDir d;
+  const std::string trace = recorded_trace(d);
+  auto r = test::run_cli("export sglang " + trace + " --out " + (d / "a.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --preset tiny --out " + (d / "a.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("import sglang: 2 requests, 33 tokens"), std::string::npos) << r.out;
+  r = test::run_cli("export miles " + (d / "a.h5") + " --out " + (d / "npz"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("import miles " + (d / "npz") + " --preset tiny --kind train --out " + (d / "b.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("import miles: 2 requests"), std::string::npos) << r.out;
+
+  // A capturer bound too early: an all-zero routing buffer. Exit 2, the request named, nothing left behind.
+  std::ifstream f(d / "a.jsonl");
+  std::string line;
+  std::getline(f, line);
+  json resp = json::parse(line);
+  std::string err;
+  std::vector<uint8_t> bytes = base64_decode(resp["meta_info"]["routed_experts"].get<std::string>(), err);
+  std::fill(bytes.begin(), bytes.end(), 0);
+  resp["meta_info"]["routed_experts"] = base64_encode(bytes);
+  std::ofstream(d / "zero.jsonl") << resp.dump() << "\n";
+  r = test::run_cli("import sglang " + (d / "zero.jsonl") + " --preset tiny --out " + (d / "z.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(
+      r.out.find(
+          "zero.jsonl:1: request 'step0-seq0' (#0): routed_experts: every layer, every row is expert 0"),
+      std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(d / "z.h5"));
+  // A wrong config: the layer count does not match.
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --preset tiny-b --out " + (d / "c.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("request 'step0-seq0' (#0): routed_experts"), std::string::npos) << r.out;
+  // --model: the weights' tid2eid tables check the hash layers (0 and 1 on tiny).
+  test::tiny().save(d / "model");
+  r = test::run_cli("import sglang " + (d / "a.jsonl") + " --model " + (d / "model") + " --out " +
+                    (d / "m.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  resp = json::parse(line);
+  bytes = base64_decode(resp["meta_info"]["routed_experts"].get<std::string>(), err);
+  const ModelConfig& c = test::tiny().config();
+  const int32_t tok = resp["input_ids"][5].get<int32_t>();
+  const int32_t* table = test::tiny().layer_i(0, "mlp.topk.tid2eid");
+  int32_t other = 0;
+  while (other == table[tok * c.num_experts_per_tok] || other == table[tok * c.num_experts_per_tok + 1])
+    ++other;
+  int32_t* ids = reinterpret_cast<int32_t*>(bytes.data());
+  // `other` is in neither slot of the token's table row: the row stays a set, only the table check fails.
+  ids[(5 * c.num_hidden_layers + 0) * c.num_experts_per_tok + 0] = other;  // row 5, layer 0, slot 0
+  resp["meta_info"]["routed_experts"] = base64_encode(bytes);
+  std::ofstream(d / "hash.jsonl") << resp.dump() << "\n";
+  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --model " + (d / "model") + " --out " +
+                    (d / "h.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("routed_experts layer 0 (hash layer) row 5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tid2eid"), std::string::npos) << r.out;
+  // Without the weights the same file imports (nothing to compare the hash layers with).
+  r = test::run_cli("import sglang " + (d / "hash.jsonl") + " --preset tiny --out " + (d / "h2.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  r = test::run_cli("import sglang --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Example:"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace dsv4
