@@ -1,12 +1,15 @@
 // Writes the seed corpora of the harnesses into DIR/<harness>/ (scripts/fuzz.sh): every preset's
 // config.json, small safetensors files through the project's writer, capture policies, JSONL files,
 // training samples and rewards files, and the small traces of fuzz/fuzz_traces.h (prefill steps of 6
-// and 24 tokens, the second with captured tensors, and a generation step).
+// and 24 tokens, the second with captured tensors, and a generation step), and the first one's decisions
+// exported as SGLang JSONL and miles .npz samples.
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "adapters/convert.h"
+#include "capture/trace_reader.h"
 #include "fuzz_traces.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -20,7 +23,8 @@ static void put(const fs::path& p, const std::string& text) {
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const fs::path dir = argv[1];
-  for (const char* h : {"fuzz_trace", "fuzz_config", "fuzz_safetensors", "fuzz_policy", "fuzz_jsonl", "fuzz_samples"})
+  for (const char* h : {"fuzz_trace", "fuzz_config", "fuzz_safetensors", "fuzz_policy", "fuzz_jsonl", "fuzz_samples",
+                        "fuzz_import"})
     fs::create_directories(dir / h);
   for (const std::string& name : dsv4::preset_names())
     put(dir / "fuzz_config" / (name + ".json"), dsv4::config_to_json(dsv4::preset(name)));
@@ -66,5 +70,17 @@ int main(int argc, char** argv) {
   dsv4::fuzz::write_prefill_trace((dir / "fuzz_samples" / "prefill.h5").string());
   dsv4::fuzz::write_generation_trace((dir / "fuzz_trace" / "generation.h5").string());
   dsv4::fuzz::write_generation_trace((dir / "fuzz_samples" / "generation.h5").string());
+  // The engines' layouts of the small trace's decisions: SGLang JSONL and miles .npz samples.
+  {
+    const dsv4::TraceReader r = dsv4::TraceReader::open((dir / "fuzz_trace" / "small.h5").string());
+    const fs::path jsonl = dir / "fuzz_import" / "small.jsonl";
+    fs::remove(jsonl);
+    dsv4::export_sglang(r, 0, jsonl.string());
+    const fs::path npz = dir / "fuzz_import" / "npz";
+    fs::remove_all(npz);
+    dsv4::export_miles(r, 0, npz.string());
+    for (const auto& e : fs::directory_iterator(npz)) fs::rename(e.path(), dir / "fuzz_import" / e.path().filename());
+    fs::remove_all(npz);
+  }
   return 0;
 }
