@@ -799,25 +799,35 @@ void write_strings(const Object& ds, const std::vector<std::string>& v) {
   check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()), ds, "cannot write");
 }
 
+// Refuses a dataset whose stored class does not convert to T (integers to integers, floats to floats).
 template <typename T>
-std::vector<T> read(const Object& ds) {
-  quiet();
-  ReadScope scope(ds.file, ds.path, "reading the dataset", true);
+void require_class(const Object& ds) {
   Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
   const H5T_class_t cls = H5Tget_class(type.get());
   const bool want_int = std::numeric_limits<T>::is_integer;
   if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
     ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
-  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+}
+
+// n values for `ds`, or a message naming it when a damaged or hostile shape asks for too many.
+template <typename T>
+std::vector<T> allocate_values(const Object& ds, hsize_t n) {
   std::vector<T> v;
-  const hsize_t n = npoints(space.get());
   try {
     v.resize(n);
-  } catch (const std::bad_alloc&) {  // a damaged or hostile shape
+  } catch (const std::exception&) {  // bad_alloc, length_error
     ds.fail(fmt::format("not enough memory for its {} values ({} bytes)", n, n * sizeof(T)));
-  } catch (const std::length_error&) {
-    ds.fail(fmt::format("not enough memory for its {} values", n));
   }
+  return v;
+}
+
+template <typename T>
+std::vector<T> read(const Object& ds) {
+  quiet();
+  ReadScope scope(ds.file, ds.path, "reading the dataset", true);
+  require_class<T>(ds);
+  Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  std::vector<T> v = allocate_values<T>(ds, npoints(space.get()));
   if (v.empty()) return v;
   Id dxpl(check(H5Pcreate(H5P_DATASET_XFER), ds, "cannot create a transfer property list"));
   check(H5Pset_type_conv_cb(dxpl.get(), abort_on_range, nullptr), ds, "cannot set the conversion callback");
@@ -830,11 +840,7 @@ template <typename T>
 std::vector<T> read_rows(const Object& ds, hsize_t r0, hsize_t r1) {
   quiet();
   ReadScope scope(ds.file, ds.path, "reading rows of the dataset", true);
-  Id type(check(H5Dget_type(ds.get()), ds, "cannot read the type"));
-  const H5T_class_t cls = H5Tget_class(type.get());
-  const bool want_int = std::numeric_limits<T>::is_integer;
-  if ((want_int && cls != H5T_INTEGER) || (!want_int && cls != H5T_FLOAT))
-    ds.fail(want_int ? "expected an integer dataset" : "expected a floating-point dataset");
+  require_class<T>(ds);
   Id space(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
   const int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank < 1) ds.fail("has no row axis");
@@ -847,12 +853,7 @@ std::vector<T> read_rows(const Object& ds, hsize_t r0, hsize_t r1) {
   start[0] = r0;
   hsize_t n = 1;
   for (hsize_t c : count) n *= c;
-  std::vector<T> v;
-  try {
-    v.resize(n);
-  } catch (const std::exception&) {
-    ds.fail(fmt::format("not enough memory for {} values", n));
-  }
+  std::vector<T> v = allocate_values<T>(ds, n);
   if (v.empty()) return v;
   check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), ds,
         "cannot select rows");

@@ -483,16 +483,21 @@ class Validator {
   }
 
   // ---- one sequence -----------------------------------------------------------------------------
+  // Token ids of a sequence: int32 [T], inside the vocabulary.
+  void check_tokens(const h5::Object& seq, int64_t T) {
+    const auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T});
+    if (!tokens || !cfg_) return;
+    Findings f(*this, seq.child(kTokens));
+    for (size_t t = 0; t < tokens->size(); ++t)
+      if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
+        f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
+                          cfg_->vocab_size));
+  }
+
   // An external step's sequence: tokens, log-probs when the engine reported them, the decisions of the
   // layers it reported (T or T - 1 rows, margins and weights optional), no digests.
   void check_external_sequence(const h5::Object& seq, int64_t T) {
-    if (auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T}); tokens && cfg_) {
-      Findings f(*this, seq.child(kTokens));
-      for (size_t t = 0; t < tokens->size(); ++t)
-        if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
-          f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
-                            cfg_->vocab_size));
-    }
+    check_tokens(seq, T);
     if (h5::exists(seq, kLogprobs))
       if (auto lp = read<float>(seq, kLogprobs, {h5::Type::f32}, {T - 1})) check_finite(seq.child(kLogprobs), *lp, 1, "log-prob");
     if (!cfg_ || !h5::exists(seq, kDecisions)) return;
@@ -531,13 +536,7 @@ class Validator {
       check_external_sequence(seq, T);
       return;
     }
-    if (auto tokens = read<int32_t>(seq, kTokens, {h5::Type::i32}, {T}); tokens && cfg_) {
-      Findings f(*this, seq.child(kTokens));
-      for (size_t t = 0; t < tokens->size(); ++t)
-        if ((*tokens)[t] < 0 || (*tokens)[t] >= cfg_->vocab_size)
-          f.add(fmt::format("token id {} at token {} is outside [0, vocab_size = {})", (*tokens)[t], t,
-                            cfg_->vocab_size));
-    }
+    check_tokens(seq, T);
     if (auto lp = read<float>(seq, kLogprobs, {h5::Type::f32}, {T - 1})) {
       Findings f(*this, seq.child(kLogprobs));
       for (size_t t = 0; t < lp->size(); ++t)
