@@ -95,7 +95,22 @@ int main(int argc, char** argv) {
   dsv4::cli::register_train_command(app);
   dsv4::cli::register_trace_commands(app);
   dsv4::cli::register_replay_commands(app);
+#ifdef DSV4_HAVE_ADAPTERS
   dsv4::cli::register_adapter_commands(app);
+#else
+  // Built without OpenSSL or libzip (DSV4_ADAPTERS): the commands say so instead of being unknown.
+  for (const char* name : {"import", "export"}) {
+    CLI::App* cmd = app.add_subcommand(name, std::string(name) + " SGLang / miles R3 data (not in this build)");
+    cmd->allow_extras();
+    cmd->callback([name] {
+      dsv4::cli::set_action([name]() -> int {
+        throw dsv4::InputError(fmt::format("dsv4 {}: this dsv4 was built without the engine adapters (they need "
+                                           "libssl-dev and libzip-dev; configure with DSV4_ADAPTERS=ON)",
+                                           name));
+      });
+    });
+  }
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
