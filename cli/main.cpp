@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   // Built without OpenSSL or libzip (DSV4_ADAPTERS): the commands say so instead of being unknown.
   for (const char* name : {"import", "export"}) {
     CLI::App* cmd = app.add_subcommand(name, std::string(name) + " SGLang / miles R3 data (not in this build)");
-    cmd->allow_extras();
+    cmd->fallthrough(false)->prefix_command();  // whatever follows is left to the message below
     cmd->callback([name] {
       dsv4::cli::set_action([name]() -> int {
         throw dsv4::InputError(fmt::format("dsv4 {}: this dsv4 was built without the engine adapters (they need "
