@@ -9,6 +9,7 @@
 #include <limits>
 #include <string_view>
 
+#include "model/huge_pages.h"
 #include "adapters/base64.h"
 #include "model/error.h"
 
@@ -57,6 +58,7 @@ void decode_text(std::string_view text, Decoded& d) {
   d.present = true;
   d.bytes = base64_decoded_size(text, d.error);
   if (!d.error.empty()) return;
+  reserve_huge(d.words, d.bytes / 4 + 2);
   d.words.resize(d.bytes / 4 + 2);
   base64_decode_into(text, reinterpret_cast<uint8_t*>(d.words.data()), d.error);
 }
@@ -303,6 +305,7 @@ bool lift_field(std::string_view text, Decoded& d) {
   d.present = true;
   d.bytes = base64_decoded_size(text, d.error);
   if (d.error.empty()) {
+    reserve_huge(d.words, d.bytes / 4 + 2);
     d.words.resize(d.bytes / 4 + 2);
     // The fast path accepts the alphabet and '=' only, which are plain.
     if (base64_decode_fast(text, reinterpret_cast<uint8_t*>(d.words.data()))) return true;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <set>
 
+#include "model/huge_pages.h"
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/errors.h"
@@ -184,7 +185,9 @@ IndexerLayer ExternalTraceWriter::Impl::check_indexer(const ExternalIndexer& x, 
   // Rows become sets at the runtime's width: valid ids ascending, then -1. A row whose valid ids are
   // ascending already (an export's, or an engine's sorted top-k) is checked and copied in one pass;
   // any other row is sorted (and its problem found) by check_row.
-  std::vector<int32_t> sets(size_t(x.rows * width), -1);
+  std::vector<int32_t> sets;
+  reserve_huge(sets, size_t(x.rows * width));
+  sets.assign(size_t(x.rows * width), -1);
   std::vector<int32_t> row;
   auto check_row = [&](int64_t t) {
     row.clear();
