@@ -182,6 +182,30 @@ IndexerLayer ExternalTraceWriter::Impl::check_indexer(const ExternalIndexer& x, 
                                  at, x.width, cfg.index_topk, T, width, T));
   if (int64_t(x.ids.size()) != x.rows * x.width)
     throw InputError(fmt::format("{} indexer: {} ids for [{} rows, width {}]", at, x.ids.size(), x.rows, x.width));
+  // Rows that are sets at the runtime's width already (valid ids ascending, then only -1; what an
+  // export writes and r3_import hands over) are encoded where they stand, without a copy.
+  if (x.width == width) {
+    bool canonical = true;
+    for (int64_t t = 0; t < x.rows && canonical; ++t) {
+      const int32_t visible = int32_t((t + 1) / 4);
+      const int32_t* src = x.ids.data() + t * width;
+      int32_t prev = -1;
+      int j = 0;
+      while (j < width && src[j] > prev && src[j] < visible) prev = src[j++];
+      while (j < width && src[j] == -1) ++j;
+      canonical = j == width;
+    }
+    if (canonical) {
+      IndexerLayer out;
+      out.layer = x.layer;
+      out.rows = x.rows;
+      out.width = width;
+      out.enc = encode_indexer_gaps(x.ids.data(), x.rows, width, T / 4);
+      if (out.enc.bad_row >= 0)  // cannot happen after the checks above; a bug if it does
+        throw Error(fmt::format("{} row {}: indexer set not encodable", at, out.enc.bad_row));
+      return out;
+    }
+  }
   // Rows become sets at the runtime's width: valid ids ascending, then -1. A row whose valid ids are
   // ascending already (an export's, or an engine's sorted top-k) is checked and copied in one pass;
   // any other row is sorted (and its problem found) by check_row.
