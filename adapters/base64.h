@@ -1,7 +1,7 @@
 // Base64 (RFC 4648, standard alphabet, '=' padding, no line breaks): SGLang returns the R3 buffers as
 // such strings. Decoding: a table decoder for text of the alphabet only, else OpenSSL's EVP_DecodeBlock;
-// encoding: EVP_EncodeBlock. The work is cut into blocks so that buffers beyond EVP's int lengths (a Flash indexer buffer of 32k tokens is 1.4 GB) go
-// through, on several threads.
+// encoding: EVP_EncodeBlock. The work is cut into blocks so that buffers beyond EVP's int lengths (a Flash
+// indexer buffer of 32k tokens is 1.4 GB) go through, on several threads.
 #pragma once
 
 #include <cstdint>

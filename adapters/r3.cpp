@@ -7,8 +7,8 @@
 #include <bit>
 #include <cstring>
 
-#include "model/huge_pages.h"
 #include "model/error.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 

@@ -9,9 +9,9 @@
 #include <limits>
 #include <string_view>
 
-#include "model/huge_pages.h"
 #include "adapters/base64.h"
 #include "model/error.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 
@@ -332,7 +332,9 @@ bool lift(std::string_view s, std::string& rest, Lifted& out) {
     if (++meta_seen > 1) return npos;
     if (v >= s.size() || s[v] != '{') return skip_value(s, v);
     return members(s, v, [&](std::string_view mkey, size_t w) -> size_t {
-      Decoded* into = mkey == "routed_experts" ? &out.routed : mkey == "indexer_topk" ? &out.indexer : nullptr;
+      Decoded* into = mkey == "routed_experts" ? &out.routed
+                      : mkey == "indexer_topk" ? &out.indexer
+                                               : nullptr;
       if (!into || w >= s.size() || s[w] != '"') return skip_value(s, w);
       for (const Cut& c : cuts)
         if (c.into == into) return npos;  // a repeated key: nlohmann keeps the last; parse it whole

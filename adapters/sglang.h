@@ -44,8 +44,8 @@ R3Request sglang_parse(std::string_view text, R3Origin origin, std::vector<std::
 
 // Reads the responses of `path` one at a time and hands each to `on_request`: a JSON file holding one
 // response object or an array of them, or JSONL (one object per line). Memory: one response, except
-// for an array, whose document is held whole while its elements are taken one at a time. Returns the number of responses. `on_progress` (optional) is called after
-// each with the bytes of the file read so far.
+// for an array, whose document is held whole while its elements are taken one at a time. Returns the number
+// of responses. `on_progress` (optional) is called after each with the bytes of the file read so far.
 int64_t sglang_read(const std::string& path, const std::function<void(R3Request&&)>& on_request,
                     std::vector<std::string>& notes,
                     const std::function<void(int64_t bytes_read)>& on_progress = nullptr);

@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <set>
 
-#include "model/huge_pages.h"
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/errors.h"
@@ -23,6 +22,7 @@
 #include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/version.h"
+#include "model/huge_pages.h"
 #include "model/manifest.h"
 
 namespace dsv4 {

@@ -735,7 +735,9 @@ void write_planned(std::vector<ChunkPlan>& plans) {
 
 }  // namespace
 
-void encode_on_all_cores(bool all) { g_all_cores.store(all); }
+void encode_on_all_cores(bool all) {
+  g_all_cores.store(all);
+}
 
 void write_all(const std::vector<WriteJob>& jobs) {
   quiet();

@@ -20,13 +20,13 @@
 #include <algorithm>
 #include <optional>
 
-#include "model/huge_pages.h"
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/errors.h"
 #include "capture/layout.h"
 #include "capture/trace_seal.h"
 #include "capture/version.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 namespace {

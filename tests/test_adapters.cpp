@@ -483,7 +483,8 @@ TEST(Adapters, SglangLiftedAndWholeParsesAgree) {
   // A malformed array: the elements before the error are handled once, then nlohmann's message.
   int handled = 0;
   try {
-    sglang_read(d / "bad_array.json", [&](R3Request&&) { ++handled; }, notes);
+    sglang_read(
+        d / "bad_array.json", [&](R3Request&&) { ++handled; }, notes);
     ADD_FAILURE() << "bad_array.json read";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("not JSON"), std::string::npos) << e.what();
@@ -491,7 +492,8 @@ TEST(Adapters, SglangLiftedAndWholeParsesAgree) {
   EXPECT_EQ(handled, 2);
   handled = 0;
   try {
-    sglang_read(d / "bad_line.jsonl", [&](R3Request&&) { ++handled; }, notes);
+    sglang_read(
+        d / "bad_line.jsonl", [&](R3Request&&) { ++handled; }, notes);
     ADD_FAILURE() << "bad_line.jsonl read";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("bad_line.jsonl:2: not JSON"), std::string::npos) << e.what();
