@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/error.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 
@@ -215,7 +216,7 @@ std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int or
     return fmt::format("{}: every row is all zero: {}", layer, kCapturer);
   };
   out.ids.clear();
-  out.ids.reserve(size_t(keep * width));
+  reserve_huge(out.ids, size_t(keep * width));
   int64_t valid = 0;
   for (int64_t t = 0; t < keep; ++t) {
     const int32_t* row = row_of(t);

@@ -2,12 +2,16 @@
 
 #include <fmt/core.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <string_view>
 
 #include "adapters/base64.h"
 #include "model/error.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 
@@ -40,22 +44,43 @@ const json* logprob_entries(const json& meta, const char* field, const std::stri
   return &*it;
 }
 
-// Decodes meta_info.<field> (a base64 string) into int32 words and releases the string.
-R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o) {
+// A base64 field decoded ahead of the parse (its text cut out of the JSON; see lift()).
+struct Decoded {
+  bool present = false;
+  size_t bytes = 0;
+  std::string error;
+  std::vector<int32_t> words;  // bytes / 4 + 2 words
+};
+
+// Decodes `text` as decode_buffer does: straight into the int32 words (one allocation); the spare words
+// take a partial last word and the padding bytes until the length is checked.
+void decode_text(std::string_view text, Decoded& d) {
+  d.present = true;
+  d.bytes = base64_decoded_size(text, d.error);
+  if (!d.error.empty()) return;
+  reserve_huge(d.words, d.bytes / 4 + 2);
+  d.words.resize(d.bytes / 4 + 2);
+  base64_decode_into(text, reinterpret_cast<uint8_t*>(d.words.data()), d.error);
+}
+
+// Decodes meta_info.<field> (a base64 string) into int32 words and releases the string; `pre`, when
+// present, is the field already decoded (the JSON then holds an empty string in its place).
+R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o, Decoded* pre) {
   R3Buffer b;
   auto it = meta.find(field);
   if (it == meta.end() || it->is_null()) return b;
   if (!it->is_string())
     throw InputError(fmt::format("{}: meta_info.{} is not a base64 string", o.describe(), field));
-  std::string text = std::move(it->get_ref<std::string&>());
-  std::string error;
-  const size_t bytes = base64_decoded_size(text, error);
-  if (error.empty()) {
-    // Decoded straight into the int32 words (one allocation); the spare words take a partial last
-    // word and EVP's padding bytes until the length is checked.
-    b.words.resize(bytes / 4 + 2);
-    base64_decode_into(text, reinterpret_cast<uint8_t*>(b.words.data()), error);
+  Decoded d;
+  if (pre && pre->present) {
+    d = std::move(*pre);
+  } else {
+    std::string text = std::move(it->get_ref<std::string&>());
+    decode_text(text, d);
   }
+  const size_t bytes = d.bytes;
+  const std::string& error = d.error;
+  b.words = std::move(d.words);
   if (!error.empty()) throw InputError(fmt::format("{}: meta_info.{}: {}", o.describe(), field, error));
   r3_check_bytes(bytes, o, field);
   b.words.resize(bytes / 4);
@@ -63,9 +88,22 @@ R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o) {
   return b;
 }
 
+// The two large fields, decoded ahead of the parse.
+struct Lifted {
+  Decoded routed, indexer;
+};
+
+R3Request request_from(json& response, R3Origin origin, std::vector<std::string>& notes, Lifted* lifted);
+
 }  // namespace
 
 R3Request sglang_request(json& response, R3Origin origin, std::vector<std::string>& notes) {
+  return request_from(response, std::move(origin), notes, nullptr);
+}
+
+namespace {
+
+R3Request request_from(json& response, R3Origin origin, std::vector<std::string>& notes, Lifted* lifted) {
   if (!response.is_object()) throw InputError(fmt::format("{}: not a JSON object", origin.describe()));
   auto mi = response.find("meta_info");
   if (mi == response.end() || !mi->is_object())
@@ -149,8 +187,8 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
                       who));
   }
 
-  q.routed_experts = decode_buffer(meta, "routed_experts", origin);
-  q.indexer_topk = decode_buffer(meta, "indexer_topk", origin);
+  q.routed_experts = decode_buffer(meta, "routed_experts", origin, lifted ? &lifted->routed : nullptr);
+  q.indexer_topk = decode_buffer(meta, "indexer_topk", origin, lifted ? &lifted->indexer : nullptr);
   if (q.indexer_topk.present) {
     auto n = meta.find("indexer_topk_num_layers");
     if (n == meta.end() || !n->is_number_integer())
@@ -167,6 +205,201 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
   return q;
 }
 
+// ---- Lifting the base64 fields out of the text ----
+//
+// nlohmann parses about 25 MB/s, and a Flash response of 32k tokens is 1.9 GB of base64 in two strings.
+// lift() walks the text's structure (top-level object → meta_info → its members) just far enough to find
+// meta_info.routed_experts and meta_info.indexer_topk, decodes their text where it stands, and leaves
+// the rest (ids, counts, log-probs: small) to nlohmann with those strings emptied. It validates nothing
+// itself: anything it does not expect (an escape in a key, a repeated key, a string with an escape or
+// a control character, text that is not an object...) makes it give up, and the text is then parsed
+// whole as before; so is text whose emptied form does not parse, so that every error reads as before.
+
+size_t skip_ws(std::string_view s, size_t i) {
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  return i;
+}
+
+// s[i] == '"': the index past the closing quote (npos if none); `escaped` says whether a backslash
+// occurred.
+size_t skip_string(std::string_view s, size_t i, bool& escaped) {
+  escaped = false;
+  ++i;
+  for (;;) {
+    const void* q = std::memchr(s.data() + i, '"', s.size() - i);
+    if (!q) return std::string_view::npos;
+    const size_t e = size_t(static_cast<const char*>(q) - s.data());
+    if (!escaped && std::memchr(s.data() + i, '\\', e - i)) escaped = true;
+    size_t bs = 0;
+    while (e - bs > i && s[e - 1 - bs] == '\\') ++bs;
+    if (bs % 2 == 0) return e + 1;
+    i = e + 1;
+  }
+}
+
+// Any JSON value at s[i]: the index past it (npos when the text ends first). Literals and numbers end
+// at the first structural character or blank.
+size_t skip_value(std::string_view s, size_t i) {
+  bool escaped;
+  if (i >= s.size()) return std::string_view::npos;
+  if (s[i] == '"') return skip_string(s, i, escaped);
+  if (s[i] == '{' || s[i] == '[') {
+    int64_t depth = 0;
+    while (i < s.size()) {
+      const char ch = s[i];
+      if (ch == '"') {
+        i = skip_string(s, i, escaped);
+        if (i == std::string_view::npos) return i;
+        continue;
+      }
+      if (ch == '{' || ch == '[') ++depth;
+      if (ch == '}' || ch == ']') {
+        if (--depth == 0) return i + 1;
+      }
+      ++i;
+    }
+    return std::string_view::npos;
+  }
+  const size_t from = i;
+  while (i < s.size() && !std::strchr(",:{}[]\" \t\r\n", s[i])) ++i;
+  return i == from ? std::string_view::npos : i;
+}
+
+// Walks the members of the object at s[i] == '{', calling on_member(key, value_index) for each; it
+// returns the index past the value it consumed (npos to give up). Returns the index past the object.
+template <class F>
+size_t members(std::string_view s, size_t i, F&& on_member) {
+  constexpr size_t npos = std::string_view::npos;
+  i = skip_ws(s, i + 1);
+  if (i < s.size() && s[i] == '}') return i + 1;
+  for (;;) {
+    if (i >= s.size() || s[i] != '"') return npos;
+    bool escaped;
+    const size_t k = skip_string(s, i, escaped);
+    if (k == npos || escaped) return npos;
+    const std::string_view key = s.substr(i + 1, k - i - 2);
+    i = skip_ws(s, k);
+    if (i >= s.size() || s[i] != ':') return npos;
+    i = on_member(key, skip_ws(s, i + 1));
+    if (i == npos) return npos;
+    i = skip_ws(s, i);
+    if (i >= s.size()) return npos;
+    if (s[i] == '}') return i + 1;
+    if (s[i] != ',') return npos;
+    i = skip_ws(s, i + 1);
+  }
+}
+
+// Only printable ASCII other than '\\' (and '"', which ends the string): a JSON string as it stands.
+bool plain_text(std::string_view s) {
+  uint8_t bad = 0;
+  for (const char ch : s) {
+    const uint8_t u = uint8_t(ch);
+    bad |= uint8_t(uint8_t(u - 0x20) >= 0x5f) | uint8_t(u == '\\');
+  }
+  return bad == 0;
+}
+
+// Decodes the field's text into `d`; false (give up) when the text is not a JSON string as it stands.
+bool lift_field(std::string_view text, Decoded& d) {
+  d.present = true;
+  d.bytes = base64_decoded_size(text, d.error);
+  if (d.error.empty()) {
+    reserve_huge(d.words, d.bytes / 4 + 2);
+    d.words.resize(d.bytes / 4 + 2);
+    // The fast path accepts the alphabet and '=' only, which are plain.
+    if (base64_decode_fast(text, reinterpret_cast<uint8_t*>(d.words.data()))) return true;
+  }
+  if (!plain_text(text)) return false;
+  decode_text(text, d);
+  return true;
+}
+
+// The text with the two fields' strings emptied (into `rest`) and decoded (into `out`); false to give
+// up (parse the text whole).
+bool lift(std::string_view s, std::string& rest, Lifted& out) {
+  constexpr size_t npos = std::string_view::npos;
+  struct Cut {
+    size_t from, to;  // the string's characters, quotes excluded
+    Decoded* into;
+  };
+  std::vector<Cut> cuts;
+  int meta_seen = 0;
+  size_t i = skip_ws(s, 0);
+  if (i >= s.size() || s[i] != '{') return false;
+  i = members(s, i, [&](std::string_view key, size_t v) -> size_t {
+    if (key != "meta_info") return skip_value(s, v);
+    if (++meta_seen > 1) return npos;
+    if (v >= s.size() || s[v] != '{') return skip_value(s, v);
+    return members(s, v, [&](std::string_view mkey, size_t w) -> size_t {
+      Decoded* into = mkey == "routed_experts" ? &out.routed
+                      : mkey == "indexer_topk" ? &out.indexer
+                                               : nullptr;
+      if (!into || w >= s.size() || s[w] != '"') return skip_value(s, w);
+      for (const Cut& c : cuts)
+        if (c.into == into) return npos;  // a repeated key: nlohmann keeps the last; parse it whole
+      bool escaped;
+      const size_t e = skip_string(s, w, escaped);
+      if (e == npos || escaped) return npos;
+      cuts.push_back(Cut{w + 1, e - 1, into});
+      return e;
+    });
+  });
+  if (i == npos || cuts.empty()) return false;
+  for (const Cut& c : cuts)
+    if (!lift_field(s.substr(c.from, c.to - c.from), *c.into)) return false;
+  rest.clear();
+  size_t at = 0;
+  for (const Cut& c : cuts) {
+    rest.append(s.substr(at, c.from - at));
+    at = c.to;
+  }
+  rest.append(s.substr(at));
+  return true;
+}
+
+// Parses one response's text: with its base64 fields lifted out where possible, else whole. Throws
+// json::exception for text that is not JSON (the same exception as a whole parse).
+json parse_response(std::string_view text, Lifted& lifted, SglangTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  std::string rest;
+  const bool ok = lift(text, rest, lifted);
+  auto t1 = Clock::now();
+  json j;
+  bool parsed = false;
+  if (ok) {
+    try {
+      j = json::parse(rest);
+      parsed = true;
+    } catch (const json::exception&) {
+    }
+  }
+  if (!parsed) {
+    lifted = Lifted{};
+    j = json::parse(text);
+  }
+  if (times) {
+    times->decode_s += std::chrono::duration<double>(t1 - t0).count();
+    times->parse_s += std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  return j;
+}
+
+}  // namespace
+
+R3Request sglang_parse(std::string_view text, R3Origin origin, std::vector<std::string>& notes,
+                       SglangTimes* times) {
+  Lifted lifted;
+  json response;
+  try {
+    response = parse_response(text, lifted, times);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: not JSON: {}", origin.describe(), e.what()));
+  }
+  return request_from(response, std::move(origin), notes, &lifted);
+}
+
 int64_t sglang_read(const std::string& path, const std::function<void(R3Request&&)>& on_request,
                     std::vector<std::string>& notes, const std::function<void(int64_t)>& on_progress) {
   std::ifstream f(path, std::ios::binary);
@@ -178,21 +411,71 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
   }
   if (first == EOF) throw InputError(fmt::format("{}: empty file (no responses)", path));
   int64_t count = 0;
-  auto handle = [&](json& response, const std::string& where) {
-    on_request(sglang_request(response, R3Origin{where, "", count}, notes));
+  auto handle = [&](json& response, const std::string& where, Lifted* lifted, int64_t progress) {
+    on_request(request_from(response, R3Origin{where, "", count}, notes, lifted));
     ++count;
-    if (on_progress) on_progress(int64_t(f.tellg()));
+    if (on_progress) on_progress(progress);
   };
 
   if (first == '[') {
-    // An array: each element is handled once parsed and then dropped from the array, so memory holds
-    // one response.
+    // The document is read whole and its elements taken one at a time (each parsed as its own text,
+    // its base64 fields lifted). Anything unusual in the array's own syntax, or an element that does
+    // not parse, sends the file through nlohmann's element-by-element parse (from the start, the
+    // elements already handled skipped), so that errors read as they always have.
+    const std::streamoff start = f.tellg();
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string_view s(text);
+    constexpr size_t npos = std::string_view::npos;
+    size_t i = skip_ws(s, 1);
+    bool fallback = false;
+    if (i < s.size() && s[i] == ']') {
+      i = skip_ws(s, i + 1);
+      fallback = i != s.size();
+    } else {
+      for (;;) {
+        const size_t e = skip_value(s, i);
+        if (e == npos || s[i] != '{') {
+          fallback = true;
+          break;
+        }
+        Lifted lifted;
+        json response;
+        try {
+          response = parse_response(s.substr(i, e - i), lifted, nullptr);
+        } catch (const json::exception&) {
+          fallback = true;
+          break;
+        }
+        // The element's end decides what follows: the array's own syntax is checked before the element
+        // is handled, as nlohmann's parse would reach it only after the element.
+        size_t next = skip_ws(s, e);
+        if (next >= s.size() || (s[next] != ',' && s[next] != ']')) {
+          fallback = true;
+          break;
+        }
+        const bool last = s[next] == ']';
+        if (last && skip_ws(s, next + 1) != s.size()) {
+          fallback = true;
+          break;
+        }
+        handle(response, path, &lifted, int64_t(start) + int64_t(e));
+        if (last) break;
+        i = skip_ws(s, next + 1);
+      }
+    }
+    if (!fallback) return count;
+    text = std::string();
+    f.clear();
+    f.seekg(start);
+    // nlohmann's parse, element by element: each is handled once parsed and then dropped from the array.
+    const int64_t done = count;
+    int64_t element = 0;
     auto cb = [&](int depth, json::parse_event_t event, json& parsed) {
       if (depth != 1) return true;
       if (event == json::parse_event_t::value && !parsed.is_object())
-        throw InputError(fmt::format("{}: element #{} is not a response object", path, count));
+        throw InputError(fmt::format("{}: element #{} is not a response object", path, element));
       if (event != json::parse_event_t::object_end) return true;
-      handle(parsed, path);
+      if (element++ >= done) handle(parsed, path, nullptr, int64_t(f.tellg()));
       return false;
     };
     try {
@@ -207,34 +490,47 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
   // A line that parses on its own starts a JSONL file; otherwise the file is one (pretty-printed) object.
   std::string line;
   std::getline(f, line);
-  if (json::accept(line)) {
+  Lifted lifted;
+  json response;
+  bool jsonl = true;
+  try {
+    response = parse_response(line, lifted, nullptr);
+  } catch (const json::exception&) {
+    jsonl = false;
+  }
+  if (jsonl) {
     int64_t lineno = 1;
     do {
-      if (line.find_first_not_of(" \t\r") != std::string::npos) {
-        json response;
+      if (lineno > 1) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) {
+          ++lineno;
+          continue;
+        }
+        lifted = Lifted{};
         try {
-          response = json::parse(line);
+          response = parse_response(line, lifted, nullptr);
         } catch (const json::exception& e) {
           throw InputError(fmt::format("{}:{}: not JSON: {}", path, lineno, e.what()));
         }
-        line = std::string();  // the text is not needed once parsed
-        handle(response, fmt::format("{}:{}", path, lineno));
       }
+      line = std::string();  // the text is not needed once parsed (the base64 fields are decoded)
+      handle(response, fmt::format("{}:{}", path, lineno), &lifted, int64_t(f.tellg()));
+      response = json();
       ++lineno;
     } while (std::getline(f, line));
     return count;
   }
+  lifted = Lifted{};
   f.clear();
   f.seekg(0);
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  json response;
   try {
-    response = json::parse(text);
+    response = parse_response(text, lifted, nullptr);
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: not JSON: {}", path, e.what()));
   }
   text = std::string();
-  handle(response, path);
+  handle(response, path, &lifted, int64_t(f.tellg()));
   return count;
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "adapters/r3.h"
@@ -29,10 +30,22 @@ namespace dsv4 {
 // InputError naming the origin and the field.
 R3Request sglang_request(nlohmann::json& response, R3Origin origin, std::vector<std::string>& notes);
 
+// Time spent in sglang_parse's phases (added to): decoding the base64 fields where they stand in the
+// text, and parsing the rest of the JSON.
+struct SglangTimes {
+  double decode_s = 0, parse_s = 0;
+};
+
+// One response's JSON text → R3Request, as sglang_read reads each response: the base64 fields are
+// decoded where they stand in the text and the rest is parsed (see sglang.cpp). Text that is not JSON
+// throws InputError "<origin>: not JSON: ...".
+R3Request sglang_parse(std::string_view text, R3Origin origin, std::vector<std::string>& notes,
+                       SglangTimes* times = nullptr);
+
 // Reads the responses of `path` one at a time and hands each to `on_request`: a JSON file holding one
-// response object or an array of them (the array is parsed element by element), or JSONL (one object per
-// line). Memory: one response. Returns the number of responses. `on_progress` (optional) is called after
-// each with the bytes of the file read so far.
+// response object or an array of them, or JSONL (one object per line). Memory: one response, except
+// for an array, whose document is held whole while its elements are taken one at a time. Returns the number
+// of responses. `on_progress` (optional) is called after each with the bytes of the file read so far.
 int64_t sglang_read(const std::string& path, const std::function<void(R3Request&&)>& on_request,
                     std::vector<std::string>& notes,
                     const std::function<void(int64_t bytes_read)>& on_progress = nullptr);

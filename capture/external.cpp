@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <set>
 
@@ -21,6 +22,7 @@
 #include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/version.h"
+#include "model/huge_pages.h"
 #include "model/manifest.h"
 
 namespace dsv4 {
@@ -180,10 +182,38 @@ IndexerLayer ExternalTraceWriter::Impl::check_indexer(const ExternalIndexer& x, 
                                  at, x.width, cfg.index_topk, T, width, T));
   if (int64_t(x.ids.size()) != x.rows * x.width)
     throw InputError(fmt::format("{} indexer: {} ids for [{} rows, width {}]", at, x.ids.size(), x.rows, x.width));
-  // Rows become sets at the runtime's width: valid ids ascending, then -1.
-  std::vector<int32_t> sets(size_t(x.rows * width), -1);
+  // Rows that are sets at the runtime's width already (valid ids ascending, then only -1; what an
+  // export writes and r3_import hands over) are encoded where they stand, without a copy.
+  if (x.width == width) {
+    bool canonical = true;
+    for (int64_t t = 0; t < x.rows && canonical; ++t) {
+      const int32_t visible = int32_t((t + 1) / 4);
+      const int32_t* src = x.ids.data() + t * width;
+      int32_t prev = -1;
+      int j = 0;
+      while (j < width && src[j] > prev && src[j] < visible) prev = src[j++];
+      while (j < width && src[j] == -1) ++j;
+      canonical = j == width;
+    }
+    if (canonical) {
+      IndexerLayer out;
+      out.layer = x.layer;
+      out.rows = x.rows;
+      out.width = width;
+      out.enc = encode_indexer_gaps(x.ids.data(), x.rows, width, T / 4);
+      if (out.enc.bad_row >= 0)  // cannot happen after the checks above; a bug if it does
+        throw Error(fmt::format("{} row {}: indexer set not encodable", at, out.enc.bad_row));
+      return out;
+    }
+  }
+  // Rows become sets at the runtime's width: valid ids ascending, then -1. A row whose valid ids are
+  // ascending already (an export's, or an engine's sorted top-k) is checked and copied in one pass;
+  // any other row is sorted (and its problem found) by check_row.
+  std::vector<int32_t> sets;
+  reserve_huge(sets, size_t(x.rows * width));
+  sets.assign(size_t(x.rows * width), -1);
   std::vector<int32_t> row;
-  for (int64_t t = 0; t < x.rows; ++t) {
+  auto check_row = [&](int64_t t) {
     row.clear();
     const int64_t visible = (t + 1) / 4;
     for (int j = 0; j < x.width; ++j) {
@@ -204,6 +234,29 @@ IndexerLayer ExternalTraceWriter::Impl::check_indexer(const ExternalIndexer& x, 
       throw InputError(fmt::format("{} row {}: {} valid ids, the runtime selects at most {} for {} tokens", at, t,
                                    row.size(), width, T));
     std::copy(row.begin(), row.end(), sets.begin() + t * width);
+  };
+  for (int64_t t = 0; t < x.rows; ++t) {
+    const int32_t visible = int32_t((t + 1) / 4);
+    const int32_t* src = x.ids.data() + t * x.width;
+    int32_t* dst = sets.data() + t * width;
+    int32_t prev = -1;
+    int m = 0;
+    bool fast = true;
+    for (int j = 0; j < x.width; ++j) {
+      const int32_t g = src[j];
+      if (g == -1) continue;
+      // Below -1, in the future, not above the previous id, or one too many: check_row says which.
+      if (g <= prev || g >= visible || m == width) {
+        fast = false;
+        break;
+      }
+      dst[m++] = g;
+      prev = g;
+    }
+    if (!fast) {
+      std::fill(dst, dst + width, -1);
+      check_row(t);
+    }
   }
   IndexerLayer out;
   out.layer = x.layer;
@@ -244,6 +297,15 @@ RoutingLayer ExternalTraceWriter::Impl::check_routing(const ExternalRouting& x, 
       if (!x.weights.empty() && !std::isfinite(x.weights[size_t(t * k + j)]))
         throw InputError(fmt::format("{} row {}: routing weight {} is not finite", at, t, x.weights[size_t(t * k + j)]));
       order[size_t(j)] = j;
+    }
+    // Ascending already (an export's rows, sorted on the way out): copied as they stand.
+    bool ascending = true;
+    for (int j = 1; j < k && ascending; ++j) ascending = ids[j - 1] < ids[j];
+    if (ascending) {
+      for (int j = 0; j < k; ++j) out.ids[size_t(t * k + j)] = uint32_t(ids[j]);
+      if (!x.weights.empty())
+        std::copy(x.weights.begin() + t * k, x.weights.begin() + (t + 1) * k, out.weights.begin() + t * k);
+      continue;
     }
     std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
     for (int j = 0; j < k; ++j) {
@@ -304,15 +366,36 @@ void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
   std::vector<IndexerLayer> idx;
   std::vector<RoutingLayer> rt;
   std::set<int> seen_idx, seen_rt;
-  for (const ExternalIndexer& x : s.indexer) {
-    if (!seen_idx.insert(x.layer).second)
-      throw InputError(fmt::format("{}: indexer of layer {} given twice", who, x.layer));
-    idx.push_back(w.check_indexer(x, T, who));
-  }
-  for (const ExternalRouting& x : s.routing) {
-    if (!seen_rt.insert(x.layer).second)
-      throw InputError(fmt::format("{}: routing of layer {} given twice", who, x.layer));
-    rt.push_back(w.check_routing(x, T, who));
+  // The layers are checked on several threads; their errors are raised in the order of the lists (a
+  // layer given twice where the sequential check would have met it), whatever the thread count.
+  {
+    const int64_t ni = int64_t(s.indexer.size()), nr = int64_t(s.routing.size());
+    idx.resize(size_t(ni));
+    rt.resize(size_t(nr));
+    std::vector<std::exception_ptr> failed(size_t(ni + nr));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < ni + nr; ++i) {
+      try {
+        if (i < ni)
+          idx[size_t(i)] = w.check_indexer(s.indexer[size_t(i)], T, who);
+        else
+          rt[size_t(i - ni)] = w.check_routing(s.routing[size_t(i - ni)], T, who);
+      } catch (...) {
+        failed[size_t(i)] = std::current_exception();
+      }
+    }
+    for (int64_t i = 0; i < ni; ++i) {
+      const ExternalIndexer& x = s.indexer[size_t(i)];
+      if (!seen_idx.insert(x.layer).second)
+        throw InputError(fmt::format("{}: indexer of layer {} given twice", who, x.layer));
+      if (failed[size_t(i)]) std::rethrow_exception(failed[size_t(i)]);
+    }
+    for (int64_t i = 0; i < nr; ++i) {
+      const ExternalRouting& x = s.routing[size_t(i)];
+      if (!seen_rt.insert(x.layer).second)
+        throw InputError(fmt::format("{}: routing of layer {} given twice", who, x.layer));
+      if (failed[size_t(ni + i)]) std::rethrow_exception(failed[size_t(ni + i)]);
+    }
   }
   std::set<std::pair<std::string, int>> seen_t;
   for (const ExternalTensor& t : s.tensors) {

@@ -626,15 +626,18 @@ std::optional<Type> stored_type(const Object& ds) {
 
 namespace {
 
+std::atomic<bool> g_all_cores{false};
+
 int encode_threads() {
-  static const int n = [] {
+  static const int env = [] {
     if (const char* e = std::getenv("DSV4_WRITER_THREADS")) {
       const int v = std::atoi(e);
       if (v >= 1) return std::min(v, 64);
     }
-    return std::clamp(omp_get_num_procs() / 2, 1, 8);
+    return 0;
   }();
-  return n;
+  if (env > 0) return env;
+  return std::clamp(g_all_cores.load() ? omp_get_num_procs() : omp_get_num_procs() / 2, 1, 8);
 }
 
 // The plan of writing one whole dataset through our own chunk encoder: its chunks (whole rows) and
@@ -731,6 +734,10 @@ void write_planned(std::vector<ChunkPlan>& plans) {
 }
 
 }  // namespace
+
+void encode_on_all_cores(bool all) {
+  g_all_cores.store(all);
+}
 
 void write_all(const std::vector<WriteJob>& jobs) {
   quiet();

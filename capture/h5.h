@@ -173,6 +173,9 @@ struct WriteJob {
   bool le_bytes = false;
 };
 void write_all(const std::vector<WriteJob>& jobs);
+// The default encoder threads become all the cores (at most 8) rather than half: for a writer that has
+// the machine to itself (an import), not one sharing it with a forward. DSV4_WRITER_THREADS still wins.
+void encode_on_all_cores(bool all);
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);

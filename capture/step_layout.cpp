@@ -26,6 +26,7 @@
 #include "capture/layout.h"
 #include "capture/trace_seal.h"
 #include "capture/version.h"
+#include "model/huge_pages.h"
 
 namespace dsv4 {
 namespace {
@@ -74,12 +75,20 @@ const char* dtype_attr(DType t) {
 // Writes integer ids in the storage width chosen at creation (ranges were checked by the caller).
 void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v) {
   switch (t) {
-    case h5::Type::u8:
-      h5::write(ds, std::vector<uint8_t>(v.begin(), v.end()));
+    case h5::Type::u8: {
+      std::vector<uint8_t> n;
+      reserve_huge(n, v.size());
+      n.assign(v.begin(), v.end());
+      h5::write(ds, n);
       break;
-    case h5::Type::u16:
-      h5::write(ds, std::vector<uint16_t>(v.begin(), v.end()));
+    }
+    case h5::Type::u16: {
+      std::vector<uint16_t> n;
+      reserve_huge(n, v.size());
+      n.assign(v.begin(), v.end());
+      h5::write(ds, n);
       break;
+    }
     default:
       h5::write(ds, v);
       break;
@@ -90,7 +99,7 @@ void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t
 IndexerGaps encode_indexer_gaps(const int32_t* ids, int64_t rows, int k, int64_t groups) {
   IndexerGaps e;
   e.count.resize(size_t(rows));
-  e.gaps.reserve(size_t(rows * k));
+  reserve_huge(e.gaps, size_t(rows * k));
   for (int64_t p = 0; p < rows; ++p) {
     int64_t prev = -1;
     int n = 0;

@@ -11,6 +11,7 @@
 #include "adapters/convert.h"
 #include "capture/digest.h"
 #include "capture/external.h"
+#include "capture/h5.h"
 #include "capture/trace_reader.h"
 #include "cli/commands.h"
 #include "model/checkpoint.h"
@@ -90,6 +91,8 @@ class ImportProgressLine {
 
 int run_import(const ImportArgs& a) {
   ImportModel m = import_model(a);
+  // The import has the machine to itself: the trace's chunks are compressed on every core.
+  h5::encode_on_all_cores(true);
   auto w = ExternalTraceWriter::create(a.out, m.external);
   ExternalStepSpec spec;
   spec.kind = a.kind;

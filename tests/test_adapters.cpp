@@ -444,6 +444,70 @@ TEST(Adapters, SglangJsonJsonlAndArraysReadTheSame) {
   EXPECT_TRUE(noted);
 }
 
+// The base64 fields are decoded where they stand in the text unless something is unusual (an escape in
+// the string, a repeated key, text that is not JSON...), when the text is parsed whole: both read the same.
+TEST(Adapters, SglangLiftedAndWholeParsesAgree) {
+  TempDir d;
+  const R3Request a = well_formed(cfg(), 9, 8), b = well_formed(cfg(), 14, 13);
+  const json ra = response_of(a, 5, "A"), rb = response_of(b, 6, "B");
+  std::string plain = ra.dump();
+  // The string's first character written as a \u escape: the whole text goes through nlohmann.
+  std::string escaped = plain;
+  const size_t at = escaped.find("\"routed_experts\":\"") + 18;
+  char u[8];
+  std::snprintf(u, sizeof u, "\\u%04x", unsigned(uint8_t(escaped[at])));
+  escaped.replace(at, 1, u);
+  {
+    std::ofstream(d / "plain.jsonl") << plain << "\n" << rb.dump() << "\n";
+    std::ofstream(d / "escaped.jsonl") << escaped << "\n" << rb.dump() << "\n";
+    // A repeated key: nlohmann keeps the last value.
+    json rdup = ra;
+    std::string dup = rdup.dump();
+    dup.insert(dup.find("\"routed_experts\""), "\"routed_experts\":\"AAAA\",");
+    std::ofstream(d / "dup.jsonl") << dup << "\n";
+    std::ofstream(d / "array.json") << "[" << plain << " ,\n" << rb.dump() << "]\n";
+    std::ofstream(d / "bad_array.json") << "[" << plain << ",\n" << rb.dump() << " x]\n";
+    std::ofstream(d / "bad_line.jsonl") << plain << "\n" << rb.dump().substr(1) << "\n";
+  }
+  std::vector<std::string> notes;
+  const auto p = read_all(d / "plain.jsonl", notes);
+  for (const char* f : {"escaped.jsonl", "dup.jsonl", "array.json"}) {
+    const auto e = read_all(d / f, notes);
+    ASSERT_GE(e.size(), 1u) << f;
+    for (size_t i = 0; i < e.size(); ++i) {
+      EXPECT_EQ(e[i].tokens, p[i].tokens) << f;
+      for (size_t l = 0; l < 6; ++l) EXPECT_EQ(e[i].routing[l].ids, p[i].routing[l].ids) << f;
+      for (size_t o = 0; o < 2; ++o) EXPECT_EQ(e[i].indexer[o].ids, p[i].indexer[o].ids) << f;
+    }
+  }
+  // A malformed array: the elements before the error are handled once, then nlohmann's message.
+  int handled = 0;
+  try {
+    sglang_read(
+        d / "bad_array.json", [&](R3Request&&) { ++handled; }, notes);
+    ADD_FAILURE() << "bad_array.json read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("not JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(handled, 2);
+  handled = 0;
+  try {
+    sglang_read(
+        d / "bad_line.jsonl", [&](R3Request&&) { ++handled; }, notes);
+    ADD_FAILURE() << "bad_line.jsonl read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad_line.jsonl:2: not JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(handled, 1);
+  // sglang_parse names the origin of text that is not JSON.
+  try {
+    sglang_parse(plain.substr(0, plain.size() - 1), R3Origin{"x.jsonl:7", "", 0}, notes);
+    ADD_FAILURE() << "truncated text parsed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.jsonl:7: request #0: not JSON"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Adapters, SglangTokensFromOutputTokenLogprobsAndCompleteLogprobs) {
   TempDir d;
   const R3Request a = well_formed(cfg(), 9, 8);
