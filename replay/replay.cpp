@@ -333,6 +333,11 @@ double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   for (size_t i = 0; i < a.size(); ++i) s += std::fabs(double(a[i]) - double(b[i]));
   return a.empty() ? 0 : s / double(a.size());
 }
+double mean(const std::vector<float>& a) {
+  double s = 0;
+  for (float x : a) s += x;
+  return a.empty() ? 0 : s / double(a.size());
+}
 double mean_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) - double(b[i]);
@@ -563,9 +568,12 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
       throw InputError(fmt::format("{}: no step {} to take decisions from (it has {} step{})",
                                    opt.take_decisions_from, k, source_steps.size(),
                                    source_steps.size() == 1 ? "" : "s"));
-    if (!source_steps[size_t(k)].complete)
+    const TraceStepInfo& src = source_steps[size_t(k)];
+    if (!src.complete)
       throw TraceIncomplete(fmt::format("{}: step {} is incomplete; its decisions cannot be used",
                                         opt.take_decisions_from, k));
+    sr.counterfactual_source = fmt::format("{} step {}{}", opt.take_decisions_from, k,
+                                           src.external() ? ", engine " + src.engine : std::string());
     if (int(source_steps[size_t(k)].seq_lengths.size()) != n_seqs)
       throw InputError(fmt::format(
           "{} step {} holds {} sequences, {} step {} holds {}: a counterfactual needs the same "
@@ -651,14 +659,9 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
       sr.kl_before = mean_diff(a, b_rec);
       sr.kl_after = mean_diff(a, b_rep);
     }
-    const std::vector<float> none(b_rec.size(), 0.0f);
     sr.mean_abs_dlogprob_forced = mean_abs_diff(b_rec, b_rep);
-    sr.mean_logprob_recorded = mean_diff(b_rec, none);
-    sr.mean_logprob_forced = mean_diff(b_rep, none);
-    const int k = opt.take_step >= 0 ? opt.take_step : index;
-    const TraceStepInfo& src = source_steps[size_t(k)];
-    sr.counterfactual_source = fmt::format("{} step {}{}", opt.take_decisions_from, k,
-                                           src.external() ? ", engine " + src.engine : std::string());
+    sr.mean_logprob_recorded = mean(b_rec);
+    sr.mean_logprob_forced = mean(b_rep);
   }
   sr.identical = !sr.first && sr.decision_changes.empty();
   rep.steps.push_back(std::move(sr));

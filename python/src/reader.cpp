@@ -1,6 +1,6 @@
 // TraceReader for Python: every accessor returns plain Python values and numpy arrays (dicts of
 // arrays for a record), None where the trace holds nothing. The row arguments [r0, r1) read only
-// those rows from the file; r1 < 0 means "to the end" and then the whole record is read at once.
+// those rows from the file; r1 < 0 means "to the end".
 #include <fmt/core.h>
 
 #include <cstring>
@@ -14,8 +14,7 @@ namespace dsv4::python {
 
 namespace {
 
-
-bool whole(int64_t r0, int64_t r1) { return r0 == 0 && r1 < 0; }
+// The reader's end of rows [r0, r1): r1 < 0 ("to the end") is every row.
 int64_t end_of(int64_t r1) { return r1 < 0 ? std::numeric_limits<int64_t>::max() : r1; }
 
 py::dict step_dict(const TraceStepInfo& s) {
@@ -138,15 +137,13 @@ void bind_reader(py::module_& m) {
       .def(
           "indexer",
           [](const TraceReader& r, int step, int seq, int layer, int64_t r0, int64_t r1) {
-            return indexer_dict(whole(r0, r1) ? r.indexer(step, seq, layer)
-                                              : r.indexer_rows(step, seq, layer, r0, end_of(r1)));
+            return indexer_dict(r.indexer_rows(step, seq, layer, r0, end_of(r1)));
           },
           py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("r0") = 0, py::arg("r1") = -1)
       .def(
           "routing",
           [](const TraceReader& r, int step, int seq, int layer, int64_t r0, int64_t r1) {
-            return routing_dict(whole(r0, r1) ? r.routing(step, seq, layer)
-                                              : r.routing_rows(step, seq, layer, r0, end_of(r1)));
+            return routing_dict(r.routing_rows(step, seq, layer, r0, end_of(r1)));
           },
           py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("r0") = 0, py::arg("r1") = -1)
       .def("mhc",
@@ -184,8 +181,7 @@ void bind_reader(py::module_& m) {
       .def(
           "tensor",
           [](const TraceReader& r, int step, int seq, int layer, const std::string& name, int64_t r0, int64_t r1) {
-            return tensor_dict(whole(r0, r1) ? r.tensor(step, seq, layer, name)
-                                             : r.tensor_rows(step, seq, layer, name, r0, end_of(r1)));
+            return tensor_dict(r.tensor_rows(step, seq, layer, name, r0, end_of(r1)));
           },
           py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("name"), py::arg("r0") = 0,
           py::arg("r1") = -1)
