@@ -25,6 +25,11 @@ bool base64_decode_into(std::string_view text, uint8_t* out, std::string& error)
 // alphabet and '=', decoded into `out` exactly as base64_decode_into would; false otherwise (`out` then
 // holds garbage). Table-driven, in 4 MiB pieces on several threads.
 bool base64_decode_fast(std::string_view text, uint8_t* out);
+// Bytes [from, from + n) of the data `text` encodes (a multiple of 4 characters; from + n at most
+// base64_decoded_size), decoded into out[0, n): a large buffer read a piece at a time, never decoded
+// whole. False when a character of the quanta holding them is outside the alphabet and '=' (out then
+// holds garbage; base64_decode_into names the character).
+bool base64_decode_range(std::string_view text, size_t from, size_t n, uint8_t* out);
 std::string base64_encode(std::span<const uint8_t> bytes);
 
 }  // namespace dsv4

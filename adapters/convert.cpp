@@ -30,7 +30,8 @@ void count(ImportSummary& s, const ExternalSequence& seq) {
 }  // namespace
 
 ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
-                            const Weights* weights, const SequenceSink& sink, const ProgressFn& progress) {
+                            const Weights* weights, const SequenceSink& sink, const ProgressFn& progress,
+                            const IndexerEncoders& encoders) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t done_bytes = 0;  // bytes of the files finished
@@ -40,7 +41,7 @@ ImportSummary import_sglang(const std::vector<std::string>& files, const ModelCo
     sglang_read(
         file,
         [&](R3Request&& q) {
-          ExternalSequence seq = r3_import(c, std::move(q), weights, s.notes);
+          ExternalSequence seq = r3_import(c, std::move(q), weights, s.notes, encoders);
           count(s, seq);
           sink(std::move(seq));
         },
@@ -57,7 +58,8 @@ ImportSummary import_sglang(const std::vector<std::string>& files, const ModelCo
 }
 
 ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
-                           const Weights* weights, const SequenceSink& sink, const ProgressFn& progress) {
+                           const Weights* weights, const SequenceSink& sink, const ProgressFn& progress,
+                           const IndexerEncoders& encoders) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> samples = miles_sample_paths(inputs);
@@ -70,7 +72,7 @@ ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelCo
     } else {
       s.input_bytes += int64_t(fs::file_size(path, ec));
     }
-    ExternalSequence seq = r3_import(c, miles_sample(path, int64_t(i), s.notes), weights, s.notes);
+    ExternalSequence seq = r3_import(c, miles_sample(path, int64_t(i), s.notes), weights, s.notes, encoders);
     count(s, seq);
     sink(std::move(seq));
     if (progress) progress({s.requests, s.input_bytes, since(t0)});

@@ -33,13 +33,14 @@ using ProgressFn = std::function<void(const ImportProgress&)>;
 
 // Every response of every file, in order, one at a time: read, checked (r3_import), handed to `sink`.
 // `weights` (optional) checks the hash layers against tid2eid.
+// `encoders` as for r3_import (the sink's writer's stream_indexer_layers).
 ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
                             const Weights* weights, const SequenceSink& sink,
-                            const ProgressFn& progress = nullptr);
+                            const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr);
 // Every sample of miles_sample_paths(inputs), likewise.
 ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
                            const Weights* weights, const SequenceSink& sink,
-                           const ProgressFn& progress = nullptr);
+                           const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr);
 
 // The step an export reads: `step` when >= 0 (it must be complete), else the trace's only complete step
 // (InputError listing the steps when there are several).

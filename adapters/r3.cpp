@@ -2,12 +2,18 @@
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <exception>
 
+#include "adapters/base64.h"
+#include "capture/indexer_sets.h"
 #include "model/error.h"
+
+#include <omp.h>
 #include "model/huge_pages.h"
 
 namespace dsv4 {
@@ -18,6 +24,18 @@ static_assert(std::endian::native == std::endian::little,
 std::string R3Origin::describe() const {
   return id.empty() ? fmt::format("{}: request #{}", file, index)
                     : fmt::format("{}: request '{}' (#{})", file, id, index);
+}
+
+std::optional<std::string> r3_json_unescape(std::string_view text) {
+  if (text.find('\\') == std::string_view::npos) return std::nullopt;
+  try {
+    std::string quoted;
+    quoted.reserve(text.size() + 2);
+    quoted.append(1, '"').append(text).append(1, '"');
+    return nlohmann::json::parse(quoted).get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name) {
@@ -81,7 +99,7 @@ int64_t routing_rows(const ModelConfig& c, const R3Request& q) {
                       where, shape_str(b.shape), b.shape[2], k));
     rows = b.shape[0];
   } else {
-    const int64_t n = int64_t(b.words.size());
+    const int64_t n = int64_t(b.size());
     // A buffer of T − 1 rows of k ids but another layer count: say that, not "wrong length".
     if (T > 1 && n % ((T - 1) * k) == 0 && n / ((T - 1) * k) != L)
       throw InputError(
@@ -168,7 +186,7 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
     if (q.indexer_num_layers >= 0 && q.indexer_num_layers != n)
       throw layer_count_error(q.indexer_num_layers, "indexer_topk_num_layers");
     if (n == 0) throw InputError(fmt::format("{}: the config has no C4 layers, so no indexer", where));
-    const int64_t words = int64_t(b.words.size());
+    const int64_t words = int64_t(b.size());
     // The width is recovered from the length; the row count is T − 1, or T with the stop-edge row. When
     // both divide, the routing buffer's row count (or else T − 1) decides.
     std::vector<int64_t> candidates;
@@ -199,60 +217,124 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
   return s;
 }
 
-// Checks one C4 layer's rows (r < keep) and copies them into `out` at the runtime width; returns the
-// first problem, or "". `seen` is scratch of ⌊T/4⌋ + 1 entries (a row's stamp per group, so it needs no
-// clearing between rows). One pass over the rows: this is most of an import's work.
-std::string check_indexer_layer(const ModelConfig& c, const R3Request& q, int ordinal, const IndexerShape& s,
-                                int64_t keep, std::vector<int64_t>& seen, ExternalIndexer& out) {
-  const int64_t n = c.num_c4_layers(), W = s.width, runtime = c.indexer_width(int64_t(q.tokens.size()));
-  const int64_t width = std::min(W, runtime);
-  const int32_t* w = q.indexer_topk.words.data();
-  auto row_of = [&](int64_t t) { return w + (t * n + ordinal) * W; };
-  const std::string layer = layer_name(c, out.layer);
-  // An all-zero layer is the capturer's initial buffer; say so whatever row fails first (row 0 does).
-  auto problem = [&](std::string message) {
-    for (int64_t t = 0; t < keep; ++t)
-      if (!std::all_of(row_of(t), row_of(t) + W, [](int32_t v) { return v == 0; })) return message;
-    return fmt::format("{}: every row is all zero: {}", layer, kCapturer);
-  };
-  out.ids.clear();
-  reserve_huge(out.ids, size_t(keep * width));
-  int64_t valid = 0;
-  for (int64_t t = 0; t < keep; ++t) {
-    const int32_t* row = row_of(t);
-    const int64_t visible = (t + 1) / 4;  // groups complete once token t is fed
-    for (int64_t j = 0; j < W; ++j) {
-      const int32_t v = row[j];
-      if (v == -1) continue;
-      if (v < -1)
-        return problem(
-            fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 "
-                        "(empty)",
-                        layer, t, j, v));
-      if (j >= runtime)
-        return problem(
-            fmt::format("{} row {}: column {} holds {}; columns from the runtime width min(index_topk, "
-                        "⌊T/4⌋) = {} on must be −1",
-                        layer, t, j, v, runtime));
-      if (v >= visible)
-        return problem(
-            fmt::format("{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) "
-                        "(⌊(t+1)/4⌋)",
-                        layer, t, v, t, visible));
-      if (seen[size_t(v)] == t + 1)
-        return problem(fmt::format("{} row {}: group {} appears twice; a row must be a set", layer, t, v));
-      seen[size_t(v)] = t + 1;
-      ++valid;
-    }
-    out.ids.insert(out.ids.end(), row, row + width);
+// Words [w0, w0 + n) of a buffer into `out`: copied, or decoded from its base64 text; false when that
+// text holds a character outside the alphabet there.
+bool read_words(const R3Buffer& b, size_t w0, size_t n, int32_t* out) {
+  if (b.base64.empty()) {
+    std::memcpy(out, b.words.data() + w0, n * 4);
+    return true;
   }
-  // Row 3 is the first to see a compressed group, so a layer with rows from there on must pick some.
-  if (valid == 0 && keep >= 4)
-    return fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}", layer,
-                       kCapturer);
-  out.rows = keep;
-  out.width = int(width);
-  return "";
+  return base64_decode_range(b.base64, w0 * 4, n * 4, reinterpret_cast<uint8_t*>(out));
+}
+
+// A buffer still in base64 decoded whole (the routing buffer, small; or an indexer buffer whose text
+// the row-at-a-time decoder refused, so that the full decoder names the character or accepts it).
+void decode_whole(R3Buffer& b, const R3Origin& o, const char* name) {
+  if (b.base64.empty()) return;
+  std::string error;
+  std::vector<int32_t> w;
+  const std::optional<std::string> unescaped = r3_json_unescape(b.base64);
+  const std::string_view text = unescaped ? std::string_view(*unescaped) : b.base64;
+  const size_t bytes = base64_decoded_size(text, error);
+  if (error.empty()) {
+    r3_check_bytes(bytes, o, name);
+    reserve_huge(w, bytes / 4 + 2);
+    w.resize(bytes / 4 + 2);
+    base64_decode_into(text, reinterpret_cast<uint8_t*>(w.data()), error);
+  }
+  if (!error.empty()) throw InputError(fmt::format("{}: {}: {}", o.describe(), name, error));
+  w.resize(bytes / 4);
+  b.words = std::move(w);
+  b.base64 = {};
+  b.base64_words = 0;
+}
+
+// What one C4 layer's pass found: its first problem ("" when none), whether every row read was −1
+// throughout, whether its rows' base64 text held a character outside the alphabet.
+struct LayerResult {
+  std::string error;
+  bool empty = false, bad_text = false;
+};
+
+// The message for a fault of the layer at `ordinal` (row t), or for the capturer's all-zero buffer.
+std::string indexer_fault(const ModelConfig& c, const R3Request& q, int ordinal, const IndexerShape& s,
+                          int64_t keep, int layer_id, int64_t t, const IndexerRowFault& f, bool& bad_text) {
+  const int64_t n = c.num_c4_layers(), W = s.width, T = int64_t(q.tokens.size());
+  const int runtime = c.indexer_width(T);
+  const std::string layer = layer_name(c, layer_id);
+  std::string message;
+  switch (f.kind) {
+    case IndexerRowFault::none:
+      return "";
+    case IndexerRowFault::negative:
+      message =
+          fmt::format("{} row {}: column {} holds {}; ids are compressed-group positions >= 0 or −1 (empty)",
+                      layer, t, f.slot, f.id);
+      break;
+    case IndexerRowFault::beyond_width:
+    case IndexerRowFault::too_many:  // only past the width, which beyond_width reports first
+      message = fmt::format(
+          "{} row {}: column {} holds {}; columns from the runtime width min(index_topk, ⌊T/4⌋) = {} on must "
+          "be −1",
+          layer, t, f.slot, f.id, runtime);
+      break;
+    case IndexerRowFault::future:
+      message = fmt::format(
+          "{} row {}: position {} is in the future: row {} sees compressed groups [0, {}) (⌊(t+1)/4⌋)", layer,
+          t, f.id, t, (t + 1) / 4);
+      break;
+    case IndexerRowFault::duplicate:
+      message = fmt::format("{} row {}: group {} appears twice; a row must be a set", layer, t, f.id);
+      break;
+  }
+  // An all-zero layer is the capturer's initial buffer; say so whatever row fails first (row 0 does).
+  std::vector<int32_t> row(static_cast<size_t>(W));
+  for (int64_t r = 0; r < keep; ++r) {
+    if (!read_words(q.indexer_topk, size_t((r * n + ordinal) * W), size_t(W), row.data())) {
+      bad_text = true;
+      return "";
+    }
+    if (!std::all_of(row.begin(), row.end(), [](int32_t v) { return v == 0; })) return message;
+  }
+  return fmt::format("{}: every row is all zero: {}", layer, kCapturer);
+}
+
+// The C4 layers [o0, o1) of the engine's [rows, n, width] buffer, read a row at a time (the layers'
+// columns of a row are contiguous), checked and encoded at the runtime width by enc[o] (capture/
+// indexer_sets.h, whose rules name the faults). A layer stops at its first fault; the others go on.
+void check_indexer_layers(const ModelConfig& c, const R3Request& q, int o0, int o1, const IndexerShape& s,
+                          int64_t keep, const std::vector<int>& layer_ids,
+                          const std::vector<std::shared_ptr<IndexerSetEncoder>>& enc,
+                          std::vector<LayerResult>& result) {
+  const int64_t n = c.num_c4_layers(), W = s.width;
+  const int64_t span = int64_t(o1 - o0) * W;
+  std::vector<int32_t> rows(static_cast<size_t>(span));
+  std::vector<char> stopped(static_cast<size_t>(o1 - o0), 0);
+  for (int64_t t = 0; t < keep; ++t) {
+    if (!read_words(q.indexer_topk, size_t((t * n + o0) * W), size_t(span), rows.data())) {
+      for (int o = o0; o < o1; ++o) result[size_t(o)].bad_text = true;
+      return;
+    }
+    for (int o = o0; o < o1; ++o) {
+      if (stopped[size_t(o - o0)]) continue;
+      const IndexerRowFault f = enc[size_t(o)]->add_row(rows.data() + (o - o0) * W, int(W));
+      if (!f) continue;
+      stopped[size_t(o - o0)] = 1;
+      LayerResult& r = result[size_t(o)];
+      r.error = indexer_fault(c, q, o, s, keep, layer_ids[size_t(o)], t, f, r.bad_text);
+    }
+  }
+  for (int o = o0; o < o1; ++o) {
+    if (stopped[size_t(o - o0)]) continue;
+    IndexerSetEncoder& e = *enc[size_t(o)];
+    e.finish();
+    LayerResult& r = result[size_t(o)];
+    r.empty = e.valid() == 0;
+    // Row 3 is the first to see a compressed group, so a layer with rows from there on must pick some.
+    if (r.empty && keep >= 4)
+      r.error = fmt::format("{} row 3: every row is −1 although rows 3.. see compressed groups: {}",
+                            layer_name(c, layer_ids[size_t(o)]), kCapturer);
+  }
 }
 
 // The first non-empty message of a per-layer check run on several threads (lowest layer first, so the
@@ -265,7 +347,7 @@ void throw_first(const std::string& prefix, const std::vector<std::string>& erro
 }  // namespace
 
 ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* weights,
-                           std::vector<std::string>& notes) {
+                           std::vector<std::string>& notes, const IndexerEncoders& encoders) {
   const std::string who = q.origin.describe();
   const int64_t T = int64_t(q.tokens.size());
   if (T == 0) throw InputError(fmt::format("{}: no tokens", who));
@@ -283,6 +365,7 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
 
   int64_t routed_rows = 0;
   if (q.routed_experts.present) {
+    decode_whole(q.routed_experts, q.origin, "routed_experts");  // small: read whole
     routed_rows = routing_rows(c, q);
     const int L = c.num_hidden_layers, k = c.num_experts_per_tok;
     const std::vector<int32_t>& words = q.routed_experts.words;
@@ -315,30 +398,87 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
   }
 
   if (q.indexer_topk.present) {
-    const IndexerShape s = indexer_shape(c, q, routed_rows);
-    const std::vector<int32_t>& words = q.indexer_topk.words;
-    if (all_equal(words, -1) && keep >= 4)
-      throw InputError(
-          fmt::format("{}: indexer_topk: every layer, every row is −1 although rows 3.. see compressed "
-                      "groups: {}",
-                      who, kCapturer));
+    // Text with JSON escapes has another length than its words: when the shape does not fit, it is
+    // read through its escapes (if it has any) and the shape taken again.
+    const IndexerShape s = [&] {
+      try {
+        return indexer_shape(c, q, routed_rows);
+      } catch (const InputError&) {
+        if (q.indexer_topk.base64.empty() || !r3_json_unescape(q.indexer_topk.base64)) throw;
+      }
+      decode_whole(q.indexer_topk, q.origin, "indexer_topk");
+      return indexer_shape(c, q, routed_rows);
+    }();
     std::vector<int> layers;
     for (int l = 0; l < c.num_hidden_layers; ++l)
       if (c.c4_ordinal(l) >= 0) layers.push_back(l);
     const int n = int(layers.size());
-    // Checked and copied at the runtime's width (the columns beyond it are checked to be −1 in every row).
-    seq.indexer.resize(size_t(n));
+    // Each layer is read out of the engine's [rows, n, width] buffer a row at a time, checked and
+    // encoded (the columns beyond the runtime width checked to be −1 in every row); never held whole.
     std::vector<std::string> errors(static_cast<size_t>(n));
-#pragma omp parallel
-    {
-      std::vector<int64_t> seen(size_t(T / 4 + 1), 0);
-#pragma omp for schedule(dynamic, 1)
-      for (int o = 0; o < n; ++o) {
-        std::fill(seen.begin(), seen.end(), 0);
-        seq.indexer[size_t(o)].layer = layers[size_t(o)];
-        errors[size_t(o)] = check_indexer_layer(c, q, o, s, keep, seen, seq.indexer[size_t(o)]);
+    std::vector<char> empty(static_cast<size_t>(n));
+    // The layers are split into one contiguous group per thread, each read row by row; a layer's rows
+    // go through its encoder in order, so nothing depends on the thread count.
+    std::vector<LayerResult> results;
+    auto check_layers = [&] {
+      std::vector<std::shared_ptr<IndexerSetEncoder>> enc;
+      if (encoders) {
+        enc = encoders(T, n);
+        if (int(enc.size()) != n)
+          throw Error("r3_import: the encoder factory made the wrong number of encoders");
+      } else {
+        for (int o = 0; o < n; ++o)
+          enc.push_back(std::make_shared<IndexerSetEncoder>(T, c.indexer_width(T), true));
       }
+      results.assign(size_t(n), LayerResult{});
+      const int groups = std::max(1, std::min(n, omp_get_max_threads()));
+      std::vector<std::exception_ptr> failed(static_cast<size_t>(groups));
+#pragma omp parallel for schedule(static, 1) num_threads(groups)
+      for (int g = 0; g < groups; ++g) {
+        try {
+          check_indexer_layers(c, q, n * g / groups, n * (g + 1) / groups, s, keep, layers, enc, results);
+        } catch (...) {  // the file's errors (a disk full), raised after the loop
+          failed[size_t(g)] = std::current_exception();
+        }
+      }
+      for (const auto& f : failed)
+        if (f) std::rethrow_exception(f);
+      for (int o = 0; o < n; ++o) {
+        ExternalIndexer& x = seq.indexer[size_t(o)];
+        x = ExternalIndexer{};
+        x.layer = layers[size_t(o)];
+        x.rows = keep;
+        x.width = c.indexer_width(T);
+        x.encoded = enc[size_t(o)];
+        errors[size_t(o)] = results[size_t(o)].error;
+        empty[size_t(o)] = results[size_t(o)].empty;
+      }
+      return std::none_of(results.begin(), results.end(), [](const LayerResult& r) { return r.bad_text; });
+    };
+    seq.indexer.resize(size_t(n));
+    if (!check_layers()) {
+      // A character outside the alphabet: the full decoder names it, or accepts what the row decoder
+      // does not (EVP's leniency), and the layers are read again from the decoded words.
+      decode_whole(q.indexer_topk, q.origin, "indexer_topk");
+      check_layers();
     }
+    // The rows past keep (the stop-edge row) are not imported, but their text must be base64 too, and
+    // they count for "every row is −1".
+    bool tail_empty = true;
+    {
+      const size_t from = size_t(keep * n * s.width), words = size_t(s.rows - keep) * size_t(n * s.width);
+      std::vector<int32_t> tail(words);
+      if (!read_words(q.indexer_topk, from, words, tail.data())) {
+        decode_whole(q.indexer_topk, q.origin, "indexer_topk");
+        read_words(q.indexer_topk, from, words, tail.data());
+      }
+      tail_empty = std::all_of(tail.begin(), tail.end(), [](int32_t v) { return v == -1; });
+    }
+    if (keep >= 4 && tail_empty && std::all_of(empty.begin(), empty.end(), [](char e) { return e != 0; }))
+      throw InputError(
+          fmt::format("{}: indexer_topk: every layer, every row is −1 although rows 3.. see compressed "
+                      "groups: {}",
+                      who, kCapturer));
     throw_first(who + ": indexer_topk ", errors);
     if (s.rows == T)
       notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));

@@ -18,9 +18,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capture/external.h"
+#include "capture/indexer_sets.h"
 #include "model/collect.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -36,11 +38,17 @@ struct R3Origin {
 };
 
 // One engine buffer: flat int32 words, and the shape when the container states one (a .npy array);
-// an empty shape means "recover it from the length" (SGLang's base64 strings).
+// an empty shape means "recover it from the length" (SGLang's base64 strings). The words are either
+// decoded (`words`) or still the base64 text they came in (`base64`, a view into the response's text,
+// valid while that text is; `base64_words` of them): r3_import then decodes them a row at a time, so
+// that a 1.4 GB buffer is never held decoded.
 struct R3Buffer {
   bool present = false;  // the engine reported this buffer
   std::vector<int32_t> words;
   std::vector<int64_t> shape;
+  std::string_view base64;
+  size_t base64_words = 0;
+  size_t size() const { return base64.empty() ? words.size() : base64_words; }
 };
 
 // A request as the engine reported it. indexer_num_layers is SGLang's indexer_topk_num_layers (−1 when
@@ -54,6 +62,11 @@ struct R3Request {
   R3Buffer indexer_topk;
   int indexer_num_layers = -1;
 };
+
+// A buffer's base64 text as it stood inside a JSON string (a lifted SGLang field, read without parsing
+// its string): when it holds escapes ("\/" is legal JSON for '/'), the text they stand for; nullopt
+// when it holds none (or does not unescape).
+std::optional<std::string> r3_json_unescape(std::string_view text);
 
 // The engine buffers are little-endian int32: base64-decoded bytes become words here, and a length that
 // is not a multiple of 4 bytes is an InputError naming the origin and the buffer.
@@ -70,8 +83,14 @@ void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name);
 // config, an all-zero or all −1 buffer, ids out of range, duplicate ids in a row, indexer positions the
 // row cannot see yet (≥ ⌊(t+1)/4⌋), valid ids in the columns beyond the runtime width, hash-layer ids
 // that disagree with tid2eid. Things worth telling the user that are not errors are appended to notes.
+//
+// The indexer layers are read out of the engine's buffer a row at a time and handed over encoded
+// (ExternalIndexer::encoded). `encoders` makes the encoders of the n C4 layers of a sequence of T tokens:
+// ExternalTraceWriter::stream_indexer_layers, so that the rows go into the trace as they are checked;
+// without it they are held encoded in memory.
+using IndexerEncoders = std::function<std::vector<std::shared_ptr<IndexerSetEncoder>>(int64_t T, int n)>;
 ExternalSequence r3_import(const ModelConfig& c, R3Request req, const Weights* weights,
-                           std::vector<std::string>& notes);
+                           std::vector<std::string>& notes, const IndexerEncoders& encoders = nullptr);
 
 // The engine buffers of one sequence, built from decisions (for export).
 struct R3EngineBuffers {

@@ -2,16 +2,18 @@
 
 #include <fmt/core.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
+#include <optional>
 #include <string_view>
 
 #include "adapters/base64.h"
 #include "model/error.h"
 #include "model/huge_pages.h"
+#include "model/mapped_file.h"
 
 namespace dsv4 {
 
@@ -44,12 +46,14 @@ const json* logprob_entries(const json& meta, const char* field, const std::stri
   return &*it;
 }
 
-// A base64 field decoded ahead of the parse (its text cut out of the JSON; see lift()).
+// A base64 field: cut out of the JSON text ahead of the parse (see lift()) and left where it stands, to
+// be decoded a row at a time by r3_import; or, on the whole-parse path, decoded from the parsed string.
 struct Decoded {
   bool present = false;
   size_t bytes = 0;
   std::string error;
-  std::vector<int32_t> words;  // bytes / 4 + 2 words
+  std::string_view text;       // lifted: the base64 text, inside the response's text
+  std::vector<int32_t> words;  // decoded: bytes / 4 + 2 words
 };
 
 // Decodes `text` as decode_buffer does: straight into the int32 words (one allocation); the spare words
@@ -63,27 +67,42 @@ void decode_text(std::string_view text, Decoded& d) {
   base64_decode_into(text, reinterpret_cast<uint8_t*>(d.words.data()), d.error);
 }
 
-// Decodes meta_info.<field> (a base64 string) into int32 words and releases the string; `pre`, when
-// present, is the field already decoded (the JSON then holds an empty string in its place).
-R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o, Decoded* pre) {
+// meta_info.<field> (a base64 string) as an R3Buffer. `pre`, when present, is the field lifted out of
+// the text (the JSON then holds an empty string in its place); with `keep_text` the buffer keeps that
+// text, undecoded (the indexer's, 1.4 GB decoded at 32k Flash tokens, is read a row at a time).
+// Otherwise the string is decoded into int32 words (and released).
+R3Buffer decode_buffer(json& meta, const char* field, const R3Origin& o, Decoded* pre, bool keep_text) {
   R3Buffer b;
   auto it = meta.find(field);
   if (it == meta.end() || it->is_null()) return b;
   if (!it->is_string())
     throw InputError(fmt::format("{}: meta_info.{} is not a base64 string", o.describe(), field));
   Decoded d;
-  if (pre && pre->present) {
+  // A lifted text with JSON escapes ("\/") is decoded from what they stand for, when its length
+  // says so here or the decoder refuses a backslash (r3_import, for a kept text).
+  const std::optional<std::string> unescaped =
+      pre && pre->present && (!keep_text || !pre->error.empty() || pre->bytes % 4 != 0)
+          ? r3_json_unescape(pre->text)
+          : std::nullopt;
+  if (unescaped) {
+    decode_text(*unescaped, d);
+  } else if (pre && pre->present && keep_text) {
     d = std::move(*pre);
+  } else if (pre && pre->present) {
+    decode_text(pre->text, d);
   } else {
     std::string text = std::move(it->get_ref<std::string&>());
     decode_text(text, d);
   }
-  const size_t bytes = d.bytes;
-  const std::string& error = d.error;
-  b.words = std::move(d.words);
-  if (!error.empty()) throw InputError(fmt::format("{}: meta_info.{}: {}", o.describe(), field, error));
-  r3_check_bytes(bytes, o, field);
-  b.words.resize(bytes / 4);
+  if (!d.error.empty()) throw InputError(fmt::format("{}: meta_info.{}: {}", o.describe(), field, d.error));
+  r3_check_bytes(d.bytes, o, field);
+  if (!d.text.empty()) {
+    b.base64 = d.text;
+    b.base64_words = d.bytes / 4;
+  } else {
+    b.words = std::move(d.words);
+    b.words.resize(d.bytes / 4);
+  }
   b.present = true;
   return b;
 }
@@ -187,8 +206,8 @@ R3Request request_from(json& response, R3Origin origin, std::vector<std::string>
                       who));
   }
 
-  q.routed_experts = decode_buffer(meta, "routed_experts", origin, lifted ? &lifted->routed : nullptr);
-  q.indexer_topk = decode_buffer(meta, "indexer_topk", origin, lifted ? &lifted->indexer : nullptr);
+  q.routed_experts = decode_buffer(meta, "routed_experts", origin, lifted ? &lifted->routed : nullptr, false);
+  q.indexer_topk = decode_buffer(meta, "indexer_topk", origin, lifted ? &lifted->indexer : nullptr, true);
   if (q.indexer_topk.present) {
     auto n = meta.find("indexer_topk_num_layers");
     if (n == meta.end() || !n->is_number_integer())
@@ -235,6 +254,44 @@ size_t skip_string(std::string_view s, size_t i, bool& escaped) {
     if (bs % 2 == 0) return e + 1;
     i = e + 1;
   }
+}
+
+// The index of the first `ch` in s[from, s.size()), or npos: two threads over a long text (a base64
+// field of 1.9 GB is read at a few GB/s by one core), each scanning its blocks in order.
+size_t find_first(std::string_view s, size_t from, char ch) {
+  constexpr size_t kBlock = size_t(32) << 20;
+  constexpr size_t npos = std::string_view::npos;
+  if (from >= s.size()) return npos;
+  const size_t n = s.size() - from;
+  if (n < 2 * kBlock) {
+    const void* q = std::memchr(s.data() + from, ch, n);
+    return q ? size_t(static_cast<const char*>(q) - s.data()) : npos;
+  }
+  const int64_t blocks = int64_t((n + kBlock - 1) / kBlock);
+  std::atomic<int64_t> first_block{blocks};  // the lowest block with a hit
+  std::vector<size_t> hit(size_t(blocks), npos);
+#pragma omp parallel for schedule(static, 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b > first_block.load(std::memory_order_relaxed)) continue;
+    const size_t at = from + size_t(b) * kBlock, len = std::min(kBlock, s.size() - at);
+    if (const void* q = std::memchr(s.data() + at, ch, len)) {
+      hit[size_t(b)] = size_t(static_cast<const char*>(q) - s.data());
+      int64_t cur = first_block.load();
+      while (b < cur && !first_block.compare_exchange_weak(cur, b)) {
+      }
+    }
+  }
+  const int64_t b = first_block.load();
+  return b < blocks ? hit[size_t(b)] : npos;
+}
+
+// s[i] == '"' opening a base64 field: the index past its closing quote (npos if none, or when the
+// quote found is escaped: the caller then gives up). Escapes elsewhere in the string are not looked
+// for: the alphabet has none, so the decoder refuses a backslash, and r3_json_unescape() takes over.
+size_t skip_base64_string(std::string_view s, size_t i) {
+  const size_t e = find_first(s, i + 1, '"');
+  if (e == std::string_view::npos || s[e - 1] == '\\') return std::string_view::npos;
+  return e + 1;
 }
 
 // Any JSON value at s[i]: the index past it (npos when the text ends first). Literals and numbers end
@@ -290,34 +347,21 @@ size_t members(std::string_view s, size_t i, F&& on_member) {
   }
 }
 
-// Only printable ASCII other than '\\' (and '"', which ends the string): a JSON string as it stands.
-bool plain_text(std::string_view s) {
-  uint8_t bad = 0;
-  for (const char ch : s) {
-    const uint8_t u = uint8_t(ch);
-    bad |= uint8_t(uint8_t(u - 0x20) >= 0x5f) | uint8_t(u == '\\');
-  }
-  return bad == 0;
-}
-
-// Decodes the field's text into `d`; false (give up) when the text is not a JSON string as it stands.
-bool lift_field(std::string_view text, Decoded& d) {
+// The field's text, kept where it stands (r3_import decodes it a row at a time; a character outside the
+// alphabet is reported then, naming the field).
+void lift_field(std::string_view text, Decoded& d) {
   d.present = true;
   d.bytes = base64_decoded_size(text, d.error);
-  if (d.error.empty()) {
-    reserve_huge(d.words, d.bytes / 4 + 2);
-    d.words.resize(d.bytes / 4 + 2);
-    // The fast path accepts the alphabet and '=' only, which are plain.
-    if (base64_decode_fast(text, reinterpret_cast<uint8_t*>(d.words.data()))) return true;
-  }
-  if (!plain_text(text)) return false;
-  decode_text(text, d);
-  return true;
+  d.text = text;
 }
 
-// The text with the two fields' strings emptied (into `rest`) and decoded (into `out`); false to give
-// up (parse the text whole).
-bool lift(std::string_view s, std::string& rest, Lifted& out) {
+// The text with the two fields' strings emptied (into `rest`) and lifted (into `out`, as views of `s`);
+// false to give up (parse the text whole). With `object_end`, the object may be followed by more text
+// (the rest of a JSONL file): `rest` stops at the object's end and *object_end receives the index past
+// it, and *multi_line whether a line break stands between its tokens (the lifted strings cannot hold
+// one: JSON strings hold no raw control characters).
+bool lift(std::string_view s, std::string& rest, Lifted& out, size_t* object_end = nullptr,
+          bool* multi_line = nullptr) {
   constexpr size_t npos = std::string_view::npos;
   struct Cut {
     size_t from, to;  // the string's characters, quotes excluded
@@ -338,23 +382,26 @@ bool lift(std::string_view s, std::string& rest, Lifted& out) {
       if (!into || w >= s.size() || s[w] != '"') return skip_value(s, w);
       for (const Cut& c : cuts)
         if (c.into == into) return npos;  // a repeated key: nlohmann keeps the last; parse it whole
-      bool escaped;
-      const size_t e = skip_string(s, w, escaped);
-      if (e == npos || escaped) return npos;
+      const size_t e = skip_base64_string(s, w);
+      if (e == npos) return npos;
       cuts.push_back(Cut{w + 1, e - 1, into});
       return e;
     });
   });
   if (i == npos || cuts.empty()) return false;
-  for (const Cut& c : cuts)
-    if (!lift_field(s.substr(c.from, c.to - c.from), *c.into)) return false;
+  const size_t end = object_end ? i : s.size();
+  for (const Cut& c : cuts) lift_field(s.substr(c.from, c.to - c.from), *c.into);
   rest.clear();
   size_t at = 0;
   for (const Cut& c : cuts) {
     rest.append(s.substr(at, c.from - at));
     at = c.to;
   }
-  rest.append(s.substr(at));
+  rest.append(s.substr(at, end - at));
+  if (object_end) {
+    *object_end = end;
+    if (multi_line) *multi_line = rest.find('\n') != std::string::npos;
+  }
   return true;
 }
 
@@ -388,6 +435,27 @@ json parse_response(std::string_view text, Lifted& lifted, SglangTimes* times) {
 
 }  // namespace
 
+// The JSONL line that starts at text[0] (text: the rest of the file) when it is one object, its base64
+// fields lifted, and nothing but blanks after it: the response, with *line_end the index of the '\n'
+// that ends the line (or text.size()). nullopt otherwise (the caller then parses the line whole, which
+// names the error). Finding the line's end from the object's, rather than by searching the text for
+// it, saves a pass over the base64 text.
+std::optional<json> parse_jsonl_object(std::string_view text, Lifted& lifted, size_t& line_end) {
+  std::string rest;
+  size_t end = 0;
+  bool multi_line = false;
+  if (!lift(text, rest, lifted, &end, &multi_line) || multi_line) return std::nullopt;
+  while (end < text.size() && (text[end] == ' ' || text[end] == '\t' || text[end] == '\r')) ++end;
+  if (end < text.size() && text[end] != '\n') return std::nullopt;
+  try {
+    json j = json::parse(rest);
+    line_end = end;
+    return j;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
 R3Request sglang_parse(std::string_view text, R3Origin origin, std::vector<std::string>& notes,
                        SglangTimes* times) {
   Lifted lifted;
@@ -402,14 +470,13 @@ R3Request sglang_parse(std::string_view text, R3Origin origin, std::vector<std::
 
 int64_t sglang_read(const std::string& path, const std::function<void(R3Request&&)>& on_request,
                     std::vector<std::string>& notes, const std::function<void(int64_t)>& on_progress) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot open", path));
-  int first = f.peek();
-  while (first != EOF && std::isspace(first)) {
-    f.get();
-    first = f.peek();
-  }
-  if (first == EOF) throw InputError(fmt::format("{}: empty file (no responses)", path));
+  // Mapped, not read: the responses' text (1.9 GB for a Flash response of 32k tokens) stays in the page
+  // cache, and the requests' base64 buffers are decoded from it where they stand.
+  const std::unique_ptr<MappedFile> file = MappedFile::open(path, true);
+  const std::string_view all = file->text();
+  constexpr size_t npos = std::string_view::npos;
+  const size_t first = skip_ws(all, 0);
+  if (first >= all.size()) throw InputError(fmt::format("{}: empty file (no responses)", path));
   int64_t count = 0;
   auto handle = [&](json& response, const std::string& where, Lifted* lifted, int64_t progress) {
     on_request(request_from(response, R3Origin{where, "", count}, notes, lifted));
@@ -417,16 +484,13 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
     if (on_progress) on_progress(progress);
   };
 
-  if (first == '[') {
-    // The document is read whole and its elements taken one at a time (each parsed as its own text,
-    // its base64 fields lifted). Anything unusual in the array's own syntax, or an element that does
-    // not parse, sends the file through nlohmann's element-by-element parse (from the start, the
-    // elements already handled skipped), so that errors read as they always have.
-    const std::streamoff start = f.tellg();
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const std::string_view s(text);
-    constexpr size_t npos = std::string_view::npos;
-    size_t i = skip_ws(s, 1);
+  if (all[first] == '[') {
+    // The elements are taken one at a time (each parsed as its own text, its base64 fields lifted).
+    // Anything unusual in the array's own syntax, or an element that does not parse, sends the file
+    // through nlohmann's element-by-element parse (from the start, the elements already handled
+    // skipped), so that errors read as they always have.
+    const std::string_view s = all;
+    size_t i = skip_ws(s, first + 1);
     bool fallback = false;
     if (i < s.size() && s[i] == ']') {
       i = skip_ws(s, i + 1);
@@ -458,15 +522,12 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
           fallback = true;
           break;
         }
-        handle(response, path, &lifted, int64_t(start) + int64_t(e));
+        handle(response, path, &lifted, int64_t(e));
         if (last) break;
         i = skip_ws(s, next + 1);
       }
     }
     if (!fallback) return count;
-    text = std::string();
-    f.clear();
-    f.seekg(start);
     // nlohmann's parse, element by element: each is handled once parsed and then dropped from the array.
     const int64_t done = count;
     int64_t element = 0;
@@ -475,12 +536,12 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
       if (event == json::parse_event_t::value && !parsed.is_object())
         throw InputError(fmt::format("{}: element #{} is not a response object", path, element));
       if (event != json::parse_event_t::object_end) return true;
-      if (element++ >= done) handle(parsed, path, nullptr, int64_t(f.tellg()));
+      if (element++ >= done) handle(parsed, path, nullptr, int64_t(all.size()));
       return false;
     };
     try {
       // The elements went to `handle`; what is left is an empty array.
-      const json rest = json::parse(f, cb);
+      const json rest = json::parse(all.begin(), all.end(), cb);
     } catch (const json::exception& e) {
       throw InputError(fmt::format("{}: not JSON: {}", path, e.what()));
     }
@@ -488,49 +549,67 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
   }
 
   // A line that parses on its own starts a JSONL file; otherwise the file is one (pretty-printed) object.
-  std::string line;
-  std::getline(f, line);
+  auto line_end = [&](size_t from) {
+    const size_t e = all.find('\n', from);
+    return e == npos ? all.size() : e;
+  };
+  // The response on the line at `at` (lifted), and the index of the line's end; a line that is not one
+  // object on its own is parsed whole (json::exception names what is wrong with it).
+  auto parse_line = [&](size_t at, Lifted& lifted, size_t& end) {
+    lifted = Lifted{};
+    if (auto j = parse_jsonl_object(all.substr(at), lifted, end)) {
+      end += at;
+      return std::move(*j);
+    }
+    end = line_end(at);
+    lifted = Lifted{};
+    return parse_response(all.substr(at, end - at), lifted, nullptr);
+  };
   Lifted lifted;
   json response;
+  size_t end = 0;
   bool jsonl = true;
   try {
-    response = parse_response(line, lifted, nullptr);
+    response = parse_line(first, lifted, end);
   } catch (const json::exception&) {
     jsonl = false;
   }
   if (jsonl) {
     int64_t lineno = 1;
-    do {
-      if (lineno > 1) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos) {
-          ++lineno;
-          continue;
-        }
-        lifted = Lifted{};
-        try {
-          response = parse_response(line, lifted, nullptr);
-        } catch (const json::exception& e) {
-          throw InputError(fmt::format("{}:{}: not JSON: {}", path, lineno, e.what()));
-        }
-      }
-      line = std::string();  // the text is not needed once parsed (the base64 fields are decoded)
-      handle(response, fmt::format("{}:{}", path, lineno), &lifted, int64_t(f.tellg()));
+    for (;;) {
+      handle(response, fmt::format("{}:{}", path, lineno), &lifted, int64_t(std::min(end + 1, all.size())));
       response = json();
-      ++lineno;
-    } while (std::getline(f, line));
+      // The next line that is not blank.
+      size_t at = end;
+      bool more = false;
+      while (at < all.size()) {
+        ++at;  // past the '\n'
+        ++lineno;
+        size_t p = at;
+        while (p < all.size() && (all[p] == ' ' || all[p] == '\t' || all[p] == '\r')) ++p;
+        if (p >= all.size()) break;  // blanks to the end
+        if (all[p] != '\n') {
+          more = true;
+          break;
+        }
+        at = p;
+      }
+      if (!more) break;
+      try {
+        response = parse_line(at, lifted, end);
+      } catch (const json::exception& e) {
+        throw InputError(fmt::format("{}:{}: not JSON: {}", path, lineno, e.what()));
+      }
+    }
     return count;
   }
   lifted = Lifted{};
-  f.clear();
-  f.seekg(0);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   try {
-    response = parse_response(text, lifted, nullptr);
+    response = parse_response(all, lifted, nullptr);
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: not JSON: {}", path, e.what()));
   }
-  text = std::string();
-  handle(response, path, &lifted, int64_t(f.tellg()));
+  handle(response, path, &lifted, int64_t(all.size()));
   return count;
 }
 

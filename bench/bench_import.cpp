@@ -3,9 +3,11 @@
 // phases, each timed on its own and reported as a counter (seconds per phase, MB/s of the JSON text):
 //
 //   parse_s    sglang_parse less decode_s: the JSON around the base64 fields (nlohmann) and the request
-//   decode_s   the base64 fields found in the text and decoded into int32 buffers
-//   checks_s   r3_import: every pitfall check, C4 ordinals → layers, the runtime width
-//   write_s    ExternalTraceWriter: the sequence written as an external step, the file sealed
+//   decode_s   the base64 fields found in the text (their closing quotes)
+//   checks_s   r3_import: the routing buffer decoded and checked; the indexer buffer decoded a row at
+//              a time, every pitfall checked, C4 ordinals → layers, the rows encoded and streamed
+//              into the open trace (as `dsv4 import` does)
+//   write_s    ExternalTraceWriter: the rest of the sequence written, the step ended, the file sealed
 //
 // raw_MB is the size of the two int32 buffers, trace_MB the trace file, trace_over_raw their ratio. T
 // defaults to 32768 (the size: about 1.9 GB of JSON and 1.4 GB of buffers; the process needs about 6
@@ -20,6 +22,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -135,6 +138,14 @@ void BM_ImportSglangFlash(benchmark::State& state) {
   const ModelConfig c = dsv4::preset("flash");
   const int64_t T = tokens_from_env();
   const Response resp = synthesize(c, T);
+  if (const char* save =
+          std::getenv("DSV4_BENCH_IMPORT_SAVE")) {  // the response as a JSONL file, for `dsv4 import`
+    std::ofstream(save, std::ios::binary) << resp.line << '\n';
+    state.SkipWithError("saved the response; nothing timed");
+    for (auto _ : state) {
+    }
+    return;
+  }
   const std::string trace =
       (std::filesystem::temp_directory_path() / ("dsv4_bench_import_" + std::to_string(getpid()) + ".h5"))
           .string();
@@ -144,25 +155,30 @@ void BM_ImportSglangFlash(benchmark::State& state) {
   double parse = 0, decode = 0, checks = 0, write = 0;
   int64_t trace_bytes = 0;
   for (auto _ : state) {
-    auto t0 = Clock::now();
-    std::vector<std::string> notes;
-    dsv4::SglangTimes times;
-    dsv4::R3Request q = dsv4::sglang_parse(resp.line, dsv4::R3Origin{"bench.jsonl:1", "", 0}, notes, &times);
-    // The base64 fields are decoded where they stand in the text (decode_s); the JSON around them is
-    // parsed (parse_s, which takes the rest of the call: the request's own checks of the token lists).
-    decode += times.decode_s;
-    parse += seconds(t0) - times.decode_s;
-    t0 = Clock::now();
-    dsv4::ExternalSequence s = dsv4::r3_import(c, std::move(q), nullptr, notes);
-    checks += seconds(t0);
-    t0 = Clock::now();
+    // As `dsv4 import` runs: the writer's step is open while the request is checked, so the indexer
+    // rows stream into it (checks_s includes their encoding and writing); write_s is the rest.
     std::filesystem::remove(trace);
     auto w = dsv4::ExternalTraceWriter::create(trace, model);
     dsv4::ExternalStepSpec spec;
     spec.engine = "sglang";
     spec.source = "bench.jsonl";
     w->begin_step(spec);
+    auto t0 = Clock::now();
+    std::vector<std::string> notes;
+    dsv4::SglangTimes times;
+    dsv4::R3Request q = dsv4::sglang_parse(resp.line, dsv4::R3Origin{"bench.jsonl:1", "", 0}, notes, &times);
+    // The base64 fields are found in the text (decode_s: they are decoded a row at a time by the
+    // checks); the JSON around them is parsed (parse_s, with the request's own checks).
+    decode += times.decode_s;
+    parse += seconds(t0) - times.decode_s;
+    t0 = Clock::now();
+    dsv4::ExternalSequence s = dsv4::r3_import(c, std::move(q), nullptr, notes, [&](int64_t T, int n) {
+      return w->stream_indexer_layers(T, n, true);
+    });
+    checks += seconds(t0);
+    t0 = Clock::now();
     w->add_sequence(s);
+    s = {};
     w->end_step();
     w->close();
     write += seconds(t0);

@@ -9,6 +9,7 @@
 
 #include <fstream>
 
+#include "capture/chunk_codec.h"
 #include "capture/cupti.h"
 
 #if defined(DSV4_HAVE_CUPTI)
@@ -88,6 +89,7 @@ EnvFingerprint environment_fingerprint() {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   e["hdf5"] = std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
+  e["deflate"] = h5::chunk_deflate_name();
   // "none" unless this build has CUDA and a device is usable (then the device and library versions).
   for (const char* k : {"gpu", "gpu_driver", "cuda", "cupti", "nccl"}) e[k] = "none";
   gpu_fields(e);

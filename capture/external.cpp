@@ -17,12 +17,12 @@
 #include "capture/env.h"
 #include "capture/errors.h"
 #include "capture/h5.h"
+#include "capture/indexer_sets.h"
 #include "capture/layout.h"
 #include "capture/step_layout.h"
 #include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/version.h"
-#include "model/huge_pages.h"
 #include "model/manifest.h"
 
 namespace dsv4 {
@@ -39,15 +39,14 @@ std::vector<hsize_t> dims(std::initializer_list<int64_t> d) {
 
 // "sequence 3 (request 'abc')" — how errors name a sequence.
 std::string seq_label(int index, const std::string& id) {
-  return id.empty() ? fmt::format("sequence {}", index) : fmt::format("sequence {} (request '{}')", index, id);
+  return id.empty() ? fmt::format("sequence {}", index)
+                    : fmt::format("sequence {} (request '{}')", index, id);
 }
 
-// A checked indexer layer: rows as sets (ascending, -1 tail) at the runtime's width.
+// A checked indexer layer: its rows encoded at the runtime's width.
 struct IndexerLayer {
   int layer = 0;
-  int64_t rows = 0;
-  int width = 0;
-  IndexerGaps enc;
+  std::shared_ptr<IndexerSetEncoder> enc;
 };
 
 // A checked routing layer: rows sorted ascending, weights permuted alongside.
@@ -89,7 +88,8 @@ ExternalTraceWriter::~ExternalTraceWriter() {
   }
 }
 
-std::unique_ptr<ExternalTraceWriter> ExternalTraceWriter::create(const std::string& path, const ExternalModel& m) {
+std::unique_ptr<ExternalTraceWriter> ExternalTraceWriter::create(const std::string& path,
+                                                                 const ExternalModel& m) {
   if (path.size() < 4 || path.compare(path.size() - 3, 3, ".h5") != 0)
     throw InputError(fmt::format("{}: a trace's file name must end in .h5", path));
   if (fs::exists(path)) throw InputError(fmt::format("{}: exists; refusing to overwrite it", path));
@@ -117,7 +117,8 @@ std::unique_ptr<ExternalTraceWriter> ExternalTraceWriter::create(const std::stri
       h.model.whole = std::stoull(m.model_digest, &used, 16);
     } catch (const std::exception&) {
     }
-    if (used != 16) throw InputError(fmt::format("{}: model digest '{}' is not 16 hex digits", path, m.model_digest));
+    if (used != 16)
+      throw InputError(fmt::format("{}: model digest '{}' is not 16 hex digits", path, m.model_digest));
   }
   fs::remove(impl->writing_path);  // a leftover of a writer that died is replaced
   StepLayout(impl->writing_path, impl->cfg).write_header(h);
@@ -125,23 +126,30 @@ std::unique_ptr<ExternalTraceWriter> ExternalTraceWriter::create(const std::stri
     h5::Id fapl = h5::file_access(true, false);
     h5::Object f = h5::open_file(impl->writing_path, H5F_ACC_RDWR, fapl.get());
     h5::write_attr(f, kFormatVersion, int32_t(kExternalFormatVersion));
-    if (m.model_digest.empty()) h5::write_attr(h5::open(f, kMetaModel), kModelDigest, std::string(kUnknownDigest));
+    if (m.model_digest.empty())
+      h5::write_attr(h5::open(f, kMetaModel), kModelDigest, std::string(kUnknownDigest));
     h5::close_file(f);
   }
   return std::unique_ptr<ExternalTraceWriter>(new ExternalTraceWriter(std::move(impl)));
 }
 
-const ModelConfig& ExternalTraceWriter::config() const { return impl_->cfg; }
-const std::string& ExternalTraceWriter::final_path() const { return impl_->final_path; }
-int ExternalTraceWriter::steps_written() const { return impl_->completed; }
+const ModelConfig& ExternalTraceWriter::config() const {
+  return impl_->cfg;
+}
+const std::string& ExternalTraceWriter::final_path() const {
+  return impl_->final_path;
+}
+int ExternalTraceWriter::steps_written() const {
+  return impl_->completed;
+}
 
 void ExternalTraceWriter::begin_step(const ExternalStepSpec& s) {
   Impl& w = *impl_;
   if (w.closed) throw Error("begin_step() on a closed trace writer");
   if (w.step_open) throw Error(fmt::format("{}: begin_step() while the step is open", w.where()));
   if (s.kind != "rollout" && s.kind != "train")
-    throw InputError(fmt::format("{}: an external step's kind is 'rollout' or 'train', not '{}'", w.final_path,
-                                 s.kind));
+    throw InputError(
+        fmt::format("{}: an external step's kind is 'rollout' or 'train', not '{}'", w.final_path, s.kind));
   if (s.engine.empty()) throw InputError(fmt::format("{}: an external step names its engine", w.final_path));
   h5::Id fapl = h5::file_access(true, false);
   w.file = h5::open_file(w.writing_path, H5F_ACC_RDWR, fapl.get());
@@ -174,97 +182,49 @@ IndexerLayer ExternalTraceWriter::Impl::check_indexer(const ExternalIndexer& x, 
     throw InputError(fmt::format("{}: layer {} has compress ratio {}; only C4 layers have an indexer", who,
                                  x.layer, cfg.ratio(x.layer)));
   if (x.rows != T && x.rows != T - 1)
-    throw InputError(fmt::format("{} indexer: {} rows for {} tokens (expected {} or {})", at, x.rows, T, T, T - 1));
+    throw InputError(
+        fmt::format("{} indexer: {} rows for {} tokens (expected {} or {})", at, x.rows, T, T, T - 1));
   const int width = cfg.indexer_width(T);
   if (x.width < width)
-    throw InputError(fmt::format("{} indexer: width {}, the runtime selects min(index_topk {}, {}/4) = {} "
-                                 "groups for {} tokens",
-                                 at, x.width, cfg.index_topk, T, width, T));
-  if (int64_t(x.ids.size()) != x.rows * x.width)
-    throw InputError(fmt::format("{} indexer: {} ids for [{} rows, width {}]", at, x.ids.size(), x.rows, x.width));
-  // Rows that are sets at the runtime's width already (valid ids ascending, then only -1; what an
-  // export writes and r3_import hands over) are encoded where they stand, without a copy.
-  if (x.width == width) {
-    bool canonical = true;
-    for (int64_t t = 0; t < x.rows && canonical; ++t) {
-      const int32_t visible = int32_t((t + 1) / 4);
-      const int32_t* src = x.ids.data() + t * width;
-      int32_t prev = -1;
-      int j = 0;
-      while (j < width && src[j] > prev && src[j] < visible) prev = src[j++];
-      while (j < width && src[j] == -1) ++j;
-      canonical = j == width;
-    }
-    if (canonical) {
-      IndexerLayer out;
-      out.layer = x.layer;
-      out.rows = x.rows;
-      out.width = width;
-      out.enc = encode_indexer_gaps(x.ids.data(), x.rows, width, T / 4);
-      if (out.enc.bad_row >= 0)  // cannot happen after the checks above; a bug if it does
-        throw Error(fmt::format("{} row {}: indexer set not encodable", at, out.enc.bad_row));
-      return out;
-    }
-  }
-  // Rows become sets at the runtime's width: valid ids ascending, then -1. A row whose valid ids are
-  // ascending already (an export's, or an engine's sorted top-k) is checked and copied in one pass;
-  // any other row is sorted (and its problem found) by check_row.
-  std::vector<int32_t> sets;
-  reserve_huge(sets, size_t(x.rows * width));
-  sets.assign(size_t(x.rows * width), -1);
-  std::vector<int32_t> row;
-  auto check_row = [&](int64_t t) {
-    row.clear();
-    const int64_t visible = (t + 1) / 4;
-    for (int j = 0; j < x.width; ++j) {
-      const int32_t g = x.ids[size_t(t * x.width + j)];
-      if (g == -1) continue;
-      if (g < -1)
-        throw InputError(fmt::format("{} row {}: slot {} holds {} (ids are groups >= 0, or -1 for empty)", at, t,
-                                     j, g));
-      if (g >= visible)
-        throw InputError(fmt::format("{} row {}: group {} is a future position (token {} sees groups 0..{})", at, t,
-                                     g, t, visible - 1));
-      row.push_back(g);
-    }
-    std::sort(row.begin(), row.end());
-    const auto dup = std::adjacent_find(row.begin(), row.end());
-    if (dup != row.end()) throw InputError(fmt::format("{} row {}: group {} appears twice", at, t, *dup));
-    if (int64_t(row.size()) > width)
-      throw InputError(fmt::format("{} row {}: {} valid ids, the runtime selects at most {} for {} tokens", at, t,
-                                   row.size(), width, T));
-    std::copy(row.begin(), row.end(), sets.begin() + t * width);
-  };
-  for (int64_t t = 0; t < x.rows; ++t) {
-    const int32_t visible = int32_t((t + 1) / 4);
-    const int32_t* src = x.ids.data() + t * x.width;
-    int32_t* dst = sets.data() + t * width;
-    int32_t prev = -1;
-    int m = 0;
-    bool fast = true;
-    for (int j = 0; j < x.width; ++j) {
-      const int32_t g = src[j];
-      if (g == -1) continue;
-      // Below -1, in the future, not above the previous id, or one too many: check_row says which.
-      if (g <= prev || g >= visible || m == width) {
-        fast = false;
-        break;
-      }
-      dst[m++] = g;
-      prev = g;
-    }
-    if (!fast) {
-      std::fill(dst, dst + width, -1);
-      check_row(t);
-    }
-  }
+    throw InputError(
+        fmt::format("{} indexer: width {}, the runtime selects min(index_topk {}, {}/4) = {} "
+                    "groups for {} tokens",
+                    at, x.width, cfg.index_topk, T, width, T));
   IndexerLayer out;
   out.layer = x.layer;
-  out.rows = x.rows;
-  out.width = width;
-  out.enc = encode_indexer_gaps(sets.data(), x.rows, width, T / 4);
-  if (out.enc.bad_row >= 0)  // cannot happen after the checks above; a bug if it does
-    throw Error(fmt::format("{} row {}: indexer set not encodable", at, out.enc.bad_row));
+  if (x.encoded) {  // checked and encoded by the caller against the same rules
+    const IndexerSetEncoder& e = *x.encoded;
+    if (!x.ids.empty() || e.rows() != x.rows || e.T() != T || e.width() != width)
+      throw Error(fmt::format("{} indexer: encoded rows of {} rows at width {} for {} tokens do not match it",
+                              at, e.rows(), e.width(), e.T()));
+    out.enc = x.encoded;
+    return out;
+  }
+  if (int64_t(x.ids.size()) != x.rows * x.width)
+    throw InputError(
+        fmt::format("{} indexer: {} ids for [{} rows, width {}]", at, x.ids.size(), x.rows, x.width));
+  out.enc = std::make_shared<IndexerSetEncoder>(T, width, false);
+  for (int64_t t = 0; t < x.rows; ++t) {
+    const int32_t* row = x.ids.data() + t * x.width;
+    const IndexerRowFault f = out.enc->add_row(row, x.width);
+    switch (f.kind) {
+      case IndexerRowFault::none:
+        continue;
+      case IndexerRowFault::negative:
+        throw InputError(fmt::format("{} row {}: slot {} holds {} (ids are groups >= 0, or -1 for empty)", at,
+                                     t, f.slot, f.id));
+      case IndexerRowFault::future:
+        throw InputError(fmt::format("{} row {}: group {} is a future position (token {} sees groups 0..{})",
+                                     at, t, f.id, t, (t + 1) / 4 - 1));
+      case IndexerRowFault::duplicate:
+        throw InputError(fmt::format("{} row {}: group {} appears twice", at, t, f.id));
+      case IndexerRowFault::too_many:
+      case IndexerRowFault::beyond_width:
+        throw InputError(
+            fmt::format("{} row {}: {} valid ids, the runtime selects at most {} for {} tokens", at, t,
+                        std::count_if(row, row + x.width, [](int32_t g) { return g != -1; }), width, T));
+    }
+  }
   return out;
 }
 
@@ -275,7 +235,8 @@ RoutingLayer ExternalTraceWriter::Impl::check_routing(const ExternalRouting& x, 
     throw InputError(fmt::format("{}: routing of layer {}, the model has layers 0..{}", who, x.layer,
                                  cfg.num_hidden_layers - 1));
   if (x.rows != T && x.rows != T - 1)
-    throw InputError(fmt::format("{} routing: {} rows for {} tokens (expected {} or {})", at, x.rows, T, T, T - 1));
+    throw InputError(
+        fmt::format("{} routing: {} rows for {} tokens (expected {} or {})", at, x.rows, T, T, T - 1));
   const int k = cfg.num_experts_per_tok;
   if (x.k != k)
     throw InputError(fmt::format("{} routing: {} experts per token, the model routes to {}", at, x.k, k));
@@ -293,9 +254,11 @@ RoutingLayer ExternalTraceWriter::Impl::check_routing(const ExternalRouting& x, 
     const int32_t* ids = x.ids.data() + t * k;
     for (int j = 0; j < k; ++j) {
       if (ids[j] < 0 || ids[j] >= cfg.n_routed_experts)
-        throw InputError(fmt::format("{} row {}: expert id {} outside [0, {})", at, t, ids[j], cfg.n_routed_experts));
+        throw InputError(
+            fmt::format("{} row {}: expert id {} outside [0, {})", at, t, ids[j], cfg.n_routed_experts));
       if (!x.weights.empty() && !std::isfinite(x.weights[size_t(t * k + j)]))
-        throw InputError(fmt::format("{} row {}: routing weight {} is not finite", at, t, x.weights[size_t(t * k + j)]));
+        throw InputError(
+            fmt::format("{} row {}: routing weight {} is not finite", at, t, x.weights[size_t(t * k + j)]));
       order[size_t(j)] = j;
     }
     // Ascending already (an export's rows, sorted on the way out): copied as they stand.
@@ -331,27 +294,30 @@ void ExternalTraceWriter::Impl::check_tensor(const ExternalTensor& t, const std:
     n *= d;
   }
   const size_t have = t.dtype == DType::i32 ? t.i.size() : t.f.size();
-  if (int64_t(have) != n) throw InputError(fmt::format("{}: {} values for a shape of {} elements", at, have, n));
+  if (int64_t(have) != n)
+    throw InputError(fmt::format("{}: {} values for a shape of {} elements", at, have, n));
   if (t.dtype == DType::bf16)
     for (size_t e = 0; e < t.f.size(); ++e) {
       uint32_t u;
       std::memcpy(&u, &t.f[e], 4);
       if (u & 0xffffu)
-        throw InputError(fmt::format("{}: element {} ({}) is not a bf16 value; round it to bf16 first", at, e,
-                                     t.f[e]));
+        throw InputError(
+            fmt::format("{}: element {} ({}) is not a bf16 value; round it to bf16 first", at, e, t.f[e]));
     }
 }
 
 void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
   Impl& w = *impl_;
-  if (!w.step_open) throw Error(fmt::format("{}: add_sequence() outside begin_step()/end_step()", w.final_path));
+  if (!w.step_open)
+    throw Error(fmt::format("{}: add_sequence() outside begin_step()/end_step()", w.final_path));
   const int si = int(w.seq_lengths.size());
   const std::string who = fmt::format("{}: step {} {}", w.final_path, w.step, seq_label(si, s.id));
   const ModelConfig& c = w.cfg;
   const int64_t T = int64_t(s.tokens.size());
   if (T == 0) throw InputError(fmt::format("{}: no tokens", who));
   if (T > c.max_position_embeddings)
-    throw InputError(fmt::format("{}: {} tokens, the model reaches {} positions", who, T, c.max_position_embeddings));
+    throw InputError(
+        fmt::format("{}: {} tokens, the model reaches {} positions", who, T, c.max_position_embeddings));
   for (int64_t t = 0; t < T; ++t)
     if (s.tokens[size_t(t)] < 0 || s.tokens[size_t(t)] >= c.vocab_size)
       throw InputError(fmt::format("{}: token {} at position {} is outside the vocabulary [0, {})", who,
@@ -408,7 +374,8 @@ void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
   h5::write_attr(g, kRequestId, s.id);
   h5::write_attr(g, kPromptLength, int64_t(s.prompt_length));
   h5::write(h5::create_dataset(g, kTokens, h5::Type::i32, dims({T})), s.tokens);
-  if (!s.logprobs.empty()) h5::write(h5::create_dataset(g, kLogprobs, h5::Type::f32, dims({T - 1})), s.logprobs);
+  if (!s.logprobs.empty())
+    h5::write(h5::create_dataset(g, kLogprobs, h5::Type::f32, dims({T - 1})), s.logprobs);
 
   std::set<int> layers(seen_idx);
   layers.insert(seen_rt.begin(), seen_rt.end());
@@ -421,11 +388,8 @@ void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
   }
   for (const IndexerLayer& x : idx) {
     h5::Object d = h5::open(g, decisions_path(x.layer));
-    h5::write_attr(d, kIndexerWidth, int32_t(x.width));
-    h5::write(h5::create_dataset(d, kIndexerCount, h5::Type::u16, dims({x.rows})), x.enc.count);
-    const h5::Type gap_type = unsigned_for(uint64_t(T / 4));
-    h5::Object gaps = h5::create_dataset(d, kIndexerGaps, gap_type, dims({int64_t(x.enc.gaps.size())}));
-    write_narrowed(gaps, gap_type, x.enc.gaps);
+    h5::write_attr(d, kIndexerWidth, int32_t(x.enc->width()));
+    x.enc->store(d);
   }
   const h5::Type expert_type = unsigned_for(uint64_t(std::max(c.n_routed_experts - 1, 0)));
   for (const RoutingLayer& x : rt) {
@@ -440,7 +404,8 @@ void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
     for (const ExternalTensor& t : s.tensors) {
       if (!h5::exists(tg, t.name)) h5::create_group(tg, t.name);
       std::vector<hsize_t> shape(t.shape.begin(), t.shape.end());
-      h5::Object ds = h5::create_dataset(h5::open(tg, t.name), layer_name(t.layer), storage_type(t.dtype), shape);
+      h5::Object ds =
+          h5::create_dataset(h5::open(tg, t.name), layer_name(t.layer), storage_type(t.dtype), shape);
       h5::write_attr(ds, kDtype, std::string(dtype_attr(t.dtype)));
       if (t.dtype == DType::i32) {
         h5::write(ds, t.i);
@@ -463,11 +428,25 @@ void ExternalTraceWriter::add_sequence(const ExternalSequence& s) {
   h5::write_range(lengths, h5::Type::i32, &w.seq_lengths.back(), hsize_t(si), 1);
 }
 
+std::vector<std::shared_ptr<IndexerSetEncoder>> ExternalTraceWriter::stream_indexer_layers(
+    int64_t T, int n, bool strict_columns) {
+  Impl& w = *impl_;
+  if (!w.step_open)
+    throw Error(fmt::format("{}: stream_indexer_layers() outside begin_step()/end_step()", w.final_path));
+  if (T < 1) throw InputError(fmt::format("{}: a sequence of {} tokens", w.final_path, T));
+  auto file = std::make_shared<h5::ChunkFile>(w.file, unsigned_for(uint64_t(T / 4)), n);
+  std::vector<std::shared_ptr<IndexerSetEncoder>> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back(std::make_shared<IndexerSetEncoder>(T, w.cfg.indexer_width(T), strict_columns, file, i));
+  return out;
+}
+
 void ExternalTraceWriter::end_step() {
   Impl& w = *impl_;
   if (!w.step_open) throw Error(fmt::format("{}: end_step() without begin_step()", w.final_path));
   if (w.seq_lengths.empty())
-    throw InputError(fmt::format("{}: step {} holds no sequence; add one before ending it", w.final_path, w.step));
+    throw InputError(
+        fmt::format("{}: step {} holds no sequence; add one before ending it", w.final_path, w.step));
   h5::Object g = h5::open(w.file, step_path(w.step).substr(1));
   h5::write_attr(g, kNSeqs, int32_t(w.seq_lengths.size()));
   h5::write(h5::open(g, kStatus), std::vector<uint8_t>{1});
@@ -483,7 +462,8 @@ void ExternalTraceWriter::close() {
   Impl& w = *impl_;
   if (w.closed) return;
   if (w.step_open)
-    throw Error(fmt::format("{}: close(): step {} is still open; call end_step() first", w.final_path, w.step));
+    throw Error(
+        fmt::format("{}: close(): step {} is still open; call end_step() first", w.final_path, w.step));
   publish_trace(w.writing_path, w.final_path);
   w.closed = true;
 }

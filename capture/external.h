@@ -22,15 +22,20 @@
 
 namespace dsv4 {
 
+class IndexerSetEncoder;
+
 // Indexer top-k of one C4 layer: ids [rows, width], row-major. A row holds compressed-group positions
-// of the sequence (0-based, in any order) and −1 for empty slots (anywhere in the row). rows is T (a
-// row per token) or T − 1 (the engines' layout: the last token was never fed, so it has no row).
-// width may exceed the runtime's min(index_topk, ⌊T/4⌋) only by slots that are −1 in every row.
+// of the sequence (0-based, in any order) and −1 for empty slots (anywhere in the row), at most the
+// runtime's min(index_topk, ⌊T/4⌋) valid ones. rows is T (a row per token) or T − 1 (the engines'
+// layout: the last token was never fed, so it has no row). Or, instead of ids, the rows already
+// checked and encoded (capture/indexer_sets.h; an importer streaming a large buffer): `encoded` holds
+// `rows` rows of a sequence of T tokens at the runtime width, and `ids` is empty.
 struct ExternalIndexer {
   int layer = 0;
   int64_t rows = 0;
   int width = 0;
   std::vector<int32_t> ids;
+  std::shared_ptr<IndexerSetEncoder> encoded;
 };
 
 // MoE routing of one layer: ids [rows, k] (k = num_experts_per_tok; any order within a row), weights
@@ -57,10 +62,10 @@ struct ExternalTensor {
 
 // One sequence (request, sample) of an external step.
 struct ExternalSequence {
-  std::string id;               // the engine's request id ("" when it has none); named in errors
-  std::vector<int32_t> tokens;  // prompt + response, as fed
-  int64_t prompt_length = -1;   // −1: unknown
-  std::vector<float> logprobs;  // empty (not reported) or T − 1: logprobs[t] = log p(tokens[t+1])
+  std::string id;                        // the engine's request id ("" when it has none); named in errors
+  std::vector<int32_t> tokens;           // prompt + response, as fed
+  int64_t prompt_length = -1;            // −1: unknown
+  std::vector<float> logprobs;           // empty (not reported) or T − 1: logprobs[t] = log p(tokens[t+1])
   std::vector<ExternalIndexer> indexer;  // any subset of the C4 layers
   std::vector<ExternalRouting> routing;  // any subset of the layers (hash layers included)
   std::vector<ExternalTensor> tensors;
@@ -104,6 +109,14 @@ class ExternalTraceWriter {
   // outside [0, n_routed_experts) (−1 included), duplicates, weights of the wrong size or not finite;
   // tensors whose values do not match their shape or a bf16 value that is not bf16-exact.
   void add_sequence(const ExternalSequence& s);
+  // Encoders for `n` indexer layers of the next sequence of T tokens, at the runtime width (rows checked
+  // with the engines' column rule when strict_columns; capture/indexer_sets.h), that write their gaps
+  // into the open step's file as they encode them (from any threads; the file's bytes do not depend on
+  // them). Hand each back in ExternalIndexer::encoded, finished, to add_sequence, which links them into
+  // the sequence; whatever is not handed back is deleted from the file with the encoders. For an
+  // importer streaming an engine's buffer: no layer's rows are ever held, encoded or not.
+  std::vector<std::shared_ptr<IndexerSetEncoder>> stream_indexer_layers(int64_t T, int n,
+                                                                        bool strict_columns);
   // Marks the open step complete (status 1). A step with no sequence is an InputError.
   void end_step();
   // Seals the file and renames NAME.h5.incomplete to NAME.h5. Idempotent.

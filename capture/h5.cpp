@@ -9,13 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
-#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -209,7 +210,8 @@ std::atomic<int64_t> g_scope_since{0};  // 0: no scope active
 std::atomic<const void*> g_scope_owner{nullptr};
 
 int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 }  // namespace
@@ -542,18 +544,11 @@ std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& dims, size_t elem) {
   return c;
 }
 
-Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
-                      bool extendible, hsize_t expected_rows, Compress compress) {
-  quiet();
-  Object at{Id(), parent.file, parent.child(name)};
-  if (dims.empty()) at.fail("datasets of the trace have at least one dimension");
-  std::vector<hsize_t> maxdims = dims;
-  if (extendible) {
-    if (dims.size() != 1) at.fail("only 1-D datasets are extendible");
-    maxdims[0] = H5S_UNLIMITED;
-  }
-  Id space(check(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()), at,
-                 "cannot create the dataspace"));
+namespace {
+
+// The creation properties of a dataset of `dims` with the trace's conventions (create_dataset).
+Id dataset_plist(const Object& at, Type t, const std::vector<hsize_t>& dims, bool extendible,
+                 hsize_t expected_rows, Compress compress) {
   Id dcpl(check(H5Pcreate(H5P_DATASET_CREATE), at, "cannot create a dataset property list"));
   check(H5Pset_attr_phase_change(dcpl.get(), kMaxCompact, kMaxCompact), at, "cannot keep attributes compact");
   const bool empty = std::any_of(dims.begin(), dims.end(), [](hsize_t d) { return d == 0; });
@@ -577,6 +572,24 @@ Object create_dataset(const Object& parent, const std::string& name, Type t, con
     }
     check(H5Pset_fletcher32(dcpl.get()), at, "cannot add the fletcher32 filter");
   }
+  return dcpl;
+}
+
+}  // namespace
+
+Object create_dataset(const Object& parent, const std::string& name, Type t, const std::vector<hsize_t>& dims,
+                      bool extendible, hsize_t expected_rows, Compress compress) {
+  quiet();
+  Object at{Id(), parent.file, parent.child(name)};
+  if (dims.empty()) at.fail("datasets of the trace have at least one dimension");
+  std::vector<hsize_t> maxdims = dims;
+  if (extendible) {
+    if (dims.size() != 1) at.fail("only 1-D datasets are extendible");
+    maxdims[0] = H5S_UNLIMITED;
+  }
+  Id space(check(H5Screate_simple(int(dims.size()), dims.data(), maxdims.data()), at,
+                 "cannot create the dataspace"));
+  Id dcpl = dataset_plist(at, t, dims, extendible, expected_rows, compress);
   Id str_type;
   hid_t type = file_type(t);
   if (t == Type::str) {
@@ -699,11 +712,11 @@ void encode_one(ChunkPlan& p, size_t c) {
     const size_t chunk_bytes = p.per_chunk * p.row_bytes, first = c * chunk_bytes;
     const size_t have = std::min(chunk_bytes, p.rows * p.row_bytes - first);
     if (have == chunk_bytes) {
-      p.encoded[c] = encode_chunk(p.src + first, chunk_bytes, p.elem, p.compress, 4);
+      p.encoded[c] = encode_chunk(p.src + first, chunk_bytes, p.elem, p.compress);
     } else {
       std::vector<uint8_t> padded(chunk_bytes, 0);
       std::memcpy(padded.data(), p.src + first, have);
-      p.encoded[c] = encode_chunk(padded.data(), chunk_bytes, p.elem, p.compress, 4);
+      p.encoded[c] = encode_chunk(padded.data(), chunk_bytes, p.elem, p.compress);
     }
   } catch (const std::exception& e) {
     p.errors[c] = e.what();
@@ -762,6 +775,188 @@ void write_all(const std::vector<WriteJob>& jobs) {
 
 void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
   write_all({WriteJob{&ds, t, data, n, le_bytes}});
+}
+
+ChunkStream::ChunkStream(Type t, std::shared_ptr<ChunkFile> file, int stream)
+    : t_(t), elem_(type_size(t)), file_(std::move(file)), stream_(stream) {
+  if (file_ && !chunk_codec_available())
+    throw std::logic_error("ChunkStream: a chunk file needs the chunk codec");
+  if (t == Type::str) throw std::logic_error("ChunkStream: string datasets are not chunked");
+  per_chunk_ = size_t(chunk_for({1}, elem_)[0]);  // a long 1-D dataset's chunk; a short one is one chunk
+  buf_.reserve(chunk_codec_available() ? per_chunk_ * elem_ : 0);
+}
+
+void ChunkStream::append(const void* values, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(values);
+  total_ += n;
+  if (!chunk_codec_available()) {
+    buf_.insert(buf_.end(), p, p + n * elem_);
+    return;
+  }
+  size_t bytes = n * elem_;
+  const size_t chunk_bytes = per_chunk_ * elem_;
+  while (bytes > 0) {
+    const size_t take = std::min(bytes, chunk_bytes - buf_.size());
+    buf_.insert(buf_.end(), p, p + take);
+    p += take;
+    bytes -= take;
+    if (buf_.size() == chunk_bytes) flush_chunk();
+  }
+}
+
+void ChunkStream::flush_chunk() {
+  if (finished_) throw std::logic_error("ChunkStream: values appended after finish()");
+  if (file_)
+    file_->put(stream_, put_++, encode_chunk(buf_.data(), buf_.size(), elem_, true));
+  else
+    chunks_.push_back(encode_chunk(buf_.data(), buf_.size(), elem_, true));
+  buf_.clear();
+}
+
+void ChunkStream::finish() {
+  if (!file_ || finished_) return;
+  // Closed first, so that the file knows which chunk is the last when it comes. The dataset is
+  // extendible, so its chunks are whole: the last one is padded with zeros.
+  file_->close(stream_, total_);
+  if (!buf_.empty()) {
+    buf_.resize(per_chunk_ * elem_, 0);
+    flush_chunk();
+  }
+  finished_ = true;
+}
+
+std::vector<uint8_t> ChunkStream::values() const {
+  if (file_) throw std::logic_error("ChunkStream: values() of a stream written into its file");
+  if (!chunk_codec_available()) return buf_;
+  std::vector<uint8_t> v;
+  v.reserve(total_ * elem_);
+  for (const EncodedChunk& c : chunks_) {
+    const std::vector<uint8_t> d = decode_chunk(c, per_chunk_ * elem_, elem_, true);
+    v.insert(v.end(), d.begin(), d.end());
+  }
+  v.insert(v.end(), buf_.begin(), buf_.end());
+  return v;
+}
+
+size_t ChunkStream::held_bytes() const {
+  size_t n = buf_.size();
+  for (const EncodedChunk& c : chunks_) n += c.bytes.size();
+  return n;
+}
+
+void ChunkStream::store(const Object& parent, const std::string& name) const {
+  quiet();
+  if (file_) {
+    if (!finished_) throw std::logic_error("ChunkStream: store() before finish()");
+    file_->link(stream_, parent, name);
+    return;
+  }
+  const size_t n = total_;
+  Object ds = create_dataset(parent, name, t_, {hsize_t(n)});
+  if (!chunk_codec_available() || n == 0) {
+    if (n) write(ds, t_, buf_.data(), n);
+    return;
+  }
+  // The chunk create_dataset chose: per_chunk_, or the whole length when shorter. The last chunk is
+  // padded with zeros (the fill value) to its size, as HDF5 stores it.
+  Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
+  hsize_t chunk = 0;
+  if (H5Pget_chunk(dcpl.get(), 1, &chunk) != 1 || chunk != hsize_t(std::min(n, per_chunk_)))
+    ds.fail(fmt::format("chunk of {} values where the stream made {}", chunk, std::min(n, per_chunk_)));
+  auto put = [&](size_t c, const EncodedChunk& e) {
+    hsize_t offset = hsize_t(c * per_chunk_);
+    check(H5Dwrite_chunk(ds.get(), H5P_DEFAULT, e.filter_mask, &offset, e.bytes.size(), e.bytes.data()), ds,
+          fmt::format("cannot write chunk {}", c));
+  };
+  for (size_t c = 0; c < chunks_.size(); ++c) put(c, chunks_[c]);
+  if (!buf_.empty()) {
+    std::vector<uint8_t> last(buf_);
+    if (!chunks_.empty()) last.resize(per_chunk_ * elem_, 0);
+    put(chunks_.size(), encode_chunk(last.data(), last.size(), elem_, true));
+  }
+}
+
+ChunkFile::ChunkFile(const Object& file, Type t, int streams)
+    : per_chunk_(size_t(chunk_for({1}, type_size(t))[0])) {
+  quiet();
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+  for (int s = 0; s < streams; ++s) {
+    Object at{Id(), file.file, "/(stream " + std::to_string(s) + ")"};
+    Id space(check(H5Screate_simple(1, &zero, &unlimited), at, "cannot create the dataspace"));
+    Id dcpl = dataset_plist(at, t, {0}, true, 0, Compress::yes);
+    at.id = Id(H5Dcreate_anon(file.get(), file_type(t), space.get(), dcpl.get(), H5P_DEFAULT));
+    if (!at.id.valid()) at.fail("cannot create the dataset");
+    streams_.push_back(Stream{std::move(at)});
+  }
+}
+
+ChunkFile::~ChunkFile() = default;
+
+void ChunkFile::put(int s, size_t index, EncodedChunk&& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stream& st = streams_.at(size_t(s));
+  st.pending.emplace(index, std::move(c));
+  drain();
+}
+
+void ChunkFile::close(int s, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stream& st = streams_.at(size_t(s));
+  st.closed = true;
+  st.values = n;
+  st.chunks = (n + per_chunk_ - 1) / per_chunk_;
+  drain();
+}
+
+// Writes every chunk whose turn has come, in the order (chunk index, stream): chunk 0 of every stream,
+// then chunk 1 of every stream that has one, ...; a stream closed with fewer chunks drops out of the
+// round. Streams filled at the same pace (an importer's layers, row by row) keep little waiting.
+// Called with mu_ held.
+void ChunkFile::drain() {
+  for (;;) {
+    if (next_stream_ == streams_.size()) {
+      next_stream_ = 0;
+      ++next_chunk_;
+    }
+    bool any_left = false;
+    for (const Stream& st : streams_) any_left |= !st.closed || st.written < st.chunks;
+    if (!any_left) return;
+    Stream& st = streams_[next_stream_];
+    if (st.closed && next_chunk_ >= st.chunks) {  // this stream is done: its extent is exact
+      if (!st.extent_set) {
+        const hsize_t n = hsize_t(st.values);
+        check(H5Dset_extent(st.ds.get(), &n), st.ds, "cannot set the extent");
+        st.extent_set = true;
+      }
+      ++next_stream_;
+      continue;
+    }
+    auto it = st.pending.find(next_chunk_);
+    if (it == st.pending.end()) return;  // its turn, not there yet
+    // The last chunk of a closed stream sets the exact length (shrinking later would make HDF5 rewrite
+    // the chunk's tail with its own filters).
+    const bool last = st.closed && next_chunk_ + 1 == st.chunks;
+    const hsize_t extent = last ? hsize_t(st.values) : hsize_t((next_chunk_ + 1) * per_chunk_);
+    const hsize_t offset = hsize_t(next_chunk_ * per_chunk_);
+    check(H5Dset_extent(st.ds.get(), &extent), st.ds, "cannot extend");
+    st.extent_set = last;
+    check(H5Dwrite_chunk(st.ds.get(), H5P_DEFAULT, it->second.filter_mask, &offset, it->second.bytes.size(),
+                         it->second.bytes.data()),
+          st.ds, fmt::format("cannot write chunk {}", next_chunk_));
+    st.pending.erase(it);
+    ++st.written;
+    ++next_stream_;
+  }
+}
+
+void ChunkFile::link(int s, const Object& parent, const std::string& name) {
+  quiet();
+  std::lock_guard<std::mutex> lock(mu_);
+  Stream& st = streams_.at(size_t(s));
+  if (!st.closed || st.written < st.chunks || !st.extent_set)
+    throw std::logic_error("ChunkFile: link() of a stream not written whole");
+  check(H5Olink(st.ds.get(), parent.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT), parent,
+        "cannot link the dataset " + name);
 }
 
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes) {
@@ -853,8 +1048,7 @@ std::vector<T> read_rows(const Object& ds, hsize_t r0, hsize_t r1) {
   if (rank < 1) ds.fail("has no row axis");
   std::vector<hsize_t> dims(static_cast<size_t>(rank)), start(static_cast<size_t>(rank), 0), count;
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  if (r0 > r1 || r1 > dims[0])
-    ds.fail(fmt::format("rows [{}, {}) asked of {} rows", r0, r1, dims[0]));
+  if (r0 > r1 || r1 > dims[0]) ds.fail(fmt::format("rows [{}, {}) asked of {} rows", r0, r1, dims[0]));
   count = dims;
   count[0] = r1 - r0;
   start[0] = r0;
@@ -923,7 +1117,8 @@ std::string walk_collection(int fd, uint64_t file_size, uint64_t addr, size_t L,
         return fmt::format("heap collection at {} holds object {} twice", addr, idx);
     }
     if (need == 0 || need > size - p)
-      return fmt::format("heap object {} at {} has size {}: it does not fit its collection", idx, addr + p, osize);
+      return fmt::format("heap object {} at {} has size {}: it does not fit its collection", idx, addr + p,
+                         osize);
     p += need;
   }
   return "";
@@ -987,9 +1182,11 @@ void check_heap_refs(const RawFile& f, const Object& at, const uint8_t* refs, ui
     }
     const auto obj = it->second.find(idx);
     if (obj == it->second.end())
-      damaged(at, fmt::format("{} {}: damaged: heap object {} is not in the collection at {}", what, i, idx, addr));
+      damaged(at, fmt::format("{} {}: damaged: heap object {} is not in the collection at {}", what, i, idx,
+                              addr));
     if (obj->second != len)
-      damaged(at, fmt::format("{} {}: damaged: {} bytes long, its heap object holds {}", what, i, len, obj->second));
+      damaged(at, fmt::format("{} {}: damaged: {} bytes long, its heap object holds {}", what, i, len,
+                              obj->second));
   }
 }
 
@@ -1050,7 +1247,8 @@ std::optional<AttrRaw> find_attr_message(const RawFile& f, const Object& o, cons
       const size_t size = size_t(le(&b[p + 1], 2));
       const size_t d = p + msg_head;
       if (size > b.size() - d) break;
-      if (type == 0x10 && size >= f.sizeof_addr + f.sizeof_size) {  // continuation: "OCHK", messages, checksum
+      if (type == 0x10 &&
+          size >= f.sizeof_addr + f.sizeof_size) {  // continuation: "OCHK", messages, checksum
         const uint64_t ca = le(&b[d], f.sizeof_addr), cl = le(&b[d + f.sizeof_addr], f.sizeof_size);
         if (cl >= 8 && ca <= UINT64_MAX - f.base - 4) chunks.push_back({ca + f.base + 4, cl - 8});
       } else if (type == 0x0C && size >= 8) {
@@ -1067,7 +1265,8 @@ std::optional<AttrRaw> find_attr_message(const RawFile& f, const Object& o, cons
           p = d + size;
           continue;
         }
-        const std::string found(reinterpret_cast<const char*>(m + q), strnlen(reinterpret_cast<const char*>(m + q), nlen));
+        const std::string found(reinterpret_cast<const char*>(m + q),
+                                strnlen(reinterpret_cast<const char*>(m + q), nlen));
         q += pad(nlen);
         if (found == name) {
           AttrRaw r;
@@ -1102,13 +1301,15 @@ void check_attr_references(const Object& o, const Object& attr, const std::strin
   size_t q = sp[0] == 1 ? 8 : 4;
   if (sp[0] == 2 && sp[3] == 2) n = 0;  // a null dataspace
   for (int i = 0; i < rank; ++i, q += f.sizeof_size) {
-    if (q + f.sizeof_size > sp.size()) damaged(attr, "damaged: the attribute's dataspace message is cut short");
+    if (q + f.sizeof_size > sp.size())
+      damaged(attr, "damaged: the attribute's dataspace message is cut short");
     const uint64_t dim = le(&sp[q], f.sizeof_size);
     if (dim != 0 && n > UINT64_MAX / dim) damaged(attr, "damaged: the attribute's dimensions overflow");
     n *= dim;
   }
   if (n > raw->data.size() / f.ref_bytes())
-    damaged(attr, fmt::format("damaged: {} string references do not fit the attribute's {} bytes", n, raw->data.size()));
+    damaged(attr, fmt::format("damaged: {} string references do not fit the attribute's {} bytes", n,
+                              raw->data.size()));
   check_heap_refs(f, attr, raw->data.data(), n, "string");
 }
 }  // namespace
@@ -1163,7 +1364,7 @@ int64_t logical_bytes(const Object& ds) {
 
 #define DSV4_H5_INSTANTIATE(T)                                  \
   template void write<T>(const Object&, const std::vector<T>&); \
-  template std::vector<T> read<T>(const Object&);                 \
+  template std::vector<T> read<T>(const Object&);               \
   template std::vector<T> read_rows<T>(const Object&, hsize_t, hsize_t);
 DSV4_H5_INSTANTIATE(uint8_t)
 DSV4_H5_INSTANTIATE(uint16_t)

@@ -11,7 +11,12 @@
 
 #include <hdf5.h>
 
+#include "capture/chunk_codec.h"
+
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -176,6 +181,79 @@ void write_all(const std::vector<WriteJob>& jobs);
 // The default encoder threads become all the cores (at most 8) rather than half: for a writer that has
 // the machine to itself (an import), not one sharing it with a forward. DSV4_WRITER_THREADS still wins.
 void encode_on_all_cores(bool all);
+class ChunkFile;
+
+// A 1-D dataset whose values arrive in order and whose length is known only at the end (an import's
+// indexer gaps): the values are gathered into chunks of the size create_dataset gives a dataset of
+// that length, each chunk is encoded (chunk_codec.h) on the appending thread as soon as it is full, and
+// store() creates the dataset and writes the encoded chunks. Only the encoded chunks are held, never
+// all the values; the file is the one create_dataset + write of every value makes. Compressed datasets
+// only (the uncompressed pipeline spreads rows over its chunks, which needs the length first). Without
+// zlib (no chunk codec) the values are held and written by write().
+//
+// With a ChunkFile, the chunks are not held at all: each goes into stream `stream` of that file as it
+// is encoded (an extendible dataset, so every chunk is whole), finish() writes the last one, and
+// store() links the dataset where it belongs.
+class ChunkStream {
+ public:
+  explicit ChunkStream(Type t, std::shared_ptr<ChunkFile> file = nullptr, int stream = 0);
+  // n values of t, native (little-endian) layout.
+  void append(const void* values, size_t n);
+  size_t size() const { return total_; }
+  // Bytes held: the encoded chunks and the chunk being filled.
+  size_t held_bytes() const;
+  // No more values (needed with a ChunkFile, before store(); a no-op without).
+  void finish();
+  // Creates parent/name ([size()] values) and writes it (with a ChunkFile: links it).
+  void store(const Object& parent, const std::string& name) const;
+  // The values appended so far (decoded back from the chunks; for checks, not the hot path). Not
+  // with a ChunkFile.
+  std::vector<uint8_t> values() const;
+
+ private:
+  void flush_chunk();
+  Type t_;
+  size_t elem_ = 0, per_chunk_ = 0, total_ = 0;
+  std::vector<uint8_t> buf_;  // the chunk being filled (all the values without a codec)
+  std::vector<EncodedChunk> chunks_;
+  std::shared_ptr<ChunkFile> file_;
+  int stream_ = 0;
+  size_t put_ = 0;
+  bool finished_ = false;
+};
+
+// Unlinked, extendible, compressed 1-D datasets of one type in an open file, written chunk by chunk
+// from several threads (ChunkStream) in an order that does not depend on them: chunk 0 of every
+// stream in stream order, then chunk 1 of every stream, ...; a chunk whose turn has not come waits in
+// memory. So the file's
+// bytes are the same whatever the threads did. A stream is linked into the file by link() once
+// written; the datasets never linked are deleted with their chunks when the ChunkFile goes.
+class ChunkFile {
+ public:
+  ChunkFile(const Object& file, Type t, int streams);
+  ~ChunkFile();
+  ChunkFile(const ChunkFile&) = delete;
+  ChunkFile& operator=(const ChunkFile&) = delete;
+  // Thread-safe (one lock around the HDF5 calls).
+  void put(int stream, size_t index, EncodedChunk&& c);
+  void close(int stream, size_t values);
+  // Links a closed and written stream as parent/name.
+  void link(int stream, const Object& parent, const std::string& name);
+
+ private:
+  struct Stream {
+    Object ds;
+    std::map<size_t, EncodedChunk> pending;
+    size_t written = 0, values = 0, chunks = 0;  // chunks: known once closed
+    bool closed = false, extent_set = false;
+  };
+  void drain();
+  size_t per_chunk_;
+  std::mutex mu_;
+  std::vector<Stream> streams_;
+  size_t next_chunk_ = 0, next_stream_ = 0;  // whose turn it is
+};
+
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);

@@ -105,8 +105,12 @@ int run_import(const ImportArgs& a) {
   const Weights* weights = m.weights ? &*m.weights : nullptr;
   auto sink = [&](ExternalSequence&& s) { w->add_sequence(s); };
   auto progress = [&](const ImportProgress& p) { line(p); };
-  const ImportSummary s = a.engine == "sglang" ? import_sglang(a.inputs, m.config, weights, sink, progress)
-                                               : import_miles(a.inputs, m.config, weights, sink, progress);
+  // The indexer rows go into the trace as they are checked, never held (a Flash response of 32k tokens
+  // has 1.4 GB of them).
+  auto encoders = [&](int64_t T, int n) { return w->stream_indexer_layers(T, n, true); };
+  const ImportSummary s = a.engine == "sglang"
+                              ? import_sglang(a.inputs, m.config, weights, sink, progress, encoders)
+                              : import_miles(a.inputs, m.config, weights, sink, progress, encoders);
   line.finish();
   w->end_step();
   w->close();

@@ -1,11 +1,7 @@
 // safetensors reading (read-only POSIX mappings, fully validated headers) and writing.
 #include "model/safetensors.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +16,7 @@
 
 #include "kernels/numerics/numerics.h"
 #include "model/error.h"
+#include "model/mapped_file.h"
 
 namespace dsv4 {
 
@@ -65,42 +62,18 @@ bool checked_numel(const std::vector<int64_t>& shape, int64_t& out) {
   return true;
 }
 
-// One read-only mapping of a whole file; unmapped on destruction.
-struct Mapping {
-  std::string path;
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (data) munmap(const_cast<uint8_t*>(data), size);
+// The file mapped (MappedFile), with the errors a weights file gets: WeightsError, and "truncated" below
+// the 8-byte header length.
+std::unique_ptr<MappedFile> map_file(const std::string& path) {
+  std::unique_ptr<MappedFile> m;
+  try {
+    m = MappedFile::open(path);
+  } catch (const InputError& e) {
+    throw WeightsError(e.what());
   }
-};
-
-std::unique_ptr<Mapping> map_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw WeightsError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw WeightsError(fmt::format("{}: cannot stat: {}", path, std::strerror(e)));
-  }
-  auto m = std::make_unique<Mapping>();
-  m->path = path;
-  m->size = size_t(st.st_size);
-  if (m->size < 8) {
-    ::close(fd);
+  if (m->size() < 8)
     throw WeightsError(fmt::format(
-        "{}: truncated: the file has {} bytes, fewer than the 8-byte header length", path, m->size));
-  }
-  void* p = mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int e = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) throw WeightsError(fmt::format("{}: cannot map: {}", path, std::strerror(e)));
-  m->data = static_cast<const uint8_t*>(p);
+        "{}: truncated: the file has {} bytes, fewer than the 8-byte header length", path, m->size()));
   return m;
 }
 
@@ -195,7 +168,7 @@ int64_t StTensorInfo::numel() const {
 
 struct SafetensorsReader::Impl {
   std::string origin;  // what was opened (file or directory), for lookup errors
-  std::vector<std::unique_ptr<Mapping>> maps;
+  std::vector<std::unique_ptr<MappedFile>> maps;
   std::map<std::string, StTensorInfo> tensors;
   std::map<std::string, std::string> meta;
 
@@ -205,11 +178,11 @@ struct SafetensorsReader::Impl {
 
 std::vector<std::string> SafetensorsReader::Impl::add_file(const std::string& path) {
   maps.push_back(map_file(path));
-  const Mapping& m = *maps.back();
+  const MappedFile& m = *maps.back();
 
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(m.data[i]) << (8 * i);
-  const uint64_t after_len = m.size - 8;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(m.data()[i]) << (8 * i);
+  const uint64_t after_len = m.size() - 8;
   if (n > after_len)
     throw WeightsError(
         fmt::format("{}: truncated: header says {} bytes of JSON but the file has {} bytes after "
@@ -219,7 +192,7 @@ std::vector<std::string> SafetensorsReader::Impl::add_file(const std::string& pa
     throw WeightsError(fmt::format("{}: header length {} exceeds the {} byte limit (not a safetensors file?)",
                                    path, n, kMaxHeaderBytes));
 
-  const char* htext = reinterpret_cast<const char*>(m.data + 8);
+  const char* htext = reinterpret_cast<const char*>(m.data() + 8);
   json h;
   try {
     h = json::parse(htext, htext + n);
@@ -232,7 +205,7 @@ std::vector<std::string> SafetensorsReader::Impl::add_file(const std::string& pa
   if (!h.is_object())
     throw WeightsError(fmt::format("{}: header must be a JSON object, found {}", path, h.type_name()));
 
-  const uint8_t* data = m.data + 8 + n;
+  const uint8_t* data = m.data() + 8 + n;
   const uint64_t data_size = after_len - n;
   struct Span {
     uint64_t b, e;

@@ -322,7 +322,7 @@ int env_rank(const std::string& key) {
   static const std::map<std::string, int> ranks = {
       {"compile_flags", 0}, {"compiler", 1},   {"cpu_flags", 2}, {"build_id", 3}, {"threads", 4}, {"parallel", 4},
       {"gpu", 5},           {"gpu_driver", 5}, {"cuda", 5},      {"cupti", 5},    {"nccl", 5},
-      {"hdf5", 6},          {"os", 6},         {"cpu_model", 6}, {"host", 8},
+      {"hdf5", 6},          {"deflate", 6},    {"os", 6},        {"cpu_model", 6}, {"host", 8},
   };
   const auto it = ranks.find(key);
   return it == ranks.end() ? 7 : it->second;

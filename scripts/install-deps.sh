@@ -10,6 +10,7 @@ packages=(
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
   python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
   libssl-dev libzip-dev  # adapters/: base64 (OpenSSL EVP), .npz (libzip)
+  libisal-dev  # capture/chunk_codec.cpp: fast deflate of trace chunks (zlib without it)
   clang-format libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
 )

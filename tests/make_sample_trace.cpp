@@ -125,7 +125,7 @@ void write_external(const std::string& path, const Weights& w, const std::vector
       if (c.ratio(layer) != 4) continue;
       const IndexerRecord& ix = log.indexer.at({s, layer});
       const int width = engine_layout ? c.index_topk : ix.k;
-      ExternalIndexer y{layer, R, width, std::vector<int32_t>(size_t(R * width), -1)};
+      ExternalIndexer y{layer, R, width, std::vector<int32_t>(size_t(R * width), -1), nullptr};
       for (int64_t t = 0; t < R; ++t)
         for (int j = 0; j < ix.k; ++j) y.ids[size_t(t * width + (engine_layout ? ix.k - 1 - j : j))] = ix.ids[size_t(t * ix.k + j)];
       e.indexer.push_back(std::move(y));

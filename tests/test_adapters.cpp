@@ -2,6 +2,8 @@
 // pitfall of MODEL.md §6.6 refused by name, and a trace's decisions written back in those layouts.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <omp.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <set>
 
 #include "adapters/base64.h"
@@ -18,8 +21,12 @@
 #include "adapters/r3.h"
 #include "adapters/sglang.h"
 #include "capture/external.h"
+#include "capture/h5.h"
+#include "capture/indexer_sets.h"
+#include "capture/layout.h"
 #include "capture/record.h"
 #include "capture/trace_reader.h"
+#include "capture/validate.h"
 #include "cli_util.h"
 #include "model/error.h"
 #include "test_util.h"
@@ -80,6 +87,12 @@ int32_t& indexer_at(R3Request& q, const ModelConfig& c, int64_t t, int ordinal, 
   return q.indexer_topk.words[size_t((t * c.num_c4_layers() + ordinal) * width + col)];
 }
 
+// An imported indexer layer's rows, [rows, width]: the importer hands them over encoded as sets
+// (ascending, −1 after the valid ids), decoded back here.
+std::vector<int32_t> ids_of(const ExternalIndexer& x) {
+  return x.encoded ? x.encoded->sets() : x.ids;
+}
+
 std::string import_error(const ModelConfig& c, R3Request q, const Weights* w = nullptr) {
   std::vector<std::string> notes;
   try {
@@ -136,14 +149,16 @@ TEST(Adapters, GoldenIndexerMapsC4OrdinalsToLayers) {
     EXPECT_EQ(x.rows, 8);
     // Stored at the runtime width min(index_topk, ⌊9/4⌋) = 2: columns 2..7 were −1 and are dropped.
     ASSERT_EQ(x.width, 2);
-    EXPECT_EQ(std::vector<int32_t>(x.ids.begin(), x.ids.begin() + 6),
+    const std::vector<int32_t> ids = ids_of(x);
+    ASSERT_EQ(ids.size(), 16u);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 6),
               (std::vector<int32_t>{-1, -1, -1, -1, -1, -1}));
-    EXPECT_EQ(std::vector<int32_t>(x.ids.begin() + 6, x.ids.begin() + 8), (std::vector<int32_t>{0, -1}));
+    EXPECT_EQ(std::vector<int32_t>(ids.begin() + 6, ids.begin() + 8), (std::vector<int32_t>{0, -1}));
   }
-  EXPECT_EQ(std::vector<int32_t>(s.indexer[0].ids.end() - 2, s.indexer[0].ids.end()),
-            (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(std::vector<int32_t>(s.indexer[1].ids.end() - 2, s.indexer[1].ids.end()),
-            (std::vector<int32_t>{1, 0}));
+  // Rows become sets: ordinal 1's row 7, listed {1, 0}, is {0, 1}.
+  const std::vector<int32_t> a = ids_of(s.indexer[0]), b = ids_of(s.indexer[1]);
+  EXPECT_EQ(std::vector<int32_t>(a.end() - 2, a.end()), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(std::vector<int32_t>(b.end() - 2, b.end()), (std::vector<int32_t>{0, 1}));
 }
 
 TEST(Adapters, C4OrdinalsOfAnotherLayout) {
@@ -163,10 +178,13 @@ TEST(Adapters, C4OrdinalsOfAnotherLayout) {
   EXPECT_EQ(s.indexer[0].layer, 0);
   EXPECT_EQ(s.indexer[1].layer, 2);
   EXPECT_EQ(s.indexer[2].layer, 3);
-  auto last = [](const ExternalIndexer& x) { return std::vector<int32_t>(x.ids.end() - 2, x.ids.end()); };
+  auto last = [](const ExternalIndexer& x) {
+    const std::vector<int32_t> ids = ids_of(x);
+    return std::vector<int32_t>(ids.end() - 2, ids.end());
+  };
   EXPECT_EQ(last(s.indexer[0]), (std::vector<int32_t>{0, -1}));
   EXPECT_EQ(last(s.indexer[1]), (std::vector<int32_t>{1, -1}));
-  EXPECT_EQ(last(s.indexer[2]), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(last(s.indexer[2]), (std::vector<int32_t>{0, 1}));  // {1, 0} as a set
 }
 
 TEST(Adapters, StopEdgeRowIsDroppedWithANote) {
@@ -198,7 +216,7 @@ TEST(Adapters, RuntimeWidthBufferIsAccepted) {
   std::vector<std::string> notes;
   const ExternalSequence s = r3_import(c, q, nullptr, notes);
   EXPECT_EQ(s.indexer[1].width, 2);
-  EXPECT_EQ(s.indexer[1].ids.back(), 1);
+  EXPECT_EQ(ids_of(s.indexer[1]).back(), 1);
 }
 
 TEST(Adapters, MultiTurnPrefixExtendsTheFirstTurn) {
@@ -217,10 +235,11 @@ TEST(Adapters, MultiTurnPrefixExtendsTheFirstTurn) {
   // Widths differ (2 for 9 tokens, 3 for 14); rows compare as sets.
   for (size_t o = 0; o < 2; ++o) {
     ASSERT_EQ(b.indexer[o].width, 3);
+    const std::vector<int32_t> ia = ids_of(a.indexer[o]), ib = ids_of(b.indexer[o]);
     for (int64_t t = 0; t < 8; ++t) {
       std::set<int32_t> x, y;
-      for (int j = 0; j < 2; ++j) x.insert(a.indexer[o].ids[size_t(t * 2 + j)]);
-      for (int j = 0; j < 3; ++j) y.insert(b.indexer[o].ids[size_t(t * 3 + j)]);
+      for (int j = 0; j < 2; ++j) x.insert(ia[size_t(t * 2 + j)]);
+      for (int j = 0; j < 3; ++j) y.insert(ib[size_t(t * 3 + j)]);
       x.erase(-1), y.erase(-1);
       EXPECT_EQ(x, y) << "ordinal " << o << " row " << t;
     }
@@ -382,6 +401,62 @@ TEST(Adapters, Base64MatchesTheStandardAlphabet) {
   EXPECT_NE(err.find("not a multiple of 4"), std::string::npos) << err;
 }
 
+// The decoders (vector blocks of 32 characters, the table decoder for the rest and for any block holding
+// '=' or a stranger) against a decoder written the long way: each character's index in the alphabet,
+// 6 bits at a time into an accumulator.
+std::vector<uint8_t> decode_long_way(const std::string& text) {
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::vector<uint8_t> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : text) {
+    if (ch == '=') break;
+    acc = (acc << 6) | uint32_t(alphabet.find(ch));
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  return out;
+}
+
+TEST(Adapters, Base64DecodersAgreeWithTheLongWay) {
+  std::mt19937 rng(11);
+  for (size_t n : {0, 1, 2, 3, 23, 24, 25, 47, 48, 49, 71, 72, 95, 96, 97, 300, 1000, 4099}) {
+    std::vector<uint8_t> bytes(n);
+    for (auto& b : bytes) b = uint8_t(rng());
+    const std::string text = base64_encode(bytes);
+    ASSERT_EQ(decode_long_way(text), bytes) << n;
+    std::string err;
+    EXPECT_EQ(base64_decode(text, err), bytes) << n << " " << err;
+    // Every piece [from, from + len) decoded on its own.
+    for (size_t from = 0; from < std::min<size_t>(n, 80); ++from)
+      for (size_t len = 0; from + len <= n && len < 80; len += 7) {
+        std::vector<uint8_t> piece(len + 1, 0xcd);
+        ASSERT_TRUE(base64_decode_range(text, from, len, piece.data())) << n << " " << from << " " << len;
+        EXPECT_TRUE(std::equal(piece.begin(), piece.begin() + int64_t(len), bytes.begin() + int64_t(from)));
+        EXPECT_EQ(piece[len], 0xcd) << "wrote past the piece";
+      }
+  }
+  // Every byte value at every position of a 64-character text (two vector blocks): accepted exactly
+  // when it is in the alphabet or '='.
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::vector<uint8_t> bytes(48);
+  for (auto& b : bytes) b = uint8_t(rng());
+  const std::string good = base64_encode(bytes);
+  ASSERT_EQ(good.size(), 64u);
+  for (size_t at : {0, 5, 31, 32, 63})
+    for (int v = 0; v < 256; ++v) {
+      std::string t = good;
+      t[at] = char(v);
+      std::vector<uint8_t> out(48);
+      const bool want = alphabet.find(char(v)) != std::string::npos || v == '=';
+      EXPECT_EQ(base64_decode_range(t, 0, 48, out.data()), want) << "byte " << v << " at " << at;
+      if (want && v != '=') EXPECT_EQ(out, decode_long_way(t)) << "byte " << v << " at " << at;
+    }
+}
+
 std::string b64(const std::vector<int32_t>& w) {
   return base64_encode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4));
 }
@@ -409,6 +484,84 @@ std::vector<ExternalSequence> read_all(const std::string& path, std::vector<std:
   return out;
 }
 
+// Indexer rows the way engines write them: a random set of the visible groups (up to index_topk of
+// them), in random order, −1 after it; so rows go through the encoder's unsorted path.
+void randomize_indexer(R3Request& q, const ModelConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t rows = int64_t(q.indexer_topk.words.size()) / (c.num_c4_layers() * c.index_topk);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int o = 0; o < c.num_c4_layers(); ++o) {
+      const int64_t visible = (t + 1) / 4, picks = std::min<int64_t>(visible, c.index_topk);
+      std::vector<int32_t> all(static_cast<size_t>(visible));
+      for (int64_t g = 0; g < visible; ++g) all[size_t(g)] = int32_t(g);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int j = 0; j < c.index_topk; ++j) indexer_at(q, c, t, o, j) = j < picks ? all[size_t(j)] : -1;
+    }
+}
+
+// `dsv4 import` streams the indexer rows into the trace as they are checked (ChunkFile, on every
+// thread); the trace must hold what the held import (every row encoded in memory, written by
+// add_sequence) holds, and its bytes must not depend on the thread count. Requests of 9 tokens (uint8
+// gaps, one chunk), 301 and 5000 (uint16 gaps; the last fills two 32768-value chunks per layer).
+TEST(Adapters, StreamedImportIsTheHeldImportAtAnyThreadCount) {
+  TempDir d;
+  {
+    std::ofstream f(d / "r.jsonl");
+    int i = 0;
+    for (int64_t T : {9, 301, 5000}) {
+      R3Request q = well_formed(cfg(), T, T - 1);
+      randomize_indexer(q, cfg(), uint64_t(T));
+      f << response_of(q, size_t(T / 3), "r" + std::to_string(i++)).dump() << "\n";
+    }
+  }
+  ExternalModel m;
+  m.config_json = config_to_json(cfg());
+  auto import_to = [&](const std::string& out, bool streamed, int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    auto w = ExternalTraceWriter::create(out, m);
+    ExternalStepSpec spec;
+    spec.engine = "sglang";
+    w->begin_step(spec);
+    IndexerEncoders enc;
+    if (streamed) enc = [&](int64_t T, int n) { return w->stream_indexer_layers(T, n, true); };
+    import_sglang(
+        {d / "r.jsonl"}, cfg(), nullptr, [&](ExternalSequence&& x) { w->add_sequence(x); }, nullptr, enc);
+    w->end_step();
+    w->close();
+    omp_set_num_threads(before);
+  };
+  const std::string held = d / "held.h5", one = d / "one.h5", two = d / "two.h5";
+  import_to(held, false, 2);
+  import_to(one, true, 1);
+  import_to(two, true, 2);
+  const TraceReader rh = TraceReader::open(held), r1 = TraceReader::open(one), r2 = TraceReader::open(two);
+  int64_t valid = 0;
+  for (int s = 0; s < 3; ++s)
+    for (int l = 0; l < cfg().num_hidden_layers; ++l) {
+      if (cfg().c4_ordinal(l) < 0) continue;
+      const IndexerRecord h = *rh.indexer(0, s, l), a = *r1.indexer(0, s, l), b = *r2.indexer(0, s, l);
+      ASSERT_EQ(a.ids, h.ids) << "seq " << s << " layer " << l;
+      ASSERT_EQ(b.ids, h.ids) << "seq " << s << " layer " << l;
+      valid += std::count_if(h.ids.begin(), h.ids.end(), [](int32_t g) { return g >= 0; });
+    }
+  EXPECT_GT(valid, 2 * 32768);
+  EXPECT_TRUE(validate_trace(one).ok());
+  // One thread or two: the same chunks written in the same order. The files differ only where the
+  // environment records the thread count, so compare every dataset's stored bytes.
+  h5::Id fapl1 = h5::file_access(true, false), fapl2 = h5::file_access(true, false);
+  h5::Object f1 = h5::open_file(one, H5F_ACC_RDONLY, fapl1.get()),
+             f2 = h5::open_file(two, H5F_ACC_RDONLY, fapl2.get());
+  using namespace trace_layout;
+  for (int s = 0; s < 3; ++s)
+    for (int layer : {1, 3}) {
+      const std::string g =
+          step_path(0).substr(1) + "/" + seq_name(s) + "/" + decisions_path(layer) + "/" + kIndexerGaps;
+      EXPECT_EQ(h5::storage_bytes(h5::open(f1, g)), h5::storage_bytes(h5::open(f2, g))) << g;
+    }
+  EXPECT_EQ(std::filesystem::file_size(one), std::filesystem::file_size(two));
+}
+
 TEST(Adapters, SglangJsonJsonlAndArraysReadTheSame) {
   TempDir d;
   const R3Request a = well_formed(cfg(), 9, 8), b = well_formed(cfg(), 14, 14);  // b with the stop-edge row
@@ -434,7 +587,7 @@ TEST(Adapters, SglangJsonJsonlAndArraysReadTheSame) {
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(two[i].tokens, arr[i].tokens);
     for (size_t l = 0; l < 6; ++l) EXPECT_EQ(two[i].routing[l].ids, arr[i].routing[l].ids);
-    for (size_t o = 0; o < 2; ++o) EXPECT_EQ(two[i].indexer[o].ids, arr[i].indexer[o].ids);
+    for (size_t o = 0; o < 2; ++o) EXPECT_EQ(ids_of(two[i].indexer[o]), ids_of(arr[i].indexer[o]));
   }
   // The JSONL line and the request are named in the stop-edge note.
   bool noted = false;
@@ -457,7 +610,17 @@ TEST(Adapters, SglangLiftedAndWholeParsesAgree) {
   char u[8];
   std::snprintf(u, sizeof u, "\\u%04x", unsigned(uint8_t(escaped[at])));
   escaped.replace(at, 1, u);
+  // Sixteen characters of the indexer's text escaped (80 more characters, 60 more bytes): its length
+  // still reads as whole int32 values, so the escapes are met by the decoder, which refuses the
+  // backslash; the text is then read through its escapes.
+  std::string escaped4 = plain;
+  const size_t at4 = escaped4.find("\"indexer_topk\":\"") + 16;
+  for (int i = 15; i >= 0; --i) {
+    std::snprintf(u, sizeof u, "\\u%04x", unsigned(uint8_t(escaped4[at4 + size_t(i) * 3])));
+    escaped4.replace(at4 + size_t(i) * 3, 1, u);
+  }
   {
+    std::ofstream(d / "escaped4.jsonl") << escaped4 << "\n" << rb.dump() << "\n";
     std::ofstream(d / "plain.jsonl") << plain << "\n" << rb.dump() << "\n";
     std::ofstream(d / "escaped.jsonl") << escaped << "\n" << rb.dump() << "\n";
     // A repeated key: nlohmann keeps the last value.
@@ -471,13 +634,13 @@ TEST(Adapters, SglangLiftedAndWholeParsesAgree) {
   }
   std::vector<std::string> notes;
   const auto p = read_all(d / "plain.jsonl", notes);
-  for (const char* f : {"escaped.jsonl", "dup.jsonl", "array.json"}) {
+  for (const char* f : {"escaped.jsonl", "escaped4.jsonl", "dup.jsonl", "array.json"}) {
     const auto e = read_all(d / f, notes);
     ASSERT_GE(e.size(), 1u) << f;
     for (size_t i = 0; i < e.size(); ++i) {
       EXPECT_EQ(e[i].tokens, p[i].tokens) << f;
       for (size_t l = 0; l < 6; ++l) EXPECT_EQ(e[i].routing[l].ids, p[i].routing[l].ids) << f;
-      for (size_t o = 0; o < 2; ++o) EXPECT_EQ(e[i].indexer[o].ids, p[i].indexer[o].ids) << f;
+      for (size_t o = 0; o < 2; ++o) EXPECT_EQ(ids_of(e[i].indexer[o]), ids_of(p[i].indexer[o])) << f;
     }
   }
   // A malformed array: the elements before the error are handled once, then nlohmann's message.
@@ -714,8 +877,8 @@ TEST(Adapters, MilesSampleFromNumpysNpzAndNpyDirectory) {
   EXPECT_TRUE(got[1].indexer.empty());
   EXPECT_TRUE(got[2].routing.empty());
   for (size_t o = 0; o < 2; ++o) {
-    EXPECT_EQ(got[0].indexer[o].ids, want.indexer[o].ids);
-    EXPECT_EQ(got[2].indexer[o].ids, want.indexer[o].ids);
+    EXPECT_EQ(ids_of(got[0].indexer[o]), ids_of(want.indexer[o]));
+    EXPECT_EQ(ids_of(got[2].indexer[o]), ids_of(want.indexer[o]));
   }
   try {
     miles_sample(d / "bad.npz", 3, notes);
@@ -768,8 +931,9 @@ void expect_same_decisions(const TraceReader& r, const std::vector<ExternalSeque
     for (const ExternalIndexer& xi : x.indexer) {
       const IndexerRecord rec = *r.indexer(0, s, xi.layer);
       EXPECT_EQ(xi.width, rec.k);
+      const std::vector<int32_t> ids = ids_of(xi);
       for (int64_t t = 0; t < T - 1; ++t) {
-        const auto got = row_set(xi.ids, t, xi.width);
+        const auto got = row_set(ids, t, xi.width);
         ASSERT_EQ(got, row_set(rec.ids, t, rec.k)) << "seq " << s << " layer " << xi.layer << " row " << t;
         valid += int64_t(got.size());
       }
@@ -845,7 +1009,7 @@ TEST(Adapters, ExportSglangImportsBackBitwise) {
               IndexerRecord ir;
               ir.T = xi.rows;
               ir.k = xi.width;
-              ir.ids = xi.ids;
+              ir.ids = ids_of(xi);
               return std::optional<IndexerRecord>(ir);
             }
           return std::optional<IndexerRecord>();

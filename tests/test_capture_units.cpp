@@ -378,11 +378,14 @@ TEST(ModelDigest, OneUlpChangesOneTensor) {
 TEST(Env, EveryKeyOfTheFormat) {
   const EnvFingerprint e = environment_fingerprint();
   for (const char* key : {"host", "os", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
-                          "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "threads"}) {
+                          "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
     ASSERT_TRUE(e.count(key)) << key;
     EXPECT_FALSE(e.at(key).empty()) << key;
   }
-  EXPECT_EQ(e.size(), 14u);
+  EXPECT_EQ(e.size(), 15u);
+  EXPECT_TRUE(e.at("deflate") == "isa-l igzip level 1" || e.at("deflate") == "zlib level 4" ||
+              e.at("deflate") == "none")
+      << e.at("deflate");
   EXPECT_EQ(e.at("hdf5").rfind("1.", 0), 0u) << e.at("hdf5");
   EXPECT_GE(std::atoi(e.at("threads").c_str()), 1);
   EXPECT_EQ(e.at("threads"), std::to_string(std::atoi(e.at("threads").c_str())));
