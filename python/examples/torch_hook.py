@@ -2,6 +2,8 @@
 names and outputs below (`mlp.gate` -> (weights, ids), `attn.indexer` -> ids, -1 for empty slots)
 follow the reference inference code: adapt them to your model. One sequence per forward."""
 
+import re
+
 import torch
 
 import dsv4
@@ -13,10 +15,10 @@ def record(model, config_path, sequences, path="torch.h5"):
     def hook(layer, kind):
         return lambda module, inputs, output: seen.__setitem__((layer, kind), output)
 
-    for name, module in model.named_modules():
-        if name.endswith(("mlp.gate", "attn.indexer")) and ".layers." in name:
-            layer = int(name.split(".layers.")[1].split(".")[0])
-            module.register_forward_hook(hook(layer, "routing" if name.endswith("gate") else "indexer"))
+    for name, module in model.named_modules():  # "layers.3.mlp.gate", or under a prefix ("model.layers.3...")
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.(mlp\.gate|attn\.indexer)$", name)
+        if m:
+            module.register_forward_hook(hook(int(m.group(1)), "routing" if m.group(2) == "mlp.gate" else "indexer"))
 
     with dsv4.TraceWriter(path, config_path, profile="train", kind="train", engine="pytorch") as w:
         w.begin_step()
