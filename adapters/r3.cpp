@@ -515,9 +515,10 @@ R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& 
       b.k = k;
       b.routed_experts.assign(size_t(b.rows * L * k), -1);
     }
-    if (r->k != k || r->T < b.rows)
-      throw InputError(fmt::format("{}: {}: routing of {} rows × {} ids, expected at least {} rows × {}",
-                                   what, layer_name(c, l), r->T, r->k, b.rows, k));
+    if (r->k != k || r->T < b.rows || int64_t(r->ids.size()) != r->T * r->k)
+      throw InputError(
+          fmt::format("{}: {}: routing of {} ids as {} rows × {}, expected at least {} rows × {}", what,
+                      layer_name(c, l), r->ids.size(), r->T, r->k, b.rows, k));
     for (int64_t t = 0; t < b.rows; ++t) {
       int32_t* dst = &b.routed_experts[size_t((t * L + l) * k)];
       std::memcpy(dst, &r->ids[size_t(t * k)], size_t(k) * 4);
@@ -545,8 +546,9 @@ R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& 
       b.width = K;
       b.indexer_topk.assign(size_t(b.rows * n * K), -1);
     }
-    if (x->T < b.rows)
-      throw InputError(fmt::format("{}: {}: indexer rows {} < {}", what, layer_name(c, l), x->T, b.rows));
+    if (x->T < b.rows || x->k < 0 || int64_t(x->ids.size()) != x->T * x->k)
+      throw InputError(fmt::format("{}: {}: indexer of {} ids as {} rows × {}, expected at least {} rows",
+                                   what, layer_name(c, l), x->ids.size(), x->T, x->k, b.rows));
     for (int64_t t = 0; t < b.rows; ++t) {
       int32_t* dst = &b.indexer_topk[size_t((t * n + o) * K)];
       int m = 0;

@@ -1169,3 +1169,41 @@ TEST(Adapters, CommandLineImportExportAndErrors) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// r3_export takes its decisions from callbacks (a trace reader, or an importer's own sequences): a
+// record whose ids do not fill its stated rows is refused by name, not read past its end.
+TEST(Adapters, ExportRefusesRecordsShorterThanTheirShape) {
+  const ModelConfig& c = cfg();
+  auto no_routing = [](int) { return std::optional<RoutingRecord>(); };
+  auto short_indexer = [](int) {
+    IndexerRecord x;
+    x.T = 8;
+    x.k = 2;
+    x.ids = {0, -1, 1};  // 3 ids for 8 rows × 2
+    return std::optional<IndexerRecord>(x);
+  };
+  try {
+    r3_export(c, 9, no_routing, short_indexer, "seq 0");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "seq 0: layer 1 (C4 ordinal 0) (hash layer): indexer of 3 ids as 8 rows × 2"),
+              std::string::npos)
+        << e.what();
+  }
+  auto short_routing = [&](int) {
+    RoutingRecord r;
+    r.T = 8;
+    r.k = c.num_experts_per_tok;
+    r.ids = {1, 2};
+    return std::optional<RoutingRecord>(r);
+  };
+  auto no_indexer = [](int) { return std::optional<IndexerRecord>(); };
+  EXPECT_THROW(r3_export(c, 9, short_routing, no_indexer, "seq 0"), InputError);
+}
+
+}  // namespace
+}  // namespace dsv4
