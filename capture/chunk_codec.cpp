@@ -153,29 +153,35 @@ void seal(EncodedChunk& c, const uint8_t* payload, size_t m) {
 
 }  // namespace
 
-EncodedChunk encode_chunk(const uint8_t* data, size_t n, size_t elem, bool compress) {
+EncodedChunk encode_shuffled_chunk(const uint8_t* shuffled, size_t n) {
   EncodedChunk c;
-  if (!compress) {
-    seal(c, data, n);
-    return c;
-  }
 #if defined(DSV4_HAVE_ZLIB)
-  // Scratch reused by each encoder thread: no fresh memory per chunk.
-  thread_local std::vector<uint8_t> shuffled, deflated;
-  if (shuffled.size() < n) shuffled.resize(n);
+  thread_local std::vector<uint8_t> deflated;  // scratch reused by each encoder thread
   if (deflated.size() < n) deflated.resize(n);
-  shuffle_bytes(data, n, elem, shuffled.data());
-  if (const size_t m = zlib_stream(shuffled.data(), n, deflated.data())) {
+  if (const size_t m = zlib_stream(shuffled, n, deflated.data())) {
     seal(c, deflated.data(), m);
   } else {  // deflate would not shrink it: skipped, as HDF5's optional filter is
-    seal(c, shuffled.data(), n);
+    seal(c, shuffled, n);
     c.filter_mask |= 1u << 1;
   }
 #else
-  (void)elem;
+  (void)shuffled;
+  (void)n;
   throw std::logic_error("encode_chunk: built without zlib");
 #endif
   return c;
+}
+
+EncodedChunk encode_chunk(const uint8_t* data, size_t n, size_t elem, bool compress) {
+  if (!compress) {
+    EncodedChunk c;
+    seal(c, data, n);
+    return c;
+  }
+  thread_local std::vector<uint8_t> shuffled;  // scratch reused by each encoder thread
+  if (shuffled.size() < n) shuffled.resize(n);
+  shuffle_bytes(data, n, elem, shuffled.data());
+  return encode_shuffled_chunk(shuffled.data(), n);
 }
 
 }  // namespace dsv4::h5

@@ -26,6 +26,9 @@ struct EncodedChunk {
 // Deflate is ISA-L's level 1 when the build has ISA-L, else zlib's level 4 (what HDF5's own filter
 // writes); any inflate reads either, so only the file's bytes depend on the choice, never its contents.
 EncodedChunk encode_chunk(const uint8_t* data, size_t n, size_t elem, bool compress);
+// The same pipeline for a chunk already shuffled by the caller (a stream that writes each value's bytes
+// straight into their planes).
+EncodedChunk encode_shuffled_chunk(const uint8_t* shuffled, size_t n);
 
 // The inverse of encode_chunk (for reading back what a ChunkStream holds): the `n` bytes of values, the
 // checksum verified. Throws std::runtime_error for a chunk that does not decode.

@@ -783,7 +783,9 @@ ChunkStream::ChunkStream(Type t, std::shared_ptr<ChunkFile> file, int stream)
     throw std::logic_error("ChunkStream: a chunk file needs the chunk codec");
   if (t == Type::str) throw std::logic_error("ChunkStream: string datasets are not chunked");
   per_chunk_ = size_t(chunk_for({1}, elem_)[0]);  // a long 1-D dataset's chunk; a short one is one chunk
-  buf_.reserve(chunk_codec_available() ? per_chunk_ * elem_ : 0);
+  // With the codec, the chunk being filled is held shuffled (HDF5's filter: byte j of value i at
+  // j * per_chunk + i), so that encoding it needs no pass of its own.
+  if (chunk_codec_available()) buf_.assign(per_chunk_ * elem_, 0);
 }
 
 void ChunkStream::append(const void* values, size_t n) {
@@ -793,24 +795,42 @@ void ChunkStream::append(const void* values, size_t n) {
     buf_.insert(buf_.end(), p, p + n * elem_);
     return;
   }
-  size_t bytes = n * elem_;
-  const size_t chunk_bytes = per_chunk_ * elem_;
-  while (bytes > 0) {
-    const size_t take = std::min(bytes, chunk_bytes - buf_.size());
-    buf_.insert(buf_.end(), p, p + take);
-    p += take;
-    bytes -= take;
-    if (buf_.size() == chunk_bytes) flush_chunk();
+  while (n > 0) {
+    const size_t take = std::min(n, per_chunk_ - fill_);
+    uint8_t* plane = buf_.data() + fill_;
+    switch (elem_) {
+      case 1:
+        std::memcpy(plane, p, take);
+        break;
+      case 2:
+        for (size_t i = 0; i < take; ++i) {
+          plane[i] = p[2 * i];
+          plane[per_chunk_ + i] = p[2 * i + 1];
+        }
+        break;
+      default:
+        for (size_t i = 0; i < take; ++i)
+          for (size_t j = 0; j < elem_; ++j) plane[j * per_chunk_ + i] = p[elem_ * i + j];
+        break;
+    }
+    p += take * elem_;
+    n -= take;
+    fill_ += take;
+    if (fill_ == per_chunk_) flush_chunk();
   }
 }
 
 void ChunkStream::flush_chunk() {
   if (finished_) throw std::logic_error("ChunkStream: values appended after finish()");
+  // A chunk flushed before it is full (the last, of an extendible dataset) is padded with zeros, as
+  // HDF5 pads it.
+  for (size_t j = 0; j < elem_; ++j) std::memset(buf_.data() + j * per_chunk_ + fill_, 0, per_chunk_ - fill_);
+  EncodedChunk c = encode_shuffled_chunk(buf_.data(), per_chunk_ * elem_);
   if (file_)
-    file_->put(stream_, put_++, encode_chunk(buf_.data(), buf_.size(), elem_, true));
+    file_->put(stream_, put_++, std::move(c));
   else
-    chunks_.push_back(encode_chunk(buf_.data(), buf_.size(), elem_, true));
-  buf_.clear();
+    chunks_.push_back(std::move(c));
+  fill_ = 0;
 }
 
 void ChunkStream::finish() {
@@ -818,10 +838,7 @@ void ChunkStream::finish() {
   // Closed first, so that the file knows which chunk is the last when it comes. The dataset is
   // extendible, so its chunks are whole: the last one is padded with zeros.
   file_->close(stream_, total_);
-  if (!buf_.empty()) {
-    buf_.resize(per_chunk_ * elem_, 0);
-    flush_chunk();
-  }
+  if (fill_ > 0) flush_chunk();
   finished_ = true;
 }
 
@@ -834,12 +851,13 @@ std::vector<uint8_t> ChunkStream::values() const {
     const std::vector<uint8_t> d = decode_chunk(c, per_chunk_ * elem_, elem_, true);
     v.insert(v.end(), d.begin(), d.end());
   }
-  v.insert(v.end(), buf_.begin(), buf_.end());
+  for (size_t i = 0; i < fill_; ++i)
+    for (size_t j = 0; j < elem_; ++j) v.push_back(buf_[j * per_chunk_ + i]);
   return v;
 }
 
 size_t ChunkStream::held_bytes() const {
-  size_t n = buf_.size();
+  size_t n = chunk_codec_available() ? fill_ * elem_ : buf_.size();
   for (const EncodedChunk& c : chunks_) n += c.bytes.size();
   return n;
 }
@@ -869,10 +887,12 @@ void ChunkStream::store(const Object& parent, const std::string& name) const {
           fmt::format("cannot write chunk {}", c));
   };
   for (size_t c = 0; c < chunks_.size(); ++c) put(c, chunks_[c]);
-  if (!buf_.empty()) {
-    std::vector<uint8_t> last(buf_);
-    if (!chunks_.empty()) last.resize(per_chunk_ * elem_, 0);
-    put(chunks_.size(), encode_chunk(last.data(), last.size(), elem_, true));
+  if (fill_ > 0) {  // the chunk being filled: padded to a whole one, or the whole (short) dataset
+    const size_t count = chunks_.empty() ? fill_ : per_chunk_;
+    std::vector<uint8_t> last(count * elem_, 0);
+    for (size_t j = 0; j < elem_; ++j)
+      std::memcpy(last.data() + j * count, buf_.data() + j * per_chunk_, fill_);
+    put(chunks_.size(), encode_shuffled_chunk(last.data(), last.size()));
   }
 }
 
@@ -919,7 +939,7 @@ void ChunkFile::drain() {
       ++next_chunk_;
     }
     bool any_left = false;
-    for (const Stream& st : streams_) any_left |= !st.closed || st.written < st.chunks;
+    for (const Stream& st : streams_) any_left |= !st.closed || st.written < st.chunks || !st.extent_set;
     if (!any_left) return;
     Stream& st = streams_[next_stream_];
     if (st.closed && next_chunk_ >= st.chunks) {  // this stream is done: its extent is exact

@@ -213,8 +213,8 @@ class ChunkStream {
  private:
   void flush_chunk();
   Type t_;
-  size_t elem_ = 0, per_chunk_ = 0, total_ = 0;
-  std::vector<uint8_t> buf_;  // the chunk being filled (all the values without a codec)
+  size_t elem_ = 0, per_chunk_ = 0, total_ = 0, fill_ = 0;
+  std::vector<uint8_t> buf_;  // the chunk being filled, shuffled (all the values, plain, without a codec)
   std::vector<EncodedChunk> chunks_;
   std::shared_ptr<ChunkFile> file_;
   int stream_ = 0;
