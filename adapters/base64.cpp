@@ -77,6 +77,12 @@ bool decode_scalar(const char* in, size_t len, uint8_t* out) {
 // offset of its range (A–Z −65, a–z −71, 0–9 +4, '+' +19, '/' +16); four values are packed into 24
 // bits by two multiply-adds, and the three bytes of each 32-bit lane picked out in order. A block that
 // holds anything else ('=', or a character outside the alphabet) goes through the tables, which decide.
+// Bytes of c in [lo, hi] (signed compares: bytes from 0x80 up are below every range here).
+__attribute__((target("avx2"))) inline __m256i in_range(__m256i c, char lo, char hi) {
+  return _mm256_and_si256(_mm256_cmpgt_epi8(c, _mm256_set1_epi8(char(lo - 1))),
+                          _mm256_cmpgt_epi8(_mm256_set1_epi8(char(hi + 1)), c));
+}
+
 __attribute__((target("avx2"))) bool decode_avx2(const char* in, size_t len, uint8_t* out) {
   bool ok = true;
   size_t i = 0;
@@ -84,10 +90,6 @@ __attribute__((target("avx2"))) bool decode_avx2(const char* in, size_t len, uin
   const __m256i order = _mm256_setr_epi8(2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1,  //
                                          2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
-  auto in_range = [](__m256i c, char lo, char hi) {
-    return _mm256_and_si256(_mm256_cmpgt_epi8(c, _mm256_set1_epi8(char(lo - 1))),
-                            _mm256_cmpgt_epi8(_mm256_set1_epi8(char(hi + 1)), c));
-  };
   for (; i + 32 <= len; i += 32, out += 24) {
     const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
     const __m256i upper = in_range(c, 'A', 'Z'), lower = in_range(c, 'a', 'z'), digit = in_range(c, '0', '9');
@@ -114,7 +116,10 @@ __attribute__((target("avx2"))) bool decode_avx2(const char* in, size_t len, uin
   return decode_scalar(in + i, len - i, out) && ok;
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+const bool kHaveAvx2 = [] {
+  __builtin_cpu_init();  // static initializers may run before the compiler's own CPU probe
+  return __builtin_cpu_supports("avx2") != 0;
+}();
 #endif
 
 // Decodes `len` characters (a multiple of 4) into len / 4 * 3 bytes; false when a character is outside
