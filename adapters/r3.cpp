@@ -220,6 +220,7 @@ IndexerShape indexer_shape(const ModelConfig& c, const R3Request& q, int64_t rou
 // Words [w0, w0 + n) of a buffer into `out`: copied, or decoded from its base64 text; false when that
 // text holds a character outside the alphabet there.
 bool read_words(const R3Buffer& b, size_t w0, size_t n, int32_t* out) {
+  if (n == 0) return true;  // (out may be null: an empty vector's data())
   if (b.base64.empty()) {
     std::memcpy(out, b.words.data() + w0, n * 4);
     return true;
