@@ -416,8 +416,6 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
     const int n = int(layers.size());
     // Each layer is read out of the engine's [rows, n, width] buffer a row at a time, checked and
     // encoded (the columns beyond the runtime width checked to be −1 in every row); never held whole.
-    std::vector<std::string> errors(static_cast<size_t>(n));
-    std::vector<char> empty(static_cast<size_t>(n));
     // The layers are split into one contiguous group per thread, each read row by row; a layer's rows
     // go through its encoder in order, so nothing depends on the thread count.
     std::vector<LayerResult> results;
@@ -451,8 +449,6 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
         x.rows = keep;
         x.width = c.indexer_width(T);
         x.encoded = enc[size_t(o)];
-        errors[size_t(o)] = results[size_t(o)].error;
-        empty[size_t(o)] = results[size_t(o)].empty;
       }
       return std::none_of(results.begin(), results.end(), [](const LayerResult& r) { return r.bad_text; });
     };
@@ -475,12 +471,14 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
       }
       tail_empty = std::all_of(tail.begin(), tail.end(), [](int32_t v) { return v == -1; });
     }
-    if (keep >= 4 && tail_empty && std::all_of(empty.begin(), empty.end(), [](char e) { return e != 0; }))
+    if (keep >= 4 && tail_empty &&
+        std::all_of(results.begin(), results.end(), [](const LayerResult& r) { return r.empty; }))
       throw InputError(
           fmt::format("{}: indexer_topk: every layer, every row is −1 although rows 3.. see compressed "
                       "groups: {}",
                       who, kCapturer));
-    throw_first(who + ": indexer_topk ", errors);
+    for (const LayerResult& r : results)  // the lowest layer's first, whatever the threads did
+      if (!r.error.empty()) throw InputError(who + ": indexer_topk " + r.error);
     if (s.rows == T)
       notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));
   }

@@ -856,12 +856,6 @@ std::vector<uint8_t> ChunkStream::values() const {
   return v;
 }
 
-size_t ChunkStream::held_bytes() const {
-  size_t n = chunk_codec_available() ? fill_ * elem_ : buf_.size();
-  for (const EncodedChunk& c : chunks_) n += c.bytes.size();
-  return n;
-}
-
 void ChunkStream::store(const Object& parent, const std::string& name) const {
   quiet();
   if (file_) {

@@ -200,8 +200,6 @@ class ChunkStream {
   // n values of t, native (little-endian) layout.
   void append(const void* values, size_t n);
   size_t size() const { return total_; }
-  // Bytes held: the encoded chunks and the chunk being filled.
-  size_t held_bytes() const;
   // No more values (needed with a ChunkFile, before store(); a no-op without).
   void finish();
   // Creates parent/name ([size()] values) and writes it (with a ChunkFile: links it).
