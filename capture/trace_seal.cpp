@@ -4,6 +4,10 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+// The seal hashes whole files (tens to hundreds of MB) when a trace is opened: compiled inline, XXH3
+// takes the widest vector unit this build targets (AVX2 on x86-64-v3) rather than the shared
+// library's baseline SSE2, about 1.6x faster. The digest is the same.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <array>
@@ -27,7 +31,7 @@ constexpr uint32_t kStateOpen = 1;
 constexpr uint32_t kStateSealed = 2;
 constexpr size_t kHeaderBytes = 56;  // magic .. header checksum
 constexpr size_t kChecked = 48;      // bytes covered by the header checksum
-constexpr size_t kReadBlock = size_t(1) << 20;
+constexpr size_t kReadBlock = size_t(1) << 18;  // hashed while still in the L2 cache
 
 std::atomic<bool> g_checks{true};
 

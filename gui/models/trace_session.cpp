@@ -3,8 +3,11 @@
 #include <QFile>
 #include <algorithm>
 #include <cmath>
+#include <future>
 
 #include "capture/errors.h"
+#include "capture/h5.h"
+#include "capture/trace_seal.h"
 
 namespace dsv4::gui {
 
@@ -162,6 +165,10 @@ TraceSession::TraceSession(QObject* parent) : QObject(parent), worker_(new Trace
     if (id == detail_id_) emit detailFailed(id, m);
   });
   connect(worker_, &TraceWorker::exportDone, this, &TraceSession::exportDone);
+  // HDF5 sets itself up on its first call (a few ms): do that while the window is built, not when
+  // the first trace is opened.
+  connect(
+      &thread_, &QThread::started, worker_, [] { h5::quiet(); }, Qt::DirectConnection);
   thread_.start();
 }
 
@@ -266,12 +273,23 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
     it = it->first == path_a || it->first == path_b ? std::next(it) : readers_.erase(it);
   try {
     emit progress(id, 0, 0, QStringLiteral("opening %1").arg(rq.path_a));
+    // A pair's two seal checks (each hashes its whole file) run side by side: B's on a thread of its
+    // own while A is opened. check_seal keeps what it verified, so opening B finds B checked.
+    std::future<void> seal_b;
+    if (!path_b.empty() && !readers_.count(path_b))
+      seal_b = std::async(std::launch::async, [path_b] {
+        try {
+          check_seal(path_b);
+        } catch (const std::exception&) {  // opening B below reports it, naming B
+        }
+      });
     auto summary = std::make_shared<LoadSummary>();
     TraceReader* ra = &reader(path_a, rq.refresh);
     summary->a = trace_info(*ra, rq.step_a);
     TraceReader* rb = nullptr;
     if (!path_b.empty()) {
       current = path_b;
+      if (seal_b.valid()) seal_b.get();
       rb = &reader(path_b, rq.refresh);
       summary->b = trace_info(*rb, rq.step_b);
     }

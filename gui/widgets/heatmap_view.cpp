@@ -1,5 +1,7 @@
 #include "gui/widgets/heatmap_view.h"
 
+#include <QTimer>
+
 #include <QKeyEvent>
 #include <QMouseEvent>
 #include <QPainter>
@@ -118,7 +120,41 @@ void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
   fit_pending_ = false;
   updateScrollBars();
   horizontalScrollBar()->setValue(int(std::lround(col_at_anchor * ppc_ - anchor_x)));
+  noteVisibleColumns();
   viewport()->update();
+}
+
+std::pair<double, double> HeatmapView::visibleColumns() const {
+  const int cols = model_ ? model_->columnCount() : 0;
+  const double first = horizontalScrollBar()->value() / ppc_;
+  return {std::min(first, double(cols)), std::min(first + cellRect().width() / ppc_, double(cols))};
+}
+
+void HeatmapView::showColumns(double first, double last) {
+  const int cols = model_ ? model_->columnCount() : 0;
+  const int w = cellRect().width();
+  if (cols <= 0 || w <= 0) return;
+  first = std::clamp(first, 0.0, double(cols));
+  last = std::clamp(last, first, double(cols));
+  const double fit = double(w) / cols;
+  const double ppc =
+      std::clamp(w / std::max(last - first, 1e-9), std::min(fit, kMaxPpc), std::max(kMaxPpc, fit));
+  const double centre = (first + last) / 2;
+  ppc_ = ppc;
+  fit_pending_ = false;
+  updateScrollBars();
+  // At the zoom limit the range asked for is narrower than the view: keep it centred.
+  const double left = ppc * (last - first) >= w - 0.5 ? first * ppc : centre * ppc - w / 2.0;
+  horizontalScrollBar()->setValue(int(std::lround(left)));
+  noteVisibleColumns();
+  viewport()->update();
+}
+
+void HeatmapView::noteVisibleColumns() {
+  const auto v = visibleColumns();
+  if (v == visible_) return;
+  visible_ = v;
+  emit visibleColumnsChanged(v.first, v.second);
 }
 
 void HeatmapView::zoomBy(double factor) {
@@ -144,6 +180,7 @@ void HeatmapView::updateScrollBars() {
   verticalScrollBar()->setRange(0, std::max(0, content_h - area.height()));
   verticalScrollBar()->setPageStep(std::max(1, area.height()));
   verticalScrollBar()->setSingleStep(rowHeight());
+  noteVisibleColumns();
 }
 
 void HeatmapView::resizeEvent(QResizeEvent* e) {
@@ -160,6 +197,7 @@ void HeatmapView::resizeEvent(QResizeEvent* e) {
 }
 
 void HeatmapView::scrollContentsBy(int, int) {
+  noteVisibleColumns();
   viewport()->update();
 }
 
@@ -276,7 +314,8 @@ bool HeatmapView::viewportEvent(QEvent* e) {
   return QAbstractScrollArea::viewportEvent(e);
 }
 
-void HeatmapView::renderCells(QImage& img, const QRect& area) {
+void HeatmapView::renderCells(QPainter& p, const QRect& area) {
+  QImage* img = p.device()->devType() == QInternal::Image ? static_cast<QImage*>(p.device()) : nullptr;
   const int rows = model_->rowCount(), cols = model_->columnCount();
   if (rows == 0 || cols == 0) return;
   const int rh = rowHeight();
@@ -309,13 +348,23 @@ void HeatmapView::renderCells(QImage& img, const QRect& area) {
       const bool gap = col_gaps && int(std::floor((sx + x + 1) / ppc_)) != c0;
       line[x] = gap ? kGrid : prev;
     }
+    // The layer's pixel row, repeated rh times (the last one a grid line when rows are tall enough):
+    // copied into the image's scan lines when drawing into the cache, else drawn as an image.
+    const QImage row(reinterpret_cast<const uchar*>(line.data()), area.width(), 1,
+                     qsizetype(area.width()) * qsizetype(sizeof(QRgb)), QImage::Format_RGB32);
     const int y0 = area.top() + r * rh - sy;
     for (int y = std::max(y0, area.top()); y < std::min(y0 + rh, area.top() + area.height()); ++y) {
-      auto* scan = reinterpret_cast<QRgb*>(img.scanLine(y)) + area.left();
-      if (row_gaps && y == y0 + rh - 1) {
-        std::fill(scan, scan + area.width(), kGrid);
+      const bool grid = row_gaps && y == y0 + rh - 1;
+      if (img) {
+        auto* scan = reinterpret_cast<QRgb*>(img->scanLine(y)) + area.left();
+        if (grid)
+          std::fill(scan, scan + area.width(), kGrid);
+        else
+          std::copy(line.begin(), line.end(), scan);
+      } else if (grid) {
+        p.fillRect(area.left(), y, area.width(), 1, QColor(kGrid));
       } else {
-        std::copy(line.begin(), line.end(), scan);
+        p.drawImage(area.left(), y, row);
       }
     }
   }
@@ -423,53 +472,76 @@ void HeatmapView::renderLegend(QPainter& p, const QRect& area) {
            QStringLiteral("within %1").arg(model_->formatValue(model_->threshold())));
 }
 
-void HeatmapView::renderCache() {
-  QElapsedTimer timer;
-  timer.start();
-  const QSize size = viewport()->size();
-  if (cache_.size() != size) cache_ = QImage(size, QImage::Format_RGB32);
-  cache_.fill(kBackground);
+void HeatmapView::render(QPainter& p, const QSize& size) {
+  p.fillRect(QRect(QPoint(0, 0), size), QColor(kBackground));
   if (!model_ || model_->rowCount() == 0) {
     // Nothing open (or nothing loaded yet): no axes, no legend, only what to do.
-    QPainter p(&cache_);
     p.setPen(QColor(0x66, 0x66, 0x66));
     p.drawText(QRect(QPoint(0, 0), size), Qt::AlignCenter | Qt::TextWordWrap, emptyText());
-  } else {
-    const QRect area = cellRect();
-    renderCells(cache_, area);
-    QPainter p(&cache_);
-    renderStrip(p, area);
-    renderAxis(p, area);
-    // Row labels.
-    const int rh = rowHeight(), sy = verticalScrollBar()->value();
-    QFont f = font();
-    f.setPointSizeF(f.pointSizeF() * (rh < 14 ? 0.75 : 0.9));
-    p.setFont(f);
-    p.setPen(QColor(0x33, 0x33, 0x33));
-    p.setClipRect(QRect(0, area.top(), label_w_, area.height()));
-    const int label_every = std::max(1, int(std::ceil(12.0 / rh)));
-    for (int r = 0; r < model_->rowCount(); ++r) {
-      const int y = area.top() + r * rh - sy;
-      if (y + rh < area.top() || y > area.bottom()) continue;
-      if (r % label_every != 0) continue;
-      p.drawText(QRect(2, y, label_w_ - 8, std::max(rh, 12)), Qt::AlignRight | Qt::AlignVCenter,
-                 model_->rowLabel(r));
-    }
-    p.setClipping(false);
-    // A generation: the boundary between prompt and response, across the strip and the cells.
-    if (const int b = model_->promptBoundary(); b >= 0) {
-      const double x = columnX(b);
-      if (x >= area.left() && x <= area.right()) {
-        p.setPen(QPen(QColor(0x1a, 0x5f, 0xb4), 2));
-        p.drawLine(QPointF(x, 2), QPointF(x, area.bottom()));
-        p.setPen(QColor(0x1a, 0x5f, 0xb4));
-        p.drawText(QRectF(x + 4, 2, 120, 14), Qt::AlignLeft | Qt::AlignTop, QStringLiteral("generated →"));
-      }
-    }
-    renderLegend(p, QRect(area.right() + 1, area.top(), kLegendW, area.height()));
+    return;
   }
+  const QRect area = cellRect();
+  renderCells(p, area);
+  renderStrip(p, area);
+  renderAxis(p, area);
+  // Row labels.
+  const int rh = rowHeight(), sy = verticalScrollBar()->value();
+  QFont f = font();
+  f.setPointSizeF(f.pointSizeF() * (rh < 14 ? 0.75 : 0.9));
+  p.setFont(f);
+  p.setPen(QColor(0x33, 0x33, 0x33));
+  p.setClipRect(QRect(0, area.top(), label_w_, area.height()));
+  const int label_every = std::max(1, int(std::ceil(12.0 / rh)));
+  for (int r = 0; r < model_->rowCount(); ++r) {
+    const int y = area.top() + r * rh - sy;
+    if (y + rh < area.top() || y > area.bottom()) continue;
+    if (r % label_every != 0) continue;
+    p.drawText(QRect(2, y, label_w_ - 8, std::max(rh, 12)), Qt::AlignRight | Qt::AlignVCenter,
+               model_->rowLabel(r));
+  }
+  p.setClipping(false);
+  // A generation: the boundary between prompt and response, across the strip and the cells.
+  if (const int b = model_->promptBoundary(); b >= 0) {
+    const double x = columnX(b);
+    if (x >= area.left() && x <= area.right()) {
+      p.setPen(QPen(QColor(0x1a, 0x5f, 0xb4), 2));
+      p.drawLine(QPointF(x, 2), QPointF(x, area.bottom()));
+      p.setPen(QColor(0x1a, 0x5f, 0xb4));
+      p.drawText(QRectF(x + 4, 2, 120, 14), Qt::AlignLeft | Qt::AlignTop, QStringLiteral("generated →"));
+    }
+  }
+  renderLegend(p, QRect(area.right() + 1, area.top(), kLegendW, area.height()));
+}
+
+bool HeatmapView::renderCache() {
+  const QSize size = viewport()->size();
+  const size_t need = size_t(std::max(size.width(), 0)) * size_t(std::max(size.height(), 0));
+  // Fresh pages cost more to fault in than the whole rendering (several ms for a screenful on a
+  // virtual machine): without memory kept from earlier renders the frame is drawn straight into the
+  // window, and the image's memory is taken after it (allocateCache), off the path of the first frame.
+  if (need > cache_mem_.size()) {
+    QTimer::singleShot(0, this, &HeatmapView::allocateCache);
+    return false;
+  }
+  QElapsedTimer timer;
+  timer.start();
+  if (cache_.size() != size)
+    cache_ = QImage(reinterpret_cast<uchar*>(cache_mem_.data()), size.width(), size.height(),
+                    qsizetype(size.width()) * qsizetype(sizeof(QRgb)), QImage::Format_RGB32);
+  QPainter p(&cache_);
+  render(p, size);
   last_render_ms_ = timer.nsecsElapsed() / 1e6;
   ++renders_;
+  return true;
+}
+
+void HeatmapView::allocateCache() {
+  const QSize size = viewport()->size();
+  const size_t need = size_t(std::max(size.width(), 0)) * size_t(std::max(size.height(), 0));
+  if (need <= cache_mem_.size()) return;
+  cache_ = QImage();
+  cache_mem_ = std::vector<QRgb>(need, kBackground);
+  key_ = Key{};
 }
 
 void HeatmapView::paintEvent(QPaintEvent*) {
@@ -481,12 +553,23 @@ void HeatmapView::paintEvent(QPaintEvent*) {
               viewport()->width(),
               viewport()->height(),
               ppc_};
-  if (!(k == key_) || cache_.isNull()) {
-    renderCache();
-    key_ = k;
-  }
   QPainter p(viewport());
-  p.drawImage(0, 0, cache_);
+  const bool has_data = model_ && model_->rowCount() > 0;
+  if (!has_data) {
+    render(p, viewport()->size());  // the empty state: a line of text, not worth an image
+    key_ = Key{};
+  } else if (k == key_ && !cache_.isNull()) {
+    p.drawImage(0, 0, cache_);
+  } else if (renderCache()) {
+    key_ = k;
+    p.drawImage(0, 0, cache_);
+  } else {
+    QElapsedTimer render_timer;
+    render_timer.start();
+    render(p, viewport()->size());
+    last_render_ms_ = render_timer.nsecsElapsed() / 1e6;
+    ++renders_;
+  }
   if (model_ && sel_row_ >= 0 && sel_col_ >= 0) {
     const QRect area = cellRect();
     const int rh = rowHeight();

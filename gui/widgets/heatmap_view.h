@@ -8,6 +8,7 @@
 #include <QAbstractScrollArea>
 #include <QElapsedTimer>
 #include <QImage>
+#include <vector>
 
 #include "gui/models/heatmap_model.h"
 
@@ -29,6 +30,11 @@ class HeatmapView : public QAbstractScrollArea {
   void zoomIn() { zoomBy(1.5); }
   void zoomOut() { zoomBy(1 / 1.5); }
   void fitToWidth();
+  // The columns in view, [first, last) in column units (fractional at the edges).
+  std::pair<double, double> visibleColumns() const;
+  // Zoom and scroll so that columns [first, last) fill the width, within the zoom limits (the whole
+  // sequence at most; a few columns at least, centred on the range asked for).
+  void showColumns(double first, double last);
 
   // Selection: (row, column) or (−1, −1). select() scrolls it into view and emits cellSelected.
   void select(int row, int col);
@@ -48,6 +54,8 @@ class HeatmapView : public QAbstractScrollArea {
  signals:
   void cellSelected(int row, int col);
   void framePainted(double ms);  // after each paint event, its duration
+  // The columns in view changed (scroll, zoom, resize, another sequence or metric).
+  void visibleColumnsChanged(double first, double last);
 
  protected:
   void paintEvent(QPaintEvent* e) override;
@@ -61,9 +69,13 @@ class HeatmapView : public QAbstractScrollArea {
 
  private:
   void updateScrollBars();
-  void updateLabelWidth();  // fits the row labels
-  void renderCache();
-  void renderCells(QImage& img, const QRect& area);
+  void noteVisibleColumns();  // emits visibleColumnsChanged when they differ from the last emitted
+  void updateLabelWidth();    // fits the row labels
+  // Everything the view shows (cells, strip, axis, row labels, legend; or the empty state).
+  void render(QPainter& p, const QSize& size);
+  bool renderCache();    // into cache_; false (and allocateCache queued) when its memory is missing
+  void allocateCache();  // the memory of a viewport-sized image
+  void renderCells(QPainter& p, const QRect& area);
   void renderStrip(QPainter& p, const QRect& area);
   void renderAxis(QPainter& p, const QRect& area);
   void renderLegend(QPainter& p, const QRect& area);
@@ -76,7 +88,8 @@ class HeatmapView : public QAbstractScrollArea {
   int label_w_ = 64;
   bool fit_pending_ = true;
   int sel_row_ = -1, sel_col_ = -1;
-  QImage cache_;
+  QImage cache_;                 // over cache_mem_
+  std::vector<QRgb> cache_mem_;  // only grows
   struct Key {
     quint64 revision = ~0ull;
     int sx = -1, sy = -1, w = -1, h = -1;
@@ -86,6 +99,7 @@ class HeatmapView : public QAbstractScrollArea {
   double last_render_ms_ = 0;
   int renders_ = 0;
   int last_cols_ = -1;
+  std::pair<double, double> visible_{-1, -1};
 };
 
 }  // namespace dsv4::gui

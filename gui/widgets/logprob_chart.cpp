@@ -4,12 +4,19 @@
 #include <QLegendMarker>
 #include <QLineSeries>
 #include <QMouseEvent>
+#include <QRubberBand>
+#include <QTimer>
 #include <QToolTip>
 #include <QValueAxis>
+#include <QWheelEvent>
 #include <algorithm>
 #include <cmath>
 
 namespace dsv4::gui {
+
+namespace {
+constexpr int kDragPixels = 5;  // a press that moves less is a click
+}
 
 LogprobChart::LogprobChart(QWidget* parent) : QChartView(parent) {
   auto* chart = new QChart;
@@ -49,6 +56,7 @@ LogprobChart::LogprobChart(QWidget* parent) : QChartView(parent) {
   setRenderHint(QPainter::Antialiasing, false);
   setMinimumHeight(180);
   setMouseTracking(true);
+  band_ = new QRubberBand(QRubberBand::Rectangle, viewport());
 }
 
 void LogprobChart::setDifferenceOnly(bool on) {
@@ -56,12 +64,20 @@ void LogprobChart::setDifferenceOnly(bool on) {
   rebuild();
 }
 
-int LogprobChart::tokenAt(const QPoint& viewport_pos) const {
+int LogprobChart::tokens() const {
   const SeqTokens* s = model_ ? model_->tokens() : nullptr;
+  return s ? int(s->logprobs_a.size()) : 0;
+}
+
+double LogprobChart::xAt(const QPoint& viewport_pos) const {
+  return chart()->mapToValue(chart()->mapFromScene(mapToScene(viewport_pos)), a_).x();
+}
+
+int LogprobChart::tokenAt(const QPoint& viewport_pos) const {
+  const int n = tokens();
   const QPointF in_chart = chart()->mapFromScene(mapToScene(viewport_pos));
-  if (!s || s->logprobs_a.empty() || !chart()->plotArea().contains(in_chart)) return -1;
-  const QPointF v = chart()->mapToValue(in_chart, a_);
-  return std::clamp(int(std::lround(v.x())), 0, int(s->logprobs_a.size()) - 1);
+  if (n == 0 || !chart()->plotArea().contains(in_chart)) return -1;
+  return std::clamp(int(std::lround(xAt(viewport_pos))), 0, n - 1);
 }
 
 QString LogprobChart::valueText(int token) const {
@@ -79,15 +95,6 @@ QString LogprobChart::valueText(int token) const {
       .arg(b - a, 0, 'g', 3);
 }
 
-void LogprobChart::mouseMoveEvent(QMouseEvent* e) {
-  const int t = tokenAt(e->position().toPoint());
-  if (t >= 0)
-    QToolTip::showText(e->globalPosition().toPoint(), valueText(t), this);
-  else
-    QToolTip::hideText();
-  QChartView::mouseMoveEvent(e);
-}
-
 void LogprobChart::setModel(TokenModel* m) {
   model_ = m;
   connect(model_, &QAbstractItemModel::modelReset, this, &LogprobChart::rebuild);
@@ -98,18 +105,52 @@ int LogprobChart::pointsShown() const {
   return int(a_->count());
 }
 
+void LogprobChart::setTokenRange(double first, double last) {
+  if (first == first_ && last == last_) return;
+  first_ = first;
+  last_ = last;
+  scheduleRebuild();
+}
+
+void LogprobChart::scheduleRebuild() {
+  if (rebuild_pending_) return;
+  rebuild_pending_ = true;
+  QTimer::singleShot(0, this, [this] {
+    if (rebuild_pending_) rebuild();
+  });
+}
+
+void LogprobChart::resizeEvent(QResizeEvent* e) {
+  QChartView::resizeEvent(e);
+  scheduleRebuild();  // one bucket per pixel column
+}
+
 void LogprobChart::rebuild() {
+  rebuild_pending_ = false;
   const SeqTokens* s = model_ ? model_->tokens() : nullptr;
   const bool cmp = model_ && model_->comparison();
   QList<QPointF> pa, pb, pd;
-  double lo = 0, hi = 0, dmax = 0;
-  if (s) {
-    const int n = int(s->logprobs_a.size());
-    const int bucket = std::max(1, (n + kMaxPoints - 1) / kMaxPoints);
+  double lo = -1, hi = 0, dmax = 0;
+  const int n = tokens();
+  // The range shown, in token units: columns [first, last) put token t at x = t.
+  double x0 = -0.5, x1 = std::max(n, 1) - 0.5;
+  if (last_ > first_ && n > 0) {
+    x0 = std::max(first_, 0.0) - 0.5;
+    x1 = std::min(last_, double(n)) - 0.5;
+    if (x1 <= x0) x0 = -0.5, x1 = n - 0.5;
+  }
+  if (s && n > 0) {
+    const int t0 = std::clamp(int(std::ceil(x0)), 0, n - 1);
+    const int t1 = std::clamp(int(std::floor(x1)) + 1, t0 + 1, n);  // tokens [t0, t1)
+    const int width =
+        std::max(100, int(chart()->plotArea().width() > 0 ? chart()->plotArea().width() : this->width()));
+    const int buckets = std::min(kMaxPoints, width);
+    const int bucket = std::max(1, (t1 - t0 + buckets - 1) / buckets);
     lo = INFINITY;
     hi = -INFINITY;
-    for (int i0 = 0; i0 < n; i0 += bucket) {
-      const int i1 = std::min(n, i0 + bucket);
+    pa.reserve((t1 - t0) / bucket + 1);
+    for (int i0 = t0; i0 < t1; i0 += bucket) {
+      const int i1 = std::min(t1, i0 + bucket);
       int ia = i0, id = i0;
       for (int i = i0; i < i1; ++i) {
         if (s->logprobs_a[i] < s->logprobs_a[ia]) ia = i;
@@ -130,21 +171,18 @@ void LogprobChart::rebuild() {
       }
     }
     if (!std::isfinite(lo)) lo = -1, hi = 0;
-    x_->setRange(0, std::max(1, n - 1));
-    const double raw = std::max(1.0, n / 8.0);
+  }
+  // Axes first, with the series empty: Qt Charts lays every point out again on each axis change.
+  for (auto* x : {a_, b_, diff_, marker_}) x->clear();
+  x_->setRange(x0, x1);
+  if (s) {
+    const double raw = std::max(1.0, (x1 - x0) / 8.0);
     const double p10 = std::pow(10.0, std::floor(std::log10(raw)));
     const double step = raw <= p10 ? p10 : raw <= 2 * p10 ? 2 * p10 : raw <= 5 * p10 ? 5 * p10 : 10 * p10;
     x_->setTickType(QValueAxis::TicksDynamic);
     x_->setTickAnchor(0);
     x_->setTickInterval(step);
-  } else {
-    lo = -1;
-    hi = 0;
-    x_->setRange(0, 1);
   }
-  a_->replace(pa);
-  b_->replace(pb);
-  diff_->replace(pd);
   const bool only_diff = cmp && difference_only_;
   a_->setVisible(s && !only_diff);
   b_->setVisible(cmp && !only_diff);
@@ -157,6 +195,9 @@ void LogprobChart::rebuild() {
   y_->setRange(lo - pad, std::min(hi + pad, 0.0 + pad));
   const double dpad = dmax > 0 ? dmax * 1.1 : 1e-6;
   y_diff_->setRange(-dpad, dpad);
+  a_->replace(pa);
+  b_->replace(pb);
+  diff_->replace(pd);
   setSelectedToken(selected_);
 }
 
@@ -168,13 +209,69 @@ void LogprobChart::setSelectedToken(int token) {
 }
 
 void LogprobChart::mousePressEvent(QMouseEvent* e) {
-  const int t = tokenAt(e->position().toPoint());
-  if (e->button() == Qt::LeftButton && t >= 0) {
-    emit tokenClicked(t);
+  if (e->button() == Qt::LeftButton && tokenAt(e->position().toPoint()) >= 0) {
+    pressed_ = true;
+    dragging_ = false;
+    press_pos_ = e->position().toPoint();
     e->accept();
     return;
   }
   QChartView::mousePressEvent(e);
+}
+
+void LogprobChart::mouseMoveEvent(QMouseEvent* e) {
+  const QPoint pos = e->position().toPoint();
+  if (pressed_ && (dragging_ || std::abs(pos.x() - press_pos_.x()) >= kDragPixels)) {
+    dragging_ = true;
+    const QRectF plot = chart()->mapToScene(chart()->plotArea()).boundingRect();
+    const QRect p = mapFromScene(plot).boundingRect();
+    band_->setGeometry(QRect(QPoint(std::min(pos.x(), press_pos_.x()), p.top()),
+                             QPoint(std::max(pos.x(), press_pos_.x()), p.bottom())));
+    band_->show();
+    QToolTip::hideText();
+    e->accept();
+    return;
+  }
+  const int t = tokenAt(pos);
+  if (t >= 0)
+    QToolTip::showText(e->globalPosition().toPoint(), valueText(t), this);
+  else
+    QToolTip::hideText();
+  QChartView::mouseMoveEvent(e);
+}
+
+void LogprobChart::mouseReleaseEvent(QMouseEvent* e) {
+  if (!pressed_ || e->button() != Qt::LeftButton) return QChartView::mouseReleaseEvent(e);
+  pressed_ = false;
+  band_->hide();
+  const QPoint pos = e->position().toPoint();
+  if (dragging_) {
+    dragging_ = false;
+    const double xa = xAt(press_pos_), xb = xAt(pos);
+    // Tokens whose column [t, t + 1) the drag covered, at least one.
+    const double first = std::floor(std::min(xa, xb) + 0.5), last = std::floor(std::max(xa, xb) + 0.5) + 1;
+    emit tokenRangeRequested(std::max(first, 0.0), std::min(last, double(tokens())));
+  } else if (const int t = tokenAt(press_pos_); t >= 0) {
+    emit tokenClicked(t);
+  }
+  e->accept();
+}
+
+void LogprobChart::mouseDoubleClickEvent(QMouseEvent* e) {
+  if (tokens() > 0) emit tokenRangeRequested(0, tokens());
+  e->accept();
+}
+
+void LogprobChart::wheelEvent(QWheelEvent* e) {
+  const int n = tokens();
+  if (!(e->modifiers() & Qt::ControlModifier) || n == 0 || e->angleDelta().y() == 0)
+    return QChartView::wheelEvent(e);
+  // Zoom about the token under the pointer, which stays where it is.
+  const double at = std::clamp(xAt(e->position().toPoint()) + 0.5, 0.0, double(n));
+  const double f = e->angleDelta().y() > 0 ? 1 / 1.5 : 1.5;
+  const double x0 = x_->min() + 0.5, x1 = x_->max() + 0.5;
+  emit tokenRangeRequested(at - (at - x0) * f, at + (x1 - at) * f);
+  e->accept();
 }
 
 }  // namespace dsv4::gui

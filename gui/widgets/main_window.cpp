@@ -108,6 +108,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   connect(doc_, &TraceDocument::loadFinished, this, &MainWindow::onLoadFinished);
   connect(doc_, &TraceDocument::loadFailed, this, &MainWindow::onLoadFailed);
   connect(doc_, &TraceDocument::loadCanceled, this, [this] {
+    stalls_.stop();
     setLoadingUi(false);
     status_->setText(QStringLiteral("Loading cancelled."));
   });
@@ -178,8 +179,23 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
     emit cellSelected(seq_, row, col);
   });
   connect(heatmap_, &HeatmapView::framePainted, this, [this](double) {
-    if (first_paint_ms_ < 0 && open_timer_.isValid() && heatmap_model_->rowCount() > 0)
+    if (first_paint_ms_ < 0 && open_timer_.isValid() && heatmap_model_->rowCount() > 0) {
       first_paint_ms_ = open_timer_.nsecsElapsed() / 1e6;
+      if (doc_->loading()) stalls_.start();  // the rest of the load must leave frames to draw
+    }
+  });
+  // The chart and the heatmap show the same tokens: zooming or scrolling either moves both.
+  connect(heatmap_, &HeatmapView::visibleColumnsChanged, this, [this](double first, double last) {
+    if (heatmap_model_->isTokenAxis())
+      chart_->setTokenRange(first, last);
+    else
+      chart_->setTokenRange(0, 0);  // experts across: the chart keeps every token
+  });
+  connect(chart_, &LogprobChart::tokenRangeRequested, this, [this](double first, double last) {
+    if (heatmap_model_->isTokenAxis())
+      heatmap_->showColumns(first, last);  // hands the range back through visibleColumnsChanged
+    else
+      chart_->setTokenRange(first, last);
   });
   connect(chart_, &LogprobChart::tokenClicked, this, [this](int token) {
     const int layer = std::max(heatmap_->selectedRow(), 0);
@@ -476,6 +492,9 @@ QWidget* MainWindow::buildNavigator() {
   navigator_view_->setSortingEnabled(true);
   navigator_view_->horizontalHeader()->setSortIndicator(NavigatorModel::Severity, Qt::AscendingOrder);
   navigator_view_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  // Columns sized to the rows in view and a screenful beyond, not to all of them: measuring every row
+  // of thousands of flips stalls the window for tens of ms each time the list changes.
+  navigator_view_->horizontalHeader()->setResizeContentsPrecision(64);
   layout->addWidget(navigator_view_, 1);
   connect(navigator_view_, &QTableView::clicked, this,
           [this](const QModelIndex& i) { goToDivergence(i.row()); });
@@ -584,6 +603,7 @@ void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int 
   metric_chosen_ = wanted_metric_.has_value();  // --metric given before the files
   open_timer_.start();
   first_paint_ms_ = load_ms_ = -1;
+  stalls_.stop();
   setLoadingUi(true);
   status_->setText(QStringLiteral("Opening %1…").arg(a));
   doc_->open(a, b, step_a, step_b);
@@ -841,6 +861,7 @@ void MainWindow::onDatasetReset() {
 
 void MainWindow::onLoadFinished() {
   load_ms_ = open_timer_.isValid() ? open_timer_.nsecsElapsed() / 1e6 : -1;
+  stalls_.stop();
   setLoadingUi(false);
   const Dataset& d = doc_->data();
   int64_t tokens = 0;
@@ -878,6 +899,7 @@ void MainWindow::onLoadFinished() {
 }
 
 void MainWindow::onLoadFailed(const LoadError& e) {
+  stalls_.stop();
   setLoadingUi(false);
   status_->setText(e.message.section('\n', 0, 0));
   const LoadRequest& r = doc_->lastRequest();

@@ -14,6 +14,7 @@
 #include "gui/models/navigator_model.h"
 #include "gui/models/table_models.h"
 #include "gui/models/trace_document.h"
+#include "gui/widgets/stall_monitor.h"
 
 class QAction;
 class QCheckBox;
@@ -100,6 +101,9 @@ class MainWindow : public QMainWindow {
   // of the load; −1 until then.
   double firstPaintMs() const { return first_paint_ms_; }
   double loadMs() const { return load_ms_; }
+  // The UI thread's longest stall between the first painted frame and the end of the load
+  // (StallMonitor), and how many stalls exceeded the 16 ms frame budget.
+  const StallMonitor& loadStalls() const { return stalls_; }
 
  signals:
   void cellSelected(int seq, int layer, int64_t token);
@@ -177,6 +181,7 @@ class MainWindow : public QMainWindow {
   bool user_selected_ = false;
   QElapsedTimer open_timer_;
   double first_paint_ms_ = -1, load_ms_ = -1;
+  StallMonitor stalls_;
 };
 
 }  // namespace dsv4::gui

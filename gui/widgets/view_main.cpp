@@ -83,8 +83,10 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
     std::printf("heatmap-cells %d %d %d %d\n", tl.x(), tl.y(), cells.width(), cells.height());
     std::printf("metric %s\n", metric_info(w.heatmapModel()->metric()).name);
     if (o.timing)
-      std::printf("timing first_paint_ms=%.1f load_ms=%.1f vmrss_kib=%ld\n", w.firstPaintMs(), w.loadMs(),
-                  vmrss_kib());
+      std::printf(
+          "timing first_paint_ms=%.1f load_ms=%.1f max_stall_ms=%.1f stalls_over_16ms=%d vmrss_kib=%ld\n",
+          w.firstPaintMs(), w.loadMs(), w.loadStalls().maxStallMs(), w.loadStalls().stallsOverBudget(),
+          vmrss_kib());
     std::fflush(stdout);
     quit(0);
   };
@@ -96,7 +98,8 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
     const QString message = e.message;
     QTimer::singleShot(100, &w, [&, message] {
       if (done) return;
-      quit(kExitInput, save() ? message : message + QStringLiteral(" (and cannot write %1)").arg(o.screenshot));
+      quit(kExitInput,
+           save() ? message : message + QStringLiteral(" (and cannot write %1)").arg(o.screenshot));
     });
   });
   QObject::connect(doc, &TraceDocument::loadCanceled, &w,
