@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gui/models/colour_scale.h"
 #include "gui/models/heatmap_model.h"
 
 namespace dsv4::gui {
@@ -50,15 +51,18 @@ void GradientDiffModel::rebuild() {
   rows_ = int(t->kinds.size());
   cols_ = 1 + layers;
   cell_.assign(size_t(rows_) * size_t(cols_), -1);
+  LogScaleCounts counts;
   for (size_t i = 0; i < t->cells.size(); ++i) {
     const GradAggregate& c = t->cells[i];
     const auto row = std::find(t->kinds.begin(), t->kinds.end(), c.kind);
     if (row == t->kinds.end()) continue;
     cell_[size_t(row - t->kinds.begin()) * size_t(cols_) + size_t(c.layer + 1)] = int(i);
-    if (std::isfinite(c.rel_l2) && c.rel_l2 > 0) {
-      lo_ = lo_ == 0 ? c.rel_l2 : std::min(lo_, c.rel_l2);
-      hi_ = std::max(hi_, c.rel_l2);
-    }
+    counts.add(float(c.rel_l2));
+  }
+  if (counts.count() > 0) {
+    const LogScaleCounts::Range r = counts.range(false);
+    lo_ = r.lo;
+    hi_ = r.hi;
   }
 }
 

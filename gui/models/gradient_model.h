@@ -35,7 +35,7 @@ class GradientDiffModel : public QAbstractTableModel {
   static int layerOf(int column) { return column - 1; }
   const GradAggregate* cell(int row, int column) const;
   QString cellToolTip(int row, int column) const;
-  // The colour scale (log): the smallest and largest non-zero finite rel-L2 of the cells.
+  // The colour scale (log) over the cells' rel-L2, by the rule of gui/models/colour_scale.h.
   double scaleMin() const { return lo_; }
   double scaleMax() const { return hi_; }
   // One line on the two steps: parameters compared, differing, and the settings that differ.

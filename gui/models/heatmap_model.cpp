@@ -68,6 +68,7 @@ HeatmapModel::HeatmapModel(TraceDocument* doc, QObject* parent) : QAbstractTable
   connect(doc_, &TraceDocument::chunkLoaded, this, [this](int seq, int layer) {
     if (seq != seq_ || layer >= rows_ || cols_ == 0) return;
     const double lo = lo_, hi = hi_;
+    countRow(layer);
     rebuildRange();
     if (lo != lo_ || hi != hi_) {
       for (int r = 0; r < rows_; ++r) rebuildLevels(r);
@@ -159,14 +160,26 @@ void HeatmapModel::rebuild() {
     cols_ = isTokenAxis() ? int(d.tokens(seq_)) : d.summary->a.config.n_routed_experts;
   levels_.assign(size_t(rows_) * cols_, kLevelNoData);
   flags_.assign(size_t(rows_) * cols_, 0);
+  row_counts_.assign(size_t(rows_), {});
+  for (int r = 0; r < rows_; ++r) countRow(r);
   rebuildRange();
   for (int r = 0; r < rows_; ++r) rebuildLevels(r);
   rebuildStrip();
   ++revision_;
 }
 
+void HeatmapModel::countRow(int row) {
+  if (row < 0 || row >= int(row_counts_.size())) return;
+  LogScaleCounts& c = row_counts_[size_t(row)];
+  c = {};
+  const LayerChunk* ch = doc_->data().chunk(seq_, row);
+  if (!ch || !info().log_scale) return;
+  for (float v : ch->values[int(metric_)]) c.add(v);
+}
+
 void HeatmapModel::rebuildRange() {
   const MetricInfo& mi = info();
+  clipped_ = false;
   if (!mi.log_scale) {
     lo_ = 0;
     hi_ = 1;
@@ -179,17 +192,12 @@ void HeatmapModel::rebuildRange() {
     }
     return;
   }
-  double lo = INFINITY, hi = 0;
-  for (int r = 0; r < rows_; ++r) {
-    const LayerChunk* ch = doc_->data().chunk(seq_, r);
-    if (!ch) continue;
-    for (float v : ch->values[int(metric_)])
-      if (std::isfinite(v) && v > 0) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
-  }
-  if (!std::isfinite(lo)) lo = 1e-6, hi = 1;
-  if (hi <= lo) lo = hi / 10;
-  lo_ = lo;
-  hi_ = hi;
+  LogScaleCounts all;
+  for (const auto& c : row_counts_) all.add(c);
+  const LogScaleCounts::Range r = all.range(mi.lower_is_worse);
+  lo_ = r.lo;
+  hi_ = r.hi;
+  clipped_ = r.clipped;
 }
 
 double HeatmapModel::levelOf(float v) const {
@@ -208,8 +216,9 @@ double HeatmapModel::levelOf(float v) const {
     if (std::isinf(v)) return 1;
     t = std::clamp((std::log(double(v)) - std::log(lo_)) / (std::log(hi_) - std::log(lo_)), 0.0, 1.0);
   }
-  if (difference && t > 0) t = kDifferenceFloor + (1 - kDifferenceFloor) * t;
-  if (difference && !mi.log_scale && t == 0 && (mi.lower_is_worse ? v < hi_ : v > lo_)) t = kDifferenceFloor;
+  // Any difference at all is drawn clearly above the pale end (also one below a log scale's ideal end).
+  const bool differs = mi.log_scale ? v > 0 : (mi.lower_is_worse ? v < hi_ : v > lo_);
+  if (difference && differs) t = kDifferenceFloor + (1 - kDifferenceFloor) * t;
   return t;
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "gui/models/colour_scale.h"
 #include "gui/models/trace_document.h"
 
 namespace dsv4::gui {
@@ -67,6 +68,8 @@ class HeatmapModel : public QAbstractTableModel {
   // The colour scale: the values at level 0 and kLevelMax, and the text for a value.
   double scaleIdeal() const { return lo_is_ideal() ? lo_ : hi_; }
   double scaleWorst() const { return lo_is_ideal() ? hi_ : lo_; }
+  // Log scales (gui/models/colour_scale.h): some values lie beyond the ideal end and take its colour.
+  bool scaleClipped() const { return clipped_; }
   QString formatValue(double v) const;
   QString cellToolTip(int row, int col) const;
   QString rowLabel(int row) const;  // "3 C4"
@@ -89,7 +92,8 @@ class HeatmapModel : public QAbstractTableModel {
  private:
   bool lo_is_ideal() const { return !info().lower_is_worse; }
   void rebuild();       // everything for (seq, metric)
-  void rebuildRange();  // the colour scale from the loaded rows
+  void countRow(int row);  // row_counts_[row] from the row's values (log scales)
+  void rebuildRange();     // the colour scale from the loaded rows
   void rebuildLevels(int row);
   void rebuildFlags(int row);
   void rebuildStrip();
@@ -104,6 +108,8 @@ class HeatmapModel : public QAbstractTableModel {
   bool threshold_on_ = false;
   int rows_ = 0, cols_ = 0;
   double lo_ = 0, hi_ = 1;
+  bool clipped_ = false;
+  std::vector<LogScaleCounts> row_counts_;  // per row, for the log scales
   std::vector<uint16_t> levels_;
   std::vector<uint8_t> flags_;
   std::vector<float> strip_;

@@ -452,7 +452,9 @@ void HeatmapView::renderLegend(QPainter& p, const QRect& area) {
   p.drawRect(x, y, 16, bar_h - 1);
   p.setPen(QColor(0x22, 0x22, 0x22));
   const QString worst = model_->formatValue(model_->scaleWorst());
-  const QString ideal = model_->formatValue(model_->scaleIdeal());
+  QString ideal = model_->formatValue(model_->scaleIdeal());
+  // Values beyond the ideal end (below the 5th percentile) take its colour: the label says so.
+  if (model_->scaleClipped()) ideal = (mi.lower_is_worse ? QStringLiteral("≥ ") : QStringLiteral("≤ ")) + ideal;
   p.drawText(QRect(x + 22, y - 2, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignTop,
              worst + (mi.log_scale ? QStringLiteral(" (log)") : QString()));
   p.drawText(QRect(x + 22, y + bar_h - 14, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignBottom, ideal);

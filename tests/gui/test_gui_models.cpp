@@ -14,12 +14,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 
 #include "capture/trace_reader.h"
 #include "cli_util.h"
+#include "gui/models/colour_scale.h"
 #include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/metrics.h"
@@ -1344,3 +1347,151 @@ TEST(GuiGradients, KindByLayerCellsOfTwoTrainingSteps) {
 
 }  // namespace
 }  // namespace dsv4::gui
+
+// ---- colour scales ----------------------------------------------------------------------------------
+
+namespace {
+
+// The rule of gui/models/colour_scale.h, written out on sorted values: the worst end is the extreme
+// value, the ideal end the value of rank ceil(5 % n) from the ideal side, at least a decade apart.
+struct ScaleReference {
+  double worst, ideal;
+};
+ScaleReference scale_reference(std::vector<double> v, bool lower_is_worse) {
+  std::erase_if(v, [](double x) { return !(x > 0) || !std::isfinite(x); });
+  std::sort(v.begin(), v.end());
+  const size_t rank = std::max<size_t>(1, size_t(std::ceil(0.05 * double(v.size()))));
+  if (!lower_is_worse) return {v.back(), v[rank - 1]};
+  return {v.front(), v[v.size() - rank]};
+}
+
+}  // namespace
+
+TEST(GuiColourScale, EndsFollowTheRuleWithinOneBin) {
+  const double bin = 1.0625;  // the widest bin, as a ratio: 1/16 of an octave's span at its bottom
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> decade(-12, 2);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + int(rng() % 3000);
+    std::vector<double> v;
+    LogScaleCounts counts;
+    for (int i = 0; i < n; ++i) {
+      // Log-uniform values, some outliers far out on either side, and values that are not counted.
+      double x = std::pow(10.0, decade(rng) / (trial % 3 + 1));
+      if (i % 97 == 5) x = 1e-30;
+      if (i % 211 == 7) x = 1e20;
+      if (i % 53 == 1) x = (i % 2) ? 0.0 : -x;
+      x = double(float(x));
+      v.push_back(x);
+      counts.add(float(x));
+    }
+    counts.add(std::numeric_limits<float>::quiet_NaN());
+    counts.add(std::numeric_limits<float>::infinity());
+    for (bool lower_is_worse : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " n " << n << " lower_is_worse " << lower_is_worse);
+      const ScaleReference ref = scale_reference(v, lower_is_worse);
+      const LogScaleCounts::Range r = counts.range(lower_is_worse);
+      ASSERT_LT(r.lo, r.hi);
+      EXPECT_GE(r.hi / r.lo, 10 * (1 - 1e-12));
+      if (!lower_is_worse) {
+        EXPECT_EQ(r.hi, ref.worst);
+        if (ref.ideal < ref.worst / 10) {  // the percentile, to the bin that holds it
+          EXPECT_LE(r.lo, ref.ideal);
+          EXPECT_GT(r.lo, ref.ideal / bin);
+        } else {
+          EXPECT_DOUBLE_EQ(r.lo, ref.worst / 10);  // a decade below the worst value
+        }
+        const double smallest = *std::min_element(v.begin(), v.end(), [](double a, double b) {
+          return (a > 0 ? a : INFINITY) < (b > 0 ? b : INFINITY);
+        });
+        EXPECT_EQ(r.clipped, smallest < r.lo);
+      } else {
+        EXPECT_EQ(r.lo, ref.worst);
+        if (ref.ideal > ref.worst * 10) {
+          EXPECT_GE(r.hi, ref.ideal);
+          EXPECT_LT(r.hi, ref.ideal * bin);
+        } else {
+          EXPECT_DOUBLE_EQ(r.hi, ref.worst * 10);
+        }
+      }
+    }
+  }
+}
+
+TEST(GuiColourScale, RowsCountedApartMergeToTheWhole) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> e(-20, 5);
+  LogScaleCounts whole, parts;
+  std::vector<LogScaleCounts> rows(7);
+  for (int i = 0; i < 5000; ++i) {
+    const float x = std::pow(10.0f, e(rng));
+    whole.add(x);
+    rows[size_t(i) % rows.size()].add(x);
+  }
+  for (const auto& r : rows) parts.add(r);
+  EXPECT_EQ(parts.count(), whole.count());
+  for (bool lower_is_worse : {false, true}) {
+    const auto a = whole.range(lower_is_worse), b = parts.range(lower_is_worse);
+    EXPECT_EQ(a.lo, b.lo);
+    EXPECT_EQ(a.hi, b.hi);
+    EXPECT_EQ(a.clipped, b.clipped);
+  }
+  const LogScaleCounts empty;
+  EXPECT_EQ(empty.range(false).lo, 1e-6);
+  EXPECT_EQ(empty.range(false).hi, 1);
+}
+
+// A few tiny differences (here a single 1e-15) no longer press every other cell to the dark end:
+// the bulk spreads over the scale, the worst cell is the darkest, and the outlier is still drawn as a
+// difference.
+TEST(GuiColourScale, OverviewOfAnOutlierAndABulk) {
+  constexpr int kTokens = 4000;
+  auto summary = std::make_shared<LoadSummary>();
+  summary->a.config = preset("tiny");
+  summary->a.steps = {TraceStepInfo{}};
+  summary->a.steps[0].complete = true;
+  summary->b = summary->a;
+  summary->layers = summary->a.config.num_hidden_layers;
+  summary->seq_lengths = {kTokens};
+  Dataset d;
+  d.summary = summary;
+  auto seq = std::make_shared<SeqTokens>();
+  seq->T = kTokens;
+  seq->tokens.assign(kTokens, 1);
+  seq->logprobs_a.assign(kTokens - 1, -5.0f);
+  seq->logprobs_b = seq->logprobs_a;
+  d.seqs = {seq};
+  d.chunks.resize(1);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> e(-4, -2);
+  for (int l = 0; l < summary->layers; ++l) {
+    auto c = std::make_shared<LayerChunk>();
+    c->layer = l;
+    for (const auto& m : all_metrics())
+      if (m.comparison) c->values[int(m.metric)].assign(kTokens, m.lower_is_worse ? 1.0f : 0.0f);
+    auto& mhc = c->values[int(Metric::MhcDifference)];
+    for (auto& x : mhc) x = std::pow(10.0f, e(rng));
+    if (l == 0) mhc[17] = 1e-15f, mhc[18] = 0;
+    if (l == 1) mhc[5] = 0.5f;
+    d.chunks[0].push_back(c);
+  }
+  TraceDocument doc;
+  HeatmapModel heat(&doc);
+  doc.adopt(std::move(d));
+  heat.setMetric(Metric::MhcDifference);
+  EXPECT_TRUE(heat.scaleClipped());
+  EXPECT_EQ(heat.scaleWorst(), 0.5f);
+  std::vector<int> levels;
+  for (int l = 0; l < heat.rowCount(); ++l)
+    for (int t = 0; t < kTokens; ++t)
+      if (!(l == 0 && (t == 17 || t == 18)) && !(l == 1 && t == 5)) levels.push_back(heat.level(l, t));
+  std::sort(levels.begin(), levels.end());
+  const double median = double(levels[levels.size() / 2]) / kLevelMax;
+  // Between 1e-4 and 1e-2 on a scale from about 1.3e-4 to 0.5: the middle of the bulk (1e-3) sits a
+  // third of the way up (0.34 with the difference floor); a min-to-max scale from 1e-15 put it at 0.84.
+  EXPECT_GT(median, 0.2);
+  EXPECT_LT(median, 0.75);
+  EXPECT_EQ(heat.level(1, 5), kLevelMax);
+  EXPECT_GT(heat.level(0, 17), 0);  // a difference, however small, is above the pale end
+  EXPECT_EQ(heat.level(0, 18), 0);  // equal
+}
