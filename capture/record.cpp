@@ -6,6 +6,7 @@
 #include <csignal>
 
 #include "capture/cupti.h"
+#include "capture/env.h"
 #include "model/fanout.h"
 #include "model/forward.h"
 #include "model/profile.h"
@@ -44,7 +45,7 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
   wo.policy = policy;
   TraceHeader header = make_trace_header(w);
   if (opt.experts && opt.experts->size() > 1)
-    header.env["parallel"] = parallel_layout(*opt.experts);
+    header.env[kEnvParallel] = parallel_layout(*opt.experts);
   auto writer = opt.append ? TraceWriter::append(out, w.config(), header, wo)
                            : TraceWriter::create(out, w.config(), header, wo);
   MidStepKill kill(w.config().num_hidden_layers);

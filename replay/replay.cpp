@@ -24,6 +24,7 @@
 #include <set>
 
 #include "capture/digest.h"
+#include "capture/env.h"
 #include "capture/errors.h"
 #include "model/collect.h"
 #include "model/decision_sets.h"
@@ -761,10 +762,9 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   rep.env_differences = compare_env(r.env(), here);
   // Which layout recorded the trace and which replayed it, when either was parallel.
   const EnvFingerprint recorded_env = r.env();
-  const auto it = recorded_env.find("parallel");
   const std::string here_layout = opt.experts ? parallel_layout(*opt.experts) : "one process";
-  if (it != recorded_env.end())
-    rep.layout_note = fmt::format("recorded with {}, replayed with {}", it->second, here_layout);
+  if (recorded_env.count(kEnvParallel))
+    rep.layout_note = fmt::format("recorded with {}, replayed with {}", recorded_layout(recorded_env), here_layout);
   else if (opt.experts)
     rep.layout_note = fmt::format("recorded in one process, replayed with {}", here_layout);
   return rep;

@@ -124,6 +124,10 @@ struct LayerChunk {
   // Single mode: near-tie thresholds of this layer by the relative rule of replay/diff.h (NaN: no
   // margins). Comparison mode takes them from the DiffReport instead.
   double indexer_tie_threshold = kNoValue, router_tie_threshold = kNoValue;
+  // Comparison mode, TensorRelL2: the full tensor whose row gives each token's value (an index into
+  // rel_l2_tensors; −1 where no tensor of the layer is held in full).
+  std::vector<std::string> rel_l2_tensors;
+  std::vector<int16_t> rel_l2_argmax;
   // Comparison mode: the positions whose decision sets differ (gui/models/metrics.h decision_flips).
   std::vector<DecisionFlip> flips;
 };

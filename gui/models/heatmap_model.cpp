@@ -367,15 +367,23 @@ QString HeatmapModel::cellToolTip(int row, int col) const {
   head += QStringLiteral(" · token %1").arg(col);
   if (s && col < int(s->tokens.size())) head += QStringLiteral(" (id %1)").arg(s->tokens[col]);
   if (!ch) return head + QStringLiteral("\nloading…");
+  // The rel-L2 of a token is the largest over the layer's full tensors: name the one it comes from.
+  auto source = [&](Metric m) {
+    if (m != Metric::TensorRelL2 || col >= int(ch->rel_l2_argmax.size())) return QString();
+    const int k = ch->rel_l2_argmax[size_t(col)];
+    if (k < 0 || k >= int(ch->rel_l2_tensors.size())) return QString();
+    return QStringLiteral(" in %1").arg(QString::fromStdString(ch->rel_l2_tensors[size_t(k)]));
+  };
   QStringList lines{head};
-  lines << QStringLiteral("%1: %2  [%3]").arg(info().label, formatValue(value(row, col)), info().unit);
+  lines << QStringLiteral("%1: %2%3  [%4]")
+               .arg(info().label, formatValue(value(row, col)), source(metric_), info().unit);
   for (const auto& m : all_metrics()) {
     if (m.metric == metric_ || m.axis != MetricAxis::Tokens) continue;
     const auto& v = ch->values[int(m.metric)];
     if (v.empty() || col >= int(v.size()) || std::isnan(v[col])) continue;
     const double x = v[col];
     const QString text = std::isinf(x) ? QStringLiteral("+∞") : QString::number(x, 'g', 4);
-    lines << QStringLiteral("%1: %2").arg(m.label, text);
+    lines << QStringLiteral("%1: %2%3").arg(m.label, text, source(m.metric));
   }
   const double tie = tieThreshold(row);
   if (!std::isnan(tie)) lines << QStringLiteral("near-tie threshold: %1").arg(tie, 0, 'g', 3);

@@ -201,6 +201,17 @@ QString NavigatorModel::banner() const {
     if (worst.size() == 3) break;
   }
   if (!worst.isEmpty()) parts << QStringLiteral("<b>worst tokens</b>: ") + worst.join(QStringLiteral(", "));
+  // A parallel recording says so: its layout is never a cause (every layout gives the same bits), but
+  // the reader should know which run is which.
+  if (const auto& s = doc_->data().summary; s && s->b) {
+    const std::string la = recorded_layout(s->a.env), lb = recorded_layout(s->b->env);
+    if (s->a.env.count(kEnvParallel) || s->b->env.count(kEnvParallel))
+      parts << (la == lb
+                    ? QStringLiteral("<b>layout</b>: both %1").arg(QString::fromStdString(la).toHtmlEscaped())
+                    : QStringLiteral("<b>layouts</b>: A %1, B %2")
+                          .arg(QString::fromStdString(la).toHtmlEscaped(),
+                               QString::fromStdString(lb).toHtmlEscaped()));
+  }
   return parts.join(QStringLiteral(" · "));
 }
 

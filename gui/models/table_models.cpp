@@ -188,6 +188,13 @@ void SummaryModel::rebuild() {
   add(QStringLiteral("sequences"), QString::number(s.seq_lengths.size()));
   add(QStringLiteral("tokens"), QString::number(tokens));
   add(QStringLiteral("layers"), QString::number(s.layers));
+  const QString layout_a = q(recorded_layout(s.a.env));
+  if (!s.b || recorded_layout(s.b->env) == recorded_layout(s.a.env)) {
+    add(QStringLiteral("layout"), layout_a);
+  } else {
+    add(QStringLiteral("layout A"), layout_a);
+    add(QStringLiteral("layout B"), q(recorded_layout(s.b->env)));
+  }
   if (!s.b) {
     add(QStringLiteral("producer"), q(s.a.producer));
     add(QStringLiteral("created"), q(s.a.created));
@@ -210,7 +217,8 @@ void SummaryModel::rebuild() {
     add(QStringLiteral("first divergence"),
         QStringLiteral("seq %1, layer %2, %3, row %4").arg(f.seq).arg(f.layer).arg(q(f.tensor)).arg(f.row));
   } else if (r.tensors.empty()) {
-    add(QStringLiteral("first divergence"), QStringLiteral("not compared: an external step holds no digests"));
+    add(QStringLiteral("first divergence"),
+        QStringLiteral("not compared: an external step holds no digests"));
   } else {
     add(QStringLiteral("first divergence"), QStringLiteral("none: every digest is equal"));
   }

@@ -403,6 +403,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
           v[int(Metric::MhcDifference)] = mhc_difference(A, B, T);
           v[int(Metric::TensorDigest)] = digest_difference(seq->digests_a, seq->digests_b, layer, T);
           std::vector<float> rel = none;
+          std::vector<int16_t> argmax;
           for (const auto& [name, l] : seq->full_tensors) {
             if (l != layer) continue;
             current = path_a;
@@ -411,9 +412,15 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
             const auto tb = rb->tensor(sb, s, layer, name);
             if (!ta || !tb || ta->shape.empty() || ta->shape[0] != T || ta->shape != tb->shape) continue;
             const auto r = row_rel_l2(*ta, *tb);
-            for (int64_t t = 0; t < T; ++t) rel[t] = std::isnan(rel[t]) ? r[t] : std::max(rel[t], r[t]);
+            const auto k = int16_t(chunk->rel_l2_tensors.size());
+            chunk->rel_l2_tensors.push_back(name);
+            if (argmax.empty()) argmax.assign(size_t(T), -1);
+            // A tie keeps the tensor read first.
+            for (int64_t t = 0; t < T; ++t)
+              if (std::isnan(rel[t]) || r[t] > rel[t]) rel[t] = r[t], argmax[t] = k;
           }
           v[int(Metric::TensorRelL2)] = std::move(rel);
+          chunk->rel_l2_argmax = std::move(argmax);
           chunk->flips = decision_flips(A, B);
         } else {
           v[int(Metric::ExpertLoad)] = A.routing ? expert_load(*A.routing, cfg.n_routed_experts)

@@ -282,7 +282,7 @@ TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
   const TraceReader ra = TraceReader::open(gui_traces().a), rb = TraceReader::open(gui_traces().b);
   const int64_t T = gui_traces().tokens;
   const DigestTable da = ra.digests(0, 0), db = rb.digests(0, 0);
-  int indexer_layers = 0, tensor_layers = 0;
+  int indexer_layers = 0, tensor_layers = 0, named_tokens = 0;
   for (int layer = 0; layer < 6; ++layer) {
     const auto ia = ra.indexer(0, 0, layer), ib = rb.indexer(0, 0, layer);
     const auto ga = ra.routing(0, 0, layer), gb = rb.routing(0, 0, layer);
@@ -341,7 +341,8 @@ TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
     }
 
     heat.setMetric(Metric::TensorRelL2);
-    std::vector<double> rel(T, NAN);
+    std::vector<double> rel(T, NAN), runner_up(T, -1);
+    std::vector<std::string> largest(T);
     for (const auto& [name, l] : ra.full_tensors(0, 0)) {
       if (l != layer) continue;
       const auto ta = ra.tensor(0, 0, layer, name), tb = rb.tensor(0, 0, layer, name);
@@ -355,7 +356,13 @@ TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
           den += x * x;
         }
         const double v = num == 0 ? 0 : std::sqrt(num / den);
-        rel[t] = std::isnan(rel[t]) ? v : std::max(rel[t], v);
+        if (std::isnan(rel[t]) || v > rel[t]) {
+          runner_up[t] = std::isnan(rel[t]) ? -1 : rel[t];
+          rel[t] = v;
+          largest[t] = name;
+        } else {
+          runner_up[t] = std::max(runner_up[t], v);
+        }
       }
       ++tensor_layers;
     }
@@ -365,6 +372,11 @@ TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
         EXPECT_TRUE(std::isnan(v));
       } else {
         EXPECT_NEAR(v, rel[t], 1e-5 * std::max(1.0, rel[t]));
+        // The tooltip names the tensor the value comes from, where it is the clear maximum.
+        if (rel[t] > 0 && runner_up[t] < rel[t] * (1 - 1e-4) && ++named_tokens)
+          EXPECT_TRUE(
+              heat.cellToolTip(layer, int(t)).contains(QStringLiteral(" in %1  [").arg(largest[t].c_str())))
+              << heat.cellToolTip(layer, int(t)).toStdString() << "\nexpected " << largest[t];
       }
     }
 
@@ -380,6 +392,7 @@ TEST_F(GuiModels, HeatmapValuesMatchTheReader) {
     }
   }
   EXPECT_EQ(indexer_layers, 2);
+  EXPECT_GT(named_tokens, 100);
   EXPECT_EQ(tensor_layers, 2);  // attn.o at layer 1, moe.out at layer 3
 }
 
@@ -721,17 +734,26 @@ TEST_F(GuiModels, FollowingARecordingReloadsWhenTheFilesChange) {
   EXPECT_FALSE(wait_until([&] { return changes > 0; }, 300));  // nothing changed
   // The recorder finishes: renames the file, then appends a step to it.
   fs::rename(live, done);
-  ASSERT_TRUE(wait_until([&] { return changes >= 1 && !doc.loading() && doc.lastRequest().path_a == done.c_str(); }));
+  ASSERT_TRUE(
+      wait_until([&] { return changes >= 1 && !doc.loading() && doc.lastRequest().path_a == done.c_str(); }));
   const int before = changes;
-  const auto rec = dsv4::test::run_cli("record --preset tiny --seed 7 --random 24 --profile rollout --append --out " + done);
+  const auto rec = dsv4::test::run_cli(
+      "record --preset tiny --seed 7 --random 24 --profile rollout --append --out " + done);
   ASSERT_EQ(rec.code, 0) << rec.out;
   std::string failures;
-  QObject::connect(&doc, &TraceDocument::loadFailed, [&](const LoadError& e) { failures += e.message.toStdString() + "\n"; });
-  ASSERT_TRUE(wait_until([&] {
-    return changes > before && !doc.loading() && doc.data().summary && doc.data().summary->a.steps.size() == 2u;
-  }, 20000)) << "changes " << changes << " before " << before << " loading " << doc.loading() << " summary "
-             << bool(doc.data().summary) << " steps " << (doc.data().summary ? doc.data().summary->a.steps.size() : 0)
-             << " path " << doc.lastRequest().path_a.toStdString() << "\n" << failures;
+  QObject::connect(&doc, &TraceDocument::loadFailed,
+                   [&](const LoadError& e) { failures += e.message.toStdString() + "\n"; });
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return changes > before && !doc.loading() && doc.data().summary &&
+               doc.data().summary->a.steps.size() == 2u;
+      },
+      20000))
+      << "changes " << changes << " before " << before << " loading " << doc.loading() << " summary "
+      << bool(doc.data().summary) << " steps "
+      << (doc.data().summary ? doc.data().summary->a.steps.size() : 0) << " path "
+      << doc.lastRequest().path_a.toStdString() << "\n"
+      << failures;
   EXPECT_EQ(doc.data().summary->a.path, done);
   doc.setFollow(false);
   EXPECT_FALSE(doc.follow());
@@ -865,7 +887,8 @@ TEST(GuiMetrics, DefaultComparisonMetricFollowsWhatDiffers) {
     }
     return d;
   };
-  const DecisionFlip routing{3, DecisionKind::Routing, 0.5f, 0.6f}, indexer{4, DecisionKind::Indexer, 0.1f, 0.2f};
+  const DecisionFlip routing{3, DecisionKind::Routing, 0.5f, 0.6f},
+      indexer{4, DecisionKind::Indexer, 0.1f, 0.2f};
   EXPECT_EQ(default_comparison_metric(make(8, {routing}), 0), Metric::MhcDifference);  // 8 of 18: a minority
   EXPECT_EQ(default_comparison_metric(make(9, {routing, indexer}), 0), Metric::RoutingAgreement);  // half
   EXPECT_EQ(default_comparison_metric(make(20, {indexer}), 0), Metric::IndexerOverlap);
@@ -1388,7 +1411,8 @@ TEST(GuiColourScale, EndsFollowTheRuleWithinOneBin) {
     counts.add(std::numeric_limits<float>::quiet_NaN());
     counts.add(std::numeric_limits<float>::infinity());
     for (bool lower_is_worse : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "trial " << trial << " n " << n << " lower_is_worse " << lower_is_worse);
+      SCOPED_TRACE(::testing::Message()
+                   << "trial " << trial << " n " << n << " lower_is_worse " << lower_is_worse);
       const ScaleReference ref = scale_reference(v, lower_is_worse);
       const LogScaleCounts::Range r = counts.range(lower_is_worse);
       ASSERT_LT(r.lo, r.hi);
@@ -1494,4 +1518,33 @@ TEST(GuiColourScale, OverviewOfAnOutlierAndABulk) {
   EXPECT_EQ(heat.level(1, 5), kLevelMax);
   EXPECT_GT(heat.level(0, 17), 0);  // a difference, however small, is above the pale end
   EXPECT_EQ(heat.level(0, 18), 0);  // equal
+}
+
+// A parallel recording (the env key of capture/env.h) is named in the banner and the summary; one
+// recorded in one process is named as such, and a pair of one-process runs says nothing in the banner.
+TEST(GuiNavigator, ParallelLayoutsInTheBannerAndTheSummary) {
+  TraceDocument doc;
+  NavigatorModel nav(&doc);
+  SummaryModel summary(&doc);
+  Dataset d = navigator_dataset();
+  doc.adopt(Dataset(d));
+  EXPECT_FALSE(nav.banner().contains(QStringLiteral("layout")));
+  EXPECT_EQ(summary.value(QStringLiteral("layout")), QStringLiteral("one process"));
+
+  auto parallel = std::make_shared<LoadSummary>(*d.summary);
+  parallel->a.env[kEnvParallel] = "expert parallel over 2 MPI ranks";
+  d.summary = parallel;
+  doc.adopt(Dataset(d));
+  EXPECT_TRUE(nav.banner().contains(
+      QStringLiteral("<b>layouts</b>: A expert parallel over 2 MPI ranks, B one process")))
+      << nav.banner().toStdString();
+  EXPECT_EQ(summary.value(QStringLiteral("layout A")), QStringLiteral("expert parallel over 2 MPI ranks"));
+  EXPECT_EQ(summary.value(QStringLiteral("layout B")), QStringLiteral("one process"));
+
+  auto both = std::make_shared<LoadSummary>(*parallel);
+  both->b->env[kEnvParallel] = "expert parallel over 2 MPI ranks";
+  d.summary = both;
+  doc.adopt(Dataset(d));
+  EXPECT_TRUE(nav.banner().contains(QStringLiteral("<b>layout</b>: both expert parallel over 2 MPI ranks")));
+  EXPECT_EQ(summary.value(QStringLiteral("layout")), QStringLiteral("expert parallel over 2 MPI ranks"));
 }
