@@ -11,6 +11,7 @@
 #include <QWheelEvent>
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace dsv4::gui {
 
@@ -258,7 +259,9 @@ void LogprobChart::mouseReleaseEvent(QMouseEvent* e) {
 }
 
 void LogprobChart::mouseDoubleClickEvent(QMouseEvent* e) {
-  if (tokens() > 0) emit tokenRangeRequested(0, tokens());
+  // Everything: the heatmap clamps the end to its last column (the chart has no point for the last
+  // token, which predicts nothing).
+  if (tokens() > 0) emit tokenRangeRequested(0, std::numeric_limits<double>::infinity());
   e->accept();
 }
 

@@ -671,3 +671,77 @@ TEST(GuiHeatmapPerf, ScrollingThirtyTwoThousandTokens) {
 }
 
 }  // namespace
+
+// The chart and the heatmap show the same tokens: zooming the heatmap zooms the chart; a drag across
+// the chart zooms the heatmap to the dragged tokens (and the chart follows); Ctrl + wheel on the chart
+// zooms both about the pointer; a double click shows every token again.
+TEST_F(GuiWidgets, ChartAndHeatmapZoomTogether) {
+  MainWindow w(false);
+  w.resize(1400, 900);
+  w.show();
+  ASSERT_TRUE(open_and_wait(w, gui_traces().a, gui_traces().b));
+  HeatmapView* hv = w.heatmapView();
+  LogprobChart* ch = w.chart();
+  const double n = hv->model()->columnCount();
+  ASSERT_GT(n, 60);
+  auto settle = [] {
+    for (int i = 0; i < 5; ++i) QApplication::processEvents();
+  };
+  // The viewport position of token t on the chart's axis, halfway up the plot.
+  auto at_token = [&](double t) {
+    QAbstractSeries* s = ch->chart()->series().first();
+    const QPointF in_chart(ch->chart()->mapToPosition(QPointF(t, 0), s).x(),
+                           ch->chart()->plotArea().center().y());
+    return ch->mapFromScene(ch->chart()->mapToScene(in_chart));
+  };
+  auto chart_ends = [&] {
+    const QRectF plot = ch->chart()->plotArea();
+    const QPoint l = ch->mapFromScene(ch->chart()->mapToScene(QPointF(plot.left() + 1, plot.center().y())));
+    const QPoint r = ch->mapFromScene(ch->chart()->mapToScene(QPointF(plot.right() - 1, plot.center().y())));
+    return std::pair{ch->tokenAt(l), ch->tokenAt(r)};
+  };
+
+  hv->showColumns(20, 60);
+  settle();
+  auto v = hv->visibleColumns();
+  EXPECT_NEAR(v.first, 20, 0.5);
+  EXPECT_NEAR(v.second, 60, 0.5);
+  EXPECT_EQ(ch->tokenRange(), v);
+  auto [left, right] = chart_ends();
+  EXPECT_NEAR(left, 20, 1);
+  EXPECT_NEAR(right, 59, 1);
+
+  hv->fitToWidth();
+  settle();
+  EXPECT_EQ(hv->visibleColumns(), std::pair(0.0, n));
+  std::tie(left, right) = chart_ends();
+  EXPECT_EQ(left, 0);
+  EXPECT_EQ(right, int(n) - 2);  // a log-prob for every token but the last (it predicts nothing)
+
+  // A drag from token 30 to token 70 (a drag is not a click: the selection stays).
+  const int selected = hv->selectedColumn();
+  QTest::mousePress(ch->viewport(), Qt::LeftButton, {}, at_token(30));
+  QTest::mouseMove(ch->viewport(), at_token(50));
+  QTest::mouseMove(ch->viewport(), at_token(70));
+  QTest::mouseRelease(ch->viewport(), Qt::LeftButton, {}, at_token(70));
+  settle();
+  v = hv->visibleColumns();
+  EXPECT_NEAR(v.first, 30, 1);
+  EXPECT_NEAR(v.second, 71, 1);
+  EXPECT_EQ(ch->tokenRange(), v);
+  EXPECT_EQ(hv->selectedColumn(), selected);
+
+  // Ctrl + wheel up about token 50: a third less on either side, token 50 where it was.
+  const QPoint p50 = at_token(50);
+  QWheelEvent wheel(p50, ch->viewport()->mapToGlobal(p50), QPoint(), QPoint(0, 120), Qt::NoButton,
+                    Qt::ControlModifier, Qt::NoScrollPhase, false);
+  QApplication::sendEvent(ch->viewport(), &wheel);
+  settle();
+  const auto z = hv->visibleColumns();
+  EXPECT_NEAR(z.second - z.first, (v.second - v.first) / 1.5, 1.5);
+  EXPECT_NEAR((50.5 - z.first) / (z.second - z.first), (50.5 - v.first) / (v.second - v.first), 0.05);
+
+  QTest::mouseDClick(ch->viewport(), Qt::LeftButton, {}, at_token(40));
+  settle();
+  EXPECT_EQ(hv->visibleColumns(), std::pair(0.0, n));
+}
