@@ -124,6 +124,13 @@ void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
   viewport()->update();
 }
 
+void HeatmapView::setMarkedCell(int row, int col) {
+  if (row == mark_row_ && col == mark_col_) return;
+  mark_row_ = row;
+  mark_col_ = col;
+  viewport()->update();
+}
+
 std::pair<double, double> HeatmapView::visibleColumns() const {
   const int cols = model_ ? model_->columnCount() : 0;
   const double first = horizontalScrollBar()->value() / ppc_;
@@ -454,7 +461,8 @@ void HeatmapView::renderLegend(QPainter& p, const QRect& area) {
   const QString worst = model_->formatValue(model_->scaleWorst());
   QString ideal = model_->formatValue(model_->scaleIdeal());
   // Values beyond the ideal end (below the 5th percentile) take its colour: the label says so.
-  if (model_->scaleClipped()) ideal = (mi.lower_is_worse ? QStringLiteral("≥ ") : QStringLiteral("≤ ")) + ideal;
+  if (model_->scaleClipped())
+    ideal = (mi.lower_is_worse ? QStringLiteral("≥ ") : QStringLiteral("≤ ")) + ideal;
   p.drawText(QRect(x + 22, y - 2, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignTop,
              worst + (mi.log_scale ? QStringLiteral(" (log)") : QString()));
   p.drawText(QRect(x + 22, y + bar_h - 14, area.width() - 40, 16), Qt::AlignLeft | Qt::AlignBottom, ideal);
@@ -571,6 +579,27 @@ void HeatmapView::paintEvent(QPaintEvent*) {
     render(p, viewport()->size());
     last_render_ms_ = render_timer.nsecsElapsed() / 1e6;
     ++renders_;
+  }
+  if (model_ && mark_row_ >= 0 && mark_col_ >= 0 && mark_row_ < model_->rowCount() &&
+      mark_col_ < model_->columnCount() && model_->isTokenAxis()) {
+    // The first divergence: a blue ring and a flag above its column, drawn under the selection.
+    const QRect area = cellRect();
+    const int rh = rowHeight();
+    const double x = columnX(mark_col_);
+    const int w = std::max(3, int(std::ceil(ppc_)));
+    const int xi = int(std::floor(x)) - (ppc_ < 3 ? 1 : 0);
+    const int y = area.top() + mark_row_ * rh - verticalScrollBar()->value();
+    p.setClipRect(area.adjusted(-3, -kStripH - kGap, 3, 3));
+    const QColor mark(0x1a, 0x5f, 0xb4);
+    p.setPen(QPen(mark, 2));
+    p.drawRect(QRect(xi - 2, y - 2, w + 4, rh + 4));
+    const double cx = x + ppc_ / 2;
+    const QPointF flag[3] = {{cx - 5, area.top() - 9.0}, {cx + 5, area.top() - 9.0}, {cx, area.top() - 2.0}};
+    p.setPen(Qt::NoPen);
+    p.setBrush(mark);
+    p.drawPolygon(flag, 3);
+    p.setBrush(Qt::NoBrush);
+    p.setClipping(false);
   }
   if (model_ && sel_row_ >= 0 && sel_col_ >= 0) {
     const QRect area = cellRect();

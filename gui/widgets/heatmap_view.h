@@ -41,6 +41,10 @@ class HeatmapView : public QAbstractScrollArea {
   void clearSelection();
   int selectedRow() const { return sel_row_; }
   int selectedColumn() const { return sel_col_; }
+  // A cell marked apart from the selection (the first divergence): a ring and a flag above its
+  // column, on the token axis only; (−1, −1) for none.
+  void setMarkedCell(int row, int col);
+  std::pair<int, int> markedCell() const { return {mark_row_, mark_col_}; }
   // The cell under a viewport position, (−1, −1) outside the cells.
   std::pair<int, int> cellAt(const QPoint& viewport_pos) const;
   // The cell area in viewport coordinates.
@@ -88,6 +92,7 @@ class HeatmapView : public QAbstractScrollArea {
   int label_w_ = 64;
   bool fit_pending_ = true;
   int sel_row_ = -1, sel_col_ = -1;
+  int mark_row_ = -1, mark_col_ = -1;
   QImage cache_;                 // over cache_mem_
   std::vector<QRgb> cache_mem_;  // only grows
   struct Key {

@@ -572,7 +572,16 @@ bool MainWindow::previousDivergence() {
   return row >= 0 && goToDivergence(row);
 }
 
+void MainWindow::markFirstDivergence() {
+  const DivergenceList* l = navigator_model_->list();
+  if (l && l->has_first_divergence && l->first_cell.seq == seq_)
+    heatmap_->setMarkedCell(l->first_cell.layer, int(l->first_cell.token));
+  else
+    heatmap_->setMarkedCell(-1, -1);
+}
+
 void MainWindow::onDivergencesLoaded() {
+  markFirstDivergence();
   const QString text = navigator_model_->banner();
   banner_->setText(text);
   banner_->setVisible(!text.isEmpty());
@@ -714,6 +723,7 @@ void MainWindow::setSequence(int seq) {
   seq_combo_->setCurrentIndex(seq);
   heatmap_model_->setSeq(seq);
   token_model_->setSeq(seq);
+  markFirstDivergence();
   heatmap_->clearSelection();
   chart_->setSelectedToken(-1);
   detail_->setDetail(nullptr);
@@ -846,6 +856,7 @@ void MainWindow::onDatasetReset() {
   navigator_model_->setKindFilter(-1);
   export_json_->setEnabled(s.comparison());
   export_csv_->setEnabled(s.comparison());
+  heatmap_->setMarkedCell(-1, -1);  // until the divergences of the new dataset arrive
   detail_->setDetail(nullptr);
   chart_->setSelectedToken(-1);
   tabs_->setTabText(kEnvTab, s.comparison()

@@ -129,6 +129,7 @@ class MainWindow : public QMainWindow {
   void updateGradientsTab();
   QWidget* buildNavigator();
   void onDivergencesLoaded();
+  void markFirstDivergence();  // on the heatmap, when it is in the sequence shown
   void showEmptyState();
 
   bool interactive_;

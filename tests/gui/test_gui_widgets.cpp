@@ -175,6 +175,8 @@ TEST_F(GuiWidgets, FirstDivergenceSelectsTheCellOfTheDiffEngine) {
   EXPECT_TRUE(w.banner()->isVisibleTo(&w));
   EXPECT_TRUE(w.banner()->text().contains(QString::fromStdString(f.tensor)))
       << w.banner()->text().toStdString();
+  // The first divergence is marked on the heatmap whatever is selected.
+  EXPECT_EQ(w.heatmapView()->markedCell(), std::pair(f.layer, int(f.row)));
   int64_t confident = 0, tie = 0;
   for (const auto& l : rep.layers)
     confident += l.indexer_confident_flips + l.routing_confident_flips,
