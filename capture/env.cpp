@@ -79,6 +79,8 @@ EnvFingerprint environment_fingerprint() {
   e["host"] = gethostname(host, sizeof(host) - 1) == 0 ? std::string(host) : "none";
   struct utsname u;
   e["os"] = uname(&u) == 0 ? std::string(u.sysname) + " " + u.release : "none";
+  e["machine"] = uname(&u) == 0 ? std::string(u.machine) : "none";
+  e["isa"] = build_isa();
   e["cpu_model"] = cpuinfo_field("model name");
   // x86 lists "flags"; arm64 lists "Features".
   std::string flags = cpuinfo_field("flags");
@@ -95,6 +97,34 @@ EnvFingerprint environment_fingerprint() {
   gpu_fields(e);
   e["threads"] = std::to_string(omp_get_max_threads());
   return e;
+}
+
+std::string build_isa() {
+#if defined(__x86_64__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__BMI2__)
+  return "x86-64-v3";
+#else
+  return "x86-64";
+#endif
+#elif defined(__aarch64__)
+  return "aarch64";
+#else
+  return "other";
+#endif
+}
+
+std::string machine_summary(const EnvFingerprint& env) {
+  auto get = [&](const char* k) {
+    const auto it = env.find(k);
+    return it == env.end() || it->second == "none" ? std::string() : it->second;
+  };
+  std::string s;
+  const std::string isa = get("isa"), machine = get("machine"), cpu = get("cpu_model"), gpu = get("gpu");
+  if (!isa.empty()) s = isa + " build";
+  if (!machine.empty()) s += (s.empty() ? "" : " on ") + machine;
+  if (!cpu.empty()) s += (s.empty() ? "" : ", ") + cpu;
+  if (!gpu.empty()) s += (s.empty() ? "GPU " : "; GPU ") + gpu;
+  return s.empty() ? "an unrecorded machine" : s;
 }
 
 std::string utc_now_iso8601() {

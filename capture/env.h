@@ -18,6 +18,15 @@ inline std::string recorded_layout(const EnvFingerprint& env) {
   return it == env.end() ? "one process" : it->second;
 }
 EnvFingerprint environment_fingerprint();
+// The instruction set this build was compiled for: "x86-64-v3" (AVX2 and FMA), "x86-64" (the
+// baseline, DSV4_X86_64_V3=OFF), "aarch64", or the compiler's name for another target. The env key
+// "isa"; "machine" is the processor the run saw (uname -m).
+std::string build_isa();
+// Where a run happened, in words, from its fingerprint: "x86-64-v3 build on x86_64, Intel(R) Xeon(R) ...;
+// GPU NVIDIA H200 (sm_90, ...)" (the GPU part only when a device was used). Replay reports "recorded
+// on …, replayed on …" with it. Keys a fingerprint lacks (traces written before they existed) are
+// left out.
+std::string machine_summary(const EnvFingerprint& env);
 // The current UTC time as ISO-8601 to the second ("2026-11-29T10:31:00Z"): the traces' `created`.
 std::string utc_now_iso8601();
 

@@ -128,6 +128,8 @@ int run_replay(const ReplayArgs& a) {
                  e.here.substr(0, 80));
   }
   const int code = replay_exit_code(r);
+  fmt::print("recorded on {}, replayed on {}: {}\n", r.recorded_on, r.replayed_on,
+             code == 0 ? "bit-identical" : r.identical() ? "not every step verified" : "DIFFERENT (above)");
   if (code == 2)
     fmt::print(stderr,
                "dsv4: error: {}: {} of {} step{} not verified (listed above); `dsv4 trace validate` tells more, "

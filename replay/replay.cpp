@@ -320,13 +320,16 @@ void add_overrides(const std::vector<SeqDecisions>& d, const std::vector<std::ve
 // ---- environment --------------------------------------------------------------------------------
 
 int env_rank(const std::string& key) {
+  // Another instruction set first: exact mode is written to give the same bits on every ISA, so a
+  // divergence across ISAs points at the one place where it does not (an intrinsic, a contraction).
   static const std::map<std::string, int> ranks = {
-      {"compile_flags", 0}, {"compiler", 1},   {"cpu_flags", 2}, {"build_id", 3}, {"threads", 4}, {"parallel", 4},
-      {"gpu", 5},           {"gpu_driver", 5}, {"cuda", 5},      {"cupti", 5},    {"nccl", 5},
-      {"hdf5", 6},          {"deflate", 6},    {"os", 6},        {"cpu_model", 6}, {"host", 8},
+      {"isa", 0},      {"machine", 0},    {"compile_flags", 1}, {"compiler", 2},   {"cpu_flags", 3},
+      {"build_id", 4}, {"threads", 5},    {"parallel", 5},      {"gpu", 6},        {"gpu_driver", 6},
+      {"cuda", 6},     {"cupti", 6},      {"nccl", 6},          {"hdf5", 7},       {"deflate", 7},
+      {"os", 7},       {"cpu_model", 7},  {"host", 9},
   };
   const auto it = ranks.find(key);
-  return it == ranks.end() ? 7 : it->second;
+  return it == ranks.end() ? 8 : it->second;
 }
 
 double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -760,6 +763,8 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
     here["threads"] =
         std::to_string(rep.steps.front().threads > 0 ? rep.steps.front().threads : omp_get_max_threads());
   rep.env_differences = compare_env(r.env(), here);
+  rep.recorded_on = machine_summary(r.env());
+  rep.replayed_on = machine_summary(here);
   // Which layout recorded the trace and which replayed it, when either was parallel.
   const EnvFingerprint recorded_env = r.env();
   const std::string here_layout = opt.experts ? parallel_layout(*opt.experts) : "one process";

@@ -64,7 +64,7 @@ struct DecisionChange {
 
 struct EnvDifference {
   std::string key, recorded, here;
-  int rank = 0;  // 0 = most likely culprit (compile flags, compiler, cpu flags ... ), larger = less likely
+  int rank = 0;  // 0 = most likely culprit (isa, compile flags, compiler, cpu flags ...), larger = less likely
 };
 
 struct StepReplay {
@@ -117,6 +117,8 @@ struct ReplayReport {
   std::vector<SkippedStep> skipped;
   std::vector<std::string> notes;  // remarks for the reader (model mismatch, ...)
   std::string layout_note;         // how a parallel recording was laid out ("" for one process)
+  // Where the trace was recorded and where it was replayed (machine_summary, capture/env.h).
+  std::string recorded_on, replayed_on;
   // Every replayed step identical and the weights equal to the recorded ones.
   bool identical() const;
   // identical() and no step skipped: every step of the trace (or the one asked for) was verified.

@@ -15,6 +15,8 @@ std::string replay_to_json(const ReplayReport& r) {
   for (const auto& k : r.skipped) j["skipped"].push_back({{"step", k.step}, {"reason", k.reason}});
   j["notes"] = r.notes;
   j["weight_mismatches"] = r.weight_mismatches;
+  j["recorded_on"] = r.recorded_on;
+  j["replayed_on"] = r.replayed_on;
   for (const auto& e : r.env_differences)
     j["env_differences"].push_back(
         {{"key", e.key}, {"recorded", e.recorded}, {"here", e.here}, {"rank", e.rank}});

@@ -377,12 +377,25 @@ TEST(ModelDigest, OneUlpChangesOneTensor) {
 
 TEST(Env, EveryKeyOfTheFormat) {
   const EnvFingerprint e = environment_fingerprint();
-  for (const char* key : {"host", "os", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
-                          "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
+  for (const char* key :
+       {"host", "os", "machine", "isa", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
+        "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
     ASSERT_TRUE(e.count(key)) << key;
     EXPECT_FALSE(e.at(key).empty()) << key;
   }
-  EXPECT_EQ(e.size(), 15u);
+  EXPECT_EQ(e.size(), 17u);
+  // The build's instruction set, as the compiler targets it (the default build is x86-64-v3).
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__BMI2__)
+  EXPECT_EQ(e.at("isa"), "x86-64-v3");
+#elif defined(__x86_64__)
+  EXPECT_EQ(e.at("isa"), "x86-64");
+#elif defined(__aarch64__)
+  EXPECT_EQ(e.at("isa"), "aarch64");
+#endif
+  EXPECT_NE(e.at("machine"), "none");
+  const std::string where = machine_summary(e);
+  EXPECT_EQ(where.rfind(e.at("isa") + " build on " + e.at("machine"), 0), 0u) << where;
+  EXPECT_EQ(machine_summary({}), "an unrecorded machine");  // a trace written before these keys
   EXPECT_TRUE(e.at("deflate") == "isa-l igzip level 1" || e.at("deflate") == "zlib level 4" ||
               e.at("deflate") == "none")
       << e.at("deflate");

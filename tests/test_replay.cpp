@@ -26,6 +26,7 @@
 #include "capture/errors.h"
 #include "capture/trace_reader.h"
 #include "capture/trace_writer.h"
+#include "cli_util.h"
 #include "h5_edit.h"
 #include "model/checkpoint.h"
 #include "model/collect.h"
@@ -409,12 +410,12 @@ TEST(Replay, PlantedEnvDifferenceRanksCompileFlagsFirst) {
   ASSERT_GE(diffs.size(), 2u);
   EXPECT_EQ(diffs[0].key, "compile_flags");
   EXPECT_EQ(diffs[0].recorded, "-O3 -ffast-math");
-  EXPECT_EQ(diffs[0].rank, 0);
+  EXPECT_EQ(diffs[0].rank, 1);
   bool threads = false;
   for (const auto& d : diffs) {
     if (d.key == "threads") {
       threads = true;
-      EXPECT_EQ(d.rank, 4);
+      EXPECT_EQ(d.rank, 5);
       EXPECT_EQ(d.recorded, "13");
     }
     EXPECT_NE(d.key, "compiler");  // unchanged fields are not listed
@@ -430,6 +431,36 @@ TEST(Replay, PlantedEnvDifferenceRanksCompileFlagsFirst) {
   const auto host = compare_env({{"host", "a"}, {"hdf5", "1"}}, {{"host", "b"}, {"hdf5", "2"}});
   ASSERT_EQ(host.size(), 2u);
   EXPECT_EQ(host.back().key, "host");
+}
+
+// A trace recorded on another instruction set (here planted: an aarch64 build) names both machines in
+// the report, and the ISA difference heads the culprit list, before the compile flags.
+TEST(Replay, AnotherIsaIsNamedAndRankedFirst) {
+  const Scratch scratch;
+  const fs::path trace = record(scratch.dir / "t.h5", {{{random_tokens(5, 512, 1)}}});
+  const fs::path other = copy_of(trace, "arm.h5");
+  {
+    H5Edit e(other);
+    e.set_attr("/meta/env", "isa", "aarch64");
+    e.set_attr("/meta/env", "machine", "aarch64");
+    e.set_attr("/meta/env", "cpu_model", "Neoverse-V2");
+    e.set_attr("/meta/env", "compile_flags", "-O2 -ffp-contract=off");
+  }
+  const ReplayReport rep = replay_trace(other.string(), {});
+  EXPECT_TRUE(rep.identical());
+  EXPECT_EQ(rep.recorded_on, "aarch64 build on aarch64, Neoverse-V2");
+  EXPECT_EQ(rep.replayed_on, machine_summary(environment_fingerprint()));
+  ASSERT_GE(rep.env_differences.size(), 3u);
+  EXPECT_EQ(rep.env_differences[0].key, "isa");
+  EXPECT_EQ(rep.env_differences[1].key, "machine");
+  EXPECT_EQ(rep.env_differences[2].key, "compile_flags");
+  // The CLI's last line says it in words.
+  const auto r = test::run_cli("replay " + other.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("recorded on aarch64 build on aarch64, Neoverse-V2, replayed on " + rep.replayed_on +
+                       ": bit-identical"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Replay, CounterfactualForcesTheOtherTracesDecisions) {
