@@ -124,6 +124,15 @@ void HeatmapView::setPixelsPerColumn(double ppc, int anchor_x) {
   viewport()->update();
 }
 
+QRect HeatmapView::cellFrame(int row, int col, int grow) const {
+  const int rh = rowHeight();
+  const double x = columnX(col);
+  const int w = std::max(3, int(std::ceil(ppc_)));  // a zoomed-out column stays visible
+  const int xi = int(std::floor(x)) - (ppc_ < 3 ? 1 : 0);
+  const int y = cellRect().top() + row * rh - verticalScrollBar()->value();
+  return QRect(xi - grow, y - grow, w + 2 * grow, rh + 2 * grow);
+}
+
 void HeatmapView::setMarkedCell(int row, int col) {
   if (row == mark_row_ && col == mark_col_) return;
   mark_row_ = row;
@@ -584,16 +593,11 @@ void HeatmapView::paintEvent(QPaintEvent*) {
       mark_col_ < model_->columnCount() && model_->isTokenAxis()) {
     // The first divergence: a blue ring and a flag above its column, drawn under the selection.
     const QRect area = cellRect();
-    const int rh = rowHeight();
-    const double x = columnX(mark_col_);
-    const int w = std::max(3, int(std::ceil(ppc_)));
-    const int xi = int(std::floor(x)) - (ppc_ < 3 ? 1 : 0);
-    const int y = area.top() + mark_row_ * rh - verticalScrollBar()->value();
     p.setClipRect(area.adjusted(-3, -kStripH - kGap, 3, 3));
     const QColor mark(0x1a, 0x5f, 0xb4);
     p.setPen(QPen(mark, 2));
-    p.drawRect(QRect(xi - 2, y - 2, w + 4, rh + 4));
-    const double cx = x + ppc_ / 2;
+    p.drawRect(cellFrame(mark_row_, mark_col_, 2));
+    const double cx = columnX(mark_col_) + ppc_ / 2;
     const QPointF flag[3] = {{cx - 5, area.top() - 9.0}, {cx + 5, area.top() - 9.0}, {cx, area.top() - 2.0}};
     p.setPen(Qt::NoPen);
     p.setBrush(mark);
@@ -603,14 +607,10 @@ void HeatmapView::paintEvent(QPaintEvent*) {
   }
   if (model_ && sel_row_ >= 0 && sel_col_ >= 0) {
     const QRect area = cellRect();
-    const int rh = rowHeight();
     const double x = columnX(sel_col_);
-    const int w = std::max(3, int(std::ceil(ppc_)));
-    const int xi = int(std::floor(x)) - (ppc_ < 3 ? 1 : 0);
-    const int y = area.top() + sel_row_ * rh - verticalScrollBar()->value();
     p.setClipRect(area.adjusted(-2, -kStripH - kGap, 2, 2));
     p.setPen(QPen(QColor(0x10, 0x10, 0x10), 2));
-    p.drawRect(QRect(xi - 1, y - 1, w + 2, rh + 2));
+    p.drawRect(cellFrame(sel_row_, sel_col_, 1));
     p.setPen(QPen(QColor(0x10, 0x10, 0x10, 90), 1, Qt::DashLine));
     p.drawLine(QPointF(x + ppc_ / 2, 2), QPointF(x + ppc_ / 2, area.top()));
   }

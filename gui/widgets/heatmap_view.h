@@ -85,6 +85,8 @@ class HeatmapView : public QAbstractScrollArea {
   void renderLegend(QPainter& p, const QRect& area);
   int rowHeight() const;
   double columnX(int col) const;  // viewport x of a column's left edge
+  // The viewport rectangle around a cell, grown by `grow` pixels on each side (at least 3 px wide).
+  QRect cellFrame(int row, int col, int grow) const;
   void ensureVisible(int row, int col);
 
   HeatmapModel* model_ = nullptr;

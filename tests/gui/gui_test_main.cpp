@@ -22,6 +22,30 @@ namespace fs = std::filesystem;
 
 namespace dsv4::test {
 
+gui::Dataset synthetic_pair(int64_t tokens, int layers) {
+  auto summary = std::make_shared<gui::LoadSummary>();
+  summary->a.config = preset("tiny");
+  if (layers > 0) {
+    summary->a.config.num_hidden_layers = layers;
+    summary->a.config.compress_ratios.assign(size_t(layers), 4);
+  }
+  summary->a.steps = {TraceStepInfo{}};
+  summary->a.steps[0].complete = true;
+  summary->b = summary->a;
+  summary->layers = summary->a.config.num_hidden_layers;
+  summary->seq_lengths = {tokens};
+  gui::Dataset d;
+  d.summary = summary;
+  auto seq = std::make_shared<gui::SeqTokens>();
+  seq->T = tokens;
+  seq->tokens.assign(size_t(tokens), 1);
+  seq->logprobs_a.assign(size_t(tokens - 1), -5.0f);
+  seq->logprobs_b = seq->logprobs_a;
+  d.seqs = {seq};
+  d.chunks.resize(1);
+  return d;
+}
+
 const TracePair& gui_traces() {
   static const TracePair pair = [] {
     TracePair p;

@@ -4,9 +4,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "gui/models/dataset.h"
+
 namespace dsv4::test {
+
+// A comparison dataset made up in the test, for TraceDocument::adopt: the tiny preset (with `layers`
+// layers of compress ratio 4 when layers > 0), complete steps, one sequence of `tokens` tokens with
+// flat log-probs; no chunks (the caller adds them).
+gui::Dataset synthetic_pair(int64_t tokens, int layers = 0);
 
 // A train-profile trace (A) and a rollout-profile trace (B) of the tiny preset over the same tokens
 // (one sequence), capturing attn.o at layer 1, moe.out at layer 3 and the logits in full: the

@@ -1472,25 +1472,11 @@ TEST(GuiColourScale, RowsCountedApartMergeToTheWhole) {
 // difference.
 TEST(GuiColourScale, OverviewOfAnOutlierAndABulk) {
   constexpr int kTokens = 4000;
-  auto summary = std::make_shared<LoadSummary>();
-  summary->a.config = preset("tiny");
-  summary->a.steps = {TraceStepInfo{}};
-  summary->a.steps[0].complete = true;
-  summary->b = summary->a;
-  summary->layers = summary->a.config.num_hidden_layers;
-  summary->seq_lengths = {kTokens};
-  Dataset d;
-  d.summary = summary;
-  auto seq = std::make_shared<SeqTokens>();
-  seq->T = kTokens;
-  seq->tokens.assign(kTokens, 1);
-  seq->logprobs_a.assign(kTokens - 1, -5.0f);
-  seq->logprobs_b = seq->logprobs_a;
-  d.seqs = {seq};
-  d.chunks.resize(1);
+  Dataset d = dsv4::test::synthetic_pair(kTokens);
+  const int layers = d.summary->layers;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> e(-4, -2);
-  for (int l = 0; l < summary->layers; ++l) {
+  for (int l = 0; l < layers; ++l) {
     auto c = std::make_shared<LayerChunk>();
     c->layer = l;
     for (const auto& m : all_metrics())

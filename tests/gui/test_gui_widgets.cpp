@@ -592,28 +592,15 @@ TEST_F(GuiWidgets, ZoomKeepsTheSelectedColumnInPlace) {
 TEST(GuiHeatmapPerf, ScrollingThirtyTwoThousandTokens) {
   constexpr int kLayers = 43;
   constexpr int64_t kTokens = 32768;
-  auto summary = std::make_shared<LoadSummary>();
-  summary->a.config = preset("tiny");
-  summary->a.config.num_hidden_layers = kLayers;
-  summary->a.config.compress_ratios.assign(kLayers, 4);
-  summary->a.steps = {TraceStepInfo{}};
-  summary->a.steps[0].complete = true;
-  summary->b = summary->a;
-  summary->layers = kLayers;
-  summary->seq_lengths = {kTokens};
-  Dataset d;
-  d.summary = summary;
-  auto seq = std::make_shared<SeqTokens>();
-  seq->T = kTokens;
-  seq->tokens.assign(kTokens, 1);
+  Dataset d = dsv4::test::synthetic_pair(kTokens, kLayers);
+  auto seq = std::make_shared<SeqTokens>(*d.seqs[0]);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(0, 1);
   for (int64_t t = 0; t + 1 < kTokens; ++t) {
-    seq->logprobs_a.push_back(-5 - u(rng));
-    seq->logprobs_b.push_back(seq->logprobs_a.back() + 0.05f * (u(rng) - 0.5f));
+    seq->logprobs_a[size_t(t)] = -5 - u(rng);
+    seq->logprobs_b[size_t(t)] = seq->logprobs_a[size_t(t)] + 0.05f * (u(rng) - 0.5f);
   }
   d.seqs = {seq};
-  d.chunks.resize(1);
   for (int l = 0; l < kLayers; ++l) {
     auto c = std::make_shared<LayerChunk>();
     c->layer = l;
