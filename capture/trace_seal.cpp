@@ -7,7 +7,9 @@
 // The seal hashes whole files (tens to hundreds of MB) when a trace is opened: compiled inline, XXH3
 // takes the widest vector unit this build targets (AVX2 on x86-64-v3) rather than the shared
 // library's baseline SSE2, about 1.6x faster. The digest is the same.
+#ifndef XXH_INLINE_ALL  // a build without libxxhash defines it for every file
 #define XXH_INLINE_ALL
+#endif
 #include <xxhash.h>
 
 #include <array>
