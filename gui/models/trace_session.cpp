@@ -276,7 +276,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
     // A pair's two seal checks (each hashes its whole file) run side by side: B's on a thread of its
     // own while A is opened. check_seal keeps what it verified, so opening B finds B checked.
     std::future<void> seal_b;
-    if (!path_b.empty() && !readers_.count(path_b))
+    if (!path_b.empty() && path_b != path_a && !readers_.count(path_b))
       seal_b = std::async(std::launch::async, [path_b] {
         try {
           check_seal(path_b);

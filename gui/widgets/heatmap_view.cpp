@@ -1,11 +1,10 @@
 #include "gui/widgets/heatmap_view.h"
 
-#include <QTimer>
-
 #include <QKeyEvent>
 #include <QMouseEvent>
 #include <QPainter>
 #include <QScrollBar>
+#include <QTimer>
 #include <QToolTip>
 #include <QWheelEvent>
 #include <algorithm>
