@@ -108,7 +108,6 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   connect(doc_, &TraceDocument::loadFinished, this, &MainWindow::onLoadFinished);
   connect(doc_, &TraceDocument::loadFailed, this, &MainWindow::onLoadFailed);
   connect(doc_, &TraceDocument::loadCanceled, this, [this] {
-    stalls_.stop();
     setLoadingUi(false);
     status_->setText(QStringLiteral("Loading cancelled."));
   });
@@ -602,6 +601,9 @@ void MainWindow::updateGradientsTab() {
 }
 
 void MainWindow::setLoadingUi(bool loading) {
+  // A load that starts or ends ends the stall measurement of the one before (it starts again at the
+  // new load's first painted frame).
+  stalls_.stop();
   progress_->setVisible(loading);
   cancel_->setVisible(loading);
   if (loading) progress_->setRange(0, 0);
@@ -612,7 +614,6 @@ void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int 
   metric_chosen_ = wanted_metric_.has_value();  // --metric given before the files
   open_timer_.start();
   first_paint_ms_ = load_ms_ = -1;
-  stalls_.stop();
   setLoadingUi(true);
   status_->setText(QStringLiteral("Opening %1…").arg(a));
   doc_->open(a, b, step_a, step_b);
@@ -872,7 +873,6 @@ void MainWindow::onDatasetReset() {
 
 void MainWindow::onLoadFinished() {
   load_ms_ = open_timer_.isValid() ? open_timer_.nsecsElapsed() / 1e6 : -1;
-  stalls_.stop();
   setLoadingUi(false);
   const Dataset& d = doc_->data();
   int64_t tokens = 0;
@@ -910,7 +910,6 @@ void MainWindow::onLoadFinished() {
 }
 
 void MainWindow::onLoadFailed(const LoadError& e) {
-  stalls_.stop();
   setLoadingUi(false);
   status_->setText(e.message.section('\n', 0, 0));
   const LoadRequest& r = doc_->lastRequest();
