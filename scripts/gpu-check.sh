@@ -15,8 +15,13 @@
 # Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-tests] [--no-sanitizer] [--gpu-only] [--cpu-long]
 #   --quick  smaller benchmark sizes; --no-tests skips the tests and the GPU record/replay check;
 #   --cpu-long also times the CPU at T = 16384 (slow)
-#   env: SANITIZER_TIMEOUT (240 s per tool), SANITIZER_FILTER (gtest filter, default all cases)      env: BUILD_DIR (default build-gpu; the GPU-only build uses
-#            BUILD_DIR-only), JOBS, CUDA_ARCH (90)
+#   env: SANITIZER_TIMEOUT (240 s per tool), SANITIZER_FILTER (gtest filter, default all cases),
+#        BUILD_DIR (default build-gpu; the GPU-only build uses BUILD_DIR-only), JOBS,
+#        CUDA_ARCH (CMake's CUDA_ARCHITECTURES; default 80-real;90-real;100-real;120-real;80-virtual)
+# Across architectures: the SASS of every embedded architecture is audited (scripts/kernel-audit.py
+# sass, against the PTX the build audits), and a recording is made twice on this GPU, with its own
+# SASS and through the driver's JIT of the compute_80 PTX (CUDA_FORCE_PTX_JIT=1); each replays
+# bit-identically on the CPU and on the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -42,7 +47,9 @@ build=${BUILD_DIR:-build-gpu}
 logs=${OUT:-$build/logs}
 mkdir -p "$logs"
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-arch=${CUDA_ARCH:-90}
+# Default: one binary for Ampere, Hopper and both Blackwells, plus compute_80 PTX for the driver's JIT
+# (the "PTX JIT" record below runs it on this GPU).
+arch=${CUDA_ARCH:-"80-real;90-real;100-real;120-real;80-virtual"}
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 say() { printf '== %s\n' "$*" | tee -a "$logs/gpu-check.log"; }
@@ -78,7 +85,7 @@ fi
 
 # ---- build ----------------------------------------------------------------------------------------
 targets=(test_backend_ops test_grad_linear_gpu test_grad_attention_gpu test_grad_mhc_gpu test_grad_indexer_gpu test_gpu_model test_xxh3
-  bench_gpu)
+  bench_gpu dsv4_kernels_ptx)
 [[ $mode == full ]] && targets+=(dsv4 test_gpu_record test_gpu_decode test_gpu_train bench_capture bench_decode
   bench_train)
 build_ok=1
@@ -133,6 +140,49 @@ if [[ $build_ok == 1 && $tests == 1 && -n "$cli_bin" ]]; then
     tests_failed=$((tests_failed + 1))
   fi
   rm -f "$t"
+fi
+
+# ---- across GPU architectures: SASS audit, native SASS and PTX JIT recordings ------------------------
+sass_audit="not run" archs_in="?"
+declare -A arch_record=([sass]="not run" [ptx-jit]="not run")
+if [[ $build_ok == 1 && -n "$cli_bin" ]] && command -v cuobjdump >/dev/null 2>&1; then
+  say "cuobjdump -sass $(basename "$cli_bin") | kernel-audit.py sass"
+  archs_in=$(cuobjdump --list-elf "$cli_bin" 2>/dev/null | grep -oE 'sm_[0-9]+a?' | sort -u | tr '\n' ' ')
+  archs_in+=$(cuobjdump --list-ptx "$cli_bin" 2>/dev/null | grep -oE 'sm_[0-9]+a?' | sort -u | sed 's/^/+ptx /' | tr '\n' ' ')
+  ptx=$(find "$build" -path '*kernels/ptx/*.ptx' 2>/dev/null | sort)
+  cuobjdump -sass "$cli_bin" >"$logs/sass.txt" 2>&1
+  if [[ -z "$ptx" ]]; then
+    sass_audit="not run (the build made no audit PTX)"
+  elif python3 scripts/kernel-audit.py sass "$logs/sass.txt" --ptx $ptx >"$logs/sass-audit.log" 2>&1; then
+    sass_audit="clean: $(tail -1 "$logs/sass-audit.log" | sed -E 's/.*: ([0-9]+ instructions).*/\1/')"
+  else
+    sass_audit="FAILED (see sass-audit.log)"
+    head -20 "$logs/sass-audit.log"
+    tests_failed=$((tests_failed + 1))
+  fi
+  rm -f "$logs/sass.txt"
+fi
+if [[ $build_ok == 1 && $tests == 1 && -n "$cli_bin" ]]; then
+  for path in sass ptx-jit; do
+    say "dsv4 record --device cuda ($path) -> replay on the CPU and on the GPU"
+    t=$logs/record-$path.h5
+    rm -f "$t" "$t.incomplete"
+    jit=()
+    [[ $path == ptx-jit ]] && jit=(env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_DISABLE=1)
+    {
+      "${jit[@]}" "$cli_bin" record --preset tiny-b --seed 11 --random 96 --device cuda --out "$t" &&
+        "$cli_bin" replay "$t" --device cpu && "${jit[@]}" "$cli_bin" replay "$t" --device cuda
+    } >"$logs/record-$path.log" 2>&1
+    rc=$?
+    n=$(grep -c ": bit-identical" "$logs/record-$path.log")
+    if [[ $rc == 0 && $n -ge 2 ]]; then
+      arch_record[$path]="replay exit 0 on CPU and GPU"
+    else
+      arch_record[$path]="FAILED (exit $rc, see record-$path.log)"
+      tests_failed=$((tests_failed + 1))
+    fi
+    rm -f "$t"
+  done
 fi
 
 # ---- compute-sanitizer over the kernel tests --------------------------------------------------------
@@ -199,6 +249,10 @@ fi
     printf '%-34s %s\n' "gpu tests (ctest -L gpu)" "not run (--no-tests)"
   fi
   printf '%-34s %s\n' "record on GPU -> replay on CPU" "$gpu_record"
+  printf '%-34s %s\n' "architectures in the binary" "$archs_in"
+  printf '%-34s %s\n' "SASS audit (kernel-audit.py)" "$sass_audit"
+  printf '%-34s %s\n' "record with sm_90 SASS" "${arch_record[sass]}"
+  printf '%-34s %s\n' "record through the PTX JIT" "${arch_record[ptx-jit]}"
   printf '%-34s %s\n' "compute-sanitizer memcheck" "${san[memcheck]}"
   printf '%-34s %s\n' "compute-sanitizer racecheck" "${san[racecheck]}"
   if [[ -f "$logs/bench_gpu.log" ]]; then

@@ -433,22 +433,27 @@ TEST(Replay, PlantedEnvDifferenceRanksCompileFlagsFirst) {
   EXPECT_EQ(host.back().key, "host");
 }
 
-// A trace recorded on another instruction set (here planted: an aarch64 build) names both machines in
-// the report, and the ISA difference heads the culprit list, before the compile flags.
+// A trace recorded on another instruction set (here planted: an aarch64 build, or an x86-64 one when
+// this is aarch64) names both machines in the report, and the ISA difference heads the culprit list,
+// before the compile flags.
 TEST(Replay, AnotherIsaIsNamedAndRankedFirst) {
   const Scratch scratch;
   const fs::path trace = record(scratch.dir / "t.h5", {{{random_tokens(5, 512, 1)}}});
-  const fs::path other = copy_of(trace, "arm.h5");
+  const fs::path other = copy_of(trace, "other-isa.h5");
+  const bool here_arm = build_isa() == "aarch64";
+  const std::string isa = here_arm ? "x86-64-v3" : "aarch64", machine = here_arm ? "x86_64" : "aarch64";
+  const std::string cpu = here_arm ? "AMD EPYC 9654" : "Neoverse-V2";
   {
     H5Edit e(other);
-    e.set_attr("/meta/env", "isa", "aarch64");
-    e.set_attr("/meta/env", "machine", "aarch64");
-    e.set_attr("/meta/env", "cpu_model", "Neoverse-V2");
+    e.set_attr("/meta/env", "isa", isa);
+    e.set_attr("/meta/env", "machine", machine);
+    e.set_attr("/meta/env", "cpu_model", cpu);
     e.set_attr("/meta/env", "compile_flags", "-O2 -ffp-contract=off");
   }
   const ReplayReport rep = replay_trace(other.string(), {});
   EXPECT_TRUE(rep.identical());
-  EXPECT_EQ(rep.recorded_on, "aarch64 build on aarch64, Neoverse-V2");
+  const std::string recorded_on = isa + " build on " + machine + ", " + cpu;
+  EXPECT_EQ(rep.recorded_on, recorded_on);
   EXPECT_EQ(rep.replayed_on, machine_summary(environment_fingerprint()));
   ASSERT_GE(rep.env_differences.size(), 3u);
   EXPECT_EQ(rep.env_differences[0].key, "isa");
@@ -457,8 +462,7 @@ TEST(Replay, AnotherIsaIsNamedAndRankedFirst) {
   // The CLI's last line says it in words.
   const auto r = test::run_cli("replay " + other.string());
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("recorded on aarch64 build on aarch64, Neoverse-V2, replayed on " + rep.replayed_on +
-                       ": bit-identical"),
+  EXPECT_NE(r.out.find("recorded on " + recorded_on + ", replayed on " + rep.replayed_on + ": bit-identical"),
             std::string::npos)
       << r.out;
 }
