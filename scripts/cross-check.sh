@@ -141,13 +141,38 @@ if [[ " ${others[*]} " == *" aarch64 "* ]]; then
   fi
 fi
 
+# ---- no libm in the numerics --------------------------------------------------------------------------
+# libm's transcendental functions differ between ISAs and glibc versions; the libraries that compute
+# what a trace records (kernels, model, rollout, train, capture) must call none of them (sqrt and fma
+# are IEEE-exact and allowed). Each build's static libraries are checked with nm.
+libm_re='^(__)?(exp|exp2|expm1|exp10|log|log2|log10|log1p|sin|cos|tan|sincos|sinh|cosh|tanh|asin|acos|atan|atan2|asinh|acosh|atanh|pow|erf|erfc|cbrt|hypot|lgamma|tgamma)(f|l|f32|f64)?(_finite)?(@.*)?$'
+libm_audit=()
+for b in x86-64-v3 "${others[@]}"; do
+  dir=$(dirname "$(dirname "${bin[$b]}")")
+  nm_tool=nm
+  [[ $b == aarch64 ]] && nm_tool=aarch64-linux-gnu-nm
+  calls=""
+  for lib in kernels model rollout train capture; do
+    a="$dir/$lib/libdsv4_$lib.a"
+    [[ -f "$a" ]] || { calls+=" (no $a)"; continue; }
+    calls+=$("$nm_tool" -u -A "$a" 2>/dev/null | awk '{print $1 " " $NF}' | while read -r where sym; do
+      if [[ "$sym" =~ $libm_re ]]; then printf ' %s:%s' "${where##*/}" "$sym"; fi; done)
+  done
+  if [[ -n "$calls" ]]; then
+    failed_libm=1
+    libm_audit+=("$(printf '%-10s FAILED:%s' "$b" "$calls")")
+  else
+    libm_audit+=("$(printf '%-10s no libm transcendental call in kernels, model, rollout, train, capture' "$b")")
+  fi
+done
+
 # ---- cross replays ----------------------------------------------------------------------------------
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 printf '[1, 2, 3, 4, 5, 6, 7]\n{"tokens": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12]}\n[42]\n' >"$work/batch.jsonl"
 cases=("tiny train --random 130" "tiny rollout --random 130" "tiny-b train --random 77"
        "tiny-b rollout --random 77" "tiny train --batch $work/batch.jsonl")
-failed=0
+failed=${failed_libm:-0}
 [[ "$a64_tests" == *FAILED* ]] && failed=1
 rows=()
 t=$SECONDS
@@ -199,6 +224,7 @@ echo
 printf '%-10s %-10s %-7s %-8s %-14s %s\n' recorded replayed preset profile input result
 printf '%s\n' "${rows[@]}"
 echo
+printf 'libm audit: %s\n' "${libm_audit[@]}"
 [[ " ${others[*]} " == *" aarch64 "* ]] && echo "aarch64 test suites under qemu: $a64_tests"
 [[ -n "$speed" ]] && echo "$speed"
 printf '%s\n' "${timings[@]}"
