@@ -144,6 +144,7 @@ fi
 
 # ---- across GPU architectures: SASS audit, native SASS and PTX JIT recordings ------------------------
 sass_audit="not run" archs_in="?"
+: >"$logs/arch-check.log"
 declare -A arch_record=([sass]="not run" [ptx-jit]="not run")
 if [[ $build_ok == 1 && -n "$cli_bin" ]] && command -v cuobjdump >/dev/null 2>&1; then
   say "cuobjdump -sass $(basename "$cli_bin") | kernel-audit.py sass"
@@ -153,11 +154,11 @@ if [[ $build_ok == 1 && -n "$cli_bin" ]] && command -v cuobjdump >/dev/null 2>&1
   cuobjdump -sass "$cli_bin" >"$logs/sass.txt" 2>&1
   if [[ -z "$ptx" ]]; then
     sass_audit="not run (the build made no audit PTX)"
-  elif python3 scripts/kernel-audit.py sass "$logs/sass.txt" --ptx $ptx >"$logs/sass-audit.log" 2>&1; then
-    sass_audit="clean: $(tail -1 "$logs/sass-audit.log" | sed -E 's/.*: ([0-9]+ instructions).*/\1/')"
+  elif python3 scripts/kernel-audit.py sass "$logs/sass.txt" --ptx $ptx >"$logs/arch-check.log" 2>&1; then
+    sass_audit="clean: $(tail -1 "$logs/arch-check.log" | sed -E 's/.*: ([0-9]+ instructions).*/\1/')"
   else
-    sass_audit="FAILED (see sass-audit.log)"
-    head -20 "$logs/sass-audit.log"
+    sass_audit="FAILED (see arch-check.log)"
+    head -20 "$logs/arch-check.log"
     tests_failed=$((tests_failed + 1))
   fi
   rm -f "$logs/sass.txt"
@@ -172,13 +173,15 @@ if [[ $build_ok == 1 && $tests == 1 && -n "$cli_bin" ]]; then
     {
       "${jit[@]}" "$cli_bin" record --preset tiny-b --seed 11 --random 96 --device cuda --out "$t" &&
         "$cli_bin" replay "$t" --device cpu && "${jit[@]}" "$cli_bin" replay "$t" --device cuda
-    } >"$logs/record-$path.log" 2>&1
+    } >"$logs/record.tmp" 2>&1
     rc=$?
-    n=$(grep -c ": bit-identical" "$logs/record-$path.log")
+    n=$(grep -c ": bit-identical" "$logs/record.tmp")
+    { echo "==== record --device cuda ($path)"; cat "$logs/record.tmp"; } >>"$logs/arch-check.log"
+    rm -f "$logs/record.tmp"
     if [[ $rc == 0 && $n -ge 2 ]]; then
       arch_record[$path]="replay exit 0 on CPU and GPU"
     else
-      arch_record[$path]="FAILED (exit $rc, see record-$path.log)"
+      arch_record[$path]="FAILED (exit $rc, see arch-check.log)"
       tests_failed=$((tests_failed + 1))
     fi
     rm -f "$t"

@@ -20,8 +20,12 @@ PTX is what the audit refuses:
     compiler, a*b+c computed with one rounding where the CPU rounds twice;
   - tensor-core instructions (mma, wmma, wgmma): their accumulation order is not the CPU's.
 The SASS audit checks the other end: no MUFU approximation other than the reciprocal and reciprocal
-square root that start the IEEE division and square-root sequences (allowed only in functions whose
-PTX has div.rn, rcp.rn or sqrt.rn), no denormal flushing (.FTZ), no tensor-core instruction.
+square root that start ptxas's exact division and square-root sequences (IEEE div.rn, sqrt.rn and
+rcp.rn, and integer div and rem; allowed only in functions whose PTX has one), no tensor-core
+instruction. .FTZ forms are not refused in SASS:
+ptxas uses them inside its IEEE division and square-root sequences on operands it has scaled away
+from the denormal range, and in float-to-integer conversions and comparisons where the result is the
+same; PTX without .ftz (checked above) binds it to denormal-preserving results.
 
 Exit 0 when clean; 1 with one line per offending instruction (file, line, function, instruction).
 """
@@ -95,7 +99,7 @@ def source_line(path, line):
 
 
 def audit_ptx(path):
-    """Returns (problems, functions with IEEE division/sqrt/reciprocal, instruction count)."""
+    """Returns (problems, functions with a division, remainder, sqrt or reciprocal, instruction count)."""
     problems, ieee_seq, count, func, loc = [], set(), 0, "?", None
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().split("\n")
@@ -121,8 +125,8 @@ def audit_ptx(path):
         count += 1
         parts = op.split(".")
         floating = bool(set(parts[1:]) & FLOAT_TYPES)
-        if parts[0] in ("div", "sqrt", "rcp") and floating:
-            ieee_seq.add(func)
+        if (parts[0] in ("div", "sqrt", "rcp") and floating) or parts[0] in ("div", "rem"):
+            ieee_seq.add(func)  # SASS seeds these exact sequences (integer ones too) with MUFU.RCP/RSQ
         why = ptx_problems(op)
         if parts[0] in ("fma", "mad") and floating:
             src = source_line(*loc) if loc else None
@@ -167,11 +171,9 @@ def audit_sass(path, ieee_seq):
                 if kind not in SASS_MUFU_ALLOWED:
                     why = "hardware approximation MUFU." + kind
                 elif func not in ieee_seq:
-                    why = "MUFU." + kind + " in a function whose PTX has no IEEE div/sqrt/rcp"
+                    why = "MUFU." + kind + " in a function whose PTX has no division, remainder, sqrt or rcp"
             elif parts[0].startswith(SASS_TENSOR):
                 why = "tensor-core instruction"
-            elif "FTZ" in parts[1:] and parts[0][0] in "FDH":
-                why = "flushes denormals to zero"
             if why:
                 problems.append((path, lineno, f"{func} [{arch}]", op, why))
     return problems, count
