@@ -100,7 +100,7 @@ def source_line(path, line):
 
 def audit_ptx(path):
     """Returns (problems, functions with a division, remainder, sqrt or reciprocal, instruction count)."""
-    problems, ieee_seq, count, func, loc = [], set(), 0, "?", None
+    problems, exact_seq, count, func, loc = [], set(), 0, "?", None
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().split("\n")
     files = {}
@@ -125,8 +125,8 @@ def audit_ptx(path):
         count += 1
         parts = op.split(".")
         floating = bool(set(parts[1:]) & FLOAT_TYPES)
-        if (parts[0] in ("div", "sqrt", "rcp") and floating) or parts[0] in ("div", "rem"):
-            ieee_seq.add(func)  # SASS seeds these exact sequences (integer ones too) with MUFU.RCP/RSQ
+        if parts[0] in ("div", "rem") or (parts[0] in ("sqrt", "rcp") and floating):
+            exact_seq.add(func)  # ptxas seeds these exact sequences (integer ones too) with MUFU.RCP/RSQ
         why = ptx_problems(op)
         if parts[0] in ("fma", "mad") and floating:
             src = source_line(*loc) if loc else None
@@ -138,7 +138,7 @@ def audit_ptx(path):
                 why.append(f"fma where {loc[0]}:{loc[1]} does not call fma (a contraction): {src.strip()[:80]}")
         if why:
             problems.append((path, lineno, func, op, "; ".join(why)))
-    return problems, ieee_seq, count
+    return problems, exact_seq, count
 
 
 _SASS_FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
@@ -148,7 +148,7 @@ SASS_MUFU_ALLOWED = {"RCP", "RSQ", "RCP64H", "RSQ64H"}  # seeds of the IEEE div/
 SASS_TENSOR = ("HMMA", "IMMA", "DMMA", "HGMMA", "IGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCIMMA")
 
 
-def audit_sass(path, ieee_seq):
+def audit_sass(path, exact_seq):
     problems, count, func, arch = [], 0, "?", "?"
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
@@ -170,7 +170,7 @@ def audit_sass(path, ieee_seq):
                 kind = parts[1] if len(parts) > 1 else "?"
                 if kind not in SASS_MUFU_ALLOWED:
                     why = "hardware approximation MUFU." + kind
-                elif func not in ieee_seq:
+                elif func not in exact_seq:
                     why = "MUFU." + kind + " in a function whose PTX has no division, remainder, sqrt or rcp"
             elif parts[0].startswith(SASS_TENSOR):
                 why = "tensor-core instruction"
@@ -201,11 +201,11 @@ def main():
     s.add_argument("--ptx", nargs="+", required=True, help="the PTX files of the same sources")
     a = ap.parse_args()
     try:
-        problems, ieee_seq, count = [], set(), 0
+        problems, exact_seq, count = [], set(), 0
         for path in (a.files if a.mode == "ptx" else a.ptx):
-            pr, ie, n = audit_ptx(path)
+            pr, seq, n = audit_ptx(path)
             problems += pr
-            ieee_seq |= ie
+            exact_seq |= seq
             count += n
         if a.mode == "ptx":
             if count == 0:
@@ -214,7 +214,7 @@ def main():
             return report(problems, "ptx", count, len(a.files))
         if problems:
             report(problems, "ptx", count, len(a.ptx))
-        sp, n = audit_sass(a.sass, ieee_seq)
+        sp, n = audit_sass(a.sass, exact_seq)
         if n == 0:
             print(f"kernel-audit sass: no instructions found in {a.sass}: is this cuobjdump -sass output?",
                   file=sys.stderr)
