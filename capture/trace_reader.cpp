@@ -77,6 +77,31 @@ GroupSize group_size(const h5::Object& g) {
 
 }  // namespace
 
+// The bytes of decoded values a kept read holds (TraceReader::keep_reads).
+template <class T>
+int64_t decoded_bytes(const std::vector<T>& v) {
+  return int64_t(v.size() * sizeof(T));
+}
+int64_t decoded_bytes(const IndexerRecord& r) {
+  return decoded_bytes(r.ids) + decoded_bytes(r.margin);
+}
+int64_t decoded_bytes(const RoutingRecord& r) {
+  return decoded_bytes(r.ids) + decoded_bytes(r.weights) + decoded_bytes(r.margin);
+}
+int64_t decoded_bytes(const MhcRecord& r) {
+  return decoded_bytes(r.pre) + decoded_bytes(r.post) + decoded_bytes(r.comb);
+}
+int64_t decoded_bytes(const TensorCopy& t) {
+  return decoded_bytes(t.f) + decoded_bytes(t.i);
+}
+int64_t decoded_bytes(const DigestTable& d) {
+  return decoded_bytes(d.values) + int64_t(d.records.size() * sizeof(DigestRecord));
+}
+template <class T>
+int64_t decoded_bytes(const std::optional<T>& v) {
+  return v ? decoded_bytes(*v) : 0;
+}
+
 struct TraceReader::Impl {
   std::string path;
   h5::Object file;
@@ -85,6 +110,28 @@ struct TraceReader::Impl {
   int version = 0;
   std::string producer;
   std::vector<TraceStepInfo> steps;
+  // keep_reads: what each call returned, by the call ("indexer 0 0 3"), within keep_budget bytes.
+  int64_t keep_budget = 0, kept_bytes = 0;
+  std::map<std::string, std::shared_ptr<const void>> kept;
+
+  // read() once per key while the budget lasts; a copy of the kept value after.
+  template <class Read>
+  auto kept_or_read(const std::string& key, Read&& read) -> decltype(read()) {
+    using T = decltype(read());
+    if (keep_budget <= 0) return read();
+    if (auto it = kept.find(key); it != kept.end()) return *static_cast<const T*>(it->second.get());
+    T v = read();
+    const int64_t bytes = decoded_bytes(v);
+    if (kept_bytes + bytes <= keep_budget) {
+      kept.emplace(key, std::make_shared<const T>(v));
+      kept_bytes += bytes;
+    }
+    return v;
+  }
+  void drop_kept() {
+    kept.clear();
+    kept_bytes = 0;
+  }
 
   const h5::Object& f() const {
     if (!file.id.valid())
@@ -256,7 +303,17 @@ std::vector<TraceStepInfo> TraceReader::steps() const {
   return impl_->steps;
 }
 
+void TraceReader::keep_reads(int64_t max_bytes) {
+  impl_->keep_budget = std::max<int64_t>(max_bytes, 0);
+  impl_->drop_kept();
+}
+
+int64_t TraceReader::kept_bytes() const {
+  return impl_->kept_bytes;
+}
+
 void TraceReader::refresh() {
+  impl_->drop_kept();  // a step being written may have grown
   // Close first: while this process holds the file, HDF5 would hand back the same cached state.
   impl_->file = h5::Object{};
   // A writer holds the file (non-SWMR) for a moment while it lays out a step; retry briefly.
@@ -275,18 +332,22 @@ void TraceReader::refresh() {
 }
 
 std::vector<int32_t> TraceReader::tokens(int step, int seq) const {
-  int64_t T = 0;
-  h5::Object g = impl_->seq(step, seq, &T);
-  return h5::read<int32_t>(Impl::dataset(g, kTokens, {hsize_t(T)}));
+  return impl_->kept_or_read(fmt::format("tokens {} {}", step, seq), [&] {
+    int64_t T = 0;
+    h5::Object g = impl_->seq(step, seq, &T);
+    return h5::read<int32_t>(Impl::dataset(g, kTokens, {hsize_t(T)}));
+  });
 }
 
 std::vector<float> TraceReader::logprobs(int step, int seq) const {
-  int64_t T = 0;
-  h5::Object g = impl_->seq(step, seq, &T);
-  if (impl_->step(step).external() && !h5::exists(g, kLogprobs))
-    throw TraceError(fmt::format("{}: step {} sequence {} holds no log-probs (engine '{}' did not report them)",
-                                 impl_->path, step, seq, impl_->step(step).engine));
-  return h5::read<float>(Impl::dataset(g, kLogprobs, {hsize_t(std::max<int64_t>(T - 1, 0))}));
+  return impl_->kept_or_read(fmt::format("logprobs {} {}", step, seq), [&] {
+    int64_t T = 0;
+    h5::Object g = impl_->seq(step, seq, &T);
+    if (impl_->step(step).external() && !h5::exists(g, kLogprobs))
+      throw TraceError(fmt::format("{}: step {} sequence {} holds no log-probs (engine '{}' did not report them)",
+                                   impl_->path, step, seq, impl_->step(step).engine));
+    return h5::read<float>(Impl::dataset(g, kLogprobs, {hsize_t(std::max<int64_t>(T - 1, 0))}));
+  });
 }
 
 bool TraceReader::has_logprobs(int step, int seq) const {
@@ -390,7 +451,9 @@ std::pair<hsize_t, hsize_t> row_range(const h5::Object& ds, hsize_t rows, int64_
 }  // namespace
 
 std::optional<IndexerRecord> TraceReader::indexer(int step, int seq, int layer) const {
-  return indexer_rows(step, seq, layer, 0, INT64_MAX);
+  return impl_->kept_or_read(fmt::format("indexer {} {} {}", step, seq, layer), [&] {
+    return indexer_rows(step, seq, layer, 0, INT64_MAX);
+  });
 }
 
 std::optional<IndexerRecord> TraceReader::indexer_rows(int step, int seq, int layer, int64_t r0,
@@ -442,7 +505,9 @@ std::optional<IndexerRecord> TraceReader::indexer_rows(int step, int seq, int la
 }
 
 std::optional<RoutingRecord> TraceReader::routing(int step, int seq, int layer) const {
-  return routing_rows(step, seq, layer, 0, INT64_MAX);
+  return impl_->kept_or_read(fmt::format("routing {} {} {}", step, seq, layer), [&] {
+    return routing_rows(step, seq, layer, 0, INT64_MAX);
+  });
 }
 
 std::optional<RoutingRecord> TraceReader::routing_rows(int step, int seq, int layer, int64_t r0,
@@ -468,48 +533,52 @@ std::optional<RoutingRecord> TraceReader::routing_rows(int step, int seq, int la
 }
 
 std::optional<MhcRecord> TraceReader::mhc(int step, int seq, int layer, Sublayer s) const {
-  int64_t T = 0;
-  h5::Object g = impl_->seq(step, seq, &T);
-  const std::string rel = decisions_path(layer);
-  const std::string sub = to_string(s);
-  if (!h5::exists(g, rel + "/" + mhc_name(sub, "pre"))) return std::nullopt;
-  h5::Object d = h5::open(g, rel);
-  h5::Object pre = Impl::dataset_any(d, mhc_name(sub, "pre"), 2);
-  const auto shape = h5::shape(pre);
-  if (shape[0] != hsize_t(T)) pre.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
-  MhcRecord r;
-  r.T = T;
-  r.hc = int(shape[1]);
-  r.pre = h5::read<float>(pre);
-  r.post = h5::read<float>(Impl::dataset(d, mhc_name(sub, "post"), shape));
-  r.comb = h5::read<float>(Impl::dataset(d, mhc_name(sub, "comb"), {shape[0], shape[1], shape[1]}));
-  return r;
+  return impl_->kept_or_read(fmt::format("mhc {} {} {} {}", step, seq, layer, to_string(s)), [&]() -> std::optional<MhcRecord> {
+    int64_t T = 0;
+    h5::Object g = impl_->seq(step, seq, &T);
+    const std::string rel = decisions_path(layer);
+    const std::string sub = to_string(s);
+    if (!h5::exists(g, rel + "/" + mhc_name(sub, "pre"))) return std::nullopt;
+    h5::Object d = h5::open(g, rel);
+    h5::Object pre = Impl::dataset_any(d, mhc_name(sub, "pre"), 2);
+    const auto shape = h5::shape(pre);
+    if (shape[0] != hsize_t(T)) pre.fail(fmt::format("expected {} rows, found {}", T, shape[0]));
+    MhcRecord r;
+    r.T = T;
+    r.hc = int(shape[1]);
+    r.pre = h5::read<float>(pre);
+    r.post = h5::read<float>(Impl::dataset(d, mhc_name(sub, "post"), shape));
+    r.comb = h5::read<float>(Impl::dataset(d, mhc_name(sub, "comb"), {shape[0], shape[1], shape[1]}));
+    return r;
+  });
 }
 
 DigestTable TraceReader::digests(int step, int seq) const {
-  h5::Object g = impl_->seq(step, seq);
-  if (!h5::exists(g, kDigests)) throw TraceError(fmt::format("{}: {}/digests: missing", impl_->path, g.path));
-  h5::Object d = h5::open(g, kDigests);
-  h5::Object t = Impl::dataset_any(d, kDigestTensor, 1);
-  const auto M = h5::shape(t);
-  const auto tensor = h5::read<int32_t>(t);
-  const auto layer = h5::read<int32_t>(Impl::dataset(d, kDigestLayer, M));
-  h5::Object rd = Impl::dataset(d, kDigestRows, M);
-  const auto rows = h5::read<int64_t>(rd);
-  const auto names = tensor_names();
-  DigestTable out;
-  out.values = h5::read<uint64_t>(Impl::dataset_any(d, kDigestValue, 1));
-  int64_t first = 0;
-  for (size_t i = 0; i < tensor.size(); ++i) {
-    if (tensor[i] < 0 || size_t(tensor[i]) >= names.size())
-      t.fail(fmt::format("record {} names tensor {}, /meta/tensor_names has {}", i, tensor[i], names.size()));
-    if (rows[i] < 0) rd.fail(fmt::format("record {} has {} rows", i, rows[i]));
-    out.records.push_back(DigestRecord{names[size_t(tensor[i])], layer[i], rows[i], first});
-    first += rows[i];
-  }
-  if (first != int64_t(out.values.size()))
-    rd.fail(fmt::format("the records cover {} rows, digests/value holds {}", first, out.values.size()));
-  return out;
+  return impl_->kept_or_read(fmt::format("digests {} {}", step, seq), [&] {
+    h5::Object g = impl_->seq(step, seq);
+    if (!h5::exists(g, kDigests)) throw TraceError(fmt::format("{}: {}/digests: missing", impl_->path, g.path));
+    h5::Object d = h5::open(g, kDigests);
+    h5::Object t = Impl::dataset_any(d, kDigestTensor, 1);
+    const auto M = h5::shape(t);
+    const auto tensor = h5::read<int32_t>(t);
+    const auto layer = h5::read<int32_t>(Impl::dataset(d, kDigestLayer, M));
+    h5::Object rd = Impl::dataset(d, kDigestRows, M);
+    const auto rows = h5::read<int64_t>(rd);
+    const auto names = tensor_names();
+    DigestTable out;
+    out.values = h5::read<uint64_t>(Impl::dataset_any(d, kDigestValue, 1));
+    int64_t first = 0;
+    for (size_t i = 0; i < tensor.size(); ++i) {
+      if (tensor[i] < 0 || size_t(tensor[i]) >= names.size())
+        t.fail(fmt::format("record {} names tensor {}, /meta/tensor_names has {}", i, tensor[i], names.size()));
+      if (rows[i] < 0) rd.fail(fmt::format("record {} has {} rows", i, rows[i]));
+      out.records.push_back(DigestRecord{names[size_t(tensor[i])], layer[i], rows[i], first});
+      first += rows[i];
+    }
+    if (first != int64_t(out.values.size()))
+      rd.fail(fmt::format("the records cover {} rows, digests/value holds {}", first, out.values.size()));
+    return out;
+  });
 }
 
 std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int seq) const {
@@ -529,7 +598,9 @@ std::vector<std::pair<std::string, int>> TraceReader::full_tensors(int step, int
 }
 
 std::optional<TensorCopy> TraceReader::tensor(int step, int seq, int layer, const std::string& name) const {
-  return tensor_rows(step, seq, layer, name, 0, INT64_MAX);
+  return impl_->kept_or_read(fmt::format("tensor {} {} {} {}", step, seq, layer, name), [&] {
+    return tensor_rows(step, seq, layer, name, 0, INT64_MAX);
+  });
 }
 
 std::optional<TensorCopy> TraceReader::tensor_rows(int step, int seq, int layer, const std::string& name,

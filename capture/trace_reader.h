@@ -87,7 +87,15 @@ class TraceReader {
   std::vector<std::string> tensor_names() const;
 
   std::vector<TraceStepInfo> steps() const;  // every step group, complete or not, in order
-  void refresh();                            // re-read the step list (SWMR)
+  void refresh();                            // re-read the step list (SWMR); drops what keep_reads kept
+
+  // Keeps what tokens(), logprobs(), indexer(), routing(), mhc(), digests() and tensor() return, up to
+  // `max_bytes` of decoded values, so that a second pass over the same step (the viewer's diff report
+  // after its views) reads and decodes nothing twice; each later call returns a copy of what is kept.
+  // Past the budget, reads are read as usual and not kept. 0 (the default) keeps nothing and drops what
+  // is kept.
+  void keep_reads(int64_t max_bytes);
+  int64_t kept_bytes() const;
 
   // Per (step, sequence). Throws TraceError naming the dataset when something is missing or has the
   // wrong shape/dtype, TraceIncomplete for a step with status 0.

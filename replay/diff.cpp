@@ -25,15 +25,16 @@ using Key = std::pair<int, std::string>;  // (layer, tensor name)
 
 // One side of the diff: the reader, the chosen step and what is read from /meta once.
 struct Side {
-  TraceReader r;
+  const TraceReader& r;
   std::string label;  // "A" or "B", for messages
   TraceStepInfo step;
   TraceModelMeta meta;
   ModelConfig cfg;
 };
 
-Side open_side(const std::string& path, int step, const char* label) {
-  Side s{TraceReader::open(path), label, {}, {}, {}};
+Side open_side(const TraceReader& r, int step, const char* label) {
+  const std::string& path = r.path();
+  Side s{r, label, {}, {}, {}};
   const std::vector<TraceStepInfo> steps = s.r.steps();
   if (step < 0 || step >= int(steps.size()))
     throw TraceError(fmt::format("{}: step {} out of range (trace {} holds {} step{})", path, step, label,
@@ -551,8 +552,15 @@ void diff_training(const Side& a, const Side& b, DiffReport& rep) {
 }  // namespace
 
 DiffReport diff_traces(const std::string& path_a, const std::string& path_b, const DiffOptions& opt) {
-  Side A = open_side(path_a, opt.step_a, "A");
-  Side B = open_side(path_b, opt.step_b, "B");
+  const TraceReader a = TraceReader::open(path_a);
+  const TraceReader b = TraceReader::open(path_b);
+  return diff_traces(a, b, opt);
+}
+
+DiffReport diff_traces(const TraceReader& ra, const TraceReader& rb, const DiffOptions& opt) {
+  const std::string &path_a = ra.path(), &path_b = rb.path();
+  Side A = open_side(ra, opt.step_a, "A");
+  Side B = open_side(rb, opt.step_b, "B");
 
   DiffReport rep;
   rep.trace_a = path_a;

@@ -27,6 +27,8 @@
 
 namespace dsv4 {
 
+class TraceReader;
+
 struct DiffOptions {
   int step_a = 0, step_b = 0;
   bool allow_model_mismatch = false;
@@ -122,6 +124,9 @@ struct DiffReport {
 // or (without allow_model_mismatch) different model digests; TraceError and its
 // kinds for unreadable traces, a step out of range or an incomplete step.
 DiffReport diff_traces(const std::string& a, const std::string& b, const DiffOptions& opt);
+// The same over traces already open (the viewer's worker, whose readers keep what its views read:
+// TraceReader::keep_reads); the report names the readers' paths.
+DiffReport diff_traces(const TraceReader& a, const TraceReader& b, const DiffOptions& opt);
 std::string diff_to_json(const DiffReport& r);  // schema: docs/DIFF_JSON.md
 std::string diff_to_table(const DiffReport& r);
 // Writes layers.csv, tensors.csv and tokens.csv into `dir` (created if missing), and for two training

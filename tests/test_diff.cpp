@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "capture/policy.h"
+#include "capture/trace_reader.h"
 #include "capture/trace_writer.h"
 #include "model/decision_sets.h"
 #include "model/error.h"
@@ -564,6 +565,73 @@ TEST(Diff, TrainVsRolloutDecisionsMatchesRawDatasets) {
 
 TEST(Diff, TrainVsRolloutFullMatchesRawDatasets) {
   check_against_raw(trace("train_full"), trace("rollout_full"), true);
+}
+
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The viewer's diff: over readers that already read every record for their views and kept them
+// (TraceReader::keep_reads). It must be the report of two fresh files, byte for byte, and every kept
+// read must equal a fresh read.
+TEST(Diff, OverReadersThatKeptTheirReadsIsTheDiffOfTheFiles) {
+  for (const bool full : {false, true}) {
+    const std::string a = trace(full ? "train_full" : "train_dec"), b = trace(full ? "rollout_full" : "rollout_dec");
+    const std::string want = diff_to_json(diff_traces(a, b, {}));
+    TraceReader ra = TraceReader::open(a), rb = TraceReader::open(b);
+    ra.keep_reads(int64_t(1) << 30);
+    rb.keep_reads(int64_t(1) << 30);
+    EXPECT_EQ(diff_to_json(diff_traces(ra, rb, {})), want) << "first pass, full " << full;
+    const int64_t kept = ra.kept_bytes();
+    EXPECT_GT(kept, 0);
+    EXPECT_EQ(diff_to_json(diff_traces(ra, rb, {})), want) << "from what was kept, full " << full;
+    EXPECT_EQ(ra.kept_bytes(), kept) << "a second pass keeps nothing new";
+    const TraceReader fresh = TraceReader::open(a);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(ra.tokens(0, s), fresh.tokens(0, s));
+      EXPECT_EQ(ra.logprobs(0, s), fresh.logprobs(0, s));
+      EXPECT_EQ(ra.digests(0, s).values, fresh.digests(0, s).values);
+      for (int layer = 0; layer < ra.config().num_hidden_layers; ++layer) {
+        const auto ki = ra.indexer(0, s, layer), fi = fresh.indexer(0, s, layer);
+        ASSERT_EQ(ki.has_value(), fi.has_value());
+        if (ki) {
+          EXPECT_EQ(ki->ids, fi->ids);
+          EXPECT_EQ(ki->margin, fi->margin);
+        }
+        const auto kr = ra.routing(0, s, layer), fr = fresh.routing(0, s, layer);
+        ASSERT_EQ(kr.has_value(), fr.has_value());
+        if (kr) {
+          EXPECT_EQ(kr->ids, fr->ids);
+          EXPECT_EQ(kr->weights, fr->weights);
+        }
+      }
+      for (const auto& [name, layer] : fresh.full_tensors(0, s))
+        EXPECT_TRUE(same_bytes(ra.tensor(0, s, layer, name)->f, fresh.tensor(0, s, layer, name)->f))
+            << name << " " << layer;  // bytes: masked scores are NaN
+    }
+  }
+}
+
+TEST(Diff, KeptReadsStayWithinTheirBudget) {
+  TraceReader r = TraceReader::open(trace("train_full"));
+  EXPECT_EQ(r.kept_bytes(), 0);
+  (void)r.indexer(0, 0, 0);
+  EXPECT_EQ(r.kept_bytes(), 0) << "nothing is kept by default";
+  const int64_t one = int64_t(r.tokens(0, 0).size() * sizeof(int32_t));
+  r.keep_reads(one);
+  (void)r.tokens(0, 0);
+  EXPECT_EQ(r.kept_bytes(), one);
+  (void)r.tokens(0, 1);  // past the budget: read, not kept
+  (void)r.logprobs(0, 0);
+  EXPECT_EQ(r.kept_bytes(), one);
+  EXPECT_EQ(r.tokens(0, 1), TraceReader::open(trace("train_full")).tokens(0, 1));
+  r.refresh();
+  EXPECT_EQ(r.kept_bytes(), 0) << "refresh drops what was kept";
+  (void)r.tokens(0, 0);
+  EXPECT_EQ(r.kept_bytes(), one);
+  r.keep_reads(0);
+  EXPECT_EQ(r.kept_bytes(), 0);
 }
 
 TEST(Diff, AbsoluteThresholdIsUsedEverywhere) {
