@@ -44,15 +44,15 @@ CLI::Option* add_threads_option(CLI::App* cmd, int& threads, const std::string& 
 // A finite, non-negative number (CLI11's NonNegativeNumber lets "nan" and "inf" through).
 const CLI::Validator& finite_non_negative();
 
-// --ep N: expert parallelism over N MPI ranks (docs/PARALLEL.md), for the commands that run the
-// forward. open_parallel gives the process's communicator (nullptr for N = 1; it lives until the
+// --ep N: expert parallelism over N ranks (docs/PARALLEL.md), for the commands that run the forward:
+// MPI on the CPU; with --device cuda NCCL, its unique id sent over MPI. open_parallel gives the process's communicator (nullptr for N = 1; it lives until the
 // process ends) and makes it the active one: an error from then on ends every rank
 // (Communicator::abort) instead of leaving them waiting.
 struct ParallelArgs {
   int ep = 1;
 };
 void add_parallel_options(CLI::App* cmd, ParallelArgs& p);
-Communicator* open_parallel(const ParallelArgs& p);
+Communicator* open_parallel(const ParallelArgs& p, const std::string& device);
 Communicator* active_communicator();  // nullptr when the run is not parallel
 
 // The parsed subcommand's action (set by the callback of whichever subcommand ran); returns the

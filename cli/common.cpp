@@ -7,10 +7,14 @@
 #include "capture/version.h"
 #include "cli/commands.h"
 #include "model/checkpoint.h"
+#include "model/device.h"
 #include "model/error.h"
 #include "model/tokens.h"
 #ifdef DSV4_HAVE_MPI
 #include "parallel/mpi_communicator.h"
+#endif
+#ifdef DSV4_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
 #endif
 
 namespace dsv4::cli {
@@ -24,22 +28,44 @@ std::unique_ptr<Communicator>& active() {
   static std::unique_ptr<Communicator> c;
   return c;
 }
+#ifdef DSV4_HAVE_NCCL
+std::unique_ptr<Communicator>& bootstrap() {  // the MPI world under a NCCL communicator
+  static std::unique_ptr<Communicator> c;
+  return c;
+}
+#endif
 }  // namespace
 
 void add_parallel_options(CLI::App* cmd, ParallelArgs& p) {
   cmd->add_option("--ep", p.ep,
                   "Expert parallelism over N processes: run under `mpirun -np N` (the routed experts shared "
-                  "out; the same bits for every N; CPU)")
+                  "out; the same bits for every N; MPI on the CPU, NCCL with --device cuda)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
 }
 
-Communicator* open_parallel(const ParallelArgs& p) {
+Communicator* open_parallel(const ParallelArgs& p, const std::string& device) {
   if (p.ep <= 1) return nullptr;
 #ifdef DSV4_HAVE_MPI
-  active() = mpi_world(p.ep);
+  if (parse_device(device) == Device::cpu) {
+    active() = mpi_world(p.ep);
+    return active().get();
+  }
+#ifdef DSV4_HAVE_NCCL
+  bootstrap() = mpi_world(p.ep);
+  try {
+    active() = nccl_world(bootstrap().get());
+  } catch (const std::exception& e) {
+    bootstrap()->abort(e.what(), 2);  // every rank ends: the others may be waiting for this one
+  }
   return active().get();
 #else
+  throw InputError(fmt::format("--ep {} --device {}: this dsv4 was built without NCCL (a CUDA build finds it in "
+                               "the CUDA toolkit or the system)",
+                               p.ep, device));
+#endif
+#else
+  (void)device;
   throw InputError(fmt::format("--ep {}: this dsv4 was built without MPI (install libopenmpi-dev and rebuild)", p.ep));
 #endif
 }

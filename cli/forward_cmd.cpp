@@ -39,7 +39,7 @@ struct ForwardArgs {
 };
 
 int run_forward(const ForwardArgs& a) {
-  Communicator* const comm = open_parallel(a.parallel);
+  Communicator* const comm = open_parallel(a.parallel, a.device);
   Weights w = open_model(a.model);
   const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config());
   DecisionLog log;

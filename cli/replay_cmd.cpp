@@ -42,7 +42,7 @@ int replay_exit_code(const ReplayReport& r) {
 
 int run_replay(const ReplayArgs& a) {
   ReplayOptions o;
-  o.experts = open_parallel(a.parallel);
+  o.experts = open_parallel(a.parallel, a.device);
   if (a.step >= 0 && a.all) throw InputError("give --step N or --all, not both");
   if (a.step >= 0) o.step = a.step;
   o.model_dir = a.model;

@@ -67,7 +67,7 @@ struct RecordArgs {
 };
 
 int run_record(const RecordArgs& a) {
-  Communicator* const comm = open_parallel(a.parallel);
+  Communicator* const comm = open_parallel(a.parallel, a.device);
   Weights w = open_model(a.model);
   std::vector<std::vector<int32_t>> batch;
   if (!a.batch.empty()) {

@@ -23,6 +23,8 @@ class Communicator {
   [[noreturn]] virtual void abort(const std::string& message, int code) = 0;
   // "MPI" / "NCCL".
   virtual std::string transport() const = 0;
+  // Whether all_gather_v's buffers are GPU memory (NCCL) rather than host memory (MPI).
+  virtual bool device_memory() const { return false; }
   // Bytes this rank received from the other ranks so far (its own part not counted).
   virtual int64_t bytes_received() const = 0;
 };

@@ -12,6 +12,7 @@
 #include "kernels/logits.h"
 #include "kernels/numerics/numerics.h"
 #include "model/error.h"
+#include "model/expert_parallel.h"
 
 #if defined(DSV4_HAVE_CUDA)
 #include "kernels/cuda/check.h"
@@ -120,6 +121,24 @@ void Backend::hc_pre_backward(const HcPreBwdParams&) { no_backward(*this, "hc_pr
 void Backend::hc_head_backward(const HcHeadBwdParams&) { no_backward(*this, "hc_head_backward"); }
 void Backend::router_backward(const RouterBwdParams&) { no_backward(*this, "router_backward"); }
 void Backend::moe_experts_backward(const MoeBwdParams&) { no_backward(*this, "moe_experts_backward"); }
+
+namespace {
+// The communicator must move the backend's memory: host buffers over MPI, device buffers over NCCL.
+void check_memory(const Backend& be, const Communicator& comm, int layer) {
+  const bool gpu = be.device() != Device::cpu;
+  if (comm.device_memory() != gpu)
+    throw InputError(fmt::format("layer {}: expert parallelism over {} moves {} memory, but the forward runs on "
+                                 "the {}: {}",
+                                 layer, comm.transport(), comm.device_memory() ? "GPU" : "host",
+                                 gpu ? "GPU" : "CPU", gpu ? "use NCCL on GPUs" : "use MPI on CPUs"));
+}
+}  // namespace
+
+void Backend::moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) {
+  check_memory(*this, comm, layer);
+  require(moe_check(p), "moe", layer);
+  dsv4::moe_experts_parallel(p, comm);
+}
 void Backend::hadamard_backward(float*, int64_t, int64_t, int64_t) { no_backward(*this, "hadamard_backward"); }
 void Backend::attention_mass(const AttentionMassParams&) { no_backward(*this, "attention_mass"); }
 void Backend::indexer_kl(const IndexerKlParams&) { no_backward(*this, "indexer_kl"); }
@@ -416,6 +435,30 @@ class CudaBackend final : public Backend {
   void moe_experts(const MoeParams& p, int layer) override {
     require(cuda::moe_check(p), "moe", layer);
     cuda::moe_experts(p, s_);
+  }
+  // As the CPU's moe_experts_parallel (model/expert_parallel.h), on the device: this rank's pairs'
+  // outputs, gathered in rank order (= the pairs of every expert in order, since each rank owns a
+  // contiguous block), put back in slot order and summed as moe_experts sums them.
+  void moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) override {
+    check_memory(*this, comm, layer);
+    require(cuda::moe_check(p), "moe", layer);
+    if (p.T <= 0) return;
+    const std::vector<int64_t> count = cuda::moe_expert_counts(p, s_);
+    std::vector<int64_t> sizes(size_t(comm.size()), 0);
+    int64_t rows = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      const ExpertRange e = expert_range(p.E, r, comm.size());
+      for (int x = e.first; x < e.last; ++x) sizes[size_t(r)] += count[size_t(x)] * p.D * int64_t(sizeof(float));
+      rows += sizes[size_t(r)] / (p.D * int64_t(sizeof(float)));
+    }
+    const ExpertRange mine = expert_range(p.E, comm.rank(), comm.size());
+    Buffer<float> y = floats(std::max<int64_t>(sizes[size_t(comm.rank())] / int64_t(sizeof(float)), 1));
+    Buffer<float> all = floats(std::max<int64_t>(rows * p.D, 1)), slot = floats(p.T * p.k * p.D);
+    cuda::moe_routed_outputs(p, mine.first, mine.last, y.data(), s_);
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    comm.all_gather_v(y.data(), all.data(), sizes);
+    cuda::moe_scatter_pairs(p, all.data(), slot.data(), s_);
+    cuda::moe_combine(p, slot.data(), p.out, s_);
   }
   void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                           float* logprob) override {

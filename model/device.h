@@ -26,6 +26,7 @@
 #include "kernels/norm.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
+#include "model/communicator.h"
 #include "model/observer.h"
 #include "model/profile.h"
 #include "model/weights.h"
@@ -121,6 +122,10 @@ class Backend {
   virtual void router(const RouterParams& p) = 0;
   // `p.experts` / `p.shared` are host arrays whose pointers come from weight().
   virtual void moe_experts(const MoeParams& p, int layer) = 0;
+  // moe_experts with the routed experts shared out among `comm`'s ranks (model/expert_parallel.h):
+  // the same bits. The communicator must move this backend's memory (Communicator::device_memory:
+  // MPI for the CPU, NCCL for CUDA); otherwise InputError naming the layer and both.
+  virtual void moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm);
   virtual void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                                   float* logprob) = 0;
   // ---- backward ops of the training step (kernels/grad.h), same Params structs. A backend without

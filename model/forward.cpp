@@ -776,13 +776,8 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.clamp_shared = P_.clamp_shared_expert;
   mp.order = P_.order;
   mp.out = out.data();
-  if (opt_.experts && opt_.experts->size() > 1) {
-    if (be_.device() != Device::cpu)
-      throw InputError(fmt::format("layer {}: expert parallelism runs on the CPU backend over {} (the GPU path "
-                                   "over NCCL is not built yet): use --device cpu",
-                                   L, opt_.experts->transport()));
-    require(moe_check(mp), "moe", L);
-    moe_experts_parallel(mp, *opt_.experts);
+  if (opt_.experts) {
+    be_.moe_experts_parallel(mp, L, *opt_.experts);
   } else {
     be_.moe_experts(mp, L);
   }

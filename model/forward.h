@@ -39,8 +39,9 @@ struct RunOptions {
   // come back. Throws InputError when this dsv4 was built without CUDA or no device is usable.
   Device device = Device::cpu;
   // Expert parallelism (model/expert_parallel.h): the routed experts shared out among this
-  // communicator's ranks, every rank running the same sequences; nullptr or one rank: all local.
-  // The result is the same bits for every rank count. CPU backend only (the NCCL path is not built).
+  // communicator's ranks, every rank running the same sequences (one rank too); nullptr: all local.
+  // The result is the same bits for every rank count. The communicator moves the backend's memory:
+  // MPI for the CPU, NCCL for CUDA (parallel/).
   Communicator* experts = nullptr;
 };
 

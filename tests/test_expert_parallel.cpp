@@ -16,7 +16,11 @@
 #include "cli_util.h"
 #include "kernels/moe.h"
 #include "model/communicator.h"
+#include "model/error.h"
+#include "model/forward.h"
+#include "model/tokens.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #include "paths.h"
 
 namespace dsv4 {
@@ -101,6 +105,36 @@ TEST(ExpertParallel, RangesPartitionTheExperts) {
       }
       EXPECT_EQ(next, E);
     }
+}
+
+// A communicator of GPU memory (NCCL's kind) given to the CPU backend is refused before any collective,
+// naming the layer and the transport. Its collectives are never reached (reaching one fails the test).
+class GpuMemoryCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void all_gather_v(const void*, void*, const std::vector<int64_t>&) override {
+    ADD_FAILURE() << "a collective was reached";
+  }
+  [[noreturn]] void abort(const std::string& message, int) override { throw std::runtime_error(message); }
+  std::string transport() const override { return "NCCL"; }
+  bool device_memory() const override { return true; }
+  int64_t bytes_received() const override { return 0; }
+};
+
+TEST(ExpertParallel, TheCpuBackendRefusesACommunicatorOfGpuMemory) {
+  GpuMemoryCommunicator c;
+  RunOptions o;
+  o.experts = &c;
+  try {
+    forward(test::tiny(), {random_tokens(9, 512, 3)}, o);
+    ADD_FAILURE() << "the CPU backend took a communicator of GPU memory";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0: expert parallelism over NCCL moves GPU memory, but the forward "
+                                         "runs on the CPU: use MPI on CPUs"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- through the CLI under mpirun ---------------------------------------------------------------
@@ -240,8 +274,8 @@ TEST(ExpertParallelCli, AKilledRankEndsTheJob) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     std::ofstream f(d / "kill.sh");
-    f << mpirun(2) << "forward --preset tiny --seed 7 --random 3000 --threads 1 --ep 2 --out " << (d / "x.json")
-      << " &\njob=$!\nsleep 3\npkill -KILL -n -f 'dsv4 forward --preset tiny --seed 7 --random 3000'\nwait $job\n";
+    f << mpirun(2) << "forward --preset tiny --seed 7 --random 20000 --threads 1 --ep 2 --out " << (d / "x.json")
+      << " &\njob=$!\nsleep 2\npkill -KILL -n -f 'dsv4 forward --preset tiny --seed 7 --random 20000'\nwait $job\n";
   }
   const auto r = test::run_shell("bash " + (d / "kill.sh"));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

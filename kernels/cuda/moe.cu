@@ -148,42 +148,53 @@ const char* moe_check(const MoeParams& p) {
   return common::moe_check_expert_weights(p);
 }
 
-void moe_experts(const MoeParams& p, cudaStream_t stream) {
-  require(cuda::moe_check(p), "moe_experts");
-  if (p.T <= 0) return;
-  const int64_t T = p.T, D = p.D, I = p.I, k = p.k, TK = T * k;
-  const int E = p.E;
-  const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
+namespace {
 
-  // Group the pairs per expert.
-  detail::Scratch<int64_t> count(E, stream);
-  detail::Scratch<int32_t> src_q(TK, stream), src_tok(TK, stream);
-  expert_count_kernel<<<E, kThreads, 0, stream>>>(p.ids, TK, count.get());
-  DSV4_LAUNCH_CHECK();
-  expert_list_kernel<<<E, kThreads, 0, stream>>>(p.ids, TK, int(k), count.get(), E, src_q.get(),
-                                                 src_tok.get());
-  DSV4_LAUNCH_CHECK();
-  std::vector<int64_t> host_count(static_cast<size_t>(E));
-  CUDA_CHECK(cudaMemcpyAsync(host_count.data(), count.get(), sizeof(int64_t) * size_t(E),
-                             cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+// The (token, slot) pairs grouped per expert, as moe_experts runs them: count[e] (device and host),
+// and src_q / src_tok listing each expert's pairs (q increasing, experts in order) and their tokens.
+struct PairLists {
+  PairLists(const MoeParams& p, cudaStream_t stream)
+      : count(p.E, stream), src_q(p.T * p.k, stream), src_tok(p.T * p.k, stream), host(size_t(p.E)) {
+    const int64_t TK = p.T * p.k;
+    expert_count_kernel<<<p.E, kThreads, 0, stream>>>(p.ids, TK, count.get());
+    DSV4_LAUNCH_CHECK();
+    expert_list_kernel<<<p.E, kThreads, 0, stream>>>(p.ids, TK, p.k, count.get(), p.E, src_q.get(), src_tok.get());
+    DSV4_LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), count.get(), sizeof(int64_t) * size_t(p.E), cudaMemcpyDeviceToHost,
+                               stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  // The first pair of expert e in the lists (e = E: the number of pairs with a valid expert).
+  int64_t start(int e) const {
+    int64_t a = 0;
+    for (int x = 0; x < e; ++x) a += host[size_t(x)];
+    return a;
+  }
+  detail::Scratch<int64_t> count;
+  detail::Scratch<int32_t> src_q, src_tok;
+  std::vector<int64_t> host;
+};
 
-  detail::Scratch<float> gu(2 * TK * I, stream), Y(TK * D, stream);
+// The routed outputs y_i(t) (fp32) of the pairs of experts [e0, e1): row of pair q at y + q * D
+// (to_slots) or, compact, the lists' order from y.
+void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, float* y, bool to_slots,
+                    cudaStream_t stream) {
+  const int64_t D = p.D, I = p.I;
+  const int64_t a0 = l.start(e0), rows = l.start(e1) - a0;
+  if (rows == 0) return;
+  detail::Scratch<float> gu(2 * rows * I, stream);
   float* G = gu.get();
-  float* U = gu.get() + TK * I;
-  // Pairs whose id is outside [0, E) belong to no expert: their rows of Y stay 0.
-  CUDA_CHECK(cudaMemsetAsync(Y.get(), 0, sizeof(float) * size_t(TK * D), stream));
-
+  float* U = gu.get() + rows * I;
   std::vector<detail::GemmProblem> g1, g3, g2;
   int64_t a = 0;
-  for (int e = 0; e < E; ++e) {
-    const int64_t m = host_count[size_t(e)];
+  for (int e = e0; e < e1; ++e) {
+    const int64_t m = l.host[size_t(e)];
     if (m > 0) {
       detail::GemmProblem pr;
       pr.m = m;
       pr.x = p.x;
       pr.ldx = D;
-      pr.xrow = src_tok.get() + a;
+      pr.xrow = l.src_tok.get() + a0 + a;
       pr.ldw = D;
       pr.ldy = I;
       pr.y = G + a * I;
@@ -198,25 +209,76 @@ void moe_experts(const MoeParams& p, cudaStream_t stream) {
       down.ldx = I;
       down.w = p.experts[e].w2;
       down.ldw = I;
-      down.y = Y.get();
       down.ldy = D;
-      down.yrow = src_q.get() + a;
+      if (to_slots) {
+        down.y = y;
+        down.yrow = l.src_q.get() + a0 + a;
+      } else {
+        down.y = y + a * D;
+      }
       g2.push_back(down);
     }
     a += m;
   }
-  const int64_t grouped = a;  // pairs with a valid expert
-  if (!g1.empty()) {
-    detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g1.data(), int(g1.size()), stream);
-    detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g3.data(), int(g3.size()), stream);
-    swiglu_kernel<<<detail::grid_for(grouped * I, kThreads), kThreads, 0, stream>>>(
-        G, U, grouped, I, p.weights, src_q.get(), true, p.swiglu_limit);
-    DSV4_LAUNCH_CHECK();
-    detail::gemm_group(detail::GemmShape{D, I, OutRound::f32, p.order}, g2.data(), int(g2.size()), stream);
-  }
+  detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g1.data(), int(g1.size()), stream);
+  detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g3.data(), int(g3.size()), stream);
+  swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(
+      G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit);
+  DSV4_LAUNCH_CHECK();
+  detail::gemm_group(detail::GemmShape{D, I, OutRound::f32, p.order}, g2.data(), int(g2.size()), stream);
+}
 
-  detail::Scratch<float> gus(p.n_shared > 0 ? 2 * T * Is : 0, stream),
-      Ys(int64_t(p.n_shared) * T * D, stream);
+// One thread per (pair row j, d): y_slot[src_q[j]] = y_pairs[j].
+__global__ void __launch_bounds__(kThreads)
+    scatter_pairs_kernel(const float* y_pairs, const int32_t* src_q, int64_t rows, int64_t D, float* y_slot) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * D;
+       e += int64_t(gridDim.x) * blockDim.x)
+    y_slot[int64_t(src_q[e / D]) * D + e % D] = y_pairs[e];
+}
+
+}  // namespace
+
+void moe_experts(const MoeParams& p, cudaStream_t stream) {
+  require(cuda::moe_check(p), "moe_experts");
+  if (p.T <= 0) return;
+  const PairLists l(p, stream);
+  detail::Scratch<float> Y(p.T * p.k * p.D, stream);
+  // Pairs whose id is outside [0, E) belong to no expert: their rows of Y stay 0.
+  CUDA_CHECK(cudaMemsetAsync(Y.get(), 0, sizeof(float) * size_t(p.T * p.k * p.D), stream));
+  routed_outputs(p, l, 0, p.E, Y.get(), true, stream);
+  moe_combine(p, Y.get(), p.out, stream);
+}
+
+std::vector<int64_t> moe_expert_counts(const MoeParams& p, cudaStream_t stream) {
+  require(cuda::moe_check(p), "moe_expert_counts");
+  if (p.T <= 0) return std::vector<int64_t>(size_t(p.E), 0);
+  return PairLists(p, stream).host;
+}
+
+void moe_routed_outputs(const MoeParams& p, int e0, int e1, float* y, cudaStream_t stream) {
+  require(cuda::moe_check(p), "moe_routed_outputs");
+  if (e0 < 0 || e1 < e0 || e1 > p.E) require("the expert range is outside [0, E)", "moe_routed_outputs");
+  if (p.T <= 0) return;
+  routed_outputs(p, PairLists(p, stream), e0, e1, y, false, stream);
+}
+
+void moe_scatter_pairs(const MoeParams& p, const float* y_pairs, float* y_slot, cudaStream_t stream) {
+  require(cuda::moe_check(p), "moe_scatter_pairs");
+  if (p.T <= 0) return;
+  const PairLists l(p, stream);
+  CUDA_CHECK(cudaMemsetAsync(y_slot, 0, sizeof(float) * size_t(p.T * p.k * p.D), stream));
+  const int64_t rows = l.start(p.E);
+  if (rows == 0) return;
+  scatter_pairs_kernel<<<detail::grid_for(rows * p.D, kThreads), kThreads, 0, stream>>>(y_pairs, l.src_q.get(),
+                                                                                          rows, p.D, y_slot);
+  DSV4_LAUNCH_CHECK();
+}
+
+void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream_t stream) {
+  if (p.T <= 0) return;
+  const int64_t T = p.T, D = p.D, I = p.I;
+  const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
+  detail::Scratch<float> gus(p.n_shared > 0 ? 2 * T * Is : 0, stream), Ys(int64_t(p.n_shared) * T * D, stream);
   for (int s = 0; s < p.n_shared; ++s) {
     float* Gs = gus.get();
     float* Us = gus.get() + T * Is;
@@ -228,8 +290,8 @@ void moe_experts(const MoeParams& p, cudaStream_t stream) {
     gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, Ys.get() + int64_t(s) * T * D, OutRound::f32, p.order),
          stream);
   }
-  combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(Y.get(), T, int(k), D, Ys.get(),
-                                                                             p.n_shared, p.out);
+  combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared,
+                                                                             out);
   DSV4_LAUNCH_CHECK();
 }
 

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
@@ -78,6 +79,15 @@ void router(const RouterParams& p, cudaStream_t stream);
 // nothing). `experts` and `shared` are *host* arrays whose ExpertWeights hold device pointers.
 const char* moe_check(const MoeParams& p);
 void moe_experts(const MoeParams& p, cudaStream_t stream);
+// moe_experts in parts, for expert parallelism (model/expert_parallel.h), as on the CPU (kernels/moe.h);
+// every pointer a device pointer. The pairs of each expert, counted ([E], on the host); the routed
+// outputs [pairs, D] of the pairs of experts [e0, e1) in moe_pairs' order; the outputs of the pairs of
+// every expert in that order put in slot order (y_slot [T * k, D]; pairs of no expert 0); the sum.
+// moe_combine over the slots of every expert's outputs gives moe_experts' bits, whoever computed them.
+std::vector<int64_t> moe_expert_counts(const MoeParams& p, cudaStream_t stream);
+void moe_routed_outputs(const MoeParams& p, int e0, int e1, float* y, cudaStream_t stream);
+void moe_scatter_pairs(const MoeParams& p, const float* y_pairs, float* y_slot, cudaStream_t stream);
+void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream_t stream);
 
 // ---- logits ---------------------------------------------------------------------------------
 void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target, float* logprob,

@@ -17,6 +17,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/ops.h"
+#include "model/communicator.h"  // expert_range (header only)
 #include "test_util.h"
 
 namespace dsv4 {
@@ -622,6 +623,9 @@ void moe_case(int64_t T, int64_t D, int64_t I, int E, int k, int used, int n_sha
     p.out = out.data();
     ASSERT_EQ(moe_check(p), nullptr);
     moe_experts(p);
+    std::vector<ExpertWeights> ex_host = ex, sh_host = sh;
+    MoeParams ph = p;  // host memory, for the parts below
+    ph.experts = ex_host.data(), ph.shared = sh_host.data();
     for (int e = 0; e < E; ++e) ex[size_t(e)] = weights_of(e, dp);
     for (int s = 0; s < n_shared; ++s) sh[size_t(s)] = weights_of(E + s, dp);
     p.x = d.upload(x, "x"), p.ids = d.upload(ids, "ids"), p.weights = d.upload(weights, "weights");
@@ -631,6 +635,33 @@ void moe_case(int64_t T, int64_t D, int64_t I, int E, int k, int used, int n_sha
     const auto go = d.download(p.out, out.size());
     EXPECT_TRUE(same_floats(out, go, "out"));
     EXPECT_FALSE(test::all_zero(go));
+
+    // The parts of expert parallelism: every expert's pair count, each rank's routed outputs equal to
+    // the CPU's bit for bit, and their concatenation in rank order, put in slot order and summed, equal
+    // to moe_experts, for 1, 2, 3 and E + 1 ranks (a rank with no expert among them).
+    const std::vector<int64_t> count = cuda::moe_expert_counts(p, nullptr);
+    ASSERT_EQ(count.size(), size_t(E));
+    for (int e = 0; e < E; ++e) EXPECT_EQ(count[size_t(e)], int64_t(moe_pairs(ph, e, e + 1).size())) << "expert " << e;
+    for (int ranks : {1, 2, 3, E + 1}) {
+      std::vector<float> gathered;
+      for (int r = 0; r < ranks; ++r) {
+        const ExpertRange er = expert_range(E, r, ranks);
+        std::vector<float> want(moe_pairs(ph, er.first, er.last).size() * size_t(D));
+        moe_routed_outputs(ph, er.first, er.last, want.data());
+        float* dy = d.upload(std::vector<float>(std::max<size_t>(want.size(), 1), test::fill_value()), "y");
+        cuda::moe_routed_outputs(p, er.first, er.last, dy, nullptr);
+        const auto got = d.download(dy, want.size());
+        EXPECT_TRUE(same_floats(want, got, "routed outputs of rank " + std::to_string(r) + " of " + std::to_string(ranks)));
+        gathered.insert(gathered.end(), got.begin(), got.end());
+      }
+      const float* dall = d.upload(gathered.empty() ? std::vector<float>(1) : gathered, "gathered");
+      float* dslot = d.upload(std::vector<float>(size_t(T * k * D), test::fill_value()), "slots");
+      cuda::moe_scatter_pairs(p, dall, dslot, nullptr);
+      float* dout = d.upload(std::vector<float>(out.size(), test::fill_value()), "out of the parts");
+      cuda::moe_combine(p, dslot, dout, nullptr);
+      EXPECT_TRUE(same_floats(out, d.download(dout, out.size()), "out of " + std::to_string(ranks) + " ranks"));
+    }
+    ASSERT_TRUE(d.guards_intact());
   });
 }
 

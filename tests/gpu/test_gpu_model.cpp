@@ -15,6 +15,9 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
+#ifdef DSV4_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
 #include "tiny_model.h"
 
 namespace dsv4 {
@@ -27,13 +30,15 @@ struct Run {
 };
 
 std::unique_ptr<Run> run(const Weights& w, const std::vector<int32_t>& tokens, const NumericsProfile& p,
-                         Device d, const Overrides* ov = nullptr, bool tensors = true) {
+                         Device d, const Overrides* ov = nullptr, bool tensors = true,
+                         Communicator* experts = nullptr) {
   auto r = std::make_unique<Run>(tensors);
   RunOptions o;
   o.profile = p;
   o.device = d;
   o.observer = &r->log;
   o.overrides = ov;
+  o.experts = experts;
   r->result = forward(w, {tokens}, o).seqs[0];
   return r;
 }
@@ -148,6 +153,40 @@ TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
   EXPECT_EQ(gpu->log.indexer.size(), 2u);
   expect_same_run(*cpu, *gpu);
 }
+
+#ifdef DSV4_HAVE_NCCL
+// Expert parallelism on the GPU with one NCCL rank (two GPUs: scripts/gpu-check.sh --ep 2): the CUDA
+// backend's parallel path (this rank's routed outputs, all_gather_v through NCCL, back to slots, the
+// sum) gives the local forward's bits, every tensor and decision; a communicator of host memory is
+// refused on the GPU and NCCL's on the CPU, naming the layer.
+TEST_F(GpuModelSeams, NcclOneRankIsTheLocalForward) {
+  const std::unique_ptr<Communicator> comm = nccl_world(nullptr);
+  EXPECT_EQ(comm->transport(), "NCCL");
+  EXPECT_TRUE(comm->device_memory());
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(parallel_layout(*comm), "expert parallel over 1 NCCL ranks");
+  for (const char* name : {"tiny", "tiny-b"})
+    for (const NumericsProfile& p : {profile_train(), profile_rollout()}) {
+      SCOPED_TRACE(std::string(name) + " " + p.name);
+      const Weights& w = test::tiny_by_name(name);
+      const auto toks = random_tokens(130, w.config().vocab_size, 21);
+      auto local = run(w, toks, p, Device::cuda);
+      auto nccl = run(w, toks, p, Device::cuda, nullptr, true, comm.get());
+      expect_same_run(*local, *nccl);
+      auto cpu = run(w, toks, p, Device::cpu);
+      expect_same_run(*cpu, *nccl);
+    }
+  EXPECT_EQ(comm->bytes_received(), 0);  // one rank receives nothing from others
+  const Weights& w = test::tiny();
+  try {
+    run(w, random_tokens(9, 512, 3), profile_train(), Device::cpu, nullptr, false, comm.get());
+    ADD_FAILURE() << "a NCCL communicator was taken by the CPU backend";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0: expert parallelism over NCCL moves GPU memory"), std::string::npos)
+        << e.what();
+  }
+}
+#endif
 
 // A batch on the GPU: each sequence equals its single-sequence CPU run (batch invariance holds
 // across devices).
