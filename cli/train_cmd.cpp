@@ -34,6 +34,7 @@ struct TrainArgs {
   std::string out_model;
   std::string out_optimizer_state;
   std::string record;
+  ParallelArgs parallel;
   std::string capture = "decisions";
   std::string capture_params;
   bool append = false;
@@ -94,6 +95,8 @@ Overrides decisions_from_trace(const TrainArgs& a, const Weights& w, const std::
 }
 
 int run_train_step(TrainArgs& a) {
+  Communicator* const comm = open_parallel(a.parallel, a.device);
+  a.o.experts = comm;
   const Weights w = open_model(a.model);
   a.o.device = parse_device(a.device);
   a.o.train_mixer = a.mhc_backward == "full";
@@ -136,6 +139,11 @@ int run_train_step(TrainArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   Weights updated = w;
   train::TrainStepResult res;
+  if (comm && comm->rank() != 0) {  // every rank ends with the same update: rank 0 records and writes it
+    hooks.progress = nullptr;
+    train::train_step(w, samples, state, a.o, hooks, &updated);
+    return 0;
+  }
   if (a.record.empty()) {
     res = train::train_step(w, samples, state, a.o, hooks, &updated);
   } else {
@@ -218,6 +226,7 @@ void register_train_command(CLI::App& app) {
       "One RL training step (forward, policy loss, backward, AdamW) on a batch of samples; writes the "
       "updated checkpoint and optimizer state so steps chain (docs/TRAINING.md)");
   add_model_options(t, ta->model);
+  add_parallel_options(t, ta->parallel);
   t->add_option("--data", ta->data,
                 "JSONL samples: {\"prompt\": [ids], \"response\": [ids], \"reward\" or \"advantage\", ...} "
                 "(docs/TRAINING.md; the output of dsv4 generate with rewards added works), or a rollout "

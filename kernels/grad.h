@@ -344,6 +344,14 @@ struct MoeBwdParams {
 };
 const char* moe_experts_backward_check(const MoeBwdParams& p);
 void moe_experts_backward(const MoeBwdParams& p);
+// moe_experts_backward in two parts, for expert parallelism (model/expert_parallel.h), as the forward
+// (kernels/moe.h moe_routed_outputs / moe_combine). The pairs of experts [e0, e1) in moe_pairs' order:
+// their experts' weight gradients (+=), each pair's input gradient (row of dx_pairs [pairs, D], unless
+// null) and routing-weight gradient (dw_pairs [pairs]). Then, given those of every expert's pairs in
+// that order: dweights, the shared experts' gradients and dx, each summed as moe_experts_backward sums
+// it, so the two parts give its bits whoever computed each pair.
+void moe_backward_routed(const MoeBwdParams& p, int e0, int e1, float* dx_pairs, float* dw_pairs);
+void moe_backward_combine(const MoeBwdParams& p, const float* dx_pairs, const float* dw_pairs);
 
 // ---- the lightning indexer's KL objective (MODEL.md §5.5; docs/TRAINING.md "Indexer KL") ---------
 

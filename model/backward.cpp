@@ -273,7 +273,10 @@ FBuf SequenceBackward::moe_bwd(const FBuf& dout, int L) {
   p.dweights = dweights.data();
   p.grads = egrads.data();
   p.shared_grads = sgrads.data();
-  be_.moe_experts_backward(p);
+  if (opt_.experts)
+    be_.moe_experts_backward_parallel(p, L, *opt_.experts);
+  else
+    be_.moe_experts_backward(p);
 
   // The routing weights are differentiable (the ids are not): into the router logits, then through
   // the gate GEMM into the MoE input (and into the gate weight when it is trained).

@@ -134,6 +134,15 @@ void check_memory(const Backend& be, const Communicator& comm, int layer) {
 }
 }  // namespace
 
+void Backend::moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Communicator& comm) {
+  check_memory(*this, comm, layer);
+  if (device() != Device::cpu)
+    throw InputError(fmt::format("layer {}: the expert-parallel backward runs on the CPU backend so far: train "
+                                 "with --device cpu under --ep",
+                                 layer));
+  dsv4::moe_experts_backward_parallel(p, comm);
+}
+
 void Backend::moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) {
   check_memory(*this, comm, layer);
   require(moe_check(p), "moe", layer);

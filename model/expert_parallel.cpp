@@ -1,5 +1,6 @@
 #include "model/expert_parallel.h"
 
+#include <array>
 #include <cstring>
 
 namespace dsv4 {
@@ -46,6 +47,60 @@ void moe_experts_parallel(const MoeParams& p, Communicator& comm) {
       src += p.D;
     }
   moe_combine(p, y_slot.data(), p.out);
+}
+
+void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm) {
+  const MoeParams& f = p.fwd;
+  if (f.T <= 0) return;
+  const int n = comm.size(), me = comm.rank();
+  const std::vector<std::vector<int64_t>> pairs = pairs_by_rank(f, n);
+  std::vector<int64_t> dx_bytes, dw_bytes;
+  int64_t total = 0;
+  for (const auto& v : pairs) {
+    dx_bytes.push_back(p.dx ? int64_t(v.size()) * f.D * int64_t(sizeof(float)) : 0);
+    dw_bytes.push_back(int64_t(v.size()) * int64_t(sizeof(float)));
+    total += int64_t(v.size());
+  }
+  const ExpertRange mine = expert_range(f.E, me, n);
+  const size_t m = pairs[size_t(me)].size();
+  std::vector<float> dx_mine(p.dx ? m * size_t(f.D) : 0), dw_mine(m);
+  moe_backward_routed(p, mine.first, mine.last, p.dx ? dx_mine.data() : nullptr, dw_mine.data());
+  std::vector<float> dx_all(p.dx ? size_t(total * f.D) : 0), dw_all(static_cast<size_t>(total));
+  if (p.dx) comm.all_gather_v(dx_mine.data(), dx_all.data(), dx_bytes);
+  comm.all_gather_v(dw_mine.data(), dw_all.data(), dw_bytes);
+  moe_backward_combine(p, p.dx ? dx_all.data() : nullptr, dw_all.data());
+
+  // The weight gradients of every routed expert, from its owner: per rank its experts' w1, w3, w2
+  // gradients in expert order (a frozen matrix, null, travels as nothing on every rank alike).
+  if (!p.grads) return;
+  const int64_t ID = f.I * f.D;
+  auto matrices = [&](int e) {
+    const ExpertGrads& g = p.grads[e];
+    return std::array<float*, 3>{g.dw1, g.dw3, g.dw2};
+  };
+  std::vector<int64_t> bytes(size_t(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const ExpertRange er = expert_range(f.E, r, n);
+    for (int e = er.first; e < er.last; ++e)
+      for (float* g : matrices(e))
+        if (g) bytes[size_t(r)] += ID * int64_t(sizeof(float));
+  }
+  std::vector<float> own(static_cast<size_t>(bytes[size_t(me)]) / sizeof(float));
+  float* at = own.data();
+  for (int e = mine.first; e < mine.last; ++e)
+    for (float* g : matrices(e))
+      if (g) at = std::copy(g, g + ID, at);
+  int64_t all_bytes = 0;
+  for (int64_t b : bytes) all_bytes += b;
+  std::vector<float> all(size_t(all_bytes) / sizeof(float));
+  comm.all_gather_v(own.data(), all.data(), bytes);
+  const float* from = all.data();
+  for (int e = 0; e < f.E; ++e)
+    for (float* g : matrices(e))
+      if (g) {
+        std::copy(from, from + ID, g);
+        from += ID;
+      }
 }
 
 }  // namespace dsv4

@@ -7,6 +7,7 @@
 // moe_experts forms them, so the result is bit-identical to it for every rank count.
 #pragma once
 
+#include "kernels/grad.h"
 #include "kernels/moe.h"
 #include "model/communicator.h"
 
@@ -18,5 +19,13 @@ std::vector<int64_t> moe_parallel_bytes(const MoeParams& p, int ranks);
 // p.out = moe_experts(p) computed with `comm`'s ranks sharing the experts (host memory: the CPU
 // backend). p.experts must hold valid weights for this rank's experts; the others are not read.
 void moe_experts_parallel(const MoeParams& p, Communicator& comm);
+
+// moe_experts_backward(p) computed with `comm`'s ranks sharing the experts (host memory): each rank the
+// backward of its experts' pairs (kernels/grad.h moe_backward_routed), the pairs' input and
+// routing-weight gradients gathered in rank order and summed by every rank as the single device sums
+// them (moe_backward_combine), and the routed experts' weight gradients gathered too, so that every
+// rank holds every gradient of the single-device backward, bit for bit. p.grads must be zero for the
+// experts of the other ranks (a fresh gradient set): they are overwritten with their owners'.
+void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm);
 
 }  // namespace dsv4

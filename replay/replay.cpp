@@ -522,10 +522,10 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
                             const ReplayOptions& opt, const std::optional<TraceReader>& source,
                             const std::vector<TraceStepInfo>& source_steps, ReplayReport& rep) {
   const std::string& trace = r.path();
-  if (opt.experts && (info.kind == trace_layout::kKindGenerate || info.kind == trace_layout::kKindTrainStep))
+  if (opt.experts && info.kind == trace_layout::kKindGenerate)
     throw InputError(fmt::format(
-        "{}: step {} is of kind '{}'; an expert-parallel replay (--ep) re-executes prefill steps only: "
-        "replay it in one process, or choose a prefill step with --step",
+        "{}: step {} is of kind '{}'; an expert-parallel replay (--ep) re-executes prefill and training steps "
+        "only: replay it in one process, or choose another step with --step",
         trace, index, info.kind));
   if (info.kind == trace_layout::kKindGenerate) {
     if (source || opt.force_indexer || opt.force_routing)

@@ -146,6 +146,7 @@ void replay_training_step(const TraceReader& r, const TrainingReplayPlan& plan, 
   train::TrainStepOptions o = plan.settings;
   o.device = opt.device;
   o.threads = opt.threads;
+  o.experts = opt.experts;
   train::TrainStepHooks hooks;
   hooks.decisions = (plan.force_indexer || plan.force_routing) ? &decisions : nullptr;
   hooks.observer = &forward_verifier;

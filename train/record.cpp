@@ -4,6 +4,7 @@
 #include <fnmatch.h>
 
 #include "capture/digest.h"
+#include "capture/env.h"
 #include "capture/trace_writer.h"
 #include "model/fanout.h"
 
@@ -144,7 +145,8 @@ TrainStepResult record_train_step(const Weights& w, const std::vector<TrainSampl
   for (const TrainSample& s : samples) spec.seqs.push_back(s.tokens());
   const uint64_t state_digest = optimizer_state_digest(state);
   const int64_t step_before = state.step;
-  const TraceHeader header = make_trace_header(w);
+  TraceHeader header = make_trace_header(w);
+  if (o.experts) header.env[kEnvParallel] = parallel_layout(*o.experts);
   auto writer = ro.append ? TraceWriter::append(out, w.config(), header, wo)
                           : TraceWriter::create(out, w.config(), header, wo);
   std::vector<Observer*> targets{&writer->begin_step(spec)};

@@ -201,6 +201,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   ro.threads = o.threads;
   ro.temperature = o.temperature;
   ro.device = o.device;
+  ro.experts = o.experts;
   ro.observer = hooks.observer;
   ro.overrides = hooks.decisions;
   BackwardOptions bo;

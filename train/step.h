@@ -46,6 +46,10 @@ struct TrainStepOptions {
   // coefficient) even when the indexer is frozen.
   double indexer_kl_coeff = 0;
   std::string indexer_kl_target = "l1";  // "l1": renormalised over the selected groups; "heads_sum"
+  // Expert parallelism (docs/PARALLEL.md): the routed experts' forward and backward shared out among
+  // the communicator's ranks, every rank running every sample; every rank ends with the single-device
+  // gradients and update. Not part of to_json: the result does not depend on it.
+  Communicator* experts = nullptr;
 
   // The settings as a JSON document (the trace's record of them) and back; from_json throws
   // InputError naming the field.

@@ -169,55 +169,50 @@ const char* moe_experts_backward_check(const MoeBwdParams& p) {
   return nullptr;
 }
 
-void moe_experts_backward(const MoeBwdParams& p) {
-  const MoeParams& f = p.fwd;
-  if (f.T <= 0) return;
-  const int64_t T = f.T, D = f.D, I = f.I, k = f.k;
-  const int64_t Is = f.I_shared > 0 ? f.I_shared : I;
-  const ExpertLists lists = group_by_expert(f.ids, T * k, f.E);
-  const int64_t mmax = lists.mmax;
+namespace {
 
-  ExpertScratch s;
-  s.reserve(mmax, D, I);
-  if (f.n_shared > 0) s.reserve(T, D, Is);
-  // acc[t] sums the token's terms from 0; a token's ids are ascending, so visiting the experts in
-  // increasing id adds its routed terms in slot order (a repeated id: its slots are consecutive in
-  // the expert's list, in slot order).
-  std::vector<float> acc(p.dx ? size_t(T * D) : 0, 0.0f), xs(size_t(mmax * D)), dos(size_t(mmax * D)),
-      wgt(static_cast<size_t>(mmax)), dwt(static_cast<size_t>(mmax)),
-      dxe(p.dx ? size_t(std::max(mmax, f.n_shared > 0 ? T : 0) * D) : 0);
-  for (int e = 0; e < f.E; ++e) {
-    const int64_t b = lists.start[size_t(e)], m = lists.start[size_t(e) + 1] - b;
-    if (m == 0) continue;
-    const int64_t* q = lists.src.data() + b;
+// The backward of expert e's pairs (its list q[0..m)): weight gradients (+=), each pair's routing-weight
+// gradient into dwt[r] and, with dxe, each pair's input gradient into row r of dxe.
+void routed_backward(const MoeBwdParams& p, int e, const int64_t* q, int64_t m, ExpertScratch& s,
+                     std::vector<float>& xs, std::vector<float>& dos, std::vector<float>& wgt, float* dxe,
+                     float* dwt) {
+  const MoeParams& f = p.fwd;
+  const int64_t D = f.D, k = f.k;
 #pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t t = q[r] / k;
+    std::copy(f.x + t * D, f.x + (t + 1) * D, xs.begin() + r * D);
+    std::copy(p.dout + t * D, p.dout + (t + 1) * D, dos.begin() + r * D);
+    wgt[size_t(r)] = f.weights[q[r]];
+  }
+  expert_backward(f.experts[e], p.grads ? p.grads + e : nullptr, m, D, f.I, xs.data(), dos.data(), wgt.data(), true,
+                  f.swiglu_limit, f.order, s, dxe, dwt);
+}
+
+// acc[token of q[r]] += dxe row r, r increasing: a token listed twice (repeated id) adds in slot order.
+// Split over dims, rows in order.
+void add_pair_rows(const MoeParams& f, const int64_t* q, int64_t m, const float* dxe, float* acc) {
+  const int64_t D = f.D, k = f.k;
+#pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    const int64_t d1 = std::min(D, d0 + 64);
     for (int64_t r = 0; r < m; ++r) {
-      const int64_t t = q[r] / k;
-      std::copy(f.x + t * D, f.x + (t + 1) * D, xs.begin() + r * D);
-      std::copy(p.dout + t * D, p.dout + (t + 1) * D, dos.begin() + r * D);
-      wgt[size_t(r)] = f.weights[q[r]];
-    }
-    expert_backward(f.experts[e], p.grads ? p.grads + e : nullptr, m, D, I, xs.data(), dos.data(), wgt.data(),
-                    true, f.swiglu_limit, f.order, s, p.dx ? dxe.data() : nullptr,
-                    p.dweights ? dwt.data() : nullptr);
-    if (p.dweights)
-      for (int64_t r = 0; r < m; ++r) p.dweights[q[r]] = dwt[size_t(r)];
-    if (!p.dx) continue;
-      // Split over dims, rows in order: a token listed twice (repeated id) still adds in slot order.
-#pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-      const int64_t d1 = std::min(D, d0 + 64);
-      for (int64_t r = 0; r < m; ++r) {
-        float* dst = acc.data() + (q[r] / k) * D;
-        const float* src = dxe.data() + r * D;
-        for (int64_t d = d0; d < d1; ++d) dst[d] += src[d];
-      }
+      float* dst = acc + (q[r] / k) * D;
+      const float* src = dxe + r * D;
+      for (int64_t d = d0; d < d1; ++d) dst[d] += src[d];
     }
   }
+}
+
+// The shared experts (their gradients +=, their input gradients into acc), then dx += acc.
+void shared_backward_and_dx(const MoeBwdParams& p, ExpertScratch& s, std::vector<float>& acc) {
+  const MoeParams& f = p.fwd;
+  const int64_t T = f.T, D = f.D;
+  const int64_t Is = f.I_shared > 0 ? f.I_shared : f.I;
+  std::vector<float> dxe(p.dx && f.n_shared > 0 ? size_t(T * D) : 0);
   for (int si = 0; si < f.n_shared; ++si) {
-    expert_backward(f.shared[si], p.shared_grads ? p.shared_grads + si : nullptr, T, D, Is, f.x, p.dout,
-                    nullptr, f.clamp_shared, f.swiglu_limit, f.order, s, p.dx ? dxe.data() : nullptr,
-                    nullptr);
+    expert_backward(f.shared[si], p.shared_grads ? p.shared_grads + si : nullptr, T, D, Is, f.x, p.dout, nullptr,
+                    f.clamp_shared, f.swiglu_limit, f.order, s, p.dx ? dxe.data() : nullptr, nullptr);
     if (!p.dx) continue;
 #pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
     for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += dxe[size_t(i)];
@@ -225,6 +220,69 @@ void moe_experts_backward(const MoeBwdParams& p) {
   if (!p.dx) return;
 #pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
   for (int64_t i = 0; i < T * D; ++i) p.dx[i] = p.dx[i] + acc[size_t(i)];
+}
+
+}  // namespace
+
+// acc[t] sums the token's terms from 0; a token's ids are ascending, so visiting the experts in
+// increasing id adds its routed terms in slot order (a repeated id: its slots are consecutive in the
+// expert's list, in slot order). moe_backward_routed + moe_backward_combine visit the same pairs in the
+// same order.
+void moe_experts_backward(const MoeBwdParams& p) {
+  const MoeParams& f = p.fwd;
+  if (f.T <= 0) return;
+  const int64_t T = f.T, D = f.D, I = f.I;
+  const int64_t Is = f.I_shared > 0 ? f.I_shared : I;
+  const ExpertLists lists = group_by_expert(f.ids, T * f.k, f.E);
+  const int64_t mmax = lists.mmax;
+  ExpertScratch s;
+  s.reserve(mmax, D, I);
+  if (f.n_shared > 0) s.reserve(T, D, Is);
+  std::vector<float> acc(p.dx ? size_t(T * D) : 0, 0.0f), xs(size_t(mmax * D)), dos(size_t(mmax * D)),
+      wgt(static_cast<size_t>(mmax)), dwt(static_cast<size_t>(mmax)), dxe(p.dx ? size_t(mmax * D) : 0);
+  for (int e = 0; e < f.E; ++e) {
+    const int64_t b = lists.start[size_t(e)], m = lists.start[size_t(e) + 1] - b;
+    if (m == 0) continue;
+    const int64_t* q = lists.src.data() + b;
+    routed_backward(p, e, q, m, s, xs, dos, wgt, p.dx ? dxe.data() : nullptr, p.dweights ? dwt.data() : nullptr);
+    if (p.dweights)
+      for (int64_t r = 0; r < m; ++r) p.dweights[q[r]] = dwt[size_t(r)];
+    if (p.dx) add_pair_rows(f, q, m, dxe.data(), acc.data());
+  }
+  shared_backward_and_dx(p, s, acc);
+}
+
+void moe_backward_routed(const MoeBwdParams& p, int e0, int e1, float* dx_pairs, float* dw_pairs) {
+  const MoeParams& f = p.fwd;
+  if (f.T <= 0) return;
+  const ExpertLists lists = group_by_expert(f.ids, f.T * f.k, f.E);
+  const int64_t mmax = lists.mmax, D = f.D;
+  ExpertScratch s;
+  s.reserve(mmax, D, f.I);
+  std::vector<float> xs(size_t(mmax * D)), dos(size_t(mmax * D)), wgt(static_cast<size_t>(mmax)),
+      dwt(static_cast<size_t>(mmax));
+  const int64_t a0 = lists.start[size_t(e0)];
+  for (int e = e0; e < e1; ++e) {
+    const int64_t b = lists.start[size_t(e)], m = lists.start[size_t(e) + 1] - b;
+    if (m == 0) continue;
+    routed_backward(p, e, lists.src.data() + b, m, s, xs, dos, wgt, dx_pairs ? dx_pairs + (b - a0) * D : nullptr,
+                    dwt.data());
+    std::copy(dwt.begin(), dwt.begin() + m, dw_pairs + (b - a0));
+  }
+}
+
+void moe_backward_combine(const MoeBwdParams& p, const float* dx_pairs, const float* dw_pairs) {
+  const MoeParams& f = p.fwd;
+  if (f.T <= 0) return;
+  const ExpertLists lists = group_by_expert(f.ids, f.T * f.k, f.E);
+  const int64_t pairs = lists.start[size_t(f.E)];
+  if (p.dweights)
+    for (int64_t j = 0; j < pairs; ++j) p.dweights[lists.src[size_t(j)]] = dw_pairs[j];
+  std::vector<float> acc(p.dx ? size_t(f.T * f.D) : 0, 0.0f);
+  if (p.dx) add_pair_rows(f, lists.src.data(), pairs, dx_pairs, acc.data());
+  ExpertScratch s;
+  if (f.n_shared > 0) s.reserve(f.T, f.D, f.I_shared > 0 ? f.I_shared : f.I);
+  shared_backward_and_dx(p, s, acc);
 }
 
 }  // namespace dsv4
