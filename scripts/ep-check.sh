@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Expert parallelism on this machine's CPUs (docs/PARALLEL.md): the forward of one sequence with
 # --ep 1, 2 and 4 under mpirun (oversubscribed where there are fewer cores), each result compared
-# byte for byte with the single-process one, and a table of time and bytes gathered per token.
+# byte for byte with the single-process one, and a table of time and bytes gathered per token; then a
+# training step (4 samples of tokens/4 tokens each) at --ep 1, 2 and 4, its checkpoint and optimizer
+# state compared byte for byte, and its time.
 # Usage: scripts/ep-check.sh [--preset tiny] [--tokens 2000] [--dsv4 build/cli/dsv4]
 set -euo pipefail
 preset=tiny tokens=2000 bin=build/cli/dsv4
@@ -29,5 +31,29 @@ for n in 1 2 4; do
   bpt=$(sed -nE 's/.* ([0-9]+) bytes per token.*/\1/p' "$log")
   if cmp -s "$work/ep1.json" "$work/ep$n.json"; then res="byte-identical to --ep 1"; else res="DIFFERS"; rc=1; fi
   printf '%-4s %-10s %-12s %-16s %s\n' "$n" "$secs" "$tps" "${bpt:-0}" "$res"
+done
+
+"$bin" model init --preset "$preset" --seed 7 --out "$work/m0" >/dev/null
+len=$((tokens / 4))
+for s in 0 1 2 3; do
+  prompt=$(seq -s, $((s * 7 + 1)) $((s * 7 + 8)))
+  response=$(seq -s, $((s * 3 + 20)) $((s * 3 + 19 + len - 8)))
+  printf '{"id": "s%d", "prompt": [%s], "response": [%s], "reward": %d, "group": "g"}\n' "$s" "$prompt" "$response" \
+    $((s % 2))
+done >"$work/samples.jsonl"
+printf '\n%-4s %-10s %s\n' ep "train-step s" result
+for n in 1 2 4; do
+  t0=$EPOCHREALTIME
+  mpirun -np "$n" "$bin" train-step --model "$work/m0" --data "$work/samples.jsonl" --lr 1e-3 --threads 1 --quiet \
+    --ep "$n" --out-model "$work/t$n" 2>"$work/t$n.log"
+  secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+  if cmp -s "$work/t1/model.safetensors" "$work/t$n/model.safetensors" &&
+    cmp -s "$work/t1/optimizer.safetensors" "$work/t$n/optimizer.safetensors"; then
+    res="checkpoint and optimizer state byte-identical to --ep 1"
+  else
+    res="DIFFERS"
+    rc=1
+  fi
+  printf '%-4s %-10.2f %s\n' "$n" "$secs" "$res"
 done
 exit $rc
