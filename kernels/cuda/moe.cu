@@ -15,6 +15,11 @@
 // (t, d)) then adds, from an fp32 zero, Y[t*k + i] for i ascending (the CPU's expert order, since a
 // token's ids ascend) and each shared expert's Ys in order, and rounds to bf16. Every GEMM element
 // has the canonical order, so a token's result does not depend on which tokens share its expert.
+//
+// Expert parallelism uses the same steps in parts (kernels/cuda/ops.h): routed_outputs over a range of
+// experts writes its pairs' rows compactly instead of scattering them, moe_scatter_pairs puts the
+// gathered rows of every range back in slot order, and moe_combine is the shared experts plus
+// combine_kernel; moe_experts is routed_outputs over [0, E) scattering directly, then moe_combine.
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
