@@ -245,6 +245,30 @@ class Step:
     def sequences(self):
         return [Sequence(self, j) for j in range(len(self.seq_lengths))]
 
+    def generation(self):
+        """A generation step's record (kind "generate"), else None: the engine's settings (max_batch,
+        page_size, prefill_chunk, token_budget, prefix_sharing, decode_attention), "requests" (per
+        request: id, prompt_length, sampling settings, the generated "tokens" and their "logprobs",
+        the Philox "counters" [n, 4], finish_reason, prefix_source, shared_prefix) and "schedule"
+        (parallel arrays step, request, pos0, length, sampled; execution order)."""
+        return self.trace._open_reader().generation(self.index)
+
+    def training(self):
+        """A training step's record (kind "train-step"), else None: "settings" (dict), the optimizer's
+        provenance, per sample its loss inputs, "metrics", per weight its row digests ("params": name ->
+        grad, weight, master, m, v as uint64 arrays; None where not trained), the activation-gradient
+        digests ("act_grads") and the full gradients and weights the capture policy kept."""
+        rec = self.trace._open_reader().training(self.index)
+        if rec is not None:
+            rec["settings"] = json.loads(rec["settings_json"])
+        return rec
+
+    def kernels(self):
+        """The GPU kernel records of the step: "available" (False: "reason" says why, e.g. a CPU run),
+        and per kernel in launch order "names", "grid" / "block" [n, 3], "shared_bytes", "registers",
+        "stream", "start_ns", "end_ns", "correlation"."""
+        return self.trace._open_reader().kernels(self.index)
+
 
 class Trace:
     """An open trace. `steps`, `env` and `model` come from the metadata read at open; records are read

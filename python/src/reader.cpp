@@ -98,6 +98,151 @@ Sublayer sublayer_of(const std::string& s) {
   throw py::value_error(fmt::format("sublayer '{}': expected 'attn' or 'ffn'", s));
 }
 
+// A generation step's record (capture/generation.h): the engine's settings, per request its sampling
+// settings, generated tokens and log-probs and Philox counters, and the schedule as parallel arrays.
+py::object generation_dict(std::optional<GenerationRecord> g) {
+  if (!g) return py::none();
+  py::dict d;
+  d["max_batch"] = g->max_batch;
+  d["page_size"] = g->page_size;
+  d["prefill_chunk"] = g->prefill_chunk;
+  d["token_budget"] = g->token_budget;
+  d["prefix_sharing"] = g->prefix_sharing;
+  d["decode_attention"] = g->decode_attention;
+  py::list requests;
+  for (GenerationRequestRecord& q : g->requests) {
+    py::dict r;
+    r["id"] = q.id;
+    r["request_key"] = q.request_key;
+    r["prompt_length"] = q.prompt_length;
+    r["max_new_tokens"] = q.max_new_tokens;
+    r["stop_ids"] = to_numpy(std::move(q.stop_ids));
+    r["temperature"] = q.temperature;
+    r["top_k"] = q.top_k;
+    r["top_p"] = q.top_p;
+    r["sampling_seed"] = q.sampling_seed;
+    r["tokens"] = to_numpy(std::move(q.tokens));
+    r["logprobs"] = to_numpy(std::move(q.logprobs));
+    std::vector<uint32_t> counters;
+    for (const auto& c : q.counters) counters.insert(counters.end(), c.begin(), c.end());
+    r["counters"] = to_numpy(std::move(counters), {static_cast<py::ssize_t>(q.counters.size()), 4});
+    r["finish_reason"] = q.finish_reason;
+    r["prefix_source"] = q.prefix_source;
+    r["shared_prefix"] = q.shared_prefix;
+    requests.append(r);
+  }
+  d["requests"] = requests;
+  std::vector<int32_t> step, request;
+  std::vector<int64_t> pos0, length;
+  std::vector<uint8_t> sampled;
+  for (const GenerationChunk& c : g->schedule) {
+    step.push_back(c.step);
+    request.push_back(c.request);
+    pos0.push_back(c.pos0);
+    length.push_back(c.length);
+    sampled.push_back(c.sampled);
+  }
+  py::dict sch;
+  sch["step"] = to_numpy(std::move(step));
+  sch["request"] = to_numpy(std::move(request));
+  sch["pos0"] = to_numpy(std::move(pos0));
+  sch["length"] = to_numpy(std::move(length));
+  sch["sampled"] = to_numpy(std::move(sampled));
+  d["schedule"] = sch;
+  return d;
+}
+
+// A training step's record (capture/training.h): settings (JSON text), optimizer provenance, per
+// sample its loss inputs, the metrics, per weight its row digests (gradient, weight, master, moments),
+// the activation-gradient digests and the full gradients and weights the capture policy kept.
+py::object training_dict(std::optional<TrainingRecord> t) {
+  if (!t) return py::none();
+  py::dict d;
+  d["settings_json"] = t->settings_json;
+  d["optimizer_step_before"] = t->optimizer_step_before;
+  d["optimizer_state_path"] = t->optimizer_state_path;
+  d["optimizer_state_digest"] = t->optimizer_state_digest;
+  py::list samples;
+  for (SampleLossInputs& s : t->samples) {
+    py::dict x;
+    x["id"] = s.id;
+    x["prompt_length"] = s.prompt_length;
+    x["advantage"] = s.advantage;
+    x["reward"] = s.has_reward ? py::object(py::float_(s.reward)) : py::object(py::none());
+    x["group"] = s.group;
+    x["rollout_logprobs"] = to_numpy(std::move(s.rollout_logprobs));
+    x["old_logprobs"] = to_numpy(std::move(s.old_logprobs));
+    x["ref_logprobs"] = to_numpy(std::move(s.ref_logprobs));
+    samples.append(x);
+  }
+  d["samples"] = samples;
+  d["metrics"] = t->metrics;
+  py::dict params;
+  for (ParamDigests& p : t->params) {
+    py::dict x;
+    x["rows"] = p.rows;
+    x["row_elems"] = p.row_elems;
+    x["grad"] = p.grad.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(p.grad)));
+    x["weight"] = to_numpy(std::move(p.weight));
+    x["master"] = p.master.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(p.master)));
+    x["m"] = p.m.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(p.m)));
+    x["v"] = p.v.empty() ? py::object(py::none()) : py::object(to_numpy(std::move(p.v)));
+    params[py::str(p.name)] = x;
+  }
+  d["params"] = params;
+  py::list act;
+  for (ActGradDigests& a : t->act_grads) {
+    py::dict x;
+    x["seq"] = a.seq;
+    x["layer"] = a.layer;
+    x["name"] = a.name;
+    x["rows"] = a.rows;
+    x["cols"] = a.cols;
+    x["digests"] = to_numpy(std::move(a.digests));
+    act.append(x);
+  }
+  d["act_grads"] = act;
+  for (auto [key, src] : {std::pair{"full_grads", &t->full_grads}, std::pair{"full_weights", &t->full_weights}}) {
+    py::dict x;
+    for (auto& [name, v] : *src) x[py::str(name)] = to_numpy(std::move(v));
+    d[key] = x;
+  }
+  return d;
+}
+
+// A step's GPU kernel records (capture/cupti.h): whether they were recorded (and why not), and per
+// kernel in launch order its name, launch configuration and times, as parallel arrays.
+py::dict kernels_dict(KernelRecords k) {
+  py::dict d;
+  d["available"] = k.available;
+  d["reason"] = k.reason;
+  std::vector<std::string> names;
+  std::vector<int32_t> grid, block, registers;
+  std::vector<int64_t> shared, stream, start, end, correlation;
+  for (const KernelRecord& r : k.kernels) {
+    names.push_back(r.name);
+    grid.insert(grid.end(), r.grid.begin(), r.grid.end());
+    block.insert(block.end(), r.block.begin(), r.block.end());
+    registers.push_back(r.registers);
+    shared.push_back(r.shared_bytes);
+    stream.push_back(r.stream);
+    start.push_back(r.start_ns);
+    end.push_back(r.end_ns);
+    correlation.push_back(r.correlation);
+  }
+  const auto n = static_cast<py::ssize_t>(names.size());
+  d["names"] = names;
+  d["grid"] = to_numpy(std::move(grid), {n, 3});
+  d["block"] = to_numpy(std::move(block), {n, 3});
+  d["shared_bytes"] = to_numpy(std::move(shared));
+  d["registers"] = to_numpy(std::move(registers));
+  d["stream"] = to_numpy(std::move(stream));
+  d["start_ns"] = to_numpy(std::move(start));
+  d["end_ns"] = to_numpy(std::move(end));
+  d["correlation"] = to_numpy(std::move(correlation));
+  return d;
+}
+
 }  // namespace
 
 void bind_reader(py::module_& m) {
@@ -185,6 +330,9 @@ void bind_reader(py::module_& m) {
           },
           py::arg("step"), py::arg("seq"), py::arg("layer"), py::arg("name"), py::arg("r0") = 0,
           py::arg("r1") = -1)
+      .def("generation", [](const TraceReader& r, int step) { return generation_dict(r.generation(step)); })
+      .def("training", [](const TraceReader& r, int step) { return training_dict(r.training(step)); })
+      .def("kernels", [](const TraceReader& r, int step) { return kernels_dict(r.kernels(step)); })
       .def("file_bytes", &TraceReader::file_bytes);
 }
 

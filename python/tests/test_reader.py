@@ -1,11 +1,13 @@
 """The Python reader against the C++ reader as the CLI prints it (`dsv4 trace info|dump --json`), on a
 trace the C++ writer recorded: equal bit for bit, and row slices equal to the rows of the whole."""
 
+import json
+
 import numpy as np
 import pytest
 
 import dsv4
-from conftest import TOKENS, cli_json
+from conftest import TOKENS, cli, cli_json
 
 
 def f32(v):
@@ -167,3 +169,80 @@ def test_bf16_helpers():
         dsv4.float32_to_bf16(np.float32([1.0, 1.0 + 2.0 ** -20]))
     with pytest.raises(TypeError):
         dsv4.bf16_to_float32(np.zeros(3, np.float32))
+
+
+def test_generation_record_equals_what_generate_printed(work):
+    """A generation step's record against the responses `dsv4 generate` wrote (the C++ engine's own
+    output): tokens, log-probs bit for bit, sampling settings and finish reasons; the schedule covers
+    each request's positions once each, from 0."""
+    prompts = work / "gen-prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": [1, 2, 3, 4, 5], "seed": 1}\n'
+                       '{"id": "b", "prompt": [1, 2, 3, 9], "seed": 2, "temperature": 0.7, "top_k": 20}\n')
+    out, trace = work / "gen.jsonl", work / "gen.h5"
+    if not trace.exists():
+        cli("generate", "--preset", "tiny", "--seed", 7, "--prompts", prompts, "--max-new-tokens", 6, "--quiet",
+            "--out", out, "--record", trace)
+    printed = [json.loads(line) for line in out.read_text().splitlines()]
+    t = dsv4.open_trace(trace)
+    g = t.step(0).generation()
+    assert g is not None and t.step(0).kind == "generate"
+    assert [r["id"] for r in g["requests"]] == [p["id"] for p in printed]
+    for r, p in zip(g["requests"], printed):
+        assert r["tokens"].tolist() == p["response"]
+        assert same_as_json(r["logprobs"], p["logprobs"])
+        assert r["finish_reason"] == p["finish_reason"]
+        assert r["prompt_length"] == len(p["prompt"])
+        assert (r["top_k"], r["sampling_seed"], r["request_key"]) == (
+            p["sampling"]["top_k"], p["sampling"]["seed"], p["sampling"]["request_key"])
+        assert np.float32(r["temperature"]) == np.float32(p["sampling"]["temperature"])
+        assert r["counters"].shape == (len(p["response"]), 4) and r["counters"].dtype == np.uint32
+    s = g["schedule"]
+    for q, r in enumerate(g["requests"]):
+        mine = s["request"] == q
+        covered = sorted(p for p0, n in zip(s["pos0"][mine], s["length"][mine]) for p in range(p0, p0 + n))
+        # Each position once, from 0, through at least the last one a token was sampled from.
+        assert covered == list(range(len(covered)))
+        assert len(covered) >= r["prompt_length"] + len(r["tokens"]) - 1
+    # Other steps have no generation or training record; a CPU run recorded no kernels and says why.
+    rec = dsv4.open_trace(_record_for(work)).step(0)
+    assert rec.generation() is None and rec.training() is None
+    k = rec.kernels()
+    assert k["available"] is False and k["reason"] and len(k["names"]) == 0 and k["grid"].shape == (0, 3)
+
+
+def _record_for(work):
+    from conftest import _record
+    return _record(work, "rollout", "decisions")
+
+
+def test_training_record_equals_what_train_step_printed(work):
+    """A training step's record against `dsv4 train-step --json` (the C++ step's own report): the
+    metrics bit for bit as printed, the settings, the samples' loss inputs, every weight's digests."""
+    samples = work / "train-samples.jsonl"
+    samples.write_text(
+        '{"id": "a", "prompt": [1, 2, 3, 4, 5], "response": [9, 8, 7, 6], "reward": 1, "group": "g"}\n'
+        '{"id": "b", "prompt": [1, 2, 3], "response": [11, 12, 13, 14, 15], "reward": 0, "group": "g"}\n')
+    model, trace = work / "train-m0", work / "train-step.h5"
+    if not trace.exists():
+        cli("model", "init", "--preset", "tiny", "--seed", 7, "--out", model)
+        printed = json.loads(cli("train-step", "--model", model, "--data", samples, "--lr", "1e-3", "--out-model",
+                                 work / "train-m1", "--record", trace, "--json").stdout)
+        (work / "train-step.json").write_text(json.dumps(printed))
+    printed = json.loads((work / "train-step.json").read_text())
+    t = dsv4.open_trace(trace).step(0)
+    rec = t.training()
+    assert t.kind == "train-step" and rec is not None and t.generation() is None
+    for key in ("loss", "pg_loss", "kl", "clip_fraction", "grad_norm"):
+        assert rec["metrics"][key] == printed[key], key
+    assert rec["settings"]["adamw"]["lr"] == 1e-3
+    assert rec["optimizer_step_before"] == printed["step"] - 1
+    assert [s["id"] for s in rec["samples"]] == ["a", "b"]
+    assert [s["prompt_length"] for s in rec["samples"]] == [5, 3]
+    assert [s["reward"] for s in rec["samples"]] == [1.0, 0.0]
+    # Every float weight (the hash layers' integer tid2eid tables are not trained, so not recorded).
+    names = [n for n in dsv4.open_trace(trace).model["tensor_names"] if not n.endswith(".tid2eid")]
+    assert sorted(rec["params"]) == sorted(names)
+    for name, p in rec["params"].items():
+        assert p["weight"].dtype == np.uint64 and len(p["weight"]) == p["rows"], name
+        assert p["grad"] is None or len(p["grad"]) == p["rows"], name
+    assert rec["act_grads"] and all(len(a["digests"]) == a["rows"] for a in rec["act_grads"])
