@@ -136,10 +136,6 @@ void check_memory(const Backend& be, const Communicator& comm, int layer) {
 
 void Backend::moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Communicator& comm) {
   check_memory(*this, comm, layer);
-  if (device() != Device::cpu)
-    throw InputError(fmt::format("layer {}: the expert-parallel backward runs on the CPU backend so far: train "
-                                 "with --device cpu under --ep",
-                                 layer));
   dsv4::moe_experts_backward_parallel(p, comm);
 }
 
@@ -505,6 +501,73 @@ class CudaBackend final : public Backend {
   void hc_head_backward(const HcHeadBwdParams& p) override { cuda::hc_head_backward(p, s_); }
   void router_backward(const RouterBwdParams& p) override { cuda::router_backward(p, s_); }
   void moe_experts_backward(const MoeBwdParams& p) override { cuda::moe_experts_backward(p, s_); }
+  // As the CPU's moe_experts_backward_parallel (model/expert_parallel.h), on the device: this rank's
+  // experts' part, the pairs' gradients gathered in rank order (= every expert's pairs in order) and
+  // combined, then the routed experts' weight gradients from their owners.
+  void moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Communicator& comm) override {
+    check_memory(*this, comm, layer);
+    const MoeParams& f = p.fwd;
+    if (f.T <= 0) return;
+    if (!f.ids) throw InputError(fmt::format("layer {}: moe backward without routing ids", layer));
+    std::vector<int32_t> ids(size_t(f.T * f.k));
+    download(ids.data(), f.ids, ids.size() * sizeof(int32_t));
+    std::vector<int64_t> count(size_t(f.E), 0);
+    for (const int32_t id : ids)
+      if (id >= 0 && id < f.E) ++count[size_t(id)];  // a bad id is named by the kernels' check
+    const int n = comm.size();
+    std::vector<int64_t> pairs(size_t(n), 0);
+    for (int r = 0; r < n; ++r) {
+      const ExpertRange e = expert_range(f.E, r, n);
+      for (int x = e.first; x < e.last; ++x) pairs[size_t(r)] += count[size_t(x)];
+    }
+    int64_t total = 0;
+    std::vector<int64_t> dx_bytes, dw_bytes;
+    for (const int64_t m : pairs) {
+      dx_bytes.push_back(p.dx ? m * f.D * int64_t(sizeof(float)) : 0);
+      dw_bytes.push_back(m * int64_t(sizeof(float)));
+      total += m;
+    }
+    const ExpertRange mine = expert_range(f.E, comm.rank(), n);
+    const int64_t m = pairs[size_t(comm.rank())];
+    const int64_t rows_dx = p.dx ? m * f.D : 0, all_dx = p.dx ? total * f.D : 0;
+    Buffer<float> dx1 = floats(std::max<int64_t>(rows_dx, 1)), dx3 = floats(std::max<int64_t>(rows_dx, 1)),
+                  dw = floats(std::max<int64_t>(m, 1));
+    cuda::moe_backward_routed(p, mine.first, mine.last, dx1.data(), dx3.data(), dw.data(), s_);
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    Buffer<float> dx1_all = floats(std::max<int64_t>(all_dx, 1)), dx3_all = floats(std::max<int64_t>(all_dx, 1)),
+                  dw_all = floats(std::max<int64_t>(total, 1));
+    if (p.dx) {
+      comm.all_gather_v(dx1.data(), dx1_all.data(), dx_bytes);
+      comm.all_gather_v(dx3.data(), dx3_all.data(), dx_bytes);
+    }
+    comm.all_gather_v(dw.data(), dw_all.data(), dw_bytes);
+    cuda::moe_backward_combine(p, dx1_all.data(), dx3_all.data(), dw_all.data(), s_);
+
+    if (!p.grads) return;
+    const int64_t ID = f.I * f.D;
+    const size_t mat = size_t(ID) * sizeof(float);
+    std::vector<int64_t> bytes(size_t(n), 0);
+    for (int r = 0; r < n; ++r) {
+      const ExpertRange e = expert_range(f.E, r, n);
+      bytes[size_t(r)] = int64_t(expert_grad_matrices(p, e.first, e.last).size() * mat);
+    }
+    int64_t all_bytes = 0;
+    for (const int64_t b : bytes) all_bytes += b;
+    Buffer<float> own = floats(std::max<int64_t>(bytes[size_t(comm.rank())] / int64_t(sizeof(float)), 1));
+    Buffer<float> all = floats(std::max<int64_t>(all_bytes / int64_t(sizeof(float)), 1));
+    float* at = own.data();
+    for (float* g : expert_grad_matrices(p, mine.first, mine.last)) {
+      copy(at, g, mat);
+      at += ID;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    comm.all_gather_v(own.data(), all.data(), bytes);
+    const float* from = all.data();
+    for (float* g : expert_grad_matrices(p, 0, f.E)) {
+      copy(g, from, mat);
+      from += ID;
+    }
+  }
   void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) override {
     cuda::hadamard_backward(x, rows, n, ld, s_);
   }

@@ -148,7 +148,7 @@ class Backend {
   virtual void moe_experts_backward(const MoeBwdParams& p);
   // moe_experts_backward with the routed experts shared out among `comm`'s ranks
   // (model/expert_parallel.h moe_experts_backward_parallel): every rank ends with the single-device
-  // gradients. The CPU backend only so far; the others throw InputError naming the layer.
+  // gradients. Like moe_experts_parallel, refuses a communicator of the other memory.
   virtual void moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Communicator& comm);
   // The indexer's KL objective (MODEL.md §5.5).
   virtual void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld);

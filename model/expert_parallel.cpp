@@ -1,6 +1,5 @@
 #include "model/expert_parallel.h"
 
-#include <array>
 #include <cstring>
 
 namespace dsv4 {
@@ -70,37 +69,35 @@ void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm) {
   comm.all_gather_v(dw_mine.data(), dw_all.data(), dw_bytes);
   moe_backward_combine(p, p.dx ? dx_all.data() : nullptr, dw_all.data());
 
-  // The weight gradients of every routed expert, from its owner: per rank its experts' w1, w3, w2
-  // gradients in expert order (a frozen matrix, null, travels as nothing on every rank alike).
+  // The weight gradients of every routed expert, from its owner.
   if (!p.grads) return;
   const int64_t ID = f.I * f.D;
-  auto matrices = [&](int e) {
-    const ExpertGrads& g = p.grads[e];
-    return std::array<float*, 3>{g.dw1, g.dw3, g.dw2};
-  };
   std::vector<int64_t> bytes(size_t(n), 0);
   for (int r = 0; r < n; ++r) {
     const ExpertRange er = expert_range(f.E, r, n);
-    for (int e = er.first; e < er.last; ++e)
-      for (float* g : matrices(e))
-        if (g) bytes[size_t(r)] += ID * int64_t(sizeof(float));
+    bytes[size_t(r)] = int64_t(expert_grad_matrices(p, er.first, er.last).size()) * ID * int64_t(sizeof(float));
   }
   std::vector<float> own(static_cast<size_t>(bytes[size_t(me)]) / sizeof(float));
   float* at = own.data();
-  for (int e = mine.first; e < mine.last; ++e)
-    for (float* g : matrices(e))
-      if (g) at = std::copy(g, g + ID, at);
+  for (float* g : expert_grad_matrices(p, mine.first, mine.last)) at = std::copy(g, g + ID, at);
   int64_t all_bytes = 0;
   for (int64_t b : bytes) all_bytes += b;
   std::vector<float> all(size_t(all_bytes) / sizeof(float));
   comm.all_gather_v(own.data(), all.data(), bytes);
   const float* from = all.data();
-  for (int e = 0; e < f.E; ++e)
-    for (float* g : matrices(e))
-      if (g) {
-        std::copy(from, from + ID, g);
-        from += ID;
-      }
+  for (float* g : expert_grad_matrices(p, 0, f.E)) {
+    std::copy(from, from + ID, g);
+    from += ID;
+  }
+}
+
+std::vector<float*> expert_grad_matrices(const MoeBwdParams& p, int e0, int e1) {
+  std::vector<float*> out;
+  if (!p.grads) return out;
+  for (int e = e0; e < e1; ++e)
+    for (float* g : {p.grads[e].dw1, p.grads[e].dw3, p.grads[e].dw2})
+      if (g) out.push_back(g);
+  return out;
 }
 
 }  // namespace dsv4

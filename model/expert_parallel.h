@@ -28,4 +28,9 @@ void moe_experts_parallel(const MoeParams& p, Communicator& comm);
 // experts of the other ranks (a fresh gradient set): they are overwritten with their owners'.
 void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm);
 
+// The routed experts' weight gradients as they travel to the ranks that do not own them: experts
+// [e0, e1) in order, each its w1, w3, w2 gradient matrix (I * D floats), frozen (null) ones left out
+// (the same on every rank). Every backend packs and unpacks its gather in this order.
+std::vector<float*> expert_grad_matrices(const MoeBwdParams& p, int e0, int e1);
+
 }  // namespace dsv4

@@ -28,6 +28,15 @@ void log_softmax_backward(const float* logits, int64_t rows, int64_t V, const in
 void router_backward(const RouterBwdParams& p, cudaStream_t stream);
 // p.fwd.experts / p.fwd.shared / p.grads / p.shared_grads are host arrays of device pointers.
 void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream);
+// moe_experts_backward in two parts, for expert parallelism (every pointer a device pointer): the
+// routed experts [e0, e1) (their weight gradients +=; per pair of theirs, in moe_pairs' order, the two
+// input-gradient halves dG . w1 and dU . w3 [pairs, D] and the routing-weight gradient [pairs]); then,
+// given those of every expert's pairs in that order, dweights, the shared experts and dx += the
+// slot-order sum, as moe_experts_backward forms them. Together they give its bits.
+void moe_backward_routed(const MoeBwdParams& p, int e0, int e1, float* dx1_pairs, float* dx3_pairs, float* dw_pairs,
+                         cudaStream_t stream);
+void moe_backward_combine(const MoeBwdParams& p, const float* dx1_pairs, const float* dx3_pairs, const float* dw_pairs,
+                          cudaStream_t stream);
 
 // ---- mHC (kernels/cuda/grad_mhc.cu) ------------------------------------------------------------------
 void hc_post_backward(const HcPostBwdParams& p, cudaStream_t stream);

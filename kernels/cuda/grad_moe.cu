@@ -78,11 +78,11 @@ const char* router_backward_shape_check(const RouterBwdParams& p) {
 // the pair q = src_q[r] with routing weight weights[q] (routed), or a token with no weight (src_q
 // null: shared experts). With the forward's bf16 g, u in G, U and da in DA, writes in place
 //   G = swiglu_act(g, u) (weighted), U = dg, DA = du    (common::swiglu_backward with dh = w * da or da)
-// and, routed with dweights, dweights[q] = dot_I(da, swiglu_h(g, u)). Lane l reads and writes only the
-// elements i = l (mod 8), so in place is safe.
+// and, routed with dweights, dweights[q] = dot_I(da, swiglu_h(g, u)) (dweights[r] when dw_by_row).
+// Lane l reads and writes only the elements i = l (mod 8), so in place is safe.
 __global__ void __launch_bounds__(kThreads)
     swiglu_bwd_kernel(float* G, float* U, float* DA, int64_t rows, int64_t I, const float* weights,
-                      const int32_t* src_q, bool clamp, float L, int block, float* dweights) {
+                      const int32_t* src_q, bool clamp, float L, int block, float* dweights, bool dw_by_row) {
   const int lane = threadIdx.x & 7;
   const unsigned mask = detail::group8_mask();
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 8; row < rows;
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads)
         a = da[i];
         b = common::swiglu_h(g[i], u[i], clamp, L);
       });
-      if (lane == 0) dweights[src_q[row]] = dw;
+      if (lane == 0) dweights[dw_by_row ? row : src_q[row]] = dw;
     }
     for (int64_t i = lane; i < I; i += 8) {
       const float gi = g[i], ui = u[i], dai = da[i];
@@ -167,66 +167,78 @@ void router_backward(const RouterBwdParams& p, cudaStream_t stream) {
 
 // ---- experts ------------------------------------------------------------------------------------------
 
-void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
-  const MoeParams& f = p.fwd;
-  require(common::moe_check_dims(f), "moe_experts_backward");
-  if (f.T <= 0) return;
-  if (f.T * f.k > INT32_MAX) require("moe_backward: T * k is too large", "moe_experts_backward");
-  const int64_t T = f.T, D = f.D, I = f.I, k = f.k, TK = T * k;
-  const int E = f.E;
-  const int64_t Is = f.I_shared > 0 ? f.I_shared : I;
-  const ReduceOrder o = f.order;
-  const float L = f.swiglu_limit;
+namespace {
 
-  // The ids on the host: the full CPU check (it reads them, and the host arrays of weights), then the
-  // pairs of each expert in increasing q.
-  std::vector<int32_t> ids;
-  if (f.ids) {
-    ids.resize(size_t(TK));
-    CUDA_CHECK(cudaMemcpyAsync(ids.data(), f.ids, sizeof(int32_t) * size_t(TK), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
-  {
+// The pairs q of each expert in increasing q, from the ids downloaded and checked on the host (the full
+// CPU check: it reads them and the host arrays of weights): start [E + 1] on the host, src_q and src_tok
+// (= q / k) on the device.
+class BwdLists {
+ public:
+  BwdLists(const MoeBwdParams& p, const char* op, cudaStream_t stream)
+      : TK_(p.fwd.T * p.fwd.k), lists_(2 * TK_, stream), start(size_t(p.fwd.E) + 1, 0) {
+    const MoeParams& f = p.fwd;
+    std::vector<int32_t> ids;
+    if (f.ids) {
+      ids.resize(size_t(TK_));
+      CUDA_CHECK(cudaMemcpyAsync(ids.data(), f.ids, sizeof(int32_t) * size_t(TK_), cudaMemcpyDeviceToHost, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
     MoeBwdParams hp = p;
     hp.fwd.ids = f.ids ? ids.data() : nullptr;
-    require(dsv4::moe_experts_backward_check(hp), "moe_experts_backward");
-  }
-  std::vector<int64_t> start(size_t(E) + 1, 0);
-  for (int64_t q = 0; q < TK; ++q) ++start[size_t(ids[size_t(q)]) + 1];
-  for (int e = 0; e < E; ++e) start[size_t(e) + 1] += start[size_t(e)];
-  std::vector<int32_t> lists(size_t(2 * TK));  // [0, TK): src_q; [TK, 2 TK): src_tok = q / k
-  {
+    require(dsv4::moe_experts_backward_check(hp), op);
+    for (int64_t q = 0; q < TK_; ++q) ++start[size_t(ids[size_t(q)]) + 1];
+    for (int e = 0; e < f.E; ++e) start[size_t(e) + 1] += start[size_t(e)];
+    std::vector<int32_t> lists(size_t(2 * TK_));  // [0, TK): src_q; [TK, 2 TK): src_tok = q / k
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t q = 0; q < TK; ++q) {
+    for (int64_t q = 0; q < TK_; ++q) {
       const int64_t pos = fill[size_t(ids[size_t(q)])]++;
       lists[size_t(pos)] = int32_t(q);
-      lists[size_t(TK + pos)] = int32_t(q / k);
+      lists[size_t(TK_ + pos)] = int32_t(q / f.k);
     }
+    CUDA_CHECK(cudaMemcpyAsync(lists_.get(), lists.data(), sizeof(int32_t) * size_t(2 * TK_), cudaMemcpyHostToDevice,
+                               stream));
   }
+  const int32_t* src_q() const { return lists_.get(); }
+  const int32_t* src_tok() const { return lists_.get() + TK_; }
+
+ private:
+  int64_t TK_;
+  detail::Scratch<int32_t> lists_;
+
+ public:
+  std::vector<int64_t> start;
+};
+
+// The routed experts [e0, e1) of moe_experts_backward: their weight gradients (+=), and each of their
+// pairs' input-gradient halves (dG . w1 into Y1, dU . w3 into Y3; skipped when Y1 is null) and
+// routing-weight gradient (into dw unless null): at the pair's slot q (to_slots: row q of Y1 / Y3,
+// dw[q]) or compactly from the range's first pair (row r - start[e0]).
+void routed_backward(const MoeBwdParams& p, const BwdLists& l, int e0, int e1, float* Y1, float* Y3, float* dw,
+                     bool to_slots, cudaStream_t stream) {
+  const MoeParams& f = p.fwd;
+  const int64_t D = f.D, I = f.I;
+  const ReduceOrder o = f.order;
+  const float L = f.swiglu_limit;
+  const int32_t* src_q = l.src_q();
+  const int32_t* src_tok = l.src_tok();
+  const int64_t a0 = l.start[size_t(e0)], rows = l.start[size_t(e1)] - a0;
+  if (rows == 0) return;
   std::vector<int> used;  // non-empty experts, ascending
   int64_t mmax = 0;
-  for (int e = 0; e < E; ++e) {
-    const int64_t m = start[size_t(e) + 1] - start[size_t(e)];
+  for (int e = e0; e < e1; ++e) {
+    const int64_t m = l.start[size_t(e) + 1] - l.start[size_t(e)];
     if (m > 0) used.push_back(e);
     mmax = std::max(mmax, m);
   }
-  detail::Scratch<int32_t> dlists(2 * TK, stream);
-  CUDA_CHECK(cudaMemcpyAsync(dlists.get(), lists.data(), sizeof(int32_t) * size_t(2 * TK), cudaMemcpyHostToDevice,
-                             stream));
-  const int32_t* src_q = dlists.get();
-  const int32_t* src_tok = dlists.get() + TK;
-
-  // ---- routed experts ----
-  detail::Scratch<float> gud(3 * TK * I, stream), Y(p.dx ? 2 * TK * D : 0, stream);
+  // Rows of G, U, DA are the range's pairs from a0.
+  detail::Scratch<float> gud(3 * rows * I, stream);
   float* G = gud.get();
-  float* U = G + TK * I;
-  float* DA = U + TK * I;
-  float* Y1 = Y.get();
-  float* Y3 = p.dx ? Y1 + TK * D : nullptr;
+  float* U = G + rows * I;
+  float* DA = U + rows * I;
   {
     std::vector<detail::GemmProblem> g1, g3;
     for (const int e : used) {
-      const int64_t b = start[size_t(e)], m = start[size_t(e) + 1] - b;
+      const int64_t b = l.start[size_t(e)], m = l.start[size_t(e) + 1] - b;
       detail::GemmProblem pr;
       pr.m = m;
       pr.x = f.x;
@@ -235,10 +247,10 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
       pr.ldw = D;
       pr.ldy = I;
       pr.w = f.experts[e].w1;
-      pr.y = G + b * I;
+      pr.y = G + (b - a0) * I;
       g1.push_back(pr);
       pr.w = f.experts[e].w3;
-      pr.y = U + b * I;
+      pr.y = U + (b - a0) * I;
       g3.push_back(pr);
     }
     const detail::GemmShape up{I, D, OutRound::bf16, o};
@@ -246,7 +258,8 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
     detail::gemm_group(up, g3.data(), int(g3.size()), stream);
   }
   // Chunks of experts: w2^T [I, D], then (for dx) w1^T and w3^T [D, I] of each.
-  const int64_t per = (p.dx ? 3 : 1) * I * D;
+  const bool dx = Y1 != nullptr;
+  const int64_t per = (dx ? 3 : 1) * I * D;
   const int64_t cap = std::max<int64_t>(1, kWeightChunkFloats / per);
   const int64_t nused = int64_t(used.size());
   detail::Scratch<float> wt(std::min(cap, nused) * per, stream);
@@ -255,7 +268,7 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
     std::vector<detail::GemmProblem> pda, py1, py3;
     for (int64_t j = 0; j < n; ++j) {
       const int e = used[size_t(c0 + j)];
-      const int64_t b = start[size_t(e)], m = start[size_t(e) + 1] - b;
+      const int64_t b = l.start[size_t(e)], m = l.start[size_t(e) + 1] - b;
       float* w2t = wt.get() + j * per;
       detail::transpose_rows(f.experts[e].w2, I, nullptr, D, 0, I, w2t, stream);
       detail::GemmProblem pr;
@@ -265,36 +278,41 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
       pr.xrow = src_tok + b;
       pr.w = w2t;
       pr.ldw = D;
-      pr.y = DA + b * I;
+      pr.y = DA + (b - a0) * I;
       pr.ldy = I;
       pda.push_back(pr);
-      if (p.dx) {
+      if (dx) {
         float* w1t = w2t + I * D;
         float* w3t = w1t + I * D;
         detail::transpose_rows(f.experts[e].w1, D, nullptr, I, 0, D, w1t, stream);
         detail::transpose_rows(f.experts[e].w3, D, nullptr, I, 0, D, w3t, stream);
         detail::GemmProblem q;
         q.m = m;
-        q.x = U + b * I;  // dG after swiglu_bwd_kernel
+        q.x = U + (b - a0) * I;  // dG after swiglu_bwd_kernel
         q.ldx = I;
         q.w = w1t;
         q.ldw = I;
-        q.y = Y1;
         q.ldy = D;
-        q.yrow = src_q + b;
+        if (to_slots) {
+          q.y = Y1;
+          q.yrow = src_q + b;
+        } else {
+          q.y = Y1 + (b - a0) * D;
+        }
         py1.push_back(q);
-        q.x = DA + b * I;  // dU
+        q.x = DA + (b - a0) * I;  // dU
         q.w = w3t;
-        q.y = Y3;
+        q.y = to_slots ? Y3 : Y3 + (b - a0) * D;
         py3.push_back(q);
       }
     }
     detail::gemm_group(detail::GemmShape{I, D, OutRound::f32, o}, pda.data(), int(pda.size()), stream);
-    const int64_t rb = start[size_t(used[size_t(c0)])], re = start[size_t(used[size_t(c0 + n - 1)]) + 1];
+    const int64_t rb = l.start[size_t(used[size_t(c0)])], re = l.start[size_t(used[size_t(c0 + n - 1)]) + 1];
     swiglu_bwd_kernel<<<detail::grid_for(re - rb, kRowsPerBlock, 65535), kThreads, 0, stream>>>(
-        G + rb * I, U + rb * I, DA + rb * I, re - rb, I, f.weights, src_q + rb, true, L, o.block, p.dweights);
+        G + (rb - a0) * I, U + (rb - a0) * I, DA + (rb - a0) * I, re - rb, I, f.weights, src_q + rb, true, L, o.block,
+        dw && !to_slots ? dw + (rb - a0) : dw, !to_slots);
     DSV4_LAUNCH_CHECK();
-    if (p.dx) {
+    if (dx) {
       const detail::GemmShape down{D, I, OutRound::f32, o};
       detail::gemm_group(down, py1.data(), int(py1.size()), stream);
       detail::gemm_group(down, py3.data(), int(py3.size()), stream);
@@ -304,30 +322,38 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
   bool routed_grads = false;
   if (p.grads)
     for (const int e : used) routed_grads = routed_grads || any_grad(p.grads + e);
-  if (routed_grads) {
-    detail::Scratch<float> doutt(D * mmax, stream), xt(D * mmax, stream), ht(I * mmax, stream), stage(I * D, stream);
-    for (const int e : used) {
-      const ExpertGrads& gr = p.grads[e];
-      if (!any_grad(&gr)) continue;
-      const int64_t b = start[size_t(e)], m = start[size_t(e) + 1] - b;
-      if (gr.dw2) {
-        detail::transpose_rows(p.dout, D, src_tok + b, m, 0, D, doutt.get(), stream);
-        detail::transpose_rows(G + b * I, I, nullptr, m, 0, I, ht.get(), stream);
-        weight_grad(m, D, I, doutt.get(), ht.get(), stage.get(), gr.dw2, o, stream);
-      }
-      if (gr.dw1 || gr.dw3) detail::transpose_rows(f.x, D, src_tok + b, m, 0, D, xt.get(), stream);
-      if (gr.dw1) {
-        detail::transpose_rows(U + b * I, I, nullptr, m, 0, I, ht.get(), stream);
-        weight_grad(m, I, D, ht.get(), xt.get(), stage.get(), gr.dw1, o, stream);
-      }
-      if (gr.dw3) {
-        detail::transpose_rows(DA + b * I, I, nullptr, m, 0, I, ht.get(), stream);
-        weight_grad(m, I, D, ht.get(), xt.get(), stage.get(), gr.dw3, o, stream);
-      }
+  if (!routed_grads) return;
+  detail::Scratch<float> doutt(D * mmax, stream), xt(D * mmax, stream), ht(I * mmax, stream), stage(I * D, stream);
+  for (const int e : used) {
+    const ExpertGrads& gr = p.grads[e];
+    if (!any_grad(&gr)) continue;
+    const int64_t b = l.start[size_t(e)], m = l.start[size_t(e) + 1] - b;
+    const int64_t r = b - a0;
+    if (gr.dw2) {
+      detail::transpose_rows(p.dout, D, src_tok + b, m, 0, D, doutt.get(), stream);
+      detail::transpose_rows(G + r * I, I, nullptr, m, 0, I, ht.get(), stream);
+      weight_grad(m, D, I, doutt.get(), ht.get(), stage.get(), gr.dw2, o, stream);
+    }
+    if (gr.dw1 || gr.dw3) detail::transpose_rows(f.x, D, src_tok + b, m, 0, D, xt.get(), stream);
+    if (gr.dw1) {
+      detail::transpose_rows(U + r * I, I, nullptr, m, 0, I, ht.get(), stream);
+      weight_grad(m, I, D, ht.get(), xt.get(), stage.get(), gr.dw1, o, stream);
+    }
+    if (gr.dw3) {
+      detail::transpose_rows(DA + r * I, I, nullptr, m, 0, I, ht.get(), stream);
+      weight_grad(m, I, D, ht.get(), xt.get(), stage.get(), gr.dw3, o, stream);
     }
   }
+}
 
-  // ---- shared experts: every token, in order ----
+// The shared experts (every token, in order; their weight gradients +=), then dx += the slot-order
+// sum of Y1 + Y3 and the shared experts' halves (dx_combine_kernel); Y1 / Y3 [T * k, D] in slot order.
+void shared_backward_and_dx(const MoeBwdParams& p, const float* Y1, const float* Y3, cudaStream_t stream) {
+  const MoeParams& f = p.fwd;
+  const int64_t T = f.T, D = f.D, I = f.I, k = f.k;
+  const int64_t Is = f.I_shared > 0 ? f.I_shared : I;
+  const ReduceOrder o = f.order;
+  const float L = f.swiglu_limit;
   const int ns = f.n_shared;
   detail::Scratch<float> Ys(p.dx ? 2 * int64_t(ns) * T * D : 0, stream);
   float* Ys1 = Ys.get();
@@ -354,7 +380,7 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
       detail::transpose_rows(sw.w2, Is, nullptr, D, 0, Is, w2t, stream);  // [Is, D]
       gemm(linear_params(T, Is, D, p.dout, w2t, DAs, OutRound::f32, o), stream);
       swiglu_bwd_kernel<<<detail::grid_for(T, kRowsPerBlock, 65535), kThreads, 0, stream>>>(
-          Gs, Us, DAs, T, Is, nullptr, nullptr, f.clamp_shared, L, o.block, nullptr);
+          Gs, Us, DAs, T, Is, nullptr, nullptr, f.clamp_shared, L, o.block, nullptr, false);
       DSV4_LAUNCH_CHECK();
       if (p.dx) {
         float* w1t = w2t + Is * D;
@@ -385,6 +411,64 @@ void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
   dx_combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(Y1, Y3, T, int(k), D, Ys1, Ys3,
                                                                                ns, p.dx);
   DSV4_LAUNCH_CHECK();
+}
+
+// One thread per (pair row j, d): dst[src_q[j] * D + d] = src[j * D + d].
+__global__ void __launch_bounds__(kThreads)
+    scatter_rows_kernel(const float* src, const int32_t* src_q, int64_t rows, int64_t D, float* dst) {
+  DSV4_GRID_STRIDE(e, rows * D) dst[int64_t(src_q[e / D]) * D + e % D] = src[e];
+}
+
+}  // namespace
+
+void moe_experts_backward(const MoeBwdParams& p, cudaStream_t stream) {
+  const MoeParams& f = p.fwd;
+  require(common::moe_check_dims(f), "moe_experts_backward");
+  if (f.T <= 0) return;
+  if (f.T * f.k > INT32_MAX) require("moe_backward: T * k is too large", "moe_experts_backward");
+  const BwdLists l(p, "moe_experts_backward", stream);
+  const int64_t TK = f.T * f.k;
+  detail::Scratch<float> Y(p.dx ? 2 * TK * f.D : 0, stream);
+  float* Y1 = p.dx ? Y.get() : nullptr;
+  float* Y3 = p.dx ? Y.get() + TK * f.D : nullptr;
+  routed_backward(p, l, 0, f.E, Y1, Y3, p.dweights, true, stream);
+  shared_backward_and_dx(p, Y1, Y3, stream);
+}
+
+void moe_backward_routed(const MoeBwdParams& p, int e0, int e1, float* dx1_pairs, float* dx3_pairs, float* dw_pairs,
+                         cudaStream_t stream) {
+  const MoeParams& f = p.fwd;
+  require(common::moe_check_dims(f), "moe_backward_routed");
+  if (e0 < 0 || e1 < e0 || e1 > f.E) require("the expert range is outside [0, E)", "moe_backward_routed");
+  if (f.T <= 0) return;
+  if (f.T * f.k > INT32_MAX) require("moe_backward: T * k is too large", "moe_backward_routed");
+  const BwdLists l(p, "moe_backward_routed", stream);
+  routed_backward(p, l, e0, e1, p.dx ? dx1_pairs : nullptr, p.dx ? dx3_pairs : nullptr, dw_pairs, false, stream);
+}
+
+void moe_backward_combine(const MoeBwdParams& p, const float* dx1_pairs, const float* dx3_pairs, const float* dw_pairs,
+                          cudaStream_t stream) {
+  const MoeParams& f = p.fwd;
+  require(common::moe_check_dims(f), "moe_backward_combine");
+  if (f.T <= 0) return;
+  if (f.T * f.k > INT32_MAX) require("moe_backward: T * k is too large", "moe_backward_combine");
+  const BwdLists l(p, "moe_backward_combine", stream);
+  const int64_t TK = f.T * f.k, D = f.D;
+  if (p.dweights) {
+    scatter_rows_kernel<<<detail::grid_for(TK, kThreads), kThreads, 0, stream>>>(dw_pairs, l.src_q(), TK, 1,
+                                                                                  p.dweights);
+    DSV4_LAUNCH_CHECK();
+  }
+  detail::Scratch<float> Y(p.dx ? 2 * TK * D : 0, stream);
+  float* Y1 = p.dx ? Y.get() : nullptr;
+  float* Y3 = p.dx ? Y.get() + TK * D : nullptr;
+  if (p.dx) {
+    scatter_rows_kernel<<<detail::grid_for(TK * D, kThreads), kThreads, 0, stream>>>(dx1_pairs, l.src_q(), TK, D, Y1);
+    DSV4_LAUNCH_CHECK();
+    scatter_rows_kernel<<<detail::grid_for(TK * D, kThreads), kThreads, 0, stream>>>(dx3_pairs, l.src_q(), TK, D, Y3);
+    DSV4_LAUNCH_CHECK();
+  }
+  shared_backward_and_dx(p, Y1, Y3, stream);
 }
 
 }  // namespace dsv4::cuda

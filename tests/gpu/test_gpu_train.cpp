@@ -9,6 +9,9 @@
 #include "gpu_test_util.h"
 #include "model/device.h"
 #include "train/step.h"
+#ifdef DSV4_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
 
 namespace dsv4 {
 namespace {
@@ -38,9 +41,11 @@ struct StepRun {
 
 // variant 0: full mHC; 1: legacy mHC; 2: full mHC with the mixer frozen and the indexer trained by
 // its KL objective.
-StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, int variant) {
+StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device dev, int variant,
+            Communicator* experts = nullptr) {
   train::TrainStepOptions o;
   o.device = dev;
+  o.experts = experts;
   o.train_mixer = variant != 1;
   o.adamw.lr = 1e-3;
   o.groups.train("router");
@@ -62,6 +67,28 @@ StepRun run(const Weights& w, const std::vector<train::TrainSample>& s, Device d
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
+
+#ifdef DSV4_HAVE_NCCL
+// train-step --ep on the GPU with one NCCL rank: the expert-parallel forward and backward (this rank's
+// experts' parts, the pairs' gradients and the experts' weight gradients gathered through NCCL) give
+// the local GPU step's activation gradients, summed gradients and update, bit for bit.
+TEST(GpuTrain, NcclOneRankStepIsTheLocalStep) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const std::unique_ptr<Communicator> comm = nccl_world(nullptr);
+  for (const char* preset : {"tiny", "tiny-b"}) {
+    SCOPED_TRACE(preset);
+    const Weights w = Weights::init(dsv4::preset(preset), 7);
+    const auto s = samples(w.config().vocab_size);
+    const StepRun a = run(w, s, Device::cuda, 0), b = run(w, s, Device::cuda, 0, comm.get());
+    ASSERT_EQ(a.act.size(), b.act.size());
+    for (size_t i = 0; i < a.act.size(); ++i)
+      ASSERT_TRUE(same(a.act[i].second, b.act[i].second)) << "first differing gradient: " << a.act[i].first;
+    ASSERT_EQ(a.r.grads.size(), b.r.grads.size());
+    for (const auto& [name, v] : a.r.grads) EXPECT_TRUE(same(v, b.r.grads.at(name))) << name;
+    for (const auto& [name, v] : a.state.master) EXPECT_TRUE(same(v, b.state.master.at(name))) << name;
+  }
+}
+#endif
 
 TEST(GpuTrain, StepEqualsTheCpuStep) {
   DSV4_REQUIRE_CUDA_DEVICE();

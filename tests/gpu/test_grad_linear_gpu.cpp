@@ -10,10 +10,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/grad.h"
+#include "model/communicator.h"  // expert_range (header only)
 #include "test_util.h"
 
 namespace dsv4 {
@@ -479,6 +481,56 @@ void moe_bwd_case(const MoeBwdCase& c) {
   for (size_t i = 0; i < hg.size(); ++i) {
     const auto got = d.download(dgp[i], hg[i].size());
     EXPECT_TRUE(same_floats(hg[i], got, "expert grad " + std::to_string(i)));
+  }
+
+  // The two parts of expert parallelism, every rank in this process with its own gradient buffers
+  // (from hg0): each rank's routed experts' gradients, and the combine over every rank's pairs in rank
+  // order (from dx0 and hg0), equal the whole backward's (the CPU's, equal to it above) bit for bit.
+  for (int ranks : {1, 2, 3, E + 1}) {
+    const std::string what = " of " + std::to_string(ranks) + " ranks";
+    std::vector<float> dx1_all, dx3_all, dw_all;
+    std::vector<std::vector<float>> routed(hg.size());
+    for (int r = 0; r < ranks; ++r) {
+      const ExpertRange er = expert_range(E, r, ranks);
+      std::vector<float*> rg;
+      for (size_t i = 0; i < hg0.size(); ++i) rg.push_back(d.upload(hg0[i], "rank grad " + std::to_string(i)));
+      set_ptrs(dwp, rg);
+      const size_t m = size_t(std::count_if(ids.begin(), ids.end(), [&](int32_t id) {
+        return id >= er.first && id < er.last;
+      }));
+      float* d1 = d.upload(filled(std::max<size_t>(m * size_t(D), 1)), "dx1 pairs");
+      float* d3 = d.upload(filled(std::max<size_t>(m * size_t(D), 1)), "dx3 pairs");
+      float* dw = d.upload(filled(std::max<size_t>(m, 1)), "dw pairs");
+      cuda::moe_backward_routed(p, er.first, er.last, d1, d3, dw, nullptr);
+      for (auto [dst, src, n] : {std::tuple{&dx1_all, d1, m * size_t(D)}, std::tuple{&dx3_all, d3, m * size_t(D)},
+                                 std::tuple{&dw_all, dw, m}}) {
+        const auto v = d.download(src, n);
+        dst->insert(dst->end(), v.begin(), v.end());
+      }
+      for (int e = er.first; e < er.last; ++e)
+        for (int j = 0; j < 3; ++j) routed[size_t(3 * e + j)] = d.download(rg[size_t(3 * e + j)], hg0[size_t(3 * e + j)].size());
+    }
+    std::vector<float*> cg;
+    for (size_t i = 0; i < hg0.size(); ++i) cg.push_back(d.upload(hg0[i], "combine grad " + std::to_string(i)));
+    set_ptrs(dwp, cg);
+    float* cdx = d.upload(dx0, "combine dx");
+    float* cdw = d.upload(filled(dwt.size()), "combine dweights");
+    p.dx = want_dx ? cdx : nullptr;
+    p.dweights = want_dweights ? cdw : nullptr;
+    auto upload1 = [&](const std::vector<float>& v, const char* name) {
+      return d.upload(v.empty() ? std::vector<float>(1) : v, name);
+    };
+    cuda::moe_backward_combine(p, upload1(dx1_all, "dx1 all"), upload1(dx3_all, "dx3 all"), upload1(dw_all, "dw all"),
+                               nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    EXPECT_TRUE(same_floats(dx, d.download(cdx, dx.size()), "dx" + what));
+    EXPECT_TRUE(same_floats(dwt, d.download(cdw, dwt.size()), "dweights" + what));
+    for (int e = 0; e < E; ++e)
+      for (int j = 0; j < 3; ++j)
+        EXPECT_TRUE(same_floats(hg[size_t(3 * e + j)], routed[size_t(3 * e + j)],
+                                "expert " + std::to_string(e) + " grad " + std::to_string(j) + what));
+    for (size_t i = size_t(3 * E); i < hg.size(); ++i)
+      EXPECT_TRUE(same_floats(hg[i], d.download(cg[i], hg[i].size()), "shared grad " + std::to_string(i) + what));
   }
 }
 
