@@ -15,6 +15,7 @@
 #include "capture/errors.h"
 #include "capture/layout.h"
 #include "capture/trace_reader.h"
+#include "kernels/numerics/numerics.h"
 #include "model/decision_sets.h"
 
 namespace dsv4 {
@@ -505,7 +506,7 @@ void diff_tokens(const Steps& st, DiffReport& rep) {
       tk.logprob_b = lb[t];
       const double log_r = tk.logprob_b - tk.logprob_a;
       tk.abs_diff = std::fabs(log_r);
-      tk.ratio = std::exp(log_r);
+      tk.ratio = num::exp_f64(log_r);
       const bool first = rep.tokens.empty();
       rep.ratio_max = first ? tk.ratio : std::max(rep.ratio_max, tk.ratio);
       rep.ratio_min = first ? tk.ratio : std::min(rep.ratio_min, tk.ratio);

@@ -143,8 +143,8 @@ fi
 
 # ---- no libm in the numerics --------------------------------------------------------------------------
 # libm's transcendental functions differ between ISAs and glibc versions; the libraries that compute
-# what a trace records (kernels, model, rollout, train, capture) must call none of them (sqrt and fma
-# are IEEE-exact and allowed). Each build's static libraries are checked with nm.
+# what a trace records (kernels, model, rollout, train, capture) and what replay and diff report
+# (replay) must call none of them (sqrt and fma are IEEE-exact and allowed). Each build's static libraries are checked with nm.
 libm_re='^(__)?(exp|exp2|expm1|exp10|log|log2|log10|log1p|sin|cos|tan|sincos|sinh|cosh|tanh|asin|acos|atan|atan2|asinh|acosh|atanh|pow|erf|erfc|cbrt|hypot|lgamma|tgamma)(f|l|f32|f64)?(_finite)?(@.*)?$'
 libm_audit=()
 for b in x86-64-v3 "${others[@]}"; do
@@ -152,7 +152,7 @@ for b in x86-64-v3 "${others[@]}"; do
   nm_tool=nm
   [[ $b == aarch64 ]] && nm_tool=aarch64-linux-gnu-nm
   calls=""
-  for lib in kernels model rollout train capture; do
+  for lib in kernels model rollout train capture replay; do
     a="$dir/$lib/libdsv4_$lib.a"
     [[ -f "$a" ]] || { calls+=" (no $a)"; continue; }
     calls+=$("$nm_tool" -u -A "$a" 2>/dev/null | awk '{print $1 " " $NF}' | while read -r where sym; do
@@ -162,7 +162,7 @@ for b in x86-64-v3 "${others[@]}"; do
     failed_libm=1
     libm_audit+=("$(printf '%-10s FAILED:%s' "$b" "$calls")")
   else
-    libm_audit+=("$(printf '%-10s no libm transcendental call in kernels, model, rollout, train, capture' "$b")")
+    libm_audit+=("$(printf '%-10s no libm transcendental call in kernels, model, rollout, train, capture, replay' "$b")")
   fi
 done
 

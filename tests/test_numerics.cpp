@@ -312,6 +312,46 @@ TEST(Transcendental, Exp) {
   EXPECT_GT(num::exp_f(-103.0f), 0.0f);  // subnormal results are produced
 }
 
+// exp_f64 (the loss's and the diff's fp64 exp) against long double: a dense sweep of [-745, 710], random
+// bit patterns in the finite range, the thresholds and specials. Error in fp64 ulps of the reference.
+TEST(Transcendental, ExpF64) {
+  auto ulp64 = [](double f, long double ref) {
+    if (std::isinf(f) || ref >= 0x1p1024L) return std::isinf(f) && ref >= 0x1p1024L ? 0.0 : INFINITY;
+    const long double r = std::fabs(ref);
+    int e;
+    std::frexp(r, &e);
+    const long double ulp = r < 0x1p-1022L ? 0x1p-1074L : std::ldexp(1.0L, e - 53);
+    return double(std::fabs((long double)f - ref) / ulp);
+  };
+  double worst = 0, worst_x = 0, worst_sub = 0;
+  std::mt19937_64 g(11);
+  std::uniform_real_distribution<double> u(-745.0, 709.7);
+  std::vector<double> xs;
+  for (int i = 0; i <= 200000; ++i) xs.push_back(-745.0 + 1454.7 * i / 200000.0);
+  for (int i = 0; i < 200000; ++i) xs.push_back(u(g));
+  for (double c : {0.0, 1e-300, -1e-300, 0.5, -0.5, 1.0, 700.0, -700.0, 709.78, -708.39, -744.4}) xs.push_back(c);
+  for (double x : xs) {
+    const long double ref = std::exp((long double)x);
+    const double e = ulp64(num::exp_f64(x), ref);
+    if (ref < 0x1p-1022L) {  // subnormal results: the scaling rounds once more
+      worst_sub = std::max(worst_sub, e);
+      continue;
+    }
+    if (e > worst) worst = e, worst_x = x;
+  }
+  std::printf("exp_f64: max %.3f ulp at x = %.17g (normal results), %.3f ulp (subnormal results), %zu points\n",
+              worst, worst_x, worst_sub, xs.size());
+  EXPECT_LE(worst, 2.0) << "at x = " << worst_x;
+  EXPECT_LE(worst_sub, 2.0);
+  EXPECT_EQ(num::exp_f64(0.0), 1.0);
+  EXPECT_EQ(num::exp_f64(-0.0), 1.0);
+  EXPECT_TRUE(std::isinf(num::exp_f64(710.0)));
+  EXPECT_EQ(num::exp_f64(-746.0), 0.0);
+  EXPECT_EQ(num::exp_f64(-INFINITY), 0.0);
+  EXPECT_TRUE(std::isinf(num::exp_f64(INFINITY)));
+  EXPECT_TRUE(std::isnan(num::exp_f64(std::nan(""))));
+}
+
 TEST(Transcendental, Log) {
   UlpStats st{"log_f"};
   auto xs = inputs_for("log", 0.0f, FLT_MAX, 1 << 18, 1 << 20);

@@ -8,38 +8,12 @@
 #include <cstdint>
 #include <map>
 
+#include "kernels/numerics/numerics.h"
 #include "model/error.h"
 
 namespace dsv4::train {
 
 namespace {
-
-// e^x in fp64 from IEEE +, -, *, / and an exact power-of-two scaling only. libm's exp is not the
-// same function on every machine (its last bit may differ between C libraries and versions); the
-// loss gradient is part of a bit-reproducible training step, so it uses this one.
-// x = k ln2 + r with |r| <= ln2 / 2 (Cody-Waite: ln2_hi has 32 significant bits, so k * ln2_hi and
-// x - k * ln2_hi are exact for |k| < 2^11); e^r by its Taylor series to degree 13 (the remainder is
-// below 2^-60 relative), evaluated by Horner's rule; then scaled by 2^k (std::ldexp is exact).
-// Error: a few fp64 ulps, far below the fp32 rounding of the results.
-double exp_det(double x) {
-  if (std::isnan(x)) return x;
-  if (x > 709.8) return HUGE_VAL;
-  if (x < -745.2) return 0.0;
-  constexpr double kLog2e = 1.4426950408889634;
-  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
-  constexpr double kLn2Lo = 1.90821492927058770002e-10;
-  const double k = std::nearbyint(x * kLog2e);
-  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
-  // 1 / n! for n = 13 down to 2.
-  constexpr double kInvFact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
-                                 1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
-                                 1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5};
-  double p = kInvFact[0];
-  for (int i = 1; i < 12; ++i) p = p * r + kInvFact[i];
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  return std::ldexp(p, int(k));
-}
 
 void check_finite_nonneg(double v, const char* field, bool positive) {
   if (!std::isfinite(v) || (positive ? !(v > 0) : !(v >= 0)))
@@ -116,7 +90,7 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
     if (g) g->resize(n);
     for (size_t t = 0; t < n; ++t) {
       const double lp = s.logp[t];
-      const double r = exp_det(lp - double(s.old[t]));
+      const double r = num::exp_f64(lp - double(s.old[t]));
       const double ra = r * A;
       const double ca = std::clamp(r, lo, hi) * A;
       // The clipped term is taken only where it is strictly the minimum; inside the range the two
@@ -124,11 +98,11 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
       const bool clipped = ca < ra;
       const double pg = -(clipped ? ca : ra);
       const double dpg = clipped ? 0.0 : -ra;
-      const double tis = c.tis ? std::min(exp_det(double(s.old[t]) - double(s.rollout[t])), c.tis_cap) : 1.0;
+      const double tis = c.tis ? std::min(num::exp_f64(double(s.old[t]) - double(s.rollout[t])), c.tis_cap) : 1.0;
       double kl = 0, dkl = 0;
       if (kl_on) {
         const double d = double(s.ref[t]) - lp;
-        const double e = exp_det(d);
+        const double e = num::exp_f64(d);
         kl = e - d - 1.0;
         dkl = 1.0 - e;
       }
@@ -148,7 +122,7 @@ LossMetrics policy_loss(const PolicyLossConfig& c, const std::vector<SampleLogpr
         // with rho = p_train / p_rollout.
         const double d = lp - double(s.rollout[t]);
         sum_mm_abs += std::fabs(d);
-        sum_mm_k3 += exp_det(d) - d - 1.0;
+        sum_mm_k3 += num::exp_f64(d) - d - 1.0;
         m.mismatch_max_abs = std::max(m.mismatch_max_abs, std::fabs(d));
         ++m.mismatch_tokens;
       }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <set>
 
+#include "kernels/numerics/numerics.h"
+
 namespace dsv4::gui {
 
 namespace {
@@ -146,7 +148,7 @@ QVariant TokenModel::data(const QModelIndex& index, int role) const {
     case AbsDiff:
       return std::fabs(a - b);
     case Ratio:
-      return std::exp(b - a);
+      return num::exp_f64(b - a);  // the diff report's ratio
     default:
       return {};
   }

@@ -77,6 +77,14 @@ DSV4_HD float silu_f(float x) {
   return x * sigmoid_f(x);
 }
 
+// e^x in fp64, on the host: the policy loss's importance ratios (train/loss.cpp), the diff report's
+// per-token ratios (replay/diff.cpp) and the viewer's. Only IEEE +, -, *, nearbyint and ldexp (exact
+// scaling by a power of two, correctly rounded into subnormals), so the same bits on every machine,
+// where libm's exp may differ in its last bit. Error < 2 fp64 ulps (1.11 measured by
+// Transcendental.ExpF64 against long double over 400k points); +inf above 709.8, 0 below -745.2;
+// NaN -> NaN.
+inline double exp_f64(double x);
+
 // 2^ceil(log2 v) from v's bits (exponent - 127, +1 if any mantissa bit is set): the UE8M0 block scale
 // of MODEL.md §4.1/§4.3. v must be positive and normal.
 DSV4_HD float ceil_pow2(float v);

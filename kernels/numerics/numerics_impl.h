@@ -379,4 +379,27 @@ DSV4_HD float softplus_f(float x) {
   return x > 0.0f ? x + l : l;
 }
 
+// x = k ln2 + r with |r| <= ln2 / 2 (Cody-Waite: ln2_hi has 32 significant bits, so k * ln2_hi and
+// x - k * ln2_hi are exact for |k| < 2^11); e^r by its Taylor series to degree 13 (the remainder is below
+// 2^-60 relative), evaluated by Horner's rule; then scaled by 2^k.
+inline double exp_f64(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 709.8) return HUGE_VAL;
+  if (x < -745.2) return 0.0;
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  const double k = std::nearbyint(x * kLog2e);
+  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
+  // 1 / n! for n = 13 down to 2.
+  constexpr double kInvFact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                 1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
+                                 1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5};
+  double p = kInvFact[0];
+  for (int i = 1; i < 12; ++i) p = p * r + kInvFact[i];
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return std::ldexp(p, int(k));
+}
+
 }  // namespace dsv4::num
