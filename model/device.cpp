@@ -132,11 +132,44 @@ void check_memory(const Backend& be, const Communicator& comm, int layer) {
                                  layer, comm.transport(), comm.device_memory() ? "GPU" : "host",
                                  gpu ? "GPU" : "CPU", gpu ? "use NCCL on GPUs" : "use MPI on CPUs"));
 }
+
+// The routed experts' weight gradients, each from its owner (model/expert_parallel.h
+// expert_grad_matrices' order), through the backend's own memory: every rank ends with every expert's.
+void gather_expert_grads(Backend& be, const MoeBwdParams& p, Communicator& comm) {
+  const MoeParams& f = p.fwd;
+  if (!p.grads || f.T <= 0) return;
+  const int n = comm.size();
+  const int64_t ID = f.I * f.D;
+  const size_t mat = size_t(ID) * sizeof(float);
+  std::vector<int64_t> bytes(size_t(n), 0);
+  int64_t all_bytes = 0;
+  for (int r = 0; r < n; ++r) {
+    const ExpertRange e = expert_range(f.E, r, n);
+    bytes[size_t(r)] = int64_t(expert_grad_matrices(p, e.first, e.last).size() * mat);
+    all_bytes += bytes[size_t(r)];
+  }
+  const ExpertRange mine = expert_range(f.E, comm.rank(), n);
+  Buffer<float> own = be.floats(std::max<int64_t>(bytes[size_t(comm.rank())] / int64_t(sizeof(float)), 1));
+  Buffer<float> all = be.floats(std::max<int64_t>(all_bytes / int64_t(sizeof(float)), 1));
+  float* at = own.data();
+  for (float* g : expert_grad_matrices(p, mine.first, mine.last)) {
+    be.copy(at, g, mat);
+    at += ID;
+  }
+  be.synchronize();
+  comm.all_gather_v(own.data(), all.data(), bytes);
+  const float* from = all.data();
+  for (float* g : expert_grad_matrices(p, 0, f.E)) {
+    be.copy(g, from, mat);
+    from += ID;
+  }
+}
 }  // namespace
 
 void Backend::moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Communicator& comm) {
   check_memory(*this, comm, layer);
   dsv4::moe_experts_backward_parallel(p, comm);
+  gather_expert_grads(*this, p, comm);
 }
 
 void Backend::moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) {
@@ -448,13 +481,12 @@ class CudaBackend final : public Backend {
     check_memory(*this, comm, layer);
     require(cuda::moe_check(p), "moe", layer);
     if (p.T <= 0) return;
-    const std::vector<int64_t> count = cuda::moe_expert_counts(p, s_);
-    std::vector<int64_t> sizes(size_t(comm.size()), 0);
+    const std::vector<int64_t> pairs = pairs_per_rank(cuda::moe_expert_counts(p, s_), comm.size());
+    std::vector<int64_t> sizes;
     int64_t rows = 0;
-    for (int r = 0; r < comm.size(); ++r) {
-      const ExpertRange e = expert_range(p.E, r, comm.size());
-      for (int x = e.first; x < e.last; ++x) sizes[size_t(r)] += count[size_t(x)] * p.D * int64_t(sizeof(float));
-      rows += sizes[size_t(r)] / (p.D * int64_t(sizeof(float)));
+    for (const int64_t m : pairs) {
+      sizes.push_back(m * p.D * int64_t(sizeof(float)));
+      rows += m;
     }
     const ExpertRange mine = expert_range(p.E, comm.rank(), comm.size());
     Buffer<float> y = floats(std::max<int64_t>(sizes[size_t(comm.rank())] / int64_t(sizeof(float)), 1));
@@ -515,11 +547,7 @@ class CudaBackend final : public Backend {
     for (const int32_t id : ids)
       if (id >= 0 && id < f.E) ++count[size_t(id)];  // a bad id is named by the kernels' check
     const int n = comm.size();
-    std::vector<int64_t> pairs(size_t(n), 0);
-    for (int r = 0; r < n; ++r) {
-      const ExpertRange e = expert_range(f.E, r, n);
-      for (int x = e.first; x < e.last; ++x) pairs[size_t(r)] += count[size_t(x)];
-    }
+    const std::vector<int64_t> pairs = pairs_per_rank(count, n);
     int64_t total = 0;
     std::vector<int64_t> dx_bytes, dw_bytes;
     for (const int64_t m : pairs) {
@@ -543,30 +571,7 @@ class CudaBackend final : public Backend {
     comm.all_gather_v(dw.data(), dw_all.data(), dw_bytes);
     cuda::moe_backward_combine(p, dx1_all.data(), dx3_all.data(), dw_all.data(), s_);
 
-    if (!p.grads) return;
-    const int64_t ID = f.I * f.D;
-    const size_t mat = size_t(ID) * sizeof(float);
-    std::vector<int64_t> bytes(size_t(n), 0);
-    for (int r = 0; r < n; ++r) {
-      const ExpertRange e = expert_range(f.E, r, n);
-      bytes[size_t(r)] = int64_t(expert_grad_matrices(p, e.first, e.last).size() * mat);
-    }
-    int64_t all_bytes = 0;
-    for (const int64_t b : bytes) all_bytes += b;
-    Buffer<float> own = floats(std::max<int64_t>(bytes[size_t(comm.rank())] / int64_t(sizeof(float)), 1));
-    Buffer<float> all = floats(std::max<int64_t>(all_bytes / int64_t(sizeof(float)), 1));
-    float* at = own.data();
-    for (float* g : expert_grad_matrices(p, mine.first, mine.last)) {
-      copy(at, g, mat);
-      at += ID;
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s_));
-    comm.all_gather_v(own.data(), all.data(), bytes);
-    const float* from = all.data();
-    for (float* g : expert_grad_matrices(p, 0, f.E)) {
-      copy(g, from, mat);
-      from += ID;
-    }
+    gather_expert_grads(*this, p, comm);
   }
   void hadamard_backward(float* x, int64_t rows, int64_t n, int64_t ld) override {
     cuda::hadamard_backward(x, rows, n, ld, s_);

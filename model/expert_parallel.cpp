@@ -68,27 +68,6 @@ void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm) {
   if (p.dx) comm.all_gather_v(dx_mine.data(), dx_all.data(), dx_bytes);
   comm.all_gather_v(dw_mine.data(), dw_all.data(), dw_bytes);
   moe_backward_combine(p, p.dx ? dx_all.data() : nullptr, dw_all.data());
-
-  // The weight gradients of every routed expert, from its owner.
-  if (!p.grads) return;
-  const int64_t ID = f.I * f.D;
-  std::vector<int64_t> bytes(size_t(n), 0);
-  for (int r = 0; r < n; ++r) {
-    const ExpertRange er = expert_range(f.E, r, n);
-    bytes[size_t(r)] = int64_t(expert_grad_matrices(p, er.first, er.last).size()) * ID * int64_t(sizeof(float));
-  }
-  std::vector<float> own(static_cast<size_t>(bytes[size_t(me)]) / sizeof(float));
-  float* at = own.data();
-  for (float* g : expert_grad_matrices(p, mine.first, mine.last)) at = std::copy(g, g + ID, at);
-  int64_t all_bytes = 0;
-  for (int64_t b : bytes) all_bytes += b;
-  std::vector<float> all(size_t(all_bytes) / sizeof(float));
-  comm.all_gather_v(own.data(), all.data(), bytes);
-  const float* from = all.data();
-  for (float* g : expert_grad_matrices(p, 0, f.E)) {
-    std::copy(from, from + ID, g);
-    from += ID;
-  }
 }
 
 std::vector<float*> expert_grad_matrices(const MoeBwdParams& p, int e0, int e1) {
@@ -97,6 +76,15 @@ std::vector<float*> expert_grad_matrices(const MoeBwdParams& p, int e0, int e1) 
   for (int e = e0; e < e1; ++e)
     for (float* g : {p.grads[e].dw1, p.grads[e].dw3, p.grads[e].dw2})
       if (g) out.push_back(g);
+  return out;
+}
+
+std::vector<int64_t> pairs_per_rank(const std::vector<int64_t>& expert_counts, int ranks) {
+  std::vector<int64_t> out(size_t(ranks), 0);
+  for (int r = 0; r < ranks; ++r) {
+    const ExpertRange e = expert_range(int(expert_counts.size()), r, ranks);
+    for (int x = e.first; x < e.last; ++x) out[size_t(r)] += expert_counts[size_t(x)];
+  }
   return out;
 }
 

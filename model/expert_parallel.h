@@ -23,14 +23,17 @@ void moe_experts_parallel(const MoeParams& p, Communicator& comm);
 // moe_experts_backward(p) computed with `comm`'s ranks sharing the experts (host memory): each rank the
 // backward of its experts' pairs (kernels/grad.h moe_backward_routed), the pairs' input and
 // routing-weight gradients gathered in rank order and summed by every rank as the single device sums
-// them (moe_backward_combine), and the routed experts' weight gradients gathered too, so that every
-// rank holds every gradient of the single-device backward, bit for bit. p.grads must be zero for the
-// experts of the other ranks (a fresh gradient set): they are overwritten with their owners'.
+// them (moe_backward_combine). dx, dweights and the shared experts' gradients are then the
+// single-device bits on every rank; each routed expert's weight gradients are complete on its owner
+// only (Backend::moe_experts_backward_parallel then gathers them: expert_grad_matrices).
 void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm);
 
 // The routed experts' weight gradients as they travel to the ranks that do not own them: experts
 // [e0, e1) in order, each its w1, w3, w2 gradient matrix (I * D floats), frozen (null) ones left out
-// (the same on every rank). Every backend packs and unpacks its gather in this order.
+// (the same on every rank).
 std::vector<float*> expert_grad_matrices(const MoeBwdParams& p, int e0, int e1);
+
+// The (token, slot) pairs each of `ranks` ranks owns, from each expert's pair count.
+std::vector<int64_t> pairs_per_rank(const std::vector<int64_t>& expert_counts, int ranks);
 
 }  // namespace dsv4
