@@ -45,9 +45,9 @@ CLI::Option* add_threads_option(CLI::App* cmd, int& threads, const std::string& 
 const CLI::Validator& finite_non_negative();
 
 // --ep N: expert parallelism over N ranks (docs/PARALLEL.md), for the commands that run the forward:
-// MPI on the CPU; with --device cuda NCCL, its unique id sent over MPI. open_parallel gives the process's communicator (nullptr for N = 1; it lives until the
-// process ends) and makes it the active one: an error from then on ends every rank
-// (Communicator::abort) instead of leaving them waiting.
+// MPI on the CPU; with --device cuda NCCL, its unique id sent over MPI. open_parallel gives the
+// process's communicator (nullptr for N = 1; it lives until the process ends) and makes it the active
+// one: an error from then on ends every rank (Communicator::abort) instead of leaving them waiting.
 struct ParallelArgs {
   int ep = 1;
 };

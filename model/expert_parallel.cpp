@@ -14,13 +14,15 @@ std::vector<std::vector<int64_t>> pairs_by_rank(const MoeParams& p, int ranks) {
   }
   return out;
 }
-}  // namespace
 
-std::vector<int64_t> moe_parallel_bytes(const MoeParams& p, int ranks) {
-  std::vector<int64_t> bytes;
-  for (const auto& pairs : pairs_by_rank(p, ranks)) bytes.push_back(int64_t(pairs.size()) * p.D * int64_t(sizeof(float)));
-  return bytes;
+// Each expert's pair count, from the routing ids (host memory; ids outside [0, E) belong to none).
+std::vector<int64_t> expert_counts(const MoeParams& p) {
+  std::vector<int64_t> count(size_t(p.E), 0);
+  for (int64_t q = 0; q < p.T * p.k; ++q)
+    if (p.ids[q] >= 0 && p.ids[q] < p.E) ++count[size_t(p.ids[q])];
+  return count;
 }
+}  // namespace
 
 void moe_experts_parallel(const MoeParams& p, Communicator& comm) {
   if (p.T <= 0) return;
@@ -52,16 +54,16 @@ void moe_experts_backward_parallel(const MoeBwdParams& p, Communicator& comm) {
   const MoeParams& f = p.fwd;
   if (f.T <= 0) return;
   const int n = comm.size(), me = comm.rank();
-  const std::vector<std::vector<int64_t>> pairs = pairs_by_rank(f, n);
+  const std::vector<int64_t> pairs = pairs_per_rank(expert_counts(f), n);
   std::vector<int64_t> dx_bytes, dw_bytes;
   int64_t total = 0;
-  for (const auto& v : pairs) {
-    dx_bytes.push_back(p.dx ? int64_t(v.size()) * f.D * int64_t(sizeof(float)) : 0);
-    dw_bytes.push_back(int64_t(v.size()) * int64_t(sizeof(float)));
-    total += int64_t(v.size());
+  for (const int64_t v : pairs) {
+    dx_bytes.push_back(p.dx ? v * f.D * int64_t(sizeof(float)) : 0);
+    dw_bytes.push_back(v * int64_t(sizeof(float)));
+    total += v;
   }
   const ExpertRange mine = expert_range(f.E, me, n);
-  const size_t m = pairs[size_t(me)].size();
+  const size_t m = size_t(pairs[size_t(me)]);
   std::vector<float> dx_mine(p.dx ? m * size_t(f.D) : 0), dw_mine(m);
   moe_backward_routed(p, mine.first, mine.last, p.dx ? dx_mine.data() : nullptr, dw_mine.data());
   std::vector<float> dx_all(p.dx ? size_t(total * f.D) : 0), dw_all(static_cast<size_t>(total));

@@ -13,9 +13,6 @@
 
 namespace dsv4 {
 
-// The bytes each rank sends at one MoE layer (its pairs' outputs), per rank.
-std::vector<int64_t> moe_parallel_bytes(const MoeParams& p, int ranks);
-
 // p.out = moe_experts(p) computed with `comm`'s ranks sharing the experts (host memory: the CPU
 // backend). p.experts must hold valid weights for this rank's experts; the others are not read.
 void moe_experts_parallel(const MoeParams& p, Communicator& comm);
