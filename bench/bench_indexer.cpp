@@ -46,8 +46,9 @@ void indexer_rowwise(const dsv4::IndexerParams& p) {
         float s = 0.0f;
         for (int h = 0; h < p.Hi; ++h)
           s = dsv4::common::index_score_step(
-              s, p.wt[t * p.Hi + h], dsv4::dot(p.qi + (t * p.Hi + h) * p.Di, p.ki + g * p.Di, p.Di, p.order));
-        row[size_t(g)] = s;
+              s, p.wt[t * p.Hi + h], dsv4::dot(p.qi + (t * p.Hi + h) * p.Di, p.ki + g * p.Di, p.Di, p.order),
+              p.bf16_scores);
+        row[size_t(g)] = dsv4::common::index_score_final(s, p.bf16_scores);
       }
       const int kk = int(std::min<int64_t>(p.k, n));
       int32_t* ids = p.ids + t * p.k;

@@ -38,6 +38,22 @@ namespace dsv4 {
 // Same maths as the exact order, other roundings. S = 1 is not the exact order: its P are normalised
 // without the sink and bf16-rounded before the sink enters (through c_0 = w_0 / W, in fp32). An empty
 // row gives o = 0 and lse = sink[h] exactly, as above.
+//
+// online_block = B >= 1 (and splits == 0) replaces the two-pass softmax by the online softmax of a
+// flash-attention kernel that walks the row in blocks of B slots (MODEL.md §3.8, §12.1 item 7). The
+// blocks are taken over the valid slots v = 0 .. nv-1 in slot order, [bB, min((b+1)B, nv)), so the
+// result does not depend on where -1 padding sits (a decode step's row equals the prefill's). With
+// m = -inf, l = 0, acc[d] = 0, for each block b in order:
+//   mb = max of the block's z (scanned in slot order with `z > mb` from -inf); mn = max(m, mb)
+//   alpha = exp_f(m - mn)                          (0 for the first block)
+//   p_v = exp_f(z_v - mn); s = sum of the block's p_v sequentially from 0
+//   l = l * alpha + s
+//   acc[d] = acc[d] * alpha, then acc[d] = fma(bf16(p_v), kv[row of v][d], acc[d]) for the block's
+//            slots in slot order
+//   m = mn
+// then l = l + exp_f(sink[h] - m); o[t,h,d] = bf16(acc[d] / l); lse[t,h] = m + log_f(l). The
+// probabilities enter P·V unnormalised and bf16-rounded; the division comes last. An empty row gives
+// o = 0 and lse = sink[h] exactly.
 struct SparseAttnParams {
   int64_t T = 0;
   int H = 0;
@@ -53,6 +69,7 @@ struct SparseAttnParams {
   float* o = nullptr;    // [T, H, Dh]
   float* lse = nullptr;  // [T, H] (may be nullptr)
   int splits = 0;        // 0: the exact row order; N >= 1: split-KV into N parts (decode, see above)
+  int online_block = 0;  // 0: two-pass softmax; B >= 1: online softmax in blocks of B slots (above)
 };
 const char* sparse_attention_check(const SparseAttnParams& p);  // also scans idx for out-of-range
 void sparse_attention(const SparseAttnParams& p);

@@ -27,12 +27,15 @@ struct IndexerParams {
   const float* ki = nullptr;  // [G, Di]
   const float* wt = nullptr;  // [T, Hi] fp32 head weights (already scaled by Hi^-1/2 Di^-1/2)
   ReduceOrder order{};
-  int32_t* ids = nullptr;   // [T, k] out: chosen groups ascending, then -1 for empty slots
+  bool bf16_scores = false;  // the score chain in bf16 arithmetic (below); false: fp32
+  int32_t* ids = nullptr;    // [T, k] out: chosen groups ascending, then -1 for empty slots
   float* margin = nullptr;  // [T] out (may be nullptr)
   float* score = nullptr;   // [T, k] out: score of each chosen id, NaN for -1 slots (may be nullptr)
 };
 // score[p][g] = sum_h wt[p][h] * relu(dot(qi[p,h], ki[g])) as fma chain over h from 0, with
-// relu(x) = (x < 0 ? 0 : x) (NaN propagates); for query row t at position p = pos0 + t only groups
+// relu(x) = (x < 0 ? 0 : x) (NaN propagates); with bf16_scores (an engine that runs the score in
+// bf16, MODEL.md §12.1), s = 0, s = s + bf16(wt[p][h] * relu(bf16(dot))) for h from 0, score = bf16(s)
+// (kernels/detail/indexer.h index_score_step); for query row t at position p = pos0 + t only groups
 // g < min(G, floor((p+1)/ratio)) are candidates (causal: the group is complete). Row p takes
 // min(k, #candidates) ids. The CPU computes the q.k dot products of a chunk of query rows as one
 // GEMM (each element the same dot()); memory is O(T * k + threads * G) plus a 16 MiB chunk buffer:

@@ -46,9 +46,11 @@ struct ExpertWeights {
 //   g = bf16(dot(x, w1 row)), u = bf16(dot(x, w3 row))      (dense linear, bf16 out)
 //   g = min(g, L); u = clamp(u, -L, L)                         (L = swiglu_limit; skipped if L <= 0)
 //   a = bf16(w * (silu_f(g) * u))
-//   y = dot(a, w2 row) (fp32)
+//   y = dot(a, w2 row) (fp32; bf16(dot) with round_each)
 // and shared(t) is the same without the weight (a = bf16(silu_f(g) * u)), clamped only when
 // clamp_shared; with n_shared > 1 each shared expert's y is added to the accumulator in order.
+// round_each reproduces an engine whose experts each return a bf16 tensor that is added into the
+// fp32 sum (MODEL.md §12.1 item 2).
 // Tokens are gathered per expert and run as a GEMM; since every output element has the canonical
 // order, a token's result does not depend on which other tokens share its expert.
 struct MoeParams {
@@ -64,6 +66,7 @@ struct MoeParams {
   const ExpertWeights* shared = nullptr;   // [n_shared]
   float swiglu_limit = 10.0f;
   bool clamp_shared = false;
+  bool round_each = false;  // each expert's y rounded to bf16 before the sum (see above)
   ReduceOrder order{};
   float* out = nullptr;  // [T, D]
 };

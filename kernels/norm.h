@@ -20,6 +20,10 @@ struct RmsNormParams {
   int64_t ldy = 0;
   float eps = 1e-6f;
   ReduceOrder order{};
+  // bf16 arithmetic (an engine that normalises a bf16 tensor in place, MODEL.md §12.1 item 1; no
+  // weight): v[i] = bf16(x[i]^2), s = sum of v in `order`, r = bf16(1 / sqrt(bf16(bf16(s / dim) + eps))),
+  // y[i] = bf16(x[i] * r). false: the fp32 arithmetic above.
+  bool bf16_arith = false;
 };
 const char* rmsnorm_check(const RmsNormParams& p);
 void rmsnorm(const RmsNormParams& p);

@@ -48,10 +48,12 @@ struct AttnCase {
     p.lse = lse;
     return p;
   }
+  int online_block = 0;  // SparseAttnParams::online_block
   void run(std::vector<float>& o, std::vector<float>& lse) const {
     o.assign(size_t(T * H * Dh), 777.0f);
     lse.assign(size_t(T * H), 777.0f);
-    const auto p = params(o.data(), lse.data());
+    auto p = params(o.data(), lse.data());
+    p.online_block = online_block;
     ASSERT_EQ(sparse_attention_check(p), nullptr);
     sparse_attention(p);
   }
@@ -212,6 +214,115 @@ TEST(SparseAttention, LseIsOptionalAndDoesNotChangeO) {
   std::vector<float> o2(o.size(), 0.0f);
   sparse_attention(c.params(o2.data(), nullptr));
   EXPECT_TRUE(bitwise_equal(o, o2));
+}
+
+// ---- the online order (SparseAttnParams::online_block: a flash kernel's softmax in blocks) ----
+
+// The documented recurrence, written as a single pass over the raw idx row (no compaction): a block
+// closes after every B valid slots; each block's max, alpha, p, l and the output accumulators follow
+// kernels/attention.h. exp_f / log_f are the runtime's (they are the definition); the scores use the
+// canonical dot.
+void online_reference(const AttnCase& c, int B, std::vector<float>& o, std::vector<float>& lse) {
+  o.assign(size_t(c.T * c.H * c.Dh), 0.0f);
+  lse.assign(size_t(c.T * c.H), 0.0f);
+  const float scale = 1.0f / std::sqrt(float(c.Dh));
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int h = 0; h < c.H; ++h) {
+      const float* q = c.q.data() + (t * c.H + h) * c.Dh;
+      std::vector<int32_t> rows;  // the valid slots' kv rows, slot order
+      for (int64_t j = 0; j < c.K; ++j)
+        if (c.idx[size_t(t * c.K + j)] >= 0) rows.push_back(c.idx[size_t(t * c.K + j)]);
+      float* out = o.data() + (t * c.H + h) * c.Dh;
+      if (rows.empty()) {
+        lse[size_t(t * c.H + h)] = c.sink[size_t(h)];
+        continue;
+      }
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      std::vector<float> acc(size_t(c.Dh), 0.0f);
+      for (size_t b0 = 0; b0 < rows.size(); b0 += size_t(B)) {
+        const size_t b1 = std::min(rows.size(), b0 + size_t(B));
+        std::vector<float> z;
+        for (size_t v = b0; v < b1; ++v) z.push_back(scale * dot(q, c.kv.data() + int64_t(rows[v]) * c.Dh, c.Dh, {}));
+        float mb = -std::numeric_limits<float>::infinity();
+        for (float x : z) mb = x > mb ? x : mb;
+        const float mn = std::max(m, mb);
+        const float alpha = num::exp_f(m - mn);
+        float sum = 0.0f;
+        for (float& d : acc) d = d * alpha;
+        for (size_t v = b0; v < b1; ++v) {
+          const float pv = num::exp_f(z[v - b0] - mn);
+          sum = sum + pv;
+          const float P = test::bf16_ref(pv);
+          for (int64_t d = 0; d < c.Dh; ++d)
+            acc[size_t(d)] = std::fma(P, c.kv[size_t(int64_t(rows[v]) * c.Dh + d)], acc[size_t(d)]);
+        }
+        l = l * alpha + sum;
+        m = mn;
+      }
+      l = l + num::exp_f(c.sink[size_t(h)] - m);
+      for (int64_t d = 0; d < c.Dh; ++d) out[d] = test::bf16_ref(acc[size_t(d)] / l);
+      lse[size_t(t * c.H + h)] = m + num::log_f(l);
+    }
+}
+
+TEST(SparseAttentionOnline, FollowsTheDocumentedRecurrence) {
+  for (int B : {1, 3, 8, 64, 1000})
+    for (int H : {1, 3, 7}) {
+      AttnCase c("Attn.Online." + std::to_string(B) + "." + std::to_string(H), 11, H, 64, 90, 70, 0.2);
+      c.online_block = B;
+      std::vector<float> o, lse, wo, wl;
+      c.run(o, lse);
+      online_reference(c, B, wo, wl);
+      ASSERT_TRUE(bitwise_equal(o, wo)) << "B " << B << " H " << H;
+      ASSERT_TRUE(bitwise_equal(lse, wl)) << "B " << B << " H " << H;
+    }
+}
+
+TEST(SparseAttentionOnline, MatchesDenseMaskedSoftmaxWithSink) {
+  for (int B : {1, 16, 64})
+    for (int64_t Dh : {64, 256}) {
+      AttnCase c("Attn.OnlineDense." + std::to_string(B) + "." + std::to_string(Dh), 13, 4, Dh, 120, 100, 0.3);
+      c.online_block = B;
+      std::vector<float> o, lse;
+      c.run(o, lse);
+      expect_matches_dense(c, o, lse);
+    }
+}
+
+// Blocks are taken over the valid slots: moving -1 padding leaves the bits unchanged (a decode row
+// equals the prefill row); the result differs from the two-pass order by rounding only; empty rows
+// give o = 0 and lse = sink; the thread count changes nothing.
+TEST(SparseAttentionOnline, PaddingEmptyRowsAndThreads) {
+  AttnCase c("Attn.OnlinePad", 9, 3, 128, 80, 72, 0.3);
+  c.online_block = 16;
+  for (int64_t j = 0; j < c.K; ++j) c.idx[size_t(4 * c.K + j)] = -1;  // row 4 empty
+  std::vector<float> o, lse;
+  c.run(o, lse);
+  for (int h = 0; h < c.H; ++h) {
+    EXPECT_EQ(num::f32_bits(lse[size_t(4 * c.H + h)]), num::f32_bits(c.sink[size_t(h)]));
+    for (int64_t d = 0; d < c.Dh; ++d) EXPECT_EQ(num::f32_bits(o[size_t((4 * c.H + h) * c.Dh + d)]), 0u);
+  }
+  AttnCase moved = c;
+  for (int64_t t = 0; t < c.T; ++t) {  // valid slots first, then the padding
+    auto first = moved.idx.begin() + t * c.K;
+    std::stable_partition(first, first + c.K, [](int32_t v) { return v >= 0; });
+  }
+  std::vector<float> o2, lse2;
+  moved.run(o2, lse2);
+  EXPECT_TRUE(bitwise_equal(o, o2));
+  EXPECT_TRUE(bitwise_equal(lse, lse2));
+  AttnCase two_pass = c;
+  two_pass.online_block = 0;
+  two_pass.run(o2, lse2);
+  EXPECT_FALSE(bitwise_equal(o, o2)) << "the online order changed no bit: the site would not be seen";
+  omp_set_num_threads(1);
+  c.run(o2, lse2);
+  omp_set_num_threads(omp_get_num_procs());
+  EXPECT_TRUE(bitwise_equal(o, o2));
+  EXPECT_TRUE(bitwise_equal(lse, lse2));
+  auto p = c.params(o.data(), lse.data());
+  p.online_block = -1;
+  EXPECT_STREQ(sparse_attention_check(p), "online_block");
 }
 
 }  // namespace

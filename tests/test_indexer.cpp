@@ -91,6 +91,7 @@ TEST(TopkRow, TiesGoToSmallerIndexAndMarginIsZero) {
 struct IdxCase {
   int64_t T, Di, G;
   int Hi, k, ratio = 4;
+  bool bf16_scores = false;
   std::vector<float> qi, ki, wt;
   IdxCase(const std::string& name, int64_t T_, int Hi_, int64_t Di_, int Ki) : T(T_), Di(Di_), Hi(Hi_) {
     auto g = rng_for(name);
@@ -111,6 +112,7 @@ struct IdxCase {
     p.qi = qi.data();
     p.ki = ki.data();
     p.wt = wt.data();
+    p.bf16_scores = bf16_scores;
     p.ids = ids;
     p.margin = margin;
     p.score = score;
@@ -293,6 +295,64 @@ std::vector<int32_t> ref_index_row(int64_t T, int W, CompressedKind kind, int ra
     }
   }
   return row;
+}
+
+// ---- bf16 scores (IndexerParams::bf16_scores: an engine that runs the score in bf16) ----
+
+// The score of every candidate by the documented chain with an independent bf16 rounding: per head
+// bf16(dot) (the canonical dot: reduce.h is the definition of every fp32 sum), ReLU, the bf16 product
+// with the head weight, an fp32 sum over heads from 0, then bf16. The selection must be the top-k of
+// those scores under the documented tie-break (larger first, then the smaller group), and the
+// margins and reported scores the ones of those scores.
+TEST(IndexerBf16, ScoresFollowTheDocumentedChainAndSelectionItsTopk) {
+  for (int Hi : {1, 3, 8})
+    for (int64_t T : {16, 129, 300}) {
+      IdxCase c("Indexer.Bf16." + std::to_string(T) + "." + std::to_string(Hi), T, Hi, 64, 8);
+      c.bf16_scores = true;
+      const auto o = run_indexer(c);
+      int64_t ties = 0;
+      for (int64_t p = 0; p < T; ++p) {
+        const int64_t vis = std::min<int64_t>(c.G, (p + 1) / 4);
+        std::vector<float> want(static_cast<size_t>(vis));
+        for (int64_t g = 0; g < vis; ++g) {
+          float sum = 0.0f;
+          for (int h = 0; h < Hi; ++h) {
+            const float d = test::bf16_ref(
+                dot(c.qi.data() + (p * Hi + h) * c.Di, c.ki.data() + g * c.Di, c.Di, ReduceOrder{}));
+            const float r = d < 0.0f ? 0.0f : d;
+            sum = float(double(sum) + double(test::bf16_ref(float(double(c.wt[size_t(p * Hi + h)]) * double(r)))));
+          }
+          want[size_t(g)] = test::bf16_ref(sum);
+        }
+        const int kk = int(std::min<int64_t>(c.k, vis));
+        const auto top = brute_topk(want, kk);
+        const std::vector<int32_t> got(o.ids.begin() + p * c.k, o.ids.begin() + p * c.k + kk);
+        ASSERT_EQ(got, top.ids) << "T " << T << " Hi " << Hi << " row " << p;
+        for (int j = 0; j < kk; ++j) ASSERT_EQ(o.score[size_t(p * c.k + j)], want[size_t(got[size_t(j)])]);
+        if (vis > c.k) {
+          ASSERT_EQ(o.margin[size_t(p)], top.margin) << "row " << p;
+          ties += top.margin == 0.0f;
+        }
+      }
+      (void)ties;  // bf16 scores tie often; the tie-break above decides them
+    }
+}
+
+// The forced-ids path reports the same bf16 scores as the free selection, and the site changes the
+// scores (bf16 is not fp32).
+TEST(IndexerBf16, ScoreIdsAgreeAndDifferFromFp32) {
+  IdxCase c("Indexer.Bf16.Ids", 200, 4, 64, 16);
+  c.bf16_scores = true;
+  const auto o = run_indexer(c);
+  std::vector<float> s(o.score.size(), -9.0f);
+  const auto p = c.params(nullptr, nullptr, nullptr);
+  indexer_score_ids(p, o.ids.data(), s.data());
+  EXPECT_TRUE(bitwise_equal(s, o.score));
+  IdxCase f = c;
+  f.bf16_scores = false;
+  std::vector<float> s32(o.score.size(), -9.0f);
+  indexer_score_ids(f.params(nullptr, nullptr, nullptr), o.ids.data(), s32.data());
+  EXPECT_FALSE(bitwise_equal(s32, s)) << "bf16 scores equal the fp32 ones: the site would not be seen";
 }
 
 TEST(BuildIndex, MatchesSpecForManyShapes) {

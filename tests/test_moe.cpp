@@ -210,6 +210,7 @@ struct MoeCase {
   int E = 8, k = 2, n_shared = 1;
   float L = 10.0f;
   bool clamp_shared = false;
+  bool round_each = false;  // MoeParams::round_each
   ReduceOrder order{};
   std::vector<float> x, weights;
   std::vector<int32_t> ids;
@@ -255,6 +256,7 @@ struct MoeCase {
     p.shared = sv.data();
     p.swiglu_limit = L;
     p.clamp_shared = clamp_shared;
+    p.round_each = round_each;
     p.order = order;
     p.out = out.data();
     EXPECT_EQ(moe_check(p), nullptr);
@@ -319,7 +321,10 @@ struct MoeCase {
         const float h = num::silu_f(gv) * uv;
         a[size_t(n)] = num::bf16_round(weighted ? w * h : h);
       }
-      for (int64_t d = 0; d < D; ++d) y[size_t(d)] = dot(a.data(), e.w2.data() + d * e.I, e.I, order);
+      for (int64_t d = 0; d < D; ++d) {
+        const float v = dot(a.data(), e.w2.data() + d * e.I, e.I, order);
+        y[size_t(d)] = round_each ? test::bf16_ref(v) : v;  // each expert's output a bf16 tensor
+      }
     };
     std::vector<float> y(static_cast<size_t>(D));
     for (int64_t t = 0; t < T; ++t) {
@@ -338,6 +343,21 @@ struct MoeCase {
     return out;
   }
 };
+
+// Each routed and shared expert's w2 output rounded to bf16 before the fp32 sum (an engine whose
+// experts return bf16 tensors, MODEL.md §12.1 item 2): the documented order with that rounding, close
+// to float64, and not the round-once result.
+TEST(MoeExperts, RoundEachExpertFollowsTheContract) {
+  for (int n_shared : {0, 1, 2}) {
+    MoeCase c("moe-round-each-" + std::to_string(n_shared), 31, 8, 3, n_shared);
+    c.round_each = true;
+    const auto out = c.run();
+    EXPECT_TRUE(bitwise_equal(out, c.contract())) << n_shared << " shared";
+    c.expect_matches_float64(out);
+    c.round_each = false;
+    EXPECT_FALSE(bitwise_equal(out, c.run())) << "per-expert rounding changed no bit";
+  }
+}
 
 TEST(MoeExperts, MatchesFloat64AndContract) {
   MoeCase c("moe-basic", 23);

@@ -2,6 +2,7 @@
 // variant, in place, reduce orders and thread counts.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -165,6 +166,86 @@ TEST(RmsNorm, CheckRejectsBadParams) {
   q = p;
   q.order.block = 4;
   EXPECT_NE(rmsnorm_check(q), nullptr);
+}
+
+// ---- bf16 arithmetic (RmsNormParams::bf16_arith: an engine normalising a bf16 tensor in place) ----
+
+std::vector<float> run_bf16(const std::vector<float>& x, int64_t rows, int64_t dim, ReduceOrder o) {
+  std::vector<float> y(x.size());
+  RmsNormParams p;
+  p.rows = rows;
+  p.dim = dim;
+  p.x = x.data();
+  p.ldx = dim;
+  p.y = y.data();
+  p.ldy = dim;
+  p.order = o;
+  p.bf16_arith = true;
+  EXPECT_EQ(rmsnorm_check(p), nullptr);
+  rmsnorm(p);
+  return y;
+}
+
+// Every documented rounding point, computed here with an independent bf16 rounding (test::bf16_ref)
+// and float64 where one op rounds once: v = bf16(x^2); s = the canonical sum of v (reduce.h dot with
+// ones, the definition of every fp32 sum); mean = bf16(s / n); r = bf16(1 / sqrt(bf16(mean + eps)));
+// y = bf16(x * r).
+TEST(RmsNormBf16, FollowsTheDocumentedRoundings) {
+  auto g = rng_for("rmsnorm-bf16");
+  for (int64_t dim : {1, 7, 64, 128, 512}) {
+    const int64_t rows = 37;
+    const auto x = test::randn_bf16(g, size_t(rows * dim), 2.0f);
+    for (int block : {0, 64}) {
+      const auto y = run_bf16(x, rows, dim, {block});
+      std::vector<float> want(x.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x.data() + r * dim;
+        std::vector<float> v(static_cast<size_t>(dim)), ones(static_cast<size_t>(dim), 1.0f);
+        for (int64_t i = 0; i < dim; ++i) v[size_t(i)] = test::bf16_ref(float(double(xr[i]) * double(xr[i])));
+        const float s = dot(v.data(), ones.data(), dim, {block});
+        const float mean = test::bf16_ref(float(double(s) / double(dim)));
+        const float denom = test::bf16_ref(float(double(mean) + double(1e-6f)));
+        const float rs = test::bf16_ref(float(1.0 / double(std::sqrt(denom))));
+        for (int64_t i = 0; i < dim; ++i) want[size_t(r * dim + i)] = test::bf16_ref(float(double(xr[i]) * rs));
+      }
+      ASSERT_TRUE(bitwise_equal(y, want)) << "dim " << dim << " block " << block;
+    }
+  }
+}
+
+// The site changes results (bf16 arithmetic is not the fp32 norm), stays within a few bf16 steps of
+// it, and does not depend on the thread count.
+TEST(RmsNormBf16, DiffersFromFp32ByRoundingOnlyAndIgnoresThreads) {
+  auto g = rng_for("rmsnorm-bf16-vs-fp32");
+  const int64_t rows = 64, dim = 512;
+  const auto x = test::randn_bf16(g, size_t(rows * dim), 1.5f);
+  const auto a = run(x, nullptr, rows, dim, {0});
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto b1 = run_bf16(x, rows, dim, {0});
+  omp_set_num_threads(std::max(threads, 2));
+  const auto b2 = run_bf16(x, rows, dim, {0});
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(bitwise_equal(b1, b2));
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    differ += a[i] != b1[i];
+    ASSERT_LE(std::fabs(double(a[i]) - b1[i]), std::ldexp(std::fabs(double(a[i])), -6) + 1e-30) << i;
+  }
+  EXPECT_GT(differ, int64_t(a.size() / 20)) << "bf16 arithmetic changed almost nothing";
+}
+
+TEST(RmsNormBf16, IsDefinedWithoutAWeightOnly) {
+  std::vector<float> b(16), w(8, 1.0f);
+  RmsNormParams p;
+  p.rows = 2;
+  p.dim = 8;
+  p.x = p.y = b.data();
+  p.ldx = p.ldy = 8;
+  p.bf16_arith = true;
+  EXPECT_EQ(rmsnorm_check(p), nullptr);
+  p.w = w.data();
+  EXPECT_NE(rmsnorm_check(p), nullptr);
 }
 
 }  // namespace

@@ -52,6 +52,16 @@ inline std::vector<float> randn_bf16(std::mt19937_64& g, size_t n, float std = 1
   return v;
 }
 
+// bf16 rounding (to nearest, ties to even) written without the runtime's bit trick: the 8 significant
+// bits of the frexp mantissa rounded with nearbyint (the default mode rounds ties to even). For finite
+// normal values; zero stays zero.
+inline float bf16_ref(float x) {
+  if (x == 0.0f) return x;
+  int e = 0;
+  const double m = std::frexp(double(x), &e);  // |m| in [0.5, 1)
+  return float(std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+}
+
 // Small dyadic values (k / 8 for |k| <= 8): sums of products are exact in fp32 in any order.
 inline std::vector<float> dyadic(std::mt19937_64& g, size_t n) {
   std::uniform_int_distribution<int> d(-8, 8);

@@ -68,6 +68,42 @@ void sparse_attention_split(const SparseAttnParams& p) {
   }
 }
 
+// The online order (p.online_block > 0): the row's scan and output are kernels/detail/attention.h's,
+// shared with the CUDA kernel.
+void sparse_attention_online(const SparseAttnParams& p) {
+  const int64_t TH = p.T * p.H;
+#pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
+  {
+    std::vector<float> e(size_t(p.K)), a(size_t(p.K));  // z then P; alpha factors
+    std::vector<int32_t> slots(size_t(p.K));            // kv rows of the valid slots
+#pragma omp for schedule(static)
+    for (int64_t th = 0; th < TH; ++th) {
+      const int64_t t = th / p.H;
+      const int h = int(th % p.H);
+      const float* q = p.q + th * p.Dh;
+      const int32_t* idx = p.idx + t * p.K;
+      float* o = p.o + th * p.Dh;
+      const float sink = p.sink[h];
+      int64_t nv = 0;
+      for (int64_t j = 0; j < p.K; ++j) {
+        if (idx[j] < 0) continue;
+        slots[size_t(nv)] = idx[j];
+        e[size_t(nv++)] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
+      }
+      if (nv == 0) {  // only the sink: o = 0, lse = sink exactly
+        for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
+        if (p.lse) p.lse[th] = sink;
+        continue;
+      }
+      float l = 0.0f;
+      const float lse = common::attn_online_row(e.data(), a.data(), nv, p.online_block, sink, &l);
+      for (int64_t d = 0; d < p.Dh; ++d)
+        o[d] = common::attn_online_out(e.data(), a.data(), slots.data(), nv, p.kv, p.Dh, d, l);
+      if (p.lse) p.lse[th] = lse;
+    }
+  }
+}
+
 }  // namespace
 
 // One (t, h) per iteration. Masked (-1) slots are never loaded (no address is formed from them), so
@@ -75,6 +111,10 @@ void sparse_attention_split(const SparseAttnParams& p) {
 void sparse_attention(const SparseAttnParams& p) {
   if (p.splits > 0) {
     sparse_attention_split(p);
+    return;
+  }
+  if (p.online_block > 0) {
+    sparse_attention_online(p);
     return;
   }
   const int64_t TH = p.T * p.H;

@@ -24,14 +24,15 @@ struct RanksBefore {
   bool operator()(int32_t a, int32_t b) const { return common::ranks_before(s[a], a, s[b], b); }
 };
 
-// score = sum_h wt[h] * relu(dot(q[h], k)) as an fma chain over h from 0.
+// The score of group g for row t: the chain over heads of kernels/detail/indexer.h.
 inline float index_score(const IndexerParams& p, int64_t t, int64_t g) {
   const float* q = p.qi + t * p.Hi * p.Di;
   const float* w = p.wt + t * p.Hi;
   const float* k = p.ki + g * p.Di;
   float s = 0.0f;
-  for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, w[h], dot(q + h * p.Di, k, p.Di, p.order));
-  return s;
+  for (int h = 0; h < p.Hi; ++h)
+    s = common::index_score_step(s, w[h], dot(q + h * p.Di, k, p.Di, p.order), p.bf16_scores);
+  return common::index_score_final(s, p.bf16_scores);
 }
 
 }  // namespace
@@ -103,8 +104,8 @@ void indexer_topk(const IndexerParams& p) {
         const float* w = p.wt + t * p.Hi;
         for (int64_t g = 0; g < nt; ++g) {
           float sc = 0.0f;
-          for (int h = 0; h < p.Hi; ++h) sc = common::index_score_step(sc, w[h], d[h * n + g]);
-          row[size_t(g)] = sc;
+          for (int h = 0; h < p.Hi; ++h) sc = common::index_score_step(sc, w[h], d[h * n + g], p.bf16_scores);
+          row[size_t(g)] = common::index_score_final(sc, p.bf16_scores);
         }
         const int kk = int(std::min<int64_t>(p.k, nt));
         int32_t* ids = p.ids + t * p.k;

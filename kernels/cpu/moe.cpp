@@ -75,9 +75,10 @@ const char* moe_check(const MoeParams& p) {
 namespace {
 
 // One SwiGLU expert on m contiguous rows xs [m, D]: out [m, D] fp32. weight[r] scales row r's
-// activation (nullptr: shared expert, no weight). gu is scratch for [2, m, I].
+// activation (nullptr: shared expert, no weight); `down` rounds the w2 output (MoeParams::round_each).
+// gu is scratch for [2, m, I].
 void swiglu_expert(const ExpertWeights& ew, int64_t m, int64_t D, int64_t I, const float* xs,
-                   const float* weight, bool clamp, float L, ReduceOrder o, float* gu, float* out) {
+                   const float* weight, bool clamp, float L, ReduceOrder o, OutRound down, float* gu, float* out) {
   float* g = gu;
   float* u = gu + m * I;
   gemm(linear_params(m, I, D, xs, ew.w1, g, OutRound::bf16, o));
@@ -88,7 +89,7 @@ void swiglu_expert(const ExpertWeights& ew, int64_t m, int64_t D, int64_t I, con
     for (int64_t i = 0; i < I; ++i)  // a overwrites g in place
       g[r * I + i] = common::swiglu_act(g[r * I + i], u[r * I + i], clamp, L, wr);
   }
-  gemm(linear_params(m, D, I, g, ew.w2, out, OutRound::f32, o));
+  gemm(linear_params(m, D, I, g, ew.w2, out, down, o));
 }
 
 
@@ -97,7 +98,8 @@ void swiglu_expert(const ExpertWeights& ew, int64_t m, int64_t D, int64_t I, con
 void finish_sum(const MoeParams& p, std::vector<float>& acc, float* gu, float* y) {
   const int64_t T = p.T, D = p.D, Is = p.I_shared > 0 ? p.I_shared : p.I;
   for (int sidx = 0; sidx < p.n_shared; ++sidx) {
-    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order, gu, y);
+    swiglu_expert(p.shared[sidx], T, D, Is, p.x, nullptr, p.clamp_shared, p.swiglu_limit, p.order,
+                  common::expert_output_round(p), gu, y);
 #pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
     for (int64_t i = 0; i < T * D; ++i) acc[size_t(i)] += y[i];
   }
@@ -138,7 +140,8 @@ void moe_experts(const MoeParams& p) {
       std::copy(p.x + (q[r] / k) * D, p.x + (q[r] / k + 1) * D, xs.begin() + r * D);
       wgt[size_t(r)] = p.weights[q[r]];
     }
-    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order, gu.data(),
+    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order,
+                  common::expert_output_round(p), gu.data(),
                   y.data());
     // Split over dims, rows in order: a token listed twice (repeated id) still adds in slot order.
 #pragma omp parallel for schedule(static) if (m * D >= kParallelMin)
@@ -186,7 +189,8 @@ void moe_routed_outputs(const MoeParams& p, int e0, int e1, float* y) {
       std::copy(p.x + (q / k) * D, p.x + (q / k + 1) * D, xs.begin() + r * D);
       wgt[size_t(r)] = p.weights[q];
     }
-    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order, gu.data(),
+    swiglu_expert(p.experts[e], m, D, I, xs.data(), wgt.data(), true, p.swiglu_limit, p.order,
+                  common::expert_output_round(p), gu.data(),
                   y + a * D);
     a = b;
   }

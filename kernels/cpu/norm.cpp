@@ -1,6 +1,8 @@
 // RMSNorm (MODEL.md §3.1) in the operation order documented in kernels/norm.h.
 #include "kernels/norm.h"
 
+#include <vector>
+
 #include "kernels/detail/norm.h"
 
 namespace dsv4 {
@@ -15,11 +17,26 @@ const char* rmsnorm_check(const RmsNormParams& p) {
   }
   if (p.order.block < 0 || p.order.block % 8 != 0)
     return "rmsnorm: reduce block must be 0 or a positive multiple of 8";
+  if (p.bf16_arith && p.w) return "rmsnorm: bf16 arithmetic is defined without a weight";
   return nullptr;
 }
 
 void rmsnorm(const RmsNormParams& p) {
   const int64_t n = p.dim;
+  if (p.bf16_arith) {
+#pragma omp parallel if (p.rows * p.dim >= (int64_t(1) << 15))
+    {
+      std::vector<float> v(static_cast<size_t>(n)), ones(static_cast<size_t>(n), 1.0f);  // fma(v, 1, acc) = acc + v
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < p.rows; ++r) {
+        const float* x = p.x + r * p.ldx;
+        for (int64_t i = 0; i < n; ++i) v[size_t(i)] = num::bf16_round(x[i] * x[i]);
+        const float rs = common::rms_scale_bf16(dot(v.data(), ones.data(), n, p.order), n, p.eps);
+        common::rmsnorm_apply(x, p.y + r * p.ldy, nullptr, rs, 0, n, 1);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (p.rows * p.dim >= (int64_t(1) << 15))
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.ldx;

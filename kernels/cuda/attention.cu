@@ -25,6 +25,14 @@
 //      common::attn_split_out: the per-part fma chains and their combine, then bf16. No partial output
 //      is stored: element d of o_i is formed and consumed in part order, the CPU's order.
 //   Shared memory adds [ht][min(splits, K)] floats (lse_i, then c_i) to the exact kernel's.
+//
+// Kernel contract (sparse_attention_online_kernel, p.online_block > 0 and p.splits == 0, the online
+// order of kernels/attention.h): the same grid, blocks and steps 1 and 2. Then:
+//   3. Thread h of the tile runs common::attn_online_row over its scores (z -> bf16 P in place, the
+//      alpha factors beside them, l and lse): the block maxima and sums are sequential, as on the CPU.
+//   4. Thread e (e = tid, tid + 256, ...) takes the output element (head e / Dh, dim e % Dh) and runs
+//      common::attn_online_out: the fma chain over the valid slots with the alpha rescales, / l, bf16.
+//   Shared memory adds [ht][K] floats (alpha) to the exact kernel's.
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/attention.h"
 
@@ -207,10 +215,63 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads) sparse_attention_online_kernel(SparseAttnParams p, int ht) {
+  extern __shared__ float sh[];
+  float* zs = sh;                                                        // [ht][K]: z, then bf16 P
+  float* qs = sh + int64_t(ht) * p.K;                                    // [ht][Dh]: q of the tile
+  int32_t* slots = reinterpret_cast<int32_t*>(qs + int64_t(ht) * p.Dh);  // [K] valid kv rows, slot order
+  float* as = reinterpret_cast<float*>(slots + p.K);                     // [ht][K]: alpha factors
+  __shared__ int red[32];
+  __shared__ float ls[kMaxHeadTile];
+  const int tid = threadIdx.x;
+  const int tiles = (p.H + ht - 1) / ht;
+  const int64_t K = p.K;
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * ht;
+    const int nh = p.H - h0 < ht ? p.H - h0 : ht;
+
+    // 1. valid slots in slot order
+    const int nv = compact_valid_slots(p.idx + t * K, K, p.N, tid, slots, red);
+    if (nv == 0) {  // only the sink: o = 0, lse = sink
+      write_empty_rows(p, t, h0, nh, tid);
+      __syncthreads();
+      continue;
+    }
+
+    // 2. scores
+    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+
+    // 3. the online scan, one thread per head
+    if (tid < nh) {
+      float l = 0.0f;
+      const float lse = common::attn_online_row(zs + tid * K, as + tid * K, nv, p.online_block, p.sink[h0 + tid], &l);
+      ls[tid] = l;
+      if (p.lse) p.lse[t * p.H + h0 + tid] = lse;
+    }
+    __syncthreads();
+
+    // 4. o, one thread per output element
+    for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) {
+      const int h = int(e / p.Dh);
+      const int64_t d = e % p.Dh;
+      p.o[(t * p.H + h0) * p.Dh + e] = common::attn_online_out(zs + h * K, as + h * K, slots, nv, p.kv, p.Dh, d, ls[h]);
+    }
+    __syncthreads();
+  }
+}
+
+// The online kernel's extra shared memory per head (alpha), in floats.
+int64_t online_per_head(const SparseAttnParams& p) {
+  return p.splits <= 0 && p.online_block > 0 ? p.K : 0;
+}
+
 // Heads per block: as many as fit (at most 8) next to the slot list in shared memory (with the split
 // kernel's lse_i / c_i when p.splits > 0).
 int head_tile(const SparseAttnParams& p) {
-  const int64_t per_head = sizeof(float) * (p.K + p.Dh + split_slots(p)), fixed = sizeof(int32_t) * p.K;
+  const int64_t per_head = sizeof(float) * (p.K + p.Dh + split_slots(p) + online_per_head(p)),
+                fixed = sizeof(int32_t) * p.K;
   int ht = kMaxHeadTile < p.H ? kMaxHeadTile : p.H;
   while (ht > 1 && size_t(fixed + ht * per_head) > kMaxShared) --ht;
   return ht;
@@ -221,7 +282,8 @@ int head_tile(const SparseAttnParams& p) {
 const char* sparse_attention_check(const SparseAttnParams& p) {
   if (const char* why = common::sparse_attention_check_dims(p)) return why;
   if (p.N > INT32_MAX) return "N";
-  if (size_t(p.K) * 8 + size_t(p.Dh) * 4 + size_t(split_slots(p)) * 4 > kMaxShared)
+  if (size_t(p.K) * 8 + size_t(p.Dh) * 4 + size_t(split_slots(p) + online_per_head(p)) * 4 >
+      kMaxShared)
     return "K or Dh (too large for one block)";
   return common::sparse_attention_check_pointers(p);
 }
@@ -231,13 +293,21 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   if (p.T <= 0) return;
   const int ht = head_tile(p);
   const int64_t np = split_slots(p);
-  const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np) + sizeof(int32_t) * size_t(p.K);
+  const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np + online_per_head(p)) +
+                       sizeof(int32_t) * size_t(p.K);
   const int64_t items = p.T * ((p.H + ht - 1) / ht);
   if (p.splits > 0) {
     CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_split_kernel,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
     sparse_attention_split_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht,
                                                                                                     np);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  if (p.online_block > 0) {
+    CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_online_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(shmem)));
+    sparse_attention_online_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht);
     DSV4_LAUNCH_CHECK();
     return;
   }

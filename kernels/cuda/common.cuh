@@ -79,6 +79,22 @@ __device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n,
   return s;
 }
 
+// The canonical sum of bf16(a[i]^2) (dot of those values with ones: fma(v, 1, acc) is acc + v), with
+// dot8's lane split and combine; RMSNorm in bf16 arithmetic (kernels/norm.h).
+__device__ __forceinline__ float sum8_bf16_squares(const float* a, int64_t n, int block, int lane,
+                                                   unsigned mask) {
+  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
+  float s = 0.0f;
+  for (int64_t cs = 0; cs < n; cs += len) {
+    const int64_t ce = cs + len < n ? cs + len : n;
+    float acc = 0.0f;
+    for (int64_t i = cs + lane; i < ce; i += 8) acc = __fadd_rn(acc, num::bf16_round(__fmul_rn(a[i], a[i])));
+    const float c = combine8(acc, mask);
+    s = cs == 0 ? c : s + c;
+  }
+  return s;
+}
+
 // dot(a + h * lda, b, n, order) for the rows h < na (na <= NH) of `a` against one vector b, by an
 // aligned group of 8 threads: the same lane split and combine as dot8 for every row, but each
 // element of b is loaded once for all rows (the rows typically sit in shared memory). out[h] is

@@ -71,14 +71,14 @@ __device__ T block_reduce(T v, T* red, Op op) {
   return s;
 }
 
-// score = sum_h wt[h] * relu(dot(q[h], k)) as an fma chain over h from 0, computed by the 8 threads of
-// a group; the value is valid in every lane.
+// The score of one candidate (the chain over heads of kernels/detail/indexer.h), computed by the 8
+// threads of a group; the value is valid in every lane.
 __device__ __forceinline__ float index_score(const float* q, const float* w, const float* k, int Hi,
-                                             int64_t Di, int block, int lane, unsigned mask) {
+                                             int64_t Di, int block, bool bf16, int lane, unsigned mask) {
   float s = 0.0f;
   for (int h = 0; h < Hi; ++h)
-    s = common::index_score_step(s, w[h], detail::dot8(q + h * Di, k, Di, block, lane, mask));
-  return s;
+    s = common::index_score_step(s, w[h], detail::dot8(q + h * Di, k, Di, block, lane, mask), bf16);
+  return common::index_score_final(s, bf16);
 }
 
 // The selection of row t from its n = visible(t) scores sc[0..n) (shared or global memory, read
@@ -195,9 +195,9 @@ __global__ void __launch_bounds__(kThreads)
         detail::multi_dot8<kHeadTile>(qs + h0 * p.Di, p.Di, nh, kc, p.Di, p.order.block, lane, mask, d);
 #pragma unroll
         for (int h = 0; h < kHeadTile; ++h)
-          if (h < nh) s = common::index_score_step(s, ws[h0 + h], d[h]);
+          if (h < nh) s = common::index_score_step(s, ws[h0 + h], d[h], p.bf16_scores);
       }
-      if (lane == 0) sc[c] = s;
+      if (lane == 0) sc[c] = common::index_score_final(s, p.bf16_scores);
     }
     __syncthreads();
 
@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* w = p.wt + t * p.Hi;
     float s = 0.0f;
 #pragma unroll 4
-    for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, __ldg(w + h), __ldg(d + h * ld));
-    S[(t - s0) * p.G + g] = s;
+    for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, __ldg(w + h), __ldg(d + h * ld), p.bf16_scores);
+    S[(t - s0) * p.G + g] = common::index_score_final(s, p.bf16_scores);
   }
 }
 
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     const float s = index_score(p.qi + t * p.Hi * p.Di, p.wt + t * p.Hi, p.ki + int64_t(g) * p.Di, p.Hi, p.Di,
-                                p.order.block, lane, mask);
+                                p.order.block, p.bf16_scores, lane, mask);
     if (lane == 0) score[e] = s;
   }
 }

@@ -230,7 +230,8 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
   swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(
       G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit);
   DSV4_LAUNCH_CHECK();
-  detail::gemm_group(detail::GemmShape{D, I, OutRound::f32, p.order}, g2.data(), int(g2.size()), stream);
+  detail::gemm_group(detail::GemmShape{D, I, common::expert_output_round(p), p.order}, g2.data(), int(g2.size()),
+                     stream);
 }
 
 // One thread per (pair row j, d): y_slot[src_q[j]] = y_pairs[j].
@@ -292,7 +293,8 @@ void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream
     swiglu_kernel<<<detail::grid_for(T * Is, kThreads), kThreads, 0, stream>>>(
         Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit);
     DSV4_LAUNCH_CHECK();
-    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, Ys.get() + int64_t(s) * T * D, OutRound::f32, p.order),
+    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, Ys.get() + int64_t(s) * T * D,
+                       common::expert_output_round(p), p.order),
          stream);
   }
   combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared,

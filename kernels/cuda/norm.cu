@@ -21,8 +21,13 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormParams p) {
        row += int64_t(gridDim.x) * kRowsPerBlock) {
     const float* x = p.x + row * p.ldx;
     float* y = p.y + row * p.ldy;
-    const float ss = detail::dot8(x, x, p.dim, p.order.block, lane, mask);
-    common::rmsnorm_apply(x, y, p.w, common::rms_scale(ss, p.dim, p.eps), lane, p.dim, 8);
+    if (p.bf16_arith) {
+      const float s = detail::sum8_bf16_squares(x, p.dim, p.order.block, lane, mask);
+      common::rmsnorm_apply(x, y, nullptr, common::rms_scale_bf16(s, p.dim, p.eps), lane, p.dim, 8);
+    } else {
+      const float ss = detail::dot8(x, x, p.dim, p.order.block, lane, mask);
+      common::rmsnorm_apply(x, y, p.w, common::rms_scale(ss, p.dim, p.eps), lane, p.dim, 8);
+    }
     __syncwarp(mask);
   }
 }

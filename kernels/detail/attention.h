@@ -102,6 +102,45 @@ DSV4_HD float attn_split_out(const float* P, const float* c, const int32_t* slot
   return num::bf16_round(acc);
 }
 
+// ---- online order (SparseAttnParams::online_block > 0, kernels/attention.h) ----
+// The whole row's scan on one thread: z [nv] (the valid slots' scores in slot order) becomes P [nv]
+// (bf16 of the unnormalised p_v) and a [nv] (alpha_b at a block's first slot, 1 elsewhere); blocks are
+// [bB, min((b+1)B, nv)) of the valid slots. Returns lse; *l_out = the final l.
+DSV4_HD float attn_online_row(float* z, float* a, int64_t nv, int B, float sink, float* l_out) {
+  const float neg_inf = num::f32_from_bits(0xff800000u);
+  float m = neg_inf, l = 0.0f;
+  for (int64_t v = 0; v < nv;) {
+    const int64_t e = v + B < nv ? v + B : nv;
+    float mb = neg_inf;
+    for (int64_t i = v; i < e; ++i)
+      if (z[i] > mb) mb = z[i];
+    const float mn = mb > m ? mb : m;
+    const float alpha = num::exp_f(m - mn);  // the first block: exp_f(-inf) = 0
+    float s = 0.0f;
+    for (int64_t i = v; i < e; ++i) {
+      const float pv = num::exp_f(z[i] - mn);
+      s = s + pv;
+      z[i] = num::bf16_round(pv);
+      a[i] = i == v ? alpha : 1.0f;
+    }
+    l = l * alpha + s;
+    m = mn;
+    v = e;
+  }
+  l = l + num::exp_f(sink - m);
+  *l_out = l;
+  return m + num::log_f(l);
+}
+
+// o[d] of an online row: acc = 0, then acc = fma(P_v, kv[slots[v]][d], acc * a_v) for v in slot order
+// (a_v = 1 is exact); o = bf16(acc / l).
+DSV4_HD float attn_online_out(const float* P, const float* a, const int32_t* slots, int64_t nv, const float* kv,
+                              int64_t Dh, int64_t d, float l) {
+  float acc = 0.0f;
+  for (int64_t v = 0; v < nv; ++v) acc = std::fma(P[v], kv[int64_t(slots[v]) * Dh + d], acc * a[v]);
+  return num::bf16_round(acc / l);
+}
+
 // ---- parameter checks (host), in the order both backends report them ----
 // The dimensions.
 inline const char* sparse_attention_check_dims(const SparseAttnParams& p) {
@@ -111,6 +150,7 @@ inline const char* sparse_attention_check_dims(const SparseAttnParams& p) {
   if (p.N < 0) return "N";
   if (p.K < 0) return "K";
   if (p.splits < 0) return "splits";
+  if (p.online_block < 0) return "online_block";
   return nullptr;
 }
 // The pointers (none is needed when T == 0).

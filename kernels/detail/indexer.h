@@ -14,10 +14,20 @@ DSV4_HD float relu(float x) {
   return x < 0.0f ? 0.0f : x;
 }
 
-// One step of the score's fma chain over heads: fma(w_h, relu(dot_h), s). The score of a candidate
-// is s = 0 followed by this step for h = 0, 1, ..., Hi - 1 (dot_h = dot(qi[t, h], ki[g], order)).
-DSV4_HD float index_score_step(float s, float w, float dot_h) {
+// One step of the score's chain over heads. The score of a candidate is s = 0 followed by this step
+// for h = 0, 1, ..., Hi - 1 (dot_h = dot(qi[t, h], ki[g], order)), then index_score_final.
+//   fp32 scores: fma(w_h, relu(dot_h), s)
+//   bf16 scores (IndexerParams::bf16_scores): s + bf16(w_h * relu(bf16(dot_h))) — a bf16 einsum
+//   output, its ReLU, the bf16 product with the head weight, summed over heads in fp32
+DSV4_HD float index_score_step(float s, float w, float dot_h, bool bf16) {
+  if (bf16) return s + num::bf16_round(w * relu(num::bf16_round(dot_h)));
   return std::fma(w, relu(dot_h), s);
+}
+
+// The score from its chain over heads: bf16 scores round the fp32 head sum to bf16 (the sum's bf16
+// output); fp32 scores are the sum.
+DSV4_HD float index_score_final(float s, bool bf16) {
+  return bf16 ? num::bf16_round(s) : s;
 }
 
 // The candidates of query row t: the groups g < min(G, floor((t + 1) / ratio)) (complete groups).

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/detail/shared.h"
+#include "kernels/linear.h"
 #include "kernels/moe.h"
 
 namespace dsv4::common {
@@ -70,6 +71,11 @@ DSV4_HD float swiglu_act(float g, float u, bool clamp, float L, const float* wei
 
 // ---- parameter checks (host), in the order both backends report them ----
 // The dimensions and the reduce order.
+// The rounding of an expert's w2 output (MoeParams::round_each).
+inline OutRound expert_output_round(const MoeParams& p) {
+  return p.round_each ? OutRound::bf16 : OutRound::f32;
+}
+
 inline const char* moe_check_dims(const MoeParams& p) {
   if (p.T < 0) return "moe: T < 0";
   if (p.D < 1 || p.I < 1) return "moe: D and I must be >= 1";

@@ -13,6 +13,14 @@ DSV4_HD float rms_scale(float ss, int64_t n, float eps) {
   return 1.0f / std::sqrt(ss / float(n) + eps);
 }
 
+// The RMS scale in bf16 arithmetic (RmsNormParams::bf16_arith), from the sum s of bf16(x[i]^2) in the
+// canonical order: r = bf16(1 / sqrt(bf16(bf16(s / n) + eps))) — PyTorch's rsqrt(mean(x^2) + eps) on a
+// bf16 tensor, each op's output rounded to bf16 (IEEE division and sqrt inside an op).
+DSV4_HD float rms_scale_bf16(float s, int64_t n, float eps) {
+  const float mean = num::bf16_round(s / float(n));
+  return num::bf16_round(1.0f / std::sqrt(num::bf16_round(mean + eps)));
+}
+
 // y[i] = bf16((x[i] * rs) * w[i]), or bf16(x[i] * rs) when w is null, for i = begin, begin + step, ...
 // below n. Element i is read right before y[i] is written, so y == x is safe.
 DSV4_HD void rmsnorm_apply(const float* x, float* y, const float* w, float rs, int64_t begin, int64_t n,

@@ -131,10 +131,10 @@ void gemm_case(int64_t m, int64_t n, int64_t k, int64_t pad, ReduceOrder order, 
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
-void rmsnorm_case(int64_t rows, int64_t dim, bool weight, bool in_place, ReduceOrder order) {
+void rmsnorm_case(int64_t rows, int64_t dim, bool weight, bool in_place, ReduceOrder order, bool bf16 = false) {
   const std::string name = "RMSNORM(rows=" + std::to_string(rows) + ",dim=" + std::to_string(dim) +
                            (weight ? ",w" : ",no-w") + (in_place ? ",in-place," : ",") + order_name(order) +
-                           ")";
+                           (bf16 ? ",bf16-arith" : "") + ")";
   add_case("rmsnorm", name, [=](const std::string& nm) {
     auto g = test::rng_for(nm);
     const int64_t ld = dim + 3;
@@ -142,7 +142,7 @@ void rmsnorm_case(int64_t rows, int64_t dim, bool weight, bool in_place, ReduceO
     const auto w = test::randn_bf16(g, size_t(dim), 1.0f);
     std::vector<float> y = in_place ? x : std::vector<float>(size_t(rows * ld), test::fill_value());
     RmsNormParams p;
-    p.rows = rows, p.dim = dim, p.ldx = ld, p.ldy = ld, p.eps = 1e-6f, p.order = order;
+    p.rows = rows, p.dim = dim, p.ldx = ld, p.ldy = ld, p.eps = 1e-6f, p.order = order, p.bf16_arith = bf16;
     p.x = in_place ? y.data() : x.data(), p.w = weight ? w.data() : nullptr, p.y = y.data();
     rmsnorm(p);
     DeviceBuffers d;
@@ -230,6 +230,8 @@ void register_dense_cases() {
     rmsnorm_case(37, 256, true, true, o);
     rmsnorm_case(70, 192, false, true, o);
     rmsnorm_case(5, 1000, true, false, o);
+    rmsnorm_case(70, 192, false, true, o, true);  // bf16 arithmetic (the attention.q_norm site)
+    rmsnorm_case(37, 512, false, false, o, true);
   }
   rope_case(17, 5, 192, 64, false, false, true);
   rope_case(17, 5, 192, 64, true, true, true);
@@ -365,12 +367,13 @@ void hadamard_case(int64_t rows, int64_t n, int64_t ld) {
 // columns are NaN), "dup" (randn with planted equal scores: key g = 2 mod 5 copies key g - 1, key
 // g = 3 mod 7 copies key g / 2, so every row that sees both has exactly equal scores there).
 void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& values, ReduceOrder order,
-                  int ratio = 4) {
+                  int ratio = 4, bool bf16 = false) {
   for (const bool baseline : {false, true}) {
     const std::string name =
         std::string(baseline ? "INDEXER_ROW_PER_BLOCK" : "INDEXER") + "(T=" + std::to_string(T) +
         ",Hi=" + std::to_string(Hi) + ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," +
-        values + "," + order_name(order) + (ratio != 4 ? ",ratio=" + std::to_string(ratio) : "") + ")";
+        values + "," + order_name(order) + (ratio != 4 ? ",ratio=" + std::to_string(ratio) : "") +
+        (bf16 ? ",bf16-scores" : "") + ")";
     add_case(baseline ? "indexer_topk_row_per_block" : "indexer_topk", name, [=](const std::string& nm) {
       auto g = test::rng_for(nm);
       const int64_t G = T / ratio;
@@ -397,7 +400,7 @@ void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& va
       std::vector<int32_t> ids(size_t(T * k), 12345);
       std::vector<float> margin(static_cast<size_t>(T), fv), score(size_t(T * k), fv);
       IndexerParams p;
-      p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = ratio, p.order = order;
+      p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = ratio, p.order = order, p.bf16_scores = bf16;
       p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
       p.ids = ids.data(), p.margin = margin.data(), p.score = score.data();
       indexer_topk(p);
@@ -474,11 +477,13 @@ void build_index_case(int64_t T, int W, CompressedKind kind, int ratio, int k) {
 // ---- sparse attention ---------------------------------------------------------------------------
 // splits > 0: the split-KV order (its own kernel). `few` > 0 also keeps rows 2, 3, ... at 1, 2, ...
 // up to `few` valid slots (fewer valid slots than parts when few < splits).
-void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order, int splits = 0, int few = 0) {
+void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order, int splits = 0, int few = 0,
+                    int online = 0) {
   const std::string name = "ATTN(T=" + std::to_string(T) + ",H=" + std::to_string(H) +
                            ",K=" + std::to_string(K) + ",Dh=" + std::to_string(Dh) + "," + order_name(order) +
                            (splits ? ",splits=" + std::to_string(splits) : std::string()) +
-                           (few ? ",few=" + std::to_string(few) : std::string()) + ")";
+                           (few ? ",few=" + std::to_string(few) : std::string()) +
+                           (online ? ",online=" + std::to_string(online) : std::string()) + ")";
   add_case("sparse_attention", name, [=](const std::string& nm) {
     auto g = test::rng_for(nm);
     const int64_t N = T + T / 4;
@@ -504,6 +509,7 @@ void attention_case(int64_t T, int H, int64_t K, int64_t Dh, ReduceOrder order, 
     p.q = q.data(), p.kv = kv.data(), p.idx = idx.data(), p.sink = sink.data(), p.o = o.data(),
     p.lse = lse.data();
     p.splits = splits;
+    p.online_block = online;
     ASSERT_EQ(sparse_attention_check(p), nullptr);
     sparse_attention(p);
     DeviceBuffers d;
@@ -576,12 +582,13 @@ void router_case(int64_t T, int E, int k, const std::string& mode, bool ties) {
 
 // `used` experts receive all routed pairs (the others are empty groups).
 void moe_case(int64_t T, int64_t D, int64_t I, int E, int k, int used, int n_shared, int64_t I_shared,
-              float limit, bool clamp_shared, ReduceOrder order) {
+              float limit, bool clamp_shared, ReduceOrder order, bool round_each = false) {
   const std::string name = "MOE(T=" + std::to_string(T) + ",D=" + std::to_string(D) +
                            ",I=" + std::to_string(I) + ",E=" + std::to_string(E) + ",k=" + std::to_string(k) +
                            ",used=" + std::to_string(used) + ",shared=" + std::to_string(n_shared) + "x" +
                            std::to_string(I_shared) + ",L=" + std::to_string(int(limit * 100)) +
-                           (clamp_shared ? ",clamp-shared," : ",") + order_name(order) + ")";
+                           (clamp_shared ? ",clamp-shared," : ",") + order_name(order) +
+                           (round_each ? ",round-each" : "") + ")";
   add_case("moe_experts", name, [=](const std::string& nm) {
     auto g = test::rng_for(nm);
     const int64_t Is = I_shared > 0 ? I_shared : I;
@@ -617,7 +624,7 @@ void moe_case(int64_t T, int64_t D, int64_t I, int E, int k, int used, int n_sha
     std::vector<float> out(size_t(T * D), test::fill_value());
     MoeParams p;
     p.T = T, p.D = D, p.I = I, p.I_shared = I_shared, p.E = E, p.k = k, p.n_shared = n_shared;
-    p.swiglu_limit = limit, p.clamp_shared = clamp_shared, p.order = order;
+    p.swiglu_limit = limit, p.clamp_shared = clamp_shared, p.order = order, p.round_each = round_each;
     p.x = x.data(), p.ids = ids.data(), p.weights = weights.data(), p.experts = ex.data(),
     p.shared = sh.data();
     p.out = out.data();
@@ -834,6 +841,12 @@ void register_other_cases() {
   indexer_case(257, 5, 64, 300, "dup", ReduceOrder{64}, 1);  // k > visible for most rows
   indexer_case(9, 64, 128, 4, "randn", ReduceOrder{64});     // rows with 0, 1 and 2 visible keys
   indexer_case(4, 3, 3, 1, "randn", ReduceOrder{});          // G = 1: only the last row sees a key
+  // bf16 scores (the indexer.score site): every kernel path (fused, GEMM + chain, row per block)
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    indexer_case(300, 3, 64, 8, "randn", o, 4, true);
+    indexer_case(600, 64, 128, 32, "dup", o, 4, true);
+    indexer_case(1201, 3, 100, 64, "ties", o, 4, true);
+  }
   indexer_score_ids_case(300, 3, 64, 8);
   indexer_score_ids_case(17, 5, 128, 4);
   build_index_case(17, 8, CompressedKind::none, 0, 0);
@@ -859,6 +872,15 @@ void register_other_cases() {
   attention_case(6, 61, 129, 64, ReduceOrder{}, 7, 5);
   attention_case(3, 16, 640, 512, ReduceOrder{}, 4);   // Flash-like decode rows
   attention_case(2, 16, 640, 512, ReduceOrder{}, 64);  // many parts of 7 to 10 slots
+  // The online order (the attention.softmax site): blocks of 1, of a few slots, larger than the row;
+  // rows with fewer valid slots than a block; 61 heads; Flash-like rows.
+  for (int online : {1, 5, 64, 1000}) {
+    attention_case(17, 5, 40, 192, ReduceOrder{}, 0, 8, online);
+    attention_case(9, 12, 70, 64, ReduceOrder{64}, 0, 3, online);
+  }
+  attention_case(4, 3, 0, 64, ReduceOrder{}, 0, 0, 64);
+  attention_case(6, 61, 129, 64, ReduceOrder{}, 0, 5, 16);
+  attention_case(7, 16, 640, 512, ReduceOrder{}, 0, 0, 64);
   for (const char* mode : {"learned", "learned-unnormalised", "hash", "forced"}) {
     router_case(17, 8, 2, mode, false);
     router_case(33, 6, 3, mode, true);
@@ -872,6 +894,9 @@ void register_other_cases() {
   }
   moe_case(5, 96, 40, 16, 2, 3, 0, 0, 0.0f, false, ReduceOrder{});
   moe_case(33, 64, 24, 4, 1, 2, 2, 16, 1.0f, false, ReduceOrder{64});
+  // Each expert's output rounded to bf16 (the moe.expert_output site), with the EP parts below.
+  moe_case(17, 64, 32, 8, 3, 4, 1, 64, 0.5f, true, ReduceOrder{}, true);
+  moe_case(33, 64, 24, 4, 1, 2, 2, 16, 1.0f, false, ReduceOrder{64}, true);
   // Expert GEMMs large enough for the lane-split kernel (150 to 270 gathered rows per used expert,
   // scattered back by pair), with 16-byte aligned rows and with unaligned ones.
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
