@@ -224,6 +224,12 @@ void SummaryModel::rebuild() {
   } else {
     add(QStringLiteral("first divergence"), QStringLiteral("none: every digest is equal"));
   }
+  if (!r.profile_sites_known)
+    add(QStringLiteral("profile sites"), QStringLiteral("unknown (a step's profile is not one this build knows)"));
+  else if (r.profile_sites.empty())
+    add(QStringLiteral("profile sites"), QStringLiteral("the same precision map"));
+  for (const ProfileSiteDiff& x : r.profile_sites)
+    add(QStringLiteral("profile %1").arg(q(x.key)), QStringLiteral("%1 vs %2").arg(q(x.a), q(x.b)));
   for (const std::string& n : r.notes) add(QStringLiteral("note"), q(n));
   add(QStringLiteral("KL k1"), num(r.k1));
   add(QStringLiteral("KL k3"), num(r.k3));

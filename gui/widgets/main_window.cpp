@@ -86,6 +86,7 @@ MainWindow::MainWindow(bool interactive, QWidget* parent) : QMainWindow(parent),
   kernel_model_ = new KernelModel(doc_, this);
   gradient_model_ = new GradientDiffModel(doc_, this);
   navigator_model_ = new NavigatorModel(doc_, this);
+  bisect_model_ = new BisectModel(this);
 
   setWindowTitle(QStringLiteral("dsv4-view"));
   setAcceptDrops(true);
@@ -255,6 +256,20 @@ void MainWindow::buildCentral() {
   Q_ASSERT(gi == kGradientsTab);
   (void)gi;
   tabs_->setTabVisible(kGradientsTab, false);
+  // Precision bisect: the ranking of a `dsv4 bisect` report, independent of the traces shown.
+  auto* bisect = new QWidget;
+  auto* bisect_layout = new QVBoxLayout(bisect);
+  bisect_layout->setContentsMargins(4, 4, 4, 4);
+  bisect_caption_ = new QLabel;
+  bisect_caption_->setWordWrap(true);
+  bisect_layout->addWidget(bisect_caption_);
+  auto* bisect_view = table(bisect_model_);
+  bisect_view->horizontalHeader()->setSectionResizeMode(BisectModel::Sites, QHeaderView::ResizeToContents);
+  bisect_layout->addWidget(bisect_view, 1);
+  const int bi = tabs_->addTab(bisect, QStringLiteral("Precision bisect"));
+  Q_ASSERT(bi == kBisectTab);
+  (void)bi;
+  tabs_->setTabVisible(kBisectTab, false);
 
   auto* right = new QSplitter(Qt::Vertical);
   right->addWidget(chart_);
@@ -352,6 +367,13 @@ void MainWindow::buildActions() {
   allow_mismatch_->setToolTip(QStringLiteral(
       "Compare traces recorded with different weights (the next load; dsv4 diff --allow-model-mismatch)"));
   connect(allow_mismatch_, &QAction::toggled, doc_, &TraceDocument::setAllowModelMismatch);
+  file->addAction(QStringLiteral("Open &bisect report…"), this, [this] {
+    const QString p = QFileDialog::getOpenFileName(this, QStringLiteral("Open a dsv4 bisect report"), {},
+                                                   QStringLiteral("JSON (*.json);;All files (*)"));
+    if (p.isEmpty()) return;
+    if (const QString error = openBisect(p); !error.isEmpty())
+      QMessageBox::warning(this, QStringLiteral("Bisect report"), error);
+  });
   file->addSeparator();
   QMenu* exp = file->addMenu(QStringLiteral("&Export"));
   exp->addAction(QStringLiteral("Heatmap as PNG…"), this, [this] {
@@ -622,6 +644,14 @@ void MainWindow::openTraces(const QString& a, const QString& b, int step_a, int 
       b.isEmpty() ? QFileInfo(a).fileName()
                   : QStringLiteral("%1 vs %2").arg(QFileInfo(a).fileName(), QFileInfo(b).fileName());
   setWindowTitle(QStringLiteral("%1 — dsv4-view").arg(title));
+}
+
+QString MainWindow::openBisect(const QString& path) {
+  if (const QString error = bisect_model_->load(path); !error.isEmpty()) return error;
+  bisect_caption_->setText(bisect_model_->caption());
+  tabs_->setTabVisible(kBisectTab, true);
+  tabs_->setCurrentIndex(kBisectTab);
+  return {};
 }
 
 void MainWindow::openDialog(bool as_candidate) {

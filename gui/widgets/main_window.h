@@ -9,6 +9,7 @@
 #include <QMainWindow>
 #include <optional>
 
+#include "gui/models/bisect_model.h"
 #include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
 #include "gui/models/navigator_model.h"
@@ -40,6 +41,10 @@ class MainWindow : public QMainWindow {
   explicit MainWindow(bool interactive = true, QWidget* parent = nullptr);
 
   void openTraces(const QString& a, const QString& b = {}, int step_a = 0, int step_b = 0);
+  // Shows a `dsv4 bisect` report in the Precision bisect tab; returns the error message (empty on
+  // success; the tab keeps what it showed).
+  QString openBisect(const QString& path);
+  BisectModel* bisectModel() const { return bisect_model_; }
   // Selects (layer, token) of the current sequence: heatmap, chart marker, detail request.
   void selectCell(int layer, int64_t token);
   void setSequence(int seq);
@@ -94,6 +99,8 @@ class MainWindow : public QMainWindow {
                        kKernelsTab = 5;
   // The tab index of the Gradients view (shown only for two training steps).
   static constexpr int kGradientsTab = 6;
+  // The precision bisect's ranking (shown once a report is opened).
+  static constexpr int kBisectTab = 7;
   QProgressBar* progressBar() const { return progress_; }
   QTabWidget* tabs() const { return tabs_; }
   int currentSeq() const { return seq_; }
@@ -143,6 +150,8 @@ class MainWindow : public QMainWindow {
   KernelModel* kernel_model_;
   GradientDiffModel* gradient_model_;
   NavigatorModel* navigator_model_;
+  BisectModel* bisect_model_;
+  QLabel* bisect_caption_;
 
   HeatmapView* heatmap_;
   DetailPanel* detail_;

@@ -43,6 +43,8 @@ void add_options(QCommandLineParser& p) {
       {QStringLiteral("size"), QStringLiteral("Window size for --screenshot (default 1600x1000)."),
        QStringLiteral("WxH")},
       {QStringLiteral("timing"), QStringLiteral("With --screenshot: print load timing and memory.")},
+      {QStringLiteral("bisect"),
+       QStringLiteral("Show a `dsv4 bisect` report (JSON) in the Precision bisect tab."), QStringLiteral("FILE")},
   });
 }
 
@@ -63,6 +65,8 @@ int run_screenshot(QApplication& app, const ViewOptions& o) {
   MainWindow w(false);
   w.resize(o.size);
   if (o.metric) w.setMetric(*o.metric);
+  if (!o.bisect.isEmpty())
+    if (const QString error = w.openBisect(o.bisect); !error.isEmpty()) return fail(error);
   TraceDocument* doc = w.document();
   bool done = false;
   auto quit = [&](int code, const QString& message = {}) {
@@ -212,6 +216,7 @@ std::optional<ViewOptions> parse_view_args(const QStringList& args, QString* err
     o.size = QSize(w, h);
   }
   o.timing = p.isSet(QStringLiteral("timing"));
+  o.bisect = p.value(QStringLiteral("bisect"));
   return o;
 }
 
@@ -247,6 +252,8 @@ int view_main(int argc, char** argv) {
   MainWindow w(true);
   w.show();
   if (o->metric) w.setMetric(*o->metric);
+  if (!o->bisect.isEmpty())
+    if (const QString error = w.openBisect(o->bisect); !error.isEmpty()) return fail(error);
   if (!o->traces.isEmpty()) {
     if (o->select) w.selectWhenLoaded(o->seq, o->select->first, o->select->second);
     w.openTraces(o->traces.value(0), o->traces.value(1), o->step_a, o->step_b);

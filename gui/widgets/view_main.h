@@ -31,6 +31,7 @@ struct ViewOptions {
   int step_a = 0, step_b = 0;
   QSize size{1600, 1000};
   bool timing = false;
+  QString bisect;  // a `dsv4 bisect` report to show in the Precision bisect tab
 };
 
 // Parses argv (without the program name); on failure returns nullopt and sets *error.

@@ -19,9 +19,11 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <unistd.h>
 
 #include "capture/trace_reader.h"
 #include "cli_util.h"
+#include "gui/models/bisect_model.h"
 #include "gui/models/colour_scale.h"
 #include "gui/models/gradient_model.h"
 #include "gui/models/heatmap_model.h"
@@ -1536,3 +1538,44 @@ TEST(GuiNavigator, ParallelLayoutsInTheBannerAndTheSummary) {
   EXPECT_TRUE(nav.banner().contains(QStringLiteral("<b>layout</b>: both expert parallel over 2 MPI ranks")));
   EXPECT_EQ(summary.value(QStringLiteral("layout")), QStringLiteral("expert parallel over 2 MPI ranks"));
 }
+
+// The Precision bisect table over a report that `dsv4 bisect` wrote: the singles in their ranked
+// order, the halving, the whole switch last; the values as the report has them; a file that is not a
+// report is refused with its name and the table keeps what it showed.
+TEST(GuiBisect, TheTableIsTheReport) {
+  const dsv4::Weights& w = dsv4::test::tiny();
+  std::vector<int32_t> toks(64);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 37 + 5) % size_t(w.config().vocab_size));
+  dsv4::BisectOptions o;
+  o.a = dsv4::profile_train();
+  o.b = dsv4::profile_by_name("deepseek-inference-v2");
+  const dsv4::BisectReport rep = dsv4::bisect_profiles(w, {toks}, o);
+  const auto dir = std::filesystem::temp_directory_path() / ("dsv4_gui_bisect_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "bisect.json").string();
+  std::ofstream(path) << dsv4::bisect_to_json(rep);
+  dsv4::gui::BisectModel m;
+  QAbstractItemModelTester tester(&m, QAbstractItemModelTester::FailureReportingMode::Fatal);
+  ASSERT_TRUE(m.load(QString::fromStdString(path)).isEmpty());
+  ASSERT_EQ(m.rowCount(), int(rep.single.size() + rep.groups.size() + 1));
+  EXPECT_EQ(m.columnCount(), 8);
+  for (size_t i = 0; i < rep.single.size(); ++i) {
+    const QString sites = m.data(m.index(int(i), dsv4::gui::BisectModel::Sites)).toString();
+    EXPECT_TRUE(sites.startsWith(QString::fromStdString(rep.single[i].sites[0]) + " = ")) << sites.toStdString();
+    EXPECT_EQ(m.data(m.index(int(i), dsv4::gui::BisectModel::Explained)).toString(),
+              QStringLiteral("%1%").arg(100.0 * rep.single[i].explained, 0, 'f', 1));
+  }
+  const int last = m.rowCount() - 1;
+  EXPECT_EQ(m.data(m.index(last, dsv4::gui::BisectModel::Kind)).toString(), QStringLiteral("all"));
+  EXPECT_EQ(m.data(m.index(last, dsv4::gui::BisectModel::IndexerFlips)).toString(),
+            QStringLiteral("%1 (%2 tie)").arg(rep.all.m.indexer_flips).arg(rep.all.m.indexer_tie_flips));
+  EXPECT_TRUE(m.caption().contains(QStringLiteral("train → deepseek-inference-v2")));
+  const std::string bad = (dir / "bad.json").string();
+  std::ofstream(bad) << "{\"format\": \"dsv4-diff\", \"version\": 1}";
+  const QString error = m.load(QString::fromStdString(bad));
+  EXPECT_TRUE(error.contains(QString::fromStdString(bad))) << error.toStdString();
+  EXPECT_EQ(m.rowCount(), int(rep.single.size() + rep.groups.size() + 1));
+  std::filesystem::remove_all(dir);
+}
+
+

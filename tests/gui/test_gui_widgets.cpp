@@ -734,3 +734,24 @@ TEST_F(GuiWidgets, ChartAndHeatmapZoomTogether) {
   settle();
   EXPECT_EQ(hv->visibleColumns(), std::pair(0.0, n));
 }
+
+// File ▸ Open bisect report (here through MainWindow::openBisect): the Precision bisect tab appears
+// with the report's ranking and caption; a bad file leaves the tab hidden and says why.
+TEST(GuiBisectTab, OpensAReport) {
+  const auto dir = fs::temp_directory_path() / ("dsv4_gui_bisect_tab_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string out = (dir / "b.json").string();
+  const auto r = dsv4::test::run_cli("bisect --profile-a train --profile-b rollout --preset tiny --seed 7 --random 48 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  MainWindow w(false);
+  EXPECT_FALSE(w.tabs()->isTabVisible(MainWindow::kBisectTab));
+  const QString error = w.openBisect(QString::fromStdString((dir / "missing.json").string()));
+  EXPECT_TRUE(error.contains(QStringLiteral("missing.json"))) << error.toStdString();
+  EXPECT_FALSE(w.tabs()->isTabVisible(MainWindow::kBisectTab));
+  ASSERT_TRUE(w.openBisect(QString::fromStdString(out)).isEmpty());
+  EXPECT_TRUE(w.tabs()->isTabVisible(MainWindow::kBisectTab));
+  EXPECT_EQ(w.tabs()->currentIndex(), MainWindow::kBisectTab);
+  EXPECT_EQ(w.tabs()->tabText(MainWindow::kBisectTab), QStringLiteral("Precision bisect"));
+  EXPECT_EQ(w.bisectModel()->rowCount(), 3 + 1 + 1);  // 3 sites, one halving group of 2, all
+  fs::remove_all(dir);
+}
