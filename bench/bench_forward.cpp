@@ -1,5 +1,5 @@
-// Whole-model CPU forward throughput (tokens/s) for the tiny and mid presets, train and rollout
-// profiles, 1 and 2 threads. Run: build/bench/bench_forward [--benchmark_filter=...]
+// Whole-model CPU forward throughput (tokens/s) for the tiny and mid presets, the train, rollout and
+// deepseek-inference profiles (docs/PROFILES.md), 1 and 2 threads. Run: build/bench/bench_forward [--benchmark_filter=...]
 // The thread-scaling ratio is read from the same run (1 vs 2 threads of one case).
 #include <benchmark/benchmark.h>
 
@@ -39,12 +39,16 @@ void BM_TinyTrain(benchmark::State& s) {
 void BM_TinyRollout(benchmark::State& s) {
   run(s, "tiny", dsv4::profile_rollout());
 }
+void BM_TinyDeepseekInference(benchmark::State& s) {
+  run(s, "tiny", dsv4::profile_by_name("deepseek-inference"));
+}
 void BM_MidTrain(benchmark::State& s) {
   run(s, "mid", dsv4::profile_train());
 }
 
 BENCHMARK(BM_TinyTrain)->ArgsProduct({{512, 4096}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TinyRollout)->ArgsProduct({{512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TinyDeepseekInference)->ArgsProduct({{512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MidTrain)
     ->ArgsProduct({{1024}, {1, 2}})
     ->Unit(benchmark::kMillisecond)

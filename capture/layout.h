@@ -52,7 +52,9 @@ inline constexpr char kTensorDigests[] = "tensor_digests";
 // ---- /steps/NNNNNN ----------------------------------------------------------------------------
 inline constexpr char kSteps[] = "steps";
 inline constexpr char kKind[] = "kind";
-inline constexpr char kProfile[] = "profile";
+inline constexpr char kProfile[] = "profile";                // the profile's name
+inline constexpr char kProfileText[] = "profile_text";       // its canonical text (docs/PROFILES.md)
+inline constexpr char kProfileDigest[] = "profile_digest";   // XXH3-64 of the text, 16 hex digits
 inline constexpr char kCapture[] = "capture";
 inline constexpr char kSeed[] = "seed";
 inline constexpr char kThreads[] = "threads";

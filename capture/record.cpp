@@ -33,10 +33,10 @@ class MidStepKill : public Observer {
 RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                          const std::string& out, const RecordOptions& opt) {
   const CapturePolicy policy = CapturePolicy::parse(opt.capture);
-  const NumericsProfile profile = profile_by_name(opt.profile);  // both checked before the file exists
+  const NumericsProfile profile = load_profile(opt.profile);  // both checked before the file exists
   StepSpec step;
-  step.profile = opt.profile;
-  step.kind = opt.kind.empty() ? (opt.profile == "rollout" ? "rollout" : "train") : opt.kind;
+  step.set_profile(profile);
+  step.kind = opt.kind.empty() ? (profile.name == "rollout" ? "rollout" : "train") : opt.kind;
   step.seed = opt.seed;
   step.threads = opt.threads;
   step.seqs = batch;

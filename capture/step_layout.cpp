@@ -179,6 +179,10 @@ void StepLayout::create_step(int index, const StepSpec& s, const CapturePolicy& 
       h5::write_attr(file, kFormatVersion, int32_t(step_format_version(s.kind)));
     h5::write_attr(g, kKind, s.kind);
     h5::write_attr(g, kProfile, s.profile);
+    if (!s.profile_text.empty()) {
+      h5::write_attr(g, kProfileText, s.profile_text);
+      h5::write_attr(g, kProfileDigest, profile_text_digest(s.profile_text));
+    }
     h5::write_attr(g, kSeed, uint64_t(s.seed));
     h5::write_attr(g, kThreads, int32_t(s.threads));
     h5::write_attr(g, kCapture, policy.text());

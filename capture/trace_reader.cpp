@@ -4,6 +4,7 @@
 #include "capture/trace_reader.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <climits>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "capture/errors.h"
+#include "model/error.h"
 #include "capture/generation.h"
 #include "capture/h5.h"
 #include "capture/layout.h"
@@ -154,6 +156,10 @@ struct TraceReader::Impl {
         h5::Object sg = h5::open(g, name);
         s.kind = h5::read_attr_string(sg, kKind);
         s.profile = h5::read_attr_string(sg, kProfile);
+        if (h5::has_attr(sg, kProfileText)) {
+          s.profile_text = h5::read_attr_string(sg, kProfileText);
+          s.profile_digest = h5::has_attr(sg, kProfileDigest) ? h5::read_attr_string(sg, kProfileDigest) : "";
+        }
         s.capture = h5::read_attr_string(sg, kCapture);
         s.seed = h5::read_attr_u64(sg, kSeed);
         s.threads = int(h5::read_attr_int(sg, kThreads));
@@ -663,6 +669,26 @@ int64_t TraceReader::file_bytes() const {
   const auto n = fs::file_size(impl_->path, ec);
   if (ec) throw TraceError(fmt::format("{}: cannot read the file size: {}", impl_->path, ec.message()));
   return int64_t(n);
+}
+
+NumericsProfile recorded_profile(const TraceStepInfo& s, const std::string& trace_path) {
+  const std::string where = fmt::format("{} {}", trace_path, s.group);
+  if (s.profile_text.empty()) {
+    if (!is_builtin_profile(s.profile))
+      throw InputError(fmt::format("{}: profile '{}' is not built into this build and the trace holds no profile "
+                                   "text (built-ins: {})",
+                                   where, s.profile, fmt::join(profile_names(), ", ")));
+    return profile_by_name(s.profile);
+  }
+  if (s.profile_digest != profile_text_digest(s.profile_text))
+    throw TraceCorrupt(fmt::format("{}: {}: digest {} does not match the stored profile text (digest {})", where,
+                                   kProfileText, s.profile_digest.empty() ? "(missing)" : s.profile_digest,
+                                   profile_text_digest(s.profile_text)));
+  NumericsProfile p = parse_profile(s.profile_text, where + " " + kProfileText);
+  if (p.name != s.profile)
+    throw TraceCorrupt(
+        fmt::format("{}: the step's profile is named '{}' but its stored text names '{}'", where, s.profile, p.name));
+  return p;
 }
 
 }  // namespace dsv4

@@ -19,6 +19,7 @@
 #include "capture/training.h"
 #include "model/collect.h"
 #include "model/config.h"
+#include "model/profile.h"
 
 namespace dsv4 {
 
@@ -26,6 +27,9 @@ struct TraceStepInfo {
   int index = 0;
   std::string group;  // "/steps/000000"
   std::string kind, profile, capture;
+  // The recorded profile's canonical text and digest (empty in traces written before profiles were
+  // stored, and for external steps): recorded_profile() turns them into the profile.
+  std::string profile_text, profile_digest;
   uint64_t seed = 0;
   int threads = 0;
   bool complete = false;
@@ -40,6 +44,12 @@ struct TraceStepInfo {
   // "incomplete (status 0)" or "damaged: <what>" for a step that is not complete; "" otherwise.
   std::string why_not_complete() const;
 };
+
+// The numerics profile a step was recorded with: its stored text (checked against its digest), or for
+// traces that store only a name, the built-in of that name. Throws TraceCorrupt (text and digest
+// disagree, or the text does not parse) or InputError (a name this build does not know and no text),
+// naming the trace and the step.
+NumericsProfile recorded_profile(const TraceStepInfo& s, const std::string& trace_path);
 
 struct TraceModelMeta {
   std::string config_json;

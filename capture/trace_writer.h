@@ -39,6 +39,13 @@ TraceHeader make_trace_header(const Weights& w);  // env of this machine + the m
 struct StepSpec {
   std::string kind = "train";     // "train" | "rollout" | "generate" | "train-step"
   std::string profile = "train";  // numerics profile name
+  // The profile's canonical text (model/profile.h profile_text), stored with its digest so that
+  // replay runs the recorded precision map; empty: only the name is stored (an external engine's).
+  std::string profile_text;
+  void set_profile(const NumericsProfile& p) {
+    profile = p.name;
+    profile_text = dsv4::profile_text(p);
+  }
   uint64_t seed = 0;
   int threads = 0;
   std::vector<std::vector<int32_t>> seqs;  // the batch

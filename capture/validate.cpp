@@ -425,11 +425,22 @@ class Validator {
           problem(step.path, fmt::format("a '{}' step needs format_version {}, the file has {}", kind,
                                          step_format_version(kind), version_));
       }
-      if (h5::has_attr(step, kProfile) && !external_) {  // an engine's numerics need not be a profile of ours
+      if (h5::has_attr(step, kProfileText)) {  // the recorded precision map: digest, text and name agree
+        TraceStepInfo info;
+        info.group = step.path;
+        info.profile = h5::has_attr(step, kProfile) ? h5::read_attr_string(step, kProfile) : "";
+        info.profile_text = h5::read_attr_string(step, kProfileText);
+        info.profile_digest = h5::has_attr(step, kProfileDigest) ? h5::read_attr_string(step, kProfileDigest) : "";
+        try {
+          recorded_profile(info, path_);
+        } catch (const Error& e) {
+          problem(step.path, e.what());
+        }
+      } else if (h5::has_attr(step, kProfile) && !external_) {  // an engine's numerics need not be ours
         const std::string profile = h5::read_attr_string(step, kProfile);
-        const auto known = profile_names();
-        if (std::find(known.begin(), known.end(), profile) == known.end())
-          problem(step.path, fmt::format("profile '{}' is not one of {}", profile, fmt::join(known, ", ")));
+        if (!is_builtin_profile(profile))
+          problem(step.path, fmt::format("profile '{}' is not one of {} and the step stores no profile text",
+                                         profile, fmt::join(profile_names(), ", ")));
       }
       if (h5::has_attr(step, kSeed)) h5::read_attr_u64(step, kSeed);
       if (h5::has_attr(step, kThreads) && h5::read_attr_int(step, kThreads) < 0)

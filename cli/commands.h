@@ -23,6 +23,8 @@ void register_trace_commands(CLI::App& app);
 void register_replay_commands(CLI::App& app);
 void register_bundle_command(CLI::App& trace);
 void register_adapter_commands(CLI::App& app);
+void register_profile_commands(CLI::App& app);
+void register_bisect_command(CLI::App& app);
 
 // --model DIR | --preset NAME [--seed S], shared by the commands that run the model.
 struct ModelArgs {
@@ -54,6 +56,11 @@ struct ParallelArgs {
 void add_parallel_options(CLI::App* cmd, ParallelArgs& p);
 Communicator* open_parallel(const ParallelArgs& p, const std::string& device);
 Communicator* active_communicator();  // nullptr when the run is not parallel
+
+// The help of every --profile option.
+inline constexpr char kProfileHelp[] =
+    "Numerics profile: a built-in's name (train, rollout, deepseek-inference, ...; dsv4 profile list) or a "
+    "profile file (docs/PROFILES.md)";
 
 // The parsed subcommand's action (set by the callback of whichever subcommand ran); returns the
 // process exit code.

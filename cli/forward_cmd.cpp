@@ -45,7 +45,7 @@ int run_forward(const ForwardArgs& a) {
   DecisionLog log;
   RunOptions opt;
   opt.experts = comm;
-  opt.profile = profile_by_name(a.profile);
+  opt.profile = load_profile(a.profile);
   opt.threads = a.threads;
   opt.device = parse_device(a.device);
   opt.observer = &log;
@@ -54,7 +54,7 @@ int run_forward(const ForwardArgs& a) {
   ForwardResult res = forward(w, {tokens}, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm && comm->rank() != 0) return 0;  // every rank holds the same result: rank 0 reports it
-  const std::string json = forward_to_json(res.seqs[0], log, a.profile);
+  const std::string json = forward_to_json(res.seqs[0], log, opt.profile.name);
   if (!a.out.empty()) {
     std::ofstream f(a.out);
     f << json << "\n";
@@ -214,9 +214,8 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--tokens", fa->tokens, "Token ids: 1,2,3 or @file (commas/whitespace)");
   f->add_option("--random", fa->random, "Use N seeded random token ids instead of --tokens");
   f->add_option("--token-seed", fa->token_seed, "Seed of --random")->capture_default_str()->check(CLI::NonNegativeNumber);
-  f->add_option("--profile", fa->profile, "Numerics profile: train or rollout")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"train", "rollout"}));
+  f->add_option("--profile", fa->profile, kProfileHelp)
+      ->capture_default_str();
   add_threads_option(f, fa->threads, "CPU threads (0: all); results do not depend on it");
   f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")
       ->capture_default_str();

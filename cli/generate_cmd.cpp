@@ -83,7 +83,7 @@ int run_generate(GenerateArgs& a) {
     a.defaults.stop_ids = {c.eos_token_id};
   const std::vector<rollout::PromptRequest> reqs = rollout::read_prompts(a.prompts, c, a.defaults);
 
-  a.engine.profile = profile_by_name(a.profile);
+  a.engine.profile = load_profile(a.profile);
   a.engine.profile.decode_attention_splits = parse_decode_attention(a.decode_attention);
   a.engine.device = parse_device(a.device);
   a.engine.threads = a.threads;
@@ -171,9 +171,8 @@ void register_generate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   g->add_option("--stop", ga->stop, "Stop token ids, comma-separated (default: the config's eos_token_id)");
-  g->add_option("--profile", ga->profile, "Numerics profile: train or rollout")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"train", "rollout"}));
+  g->add_option("--profile", ga->profile, kProfileHelp)
+      ->capture_default_str();
   g->add_option("--decode-attention", ga->decode_attention,
                 "Decode-step attention order: exact (decode = prefill bit for bit) or split:N (an inference "
                 "engine's split-KV reduction over N parts)")

@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
   dsv4::cli::register_train_command(app);
   dsv4::cli::register_trace_commands(app);
   dsv4::cli::register_replay_commands(app);
+  dsv4::cli::register_profile_commands(app);
+  dsv4::cli::register_bisect_command(app);
 #ifdef DSV4_HAVE_ADAPTERS
   dsv4::cli::register_adapter_commands(app);
 #else

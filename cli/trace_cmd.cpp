@@ -78,7 +78,7 @@ int run_record(const RecordArgs& a) {
   }
   if (comm && comm->rank() != 0) {  // rank 0 records; the others share the experts of the same forward
     RunOptions ro;
-    ro.profile = profile_by_name(a.profile);
+    ro.profile = load_profile(a.profile);
     ro.threads = a.threads;
     ro.device = parse_device(a.device);
     ro.experts = comm;
@@ -135,6 +135,7 @@ int run_info(const TraceArgs& a) {
       nlohmann::json step = {{"index", s.index},       {"kind", s.kind},       {"profile", s.profile},
                              {"complete", s.complete}, {"capture", s.capture}, {"seq_lengths", s.seq_lengths},
                              {"seed", s.seed}};
+      if (!s.profile_digest.empty()) step["profile_digest"] = s.profile_digest;
       if (s.external()) step["external"] = {{"engine", s.engine}, {"source", s.source}};
       if (s.complete) {
         const KernelRecords k = r.kernels(s.index);
@@ -424,9 +425,8 @@ void register_trace_commands(CLI::App& app) {
   rec->add_option("--batch", ra->batch,
                   "JSONL file, one sequence per line: [ids], {\"tokens\": [ids]}, or a dsv4 generate sample "
                   "(prompt + response)");
-  rec->add_option("--profile", ra->profile, "Numerics profile: train or rollout")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"train", "rollout"}));
+  rec->add_option("--profile", ra->profile, kProfileHelp)
+      ->capture_default_str();
   rec->add_option("--kind", ra->kind, "Step kind recorded in the trace (default: the profile's)")
       ->check(CLI::IsMember({"train", "rollout"}));
   rec->add_option("--capture", ra->capture,

@@ -41,6 +41,7 @@ struct TrainArgs {
   std::string device = "cpu";
   std::string train_groups, freeze_groups;
   std::string mhc_backward = "full";
+  std::string profile = "train";
   bool no_std_scaling = false;
   bool json = false;
   bool quiet = false;
@@ -100,6 +101,7 @@ int run_train_step(TrainArgs& a) {
   const Weights w = open_model(a.model);
   a.o.device = parse_device(a.device);
   a.o.train_mixer = a.mhc_backward == "full";
+  a.o.profile = load_profile(a.profile);
   a.o.group_scale_by_std = !a.no_std_scaling;
   if (a.o.indexer_kl_coeff != 0) a.o.groups.trained.insert(train::ParamGroup::indexer);  // its objective
   if (!a.train_groups.empty()) a.o.groups.train(a.train_groups);
@@ -291,7 +293,8 @@ void register_train_command(CLI::App& app) {
                 "mHC backward: full (mixer differentiated) or legacy (pre/post/comb constants)")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "legacy"}));
-  t->add_option("--profile", ta->o.profile, "Numerics profile")->capture_default_str();
+  t->add_option("--profile", ta->profile, kProfileHelp)
+      ->capture_default_str();
   t->add_option("--device", ta->device, "cpu or cuda")->capture_default_str();
   add_threads_option(t, ta->o.threads, "CPU threads (0: all); results do not depend on it");
   t->add_option("--record", ta->record, "Record the step into this trace (replay it with dsv4 replay)");

@@ -12,6 +12,7 @@
 #include "capture/trace_reader.h"
 #include "fuzz_traces.h"
 #include "model/config.h"
+#include "model/profile.h"
 #include "model/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -24,10 +25,12 @@ int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const fs::path dir = argv[1];
   for (const char* h : {"fuzz_trace", "fuzz_config", "fuzz_safetensors", "fuzz_policy", "fuzz_jsonl", "fuzz_samples",
-                        "fuzz_import"})
+                        "fuzz_import", "fuzz_profile"})
     fs::create_directories(dir / h);
   for (const std::string& name : dsv4::preset_names())
     put(dir / "fuzz_config" / (name + ".json"), dsv4::config_to_json(dsv4::preset(name)));
+  for (const std::string& name : dsv4::profile_names())
+    put(dir / "fuzz_profile" / (name + ".profile"), dsv4::builtin_profile_source(name));
 
   dsv4::SafetensorsWriter a;
   a.add_f32("model.norm.weight", {4}, {1, 2, 3, 4});

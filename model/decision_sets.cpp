@@ -48,18 +48,23 @@ double set_jaccard(const std::vector<int32_t>& a, const std::vector<int32_t>& b)
   return uni == 0 ? 1.0 : double(inter) / double(uni);
 }
 
-double tie_factor(const std::string& profile) {
-  bool fp8 = true;
-  try {
-    const NumericsProfile p = profile_by_name(profile);
-    fp8 = p.fp8_kv || p.fp8_indexer;
-  } catch (const InputError&) {
-  }
+double tie_factor(const NumericsProfile& p) {
+  if (p.indexer_quant == QuantSim::fp4) return 0.125;  // 2^-3
+  const bool fp8 = p.kv_quant == QuantSim::fp8 || p.indexer_quant == QuantSim::fp8;
   return fp8 ? 0.0625 : 0.0078125;  // 2^-4 : 2^-7
+}
+
+double tie_factor(const std::string& profile) {
+  if (!is_builtin_profile(profile)) return 0.0625;
+  return tie_factor(profile_by_name(profile));
 }
 
 double tie_factor(const std::string& profile_a, const std::string& profile_b) {
   return std::max(tie_factor(profile_a), tie_factor(profile_b));
+}
+
+double tie_factor(const NumericsProfile& a, const NumericsProfile& b) {
+  return std::max(tie_factor(a), tie_factor(b));
 }
 
 std::optional<double> relative_tie_threshold(std::initializer_list<const std::vector<float>*> margins,

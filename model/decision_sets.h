@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/profile.h"
+
 namespace dsv4 {
 
 // The valid ids of one row of k ids (−1 padding dropped), ascending.
@@ -24,12 +26,16 @@ double set_overlap(const std::vector<int32_t>& a, const std::vector<int32_t>& b)
 // Routing agreement: |A ∩ B| / |A ∪ B|; 1 when both sets are empty.
 double set_jaccard(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
 
-// The relative tie factor f: 2^-4 (the relative rounding step of FP8 e4m3) when the numerics profile
-// simulates FP8 — read from the profile's flags, so a new FP8 profile needs no edit here — or is a
-// name this build does not know (a newer producer); else 2^-7 (the relative precision of bf16).
+// The relative tie factor f of a profile, read from its sites (so a new profile needs no edit here):
+// 2^-3 when it simulates FP4 on the indexer inputs (close to the ~11% relative error FP4 puts on them,
+// MODEL.md §12.1 item 4), else 2^-4 (the relative rounding step of FP8 e4m3) when it simulates FP8
+// anywhere, else 2^-7 (the relative precision of bf16).
+double tie_factor(const NumericsProfile& p);
+// By name: a built-in's factor; 2^-4 for a name this build does not know (a newer producer).
 double tie_factor(const std::string& profile);
 // Of two steps compared: the coarser of their factors.
 double tie_factor(const std::string& profile_a, const std::string& profile_b);
+double tie_factor(const NumericsProfile& a, const NumericsProfile& b);
 
 // The relative tie threshold: f × the median of the finite |margin| of every list given, the median
 // being the element of rank ⌊n/2⌋ (a recorded margin, never an average of two). nullopt when no

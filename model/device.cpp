@@ -218,11 +218,13 @@ class CpuBackend final : public Backend {
   void gemm(const GemmParams& p) override { dsv4::gemm(p); }
   void rmsnorm(const RmsNormParams& p) override { dsv4::rmsnorm(p); }
   void rope_apply(const RopeApplyParams& p) override { dsv4::rope_apply(p); }
-  void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) override {
-    if (mode == Fp8KvMode::real)
-      dsv4::fp8_sim(p);
-    else
-      dsv4::fp8_sim_inplace_bf16_cast(p);
+  void quant_sim(const Fp8SimParams& p, QuantSim kind) override {
+    switch (kind) {
+      case QuantSim::none: return;
+      case QuantSim::fp8: dsv4::fp8_sim(p); return;
+      case QuantSim::fp8_inplace_bf16_cast: dsv4::fp8_sim_inplace_bf16_cast(p); return;
+      case QuantSim::fp4: dsv4::fp4_sim(p); return;
+    }
   }
   void compressor(const CompressorParams& p) override { dsv4::compressor(p); }
   void compressor_pool(const CompressorPoolParams& p) override { dsv4::compressor_pool(p); }
@@ -438,11 +440,13 @@ class CudaBackend final : public Backend {
   void gemm(const GemmParams& p) override { cuda::gemm(p, s_); }
   void rmsnorm(const RmsNormParams& p) override { cuda::rmsnorm(p, s_); }
   void rope_apply(const RopeApplyParams& p) override { cuda::rope_apply(p, s_); }
-  void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) override {
-    if (mode == Fp8KvMode::real)
-      cuda::fp8_sim(p, s_);
-    else
-      cuda::fp8_sim_inplace_bf16_cast(p, s_);
+  void quant_sim(const Fp8SimParams& p, QuantSim kind) override {
+    switch (kind) {
+      case QuantSim::none: return;
+      case QuantSim::fp8: cuda::fp8_sim(p, s_); return;
+      case QuantSim::fp8_inplace_bf16_cast: cuda::fp8_sim_inplace_bf16_cast(p, s_); return;
+      case QuantSim::fp4: cuda::fp4_sim(p, s_); return;
+    }
   }
   void compressor(const CompressorParams& p) override { cuda::compressor(p, s_); }
   void compressor_pool(const CompressorPoolParams& p) override { cuda::compressor_pool(p, s_); }

@@ -101,7 +101,9 @@ class Backend {
   virtual void gemm(const GemmParams& p) = 0;
   virtual void rmsnorm(const RmsNormParams& p) = 0;
   virtual void rope_apply(const RopeApplyParams& p) = 0;
-  virtual void fp8_sim(const Fp8SimParams& p, Fp8KvMode mode) = 0;
+  // A block quantisation simulated in place (kernels/quant.h): fp8_sim, its in-place bf16-cast twin, or
+  // fp4_sim; `none` leaves x as it is.
+  virtual void quant_sim(const Fp8SimParams& p, QuantSim kind) = 0;
   virtual void compressor(const CompressorParams& p) = 0;
   virtual void compressor_pool(const CompressorPoolParams& p) = 0;
   virtual void kv_store(const KvStoreParams& p) = 0;  // pool and slots in backend memory

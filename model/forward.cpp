@@ -272,7 +272,7 @@ class SequenceForward {
     return y;
   }
 
-  void norm_rows(FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer) {
+  void norm_rows(FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer, Arith arith = Arith::fp32) {
     RmsNormParams p;
     p.rows = rows;
     p.dim = dim;
@@ -283,6 +283,7 @@ class SequenceForward {
     p.ldy = dim;
     p.eps = c_.rms_norm_eps;
     p.order = P_.order;
+    p.bf16_arith = arith == Arith::bf16;
     require(rmsnorm_check(p), "rmsnorm", layer);
     be_.rmsnorm(p);
   }
@@ -294,8 +295,10 @@ class SequenceForward {
     be_.rope_apply(p);
   }
 
-  void fp8(FBuf& x, int64_t rows, int64_t cols, int64_t ld, int block, Fp8KvMode mode, const char* site,
-           int layer) {
+  // The block quantisation `kind` of a profile site on x (nothing for QuantSim::none).
+  void quant(FBuf& x, int64_t rows, int64_t cols, int64_t ld, int block, QuantSim kind, const char* site,
+             int layer) {
+    if (kind == QuantSim::none || rows == 0) return;
     Fp8SimParams p;
     p.rows = rows;
     p.cols = cols;
@@ -304,9 +307,9 @@ class SequenceForward {
     p.fmt = ScaleFmt::ue8m0;
     p.x = x.data();
     if (const char* why = fp8_sim_check(p))
-      throw InputError(fmt::format("profile '{}': FP8 simulation of {} at layer {} cannot run: {}", P_.name,
-                                   site, layer, why));
-    be_.fp8_sim(p, mode);
+      throw InputError(fmt::format("profile '{}': {} simulation of {} at layer {} cannot run: {}", P_.name,
+                                   kind == QuantSim::fp4 ? "FP4" : "FP8", site, layer, why));
+    be_.quant_sim(p, kind);
   }
 
   // The compressor (MODEL.md §3.5, §7.2) over this chunk: the projections of the chunk's tokens,
@@ -482,12 +485,13 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   report(L, "attn.qr", DType::bf16, {T_, ql}, qr.data());
   FBuf q = linear(qr, T_, ql, a + "wq_b.weight", H * Dh, OutRound::bf16, L);
   if (tp) tp->q_lin = clone(q);
-  norm_rows(q, T_ * H, Dh, nullptr, L);  // per-head RMS normalisation, no weight
+  norm_rows(q, T_ * H, Dh, nullptr, L, P_.q_norm);  // per-head RMS normalisation, no weight
   rope_rows(q, H, Dh, freq, false, L);
   report(L, "attn.q", DType::bf16, {T_, H * Dh}, q.data());
 
-  // Window KV: one shared K=V head. A chunk stores its last W rows in the cache before the FP8
-  // simulation (the cache encodes them in its own format; decoding gives the simulated values).
+  // Window KV: one shared K=V head. A chunk stores its last W rows in the cache: before a real FP8
+  // simulation (the cache encodes FP8 rows itself; decoding gives the simulated values), after any
+  // other (NumericsProfile::fp8_kv_cache).
   FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
   if (tp) tp->kv_lin = clone(kv);
   norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
@@ -499,11 +503,13 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   const int64_t G = ratio > 0 ? groups_after(ratio) : 0;
   FBuf kvcat = be_.floats((hist + T_ + G) * Dh);
   if (hist > 0) cache_->load(L, CacheStream::window, p0_ - hist, hist, kvcat.data());
+  const bool kv_cached_fp8 = P_.fp8_kv_cache();
+  if (!kv_cached_fp8) quant(kv, T_, Dh - rd, Dh, 64, P_.kv_quant, "the window KV", L);
   if (cache_) {
     const int64_t m = std::min<int64_t>(T_, c_.sliding_window);
     cache_->store(L, CacheStream::window, p0_ + T_ - m, m, kv.data() + (T_ - m) * Dh);
   }
-  if (P_.fp8_kv) fp8(kv, T_, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the window KV", L);
+  if (kv_cached_fp8) quant(kv, T_, Dh - rd, Dh, 64, P_.kv_quant, "the window KV", L);
   report(L, "attn.kv", DType::bf16, {T_, Dh}, kv.data());
 
   // Compressed KV (C4 / C128) and the lightning indexer (C4). G counts the compressed rows visible
@@ -513,8 +519,9 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed,
                           tp ? &tp->kvp : nullptr, tp ? &tp->sc : nullptr);
     const int64_t n = G - g_before;
+    if (!kv_cached_fp8) quant(fresh, n, Dh - rd, Dh, 64, P_.kv_quant, "the compressed KV", L);
     if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
-    if (P_.fp8_kv && n > 0) fp8(fresh, n, Dh - rd, Dh, 64, P_.fp8_kv_mode, "the compressed KV", L);
+    if (kv_cached_fp8) quant(fresh, n, Dh - rd, Dh, 64, P_.kv_quant, "the compressed KV", L);
     report(L, "attn.compressed_kv", DType::bf16, {n, Dh}, fresh.data(), g_before);
     put_with_history(L, CacheStream::compressed, g_before, fresh, Dh, kvcat.data() + (hist + T_) * Dh);
   }
@@ -527,15 +534,17 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     FBuf qi = linear(qr, T_, ql, ix + "wq_b.weight", Hi * Di, OutRound::bf16, L);
     rope_rows(qi, Hi, Di, freq, false, L);
     be_.hadamard(qi.data(), T_ * Hi, Di, Di);
-    const int iblock = int(std::min<int64_t>(Di, 128));
-    if (P_.fp8_indexer) fp8(qi, T_ * Hi, Di, Di, iblock, Fp8KvMode::real, "the indexer queries", L);
+    const int iblock = P_.indexer_quant_block(Di);
+    quant(qi, T_ * Hi, Di, Di, iblock, P_.indexer_quant, "the indexer queries", L);
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
     const int64_t g_before = groups_before(4), n = G - g_before;
     const bool keep = tp && tape_->keep_indexer;
     FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys,
                            keep ? &tp->ikvp : nullptr, keep ? &tp->isc : nullptr);
+    const bool keys_cached_fp8 = P_.fp8_indexer_cache();
+    if (!keys_cached_fp8) quant(kfresh, n, Di, Di, iblock, P_.indexer_quant, "the indexer keys", L);
     if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
-    if (P_.fp8_indexer && n > 0) fp8(kfresh, n, Di, Di, iblock, Fp8KvMode::real, "the indexer keys", L);
+    if (keys_cached_fp8) quant(kfresh, n, Di, Di, iblock, P_.indexer_quant, "the indexer keys", L);
     report(L, "indexer.k", DType::bf16, {n, Di}, kfresh.data(), g_before);
     FBuf ki;  // every key a query of this chunk can see: the cached ones, then the chunk's
     if (g_before == 0) {
@@ -565,6 +574,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     ip.ki = ki.data();
     ip.wt = wt.data();
     ip.order = P_.order;
+    ip.bf16_scores = P_.indexer_score == Arith::bf16;
     ip.ids = sel.data();
     ip.margin = margin.data();
     ip.score = score.data();
@@ -642,6 +652,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   // A decode step (one token after a cache) may use an inference engine's split-KV order; prefill
   // chunks always take the exact order (model/profile.h decode_attention_splits).
   sp.splits = (cache_ && T_ == 1) ? P_.decode_attention_splits : 0;
+  sp.online_block = P_.attention_online_block;
   sp.o = o.data();
   FBuf lse = tp ? be_.floats(T_ * H) : FBuf();
   sp.lse = tp ? lse.data() : nullptr;
@@ -774,6 +785,7 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.shared = shared.data();
   mp.swiglu_limit = c_.swiglu_limit;
   mp.clamp_shared = P_.clamp_shared_expert;
+  mp.round_each = P_.expert_output_bf16;
   mp.order = P_.order;
   mp.out = out.data();
   if (opt_.experts) {

@@ -1,36 +1,368 @@
 #include "model/profile.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <sstream>
 
 #include "model/error.h"
 
 namespace dsv4 {
 
-NumericsProfile profile_train() {
+// Generated from profiles/*.profile by model/CMakeLists.txt: {name, file text} in profile_names() order.
+namespace detail {
+const std::vector<std::pair<std::string, std::string>>& builtin_profile_files();
+}
+
+namespace {
+
+// ---- value spellings ----------------------------------------------------------------------------
+
+const char* quant_name(QuantSim q) {
+  switch (q) {
+    case QuantSim::none:
+      return "none";
+    case QuantSim::fp8:
+      return "fp8";
+    case QuantSim::fp8_inplace_bf16_cast:
+      return "fp8_inplace_bf16_cast";
+    case QuantSim::fp4:
+      return "fp4";
+  }
+  return "?";
+}
+
+const char* arith_name(Arith a) {
+  return a == Arith::bf16 ? "bf16" : "fp32";
+}
+
+const char* set_arith(Arith& a, const std::string& v) {
+  if (v == "fp32")
+    a = Arith::fp32;
+  else if (v == "bf16")
+    a = Arith::bf16;
+  else
+    return "accepted: fp32, bf16";
+  return nullptr;
+}
+
+// A decimal integer in [lo, hi], the whole string.
+bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
+  if (s.empty()) return false;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size() && out >= lo && out <= hi;
+}
+
+constexpr int64_t kMaxBlock = 65536;
+
+// ---- the site table -----------------------------------------------------------------------------
+
+const std::vector<ProfileSite> kSites = {
+    {"reduce.block", "blocking of every long fp32 reduction (GEMMs, norms, attention and indexer dots, mHC)",
+     "0 (one chain) or a positive multiple of 8 (kernels/reduce.h)",
+     [](const NumericsProfile& p) { return std::to_string(p.order.block); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       int64_t b = 0;
+       if (!parse_int(v, 0, kMaxBlock, b)) return "expected an integer in 0..65536";
+       if (b % 8 != 0) return "the block must be 0 or a positive multiple of 8";
+       p.order.block = int(b);
+       return nullptr;
+     }},
+    {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
+     [](const NumericsProfile& p) { return std::string(arith_name(p.q_norm)); },
+     [](NumericsProfile& p, const std::string& v) { return set_arith(p.q_norm, v); }},
+    {"attention.softmax", "softmax order of sparse attention (prefill and exact decode)",
+     "two_pass, online:B (blocks of B slots, B in 1..65536)",
+     [](const NumericsProfile& p) {
+       return p.attention_online_block == 0 ? std::string("two_pass")
+                                            : fmt::format("online:{}", p.attention_online_block);
+     },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       if (v == "two_pass") {
+         p.attention_online_block = 0;
+         return nullptr;
+       }
+       int64_t b = 0;
+       if (v.rfind("online:", 0) != 0 || !parse_int(v.substr(7), 1, kMaxBlock, b))
+         return "accepted: two_pass, online:B with B in 1..65536 (a block of 0 slots is impossible)";
+       p.attention_online_block = int(b);
+       return nullptr;
+     }},
+    {"attention.decode", "attention order of a one-token decode step after a cache",
+     "exact, split:N (N in 1..65536)", [](const NumericsProfile& p) { return decode_attention_name(p); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       try {
+         p.decode_attention_splits = parse_decode_attention(v);
+       } catch (const InputError&) {
+         return "accepted: exact, split:N with N in 1..65536";
+       }
+       return nullptr;
+     }},
+    {"kv.quant",
+     "quantisation simulated on the window KV and main compressed KV (nope dims, block 64, ue8m0)",
+     "none, fp8, fp8_inplace_bf16_cast",
+     [](const NumericsProfile& p) { return std::string(quant_name(p.kv_quant)); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       for (QuantSim q : {QuantSim::none, QuantSim::fp8, QuantSim::fp8_inplace_bf16_cast})
+         if (v == quant_name(q)) {
+           p.kv_quant = q;
+           return nullptr;
+         }
+       return "accepted: none, fp8, fp8_inplace_bf16_cast";
+     }},
+    {"indexer.quant",
+     "quantisation simulated on the indexer q and k (fp8: e4m3, block min(Di, 128), ue8m0; fp4: e2m1, block "
+     "32, "
+     "power-of-two scales)",
+     "none, fp8, fp4", [](const NumericsProfile& p) { return std::string(quant_name(p.indexer_quant)); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       for (QuantSim q : {QuantSim::none, QuantSim::fp8, QuantSim::fp4})
+         if (v == quant_name(q)) {
+           p.indexer_quant = q;
+           return nullptr;
+         }
+       return "accepted: none, fp8, fp4";
+     }},
+    {"indexer.score", "arithmetic of the indexer scores (q.k dots, ReLU times weight, head sum)",
+     "fp32, bf16", [](const NumericsProfile& p) { return std::string(arith_name(p.indexer_score)); },
+     [](NumericsProfile& p, const std::string& v) { return set_arith(p.indexer_score, v); }},
+    {"moe.expert_output", "where the experts' w2 outputs are rounded to bf16",
+     "sum_fp32 (once, after the fp32 sum), bf16_each (each expert's output, before the sum)",
+     [](const NumericsProfile& p) { return std::string(p.expert_output_bf16 ? "bf16_each" : "sum_fp32"); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       if (v != "sum_fp32" && v != "bf16_each") return "accepted: sum_fp32, bf16_each";
+       p.expert_output_bf16 = v == "bf16_each";
+       return nullptr;
+     }},
+    {"moe.shared_clamp", "whether the shared expert's SwiGLU is clamped like the routed experts'", "off, on",
+     [](const NumericsProfile& p) { return std::string(p.clamp_shared_expert ? "on" : "off"); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       if (v != "off" && v != "on") return "accepted: off, on";
+       p.clamp_shared_expert = v == "on";
+       return nullptr;
+     }},
+    {"topk.ties", "tie-break of every top-k (indexer and router)",
+     "lower_index (equal scores: the smaller index wins; the only order implemented)",
+     [](const NumericsProfile&) { return std::string("lower_index"); },
+     [](NumericsProfile&, const std::string& v) -> const char* {
+       return v == "lower_index" ? nullptr : "accepted: lower_index (the only tie-break implemented)";
+     }},
+};
+
+bool valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
+  });
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+const std::map<std::string, NumericsProfile>& builtins() {
+  static const std::map<std::string, NumericsProfile> m = [] {
+    std::map<std::string, NumericsProfile> r;
+    for (const auto& [name, text] : detail::builtin_profile_files()) {
+      NumericsProfile p = parse_profile(text, fmt::format("built-in profile '{}'", name));
+      if (p.name != name)
+        throw Error(fmt::format("built-in profile file '{}.profile' names itself '{}'", name, p.name));
+      r.emplace(name, std::move(p));
+    }
+    return r;
+  }();
+  return m;
+}
+
+}  // namespace
+
+const std::vector<ProfileSite>& profile_sites() {
+  return kSites;
+}
+
+const ProfileSite* find_profile_site(const std::string& key) {
+  for (const auto& s : kSites)
+    if (key == s.key) return &s;
+  return nullptr;
+}
+
+NumericsProfile parse_profile(const std::string& text, const std::string& source) {
+  struct Entry {
+    std::string key, value;
+    int line;
+  };
+  std::vector<Entry> sites;
   NumericsProfile p;
-  p.name = "train";
-  p.order = ReduceOrder{0};
+  bool have_version = false, have_name = false;
+  std::string base;
+  std::istringstream in(text);
+  std::string raw;
+  int line = 0;
+  auto fail = [&](int at, const std::string& why) {
+    throw InputError(fmt::format("{}:{}: {}", source, at, why));
+  };
+  while (std::getline(in, raw)) {
+    ++line;
+    const std::string s = trim(raw);
+    if (s.empty() || s[0] == '#') continue;
+    const auto eq = s.find('=');
+    if (eq == std::string::npos) fail(line, fmt::format("expected 'key = value', got '{}'", s));
+    const std::string key = trim(s.substr(0, eq)), value = trim(s.substr(eq + 1));
+    if (!have_version) {
+      if (key != "dsv4-profile")
+        fail(line, "the first line must be 'dsv4-profile = 1' (the format version; docs/PROFILES.md)");
+      int64_t v = 0;
+      if (!parse_int(value, 1, 1000000, v))
+        fail(line, fmt::format("format version '{}' is not a number", value));
+      if (v > kProfileFormatVersion)
+        fail(line, fmt::format("profile format version {} is newer than this build reads ({}): use a newer "
+                               "dsv4-replay",
+                               v, kProfileFormatVersion));
+      have_version = true;
+      continue;
+    }
+    if (key == "dsv4-profile") fail(line, "the format version is given twice");
+    if (key == "name") {
+      if (have_name) fail(line, "the name is given twice");
+      if (!valid_name(value))
+        fail(line, fmt::format("name '{}' must be 1-64 letters, digits, '-', '_' or '.'", value));
+      p.name = value;
+      have_name = true;
+    } else if (key == "description") {
+      p.description = value;
+    } else if (key == "base") {
+      if (!base.empty()) fail(line, "base is given twice");
+      if (!is_builtin_profile(value))
+        fail(line, fmt::format("base '{}' is not a built-in profile (known: {})", value,
+                               fmt::join(profile_names(), ", ")));
+      base = value;
+    } else if (find_profile_site(key)) {
+      for (const auto& e : sites)
+        if (e.key == key) fail(line, fmt::format("site '{}' is given twice (first on line {})", key, e.line));
+      sites.push_back({key, value, line});
+    } else {
+      std::vector<std::string> keys;
+      for (const auto& k : kSites) keys.emplace_back(k.key);
+      fail(line, fmt::format("unknown site '{}' (sites: {})", key, fmt::join(keys, ", ")));
+    }
+  }
+  if (!have_version)
+    throw InputError(fmt::format("{}: empty profile (the first line must be 'dsv4-profile = 1')", source));
+  if (!have_name) throw InputError(fmt::format("{}: the profile has no 'name = ...' line", source));
+  if (!base.empty()) {
+    NumericsProfile b = profile_by_name(base);
+    b.name = p.name;
+    b.description = p.description;
+    p = std::move(b);
+  }
+  for (const auto& e : sites)
+    if (const char* why = find_profile_site(e.key)->set(p, e.value))
+      fail(e.line, fmt::format("site '{}': impossible value '{}': {}", e.key, e.value, why));
+  if (base.empty()) {
+    std::vector<std::string> missing;
+    for (const auto& s : kSites)
+      if (std::none_of(sites.begin(), sites.end(), [&](const Entry& e) { return e.key == s.key; }))
+        missing.emplace_back(s.key);
+    if (!missing.empty())
+      throw InputError(
+          fmt::format("{}: sites not set: {} (set them, or start from a built-in with 'base = NAME')", source,
+                      fmt::join(missing, ", ")));
+  }
   return p;
 }
 
-NumericsProfile profile_rollout() {
-  NumericsProfile p;
-  p.name = "rollout";
-  // Split-K in blocks of 64, like a tensor-core kernel's k-tiles: same math, other rounding.
-  p.order = ReduceOrder{64};
-  p.fp8_kv = true;
-  p.fp8_indexer = true;
-  return p;
+std::string profile_text(const NumericsProfile& p) {
+  std::string o = fmt::format("dsv4-profile = {}\nname = {}\n", kProfileFormatVersion, p.name);
+  if (!p.description.empty()) o += fmt::format("description = {}\n", p.description);
+  for (const auto& s : kSites) o += fmt::format("{} = {}\n", s.key, s.get(p));
+  return o;
+}
+
+std::string profile_text_digest(const std::string& text) {
+  return fmt::format("{:016x}", uint64_t(XXH3_64bits(text.data(), text.size())));
+}
+
+std::string profile_digest(const NumericsProfile& p) {
+  return profile_text_digest(profile_text(p));
 }
 
 std::vector<std::string> profile_names() {
-  return {"train", "rollout"};
+  std::vector<std::string> n;
+  for (const auto& f : detail::builtin_profile_files()) n.push_back(f.first);
+  return n;
+}
+
+bool is_builtin_profile(const std::string& name) {
+  const auto& f = detail::builtin_profile_files();
+  return std::any_of(f.begin(), f.end(), [&](const auto& e) { return e.first == name; });
+}
+
+const std::string& builtin_profile_source(const std::string& name) {
+  for (const auto& f : detail::builtin_profile_files())
+    if (f.first == name) return f.second;
+  throw InputError(
+      fmt::format("unknown numerics profile '{}' (known: {})", name, fmt::join(profile_names(), ", ")));
 }
 
 NumericsProfile profile_by_name(const std::string& name) {
-  if (name == "train") return profile_train();
-  if (name == "rollout") return profile_rollout();
-  throw InputError(fmt::format("unknown numerics profile '{}' (known: train, rollout)", name));
+  const auto& m = builtins();
+  const auto it = m.find(name);
+  if (it == m.end())
+    throw InputError(
+        fmt::format("unknown numerics profile '{}' (known: {})", name, fmt::join(profile_names(), ", ")));
+  return it->second;
+}
+
+NumericsProfile load_profile(const std::string& name_or_file) {
+  if (is_builtin_profile(name_or_file)) return profile_by_name(name_or_file);
+  std::ifstream f(name_or_file, std::ios::binary);
+  if (!f)
+    throw InputError(
+        fmt::format("--profile '{}' is neither a built-in profile ({}) nor a readable profile file",
+                    name_or_file, fmt::join(profile_names(), ", ")));
+  std::ostringstream s;
+  s << f.rdbuf();
+  NumericsProfile p = parse_profile(s.str(), name_or_file);
+  // A built-in's name means its precision map wherever it is read (traces store names too).
+  if (is_builtin_profile(p.name) && profile_digest(p) != profile_digest(profile_by_name(p.name)))
+    throw InputError(
+        fmt::format("{}: name '{}' is a built-in profile's, but the file's sites differ from it: give "
+                    "the file its own name",
+                    name_or_file, p.name));
+  return p;
+}
+
+NumericsProfile profile_train() {
+  return profile_by_name("train");
+}
+
+NumericsProfile profile_rollout() {
+  return profile_by_name("rollout");
+}
+
+std::vector<ProfileSiteDiff> profile_diff(const NumericsProfile& a, const NumericsProfile& b) {
+  std::vector<ProfileSiteDiff> d;
+  for (const auto& s : kSites) {
+    std::string va = s.get(a), vb = s.get(b);
+    if (va != vb) d.push_back({s.key, std::move(va), std::move(vb)});
+  }
+  return d;
+}
+
+void copy_profile_site(NumericsProfile& p, const NumericsProfile& from, const std::string& key) {
+  const ProfileSite* s = find_profile_site(key);
+  if (!s) throw Error(fmt::format("copy_profile_site: unknown site '{}'", key));
+  if (const char* why = s->set(p, s->get(from)))
+    throw Error(fmt::format("copy_profile_site: site '{}': {}", key, why));
 }
 
 std::string decode_attention_name(const NumericsProfile& p) {
@@ -41,17 +373,9 @@ int parse_decode_attention(const std::string& s) {
   constexpr int kMaxSplits = 65536;
   if (s == "exact") return 0;
   const std::string prefix = "split:";
-  if (s.compare(0, prefix.size(), prefix) == 0 && s.size() > prefix.size() && s.size() <= prefix.size() + 5) {
-    int n = 0;
-    bool digits = true;
-    for (size_t i = prefix.size(); i < s.size(); ++i) {
-      if (s[i] < '0' || s[i] > '9')
-        digits = false;
-      else
-        n = n * 10 + (s[i] - '0');
-    }
-    if (digits && n >= 1 && n <= kMaxSplits) return n;
-  }
+  int64_t n = 0;
+  if (s.compare(0, prefix.size(), prefix) == 0 && parse_int(s.substr(prefix.size()), 1, kMaxSplits, n))
+    return int(n);
   throw InputError(
       fmt::format("unknown decode attention '{}' (accepted: exact, split:N with N in 1..{})", s, kMaxSplits));
 }

@@ -1,44 +1,126 @@
-// Numerics profiles (DESIGN.md §4): `train` is the training engine's prefill numerics (bf16 storage,
-// fp32 accumulation, MODEL.md §3.11, no FP8); `rollout` is an inference engine's numerics (FP8-
-// simulated window and compressed KV and FP8-simulated indexer inputs as SGLang stores them,
-// MODEL.md §4.4, and a different but fixed blocking of the long reductions). Both are deterministic;
-// their difference is the realistic train-inference mismatch.
+// Numerics profiles (DESIGN.md §4, docs/PROFILES.md): a named precision map with one entry per site
+// where the runtime chooses precision. Profiles are data: a small text format (docs/PROFILES.md),
+// with built-ins shipped as files in profiles/ and compiled into the tool.
+//
+// Built-ins:
+// - `train`: the training engine's prefill numerics (bf16 storage, fp32 accumulation, MODEL.md §3.11,
+//   no FP8);
+// - `rollout`: an inference engine's numerics (FP8-simulated window and compressed KV and FP8-
+//   simulated indexer inputs as SGLang stores them, MODEL.md §4.4, and a different but fixed blocking
+//   of the long reductions);
+// - `deepseek-inference`, `deepseek-inference-v2`: DeepSeek's official inference code, its initial
+//   release and its later revision (MODEL.md §12.1).
+// All are deterministic; their differences are the realistic train-inference mismatch.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#include "kernels/quant.h"
 #include "kernels/reduce.h"
 
 namespace dsv4 {
 
-// How the FP8 KV sites are simulated ([U] MODEL.md §4.2): `real` quantises to e4m3 and back (what
-// SGLang's FP8 cache and miles' QAT do, the default); `inplace_bf16_cast` reproduces the official
-// inference code's in-place act_quant, an identity under ue8m0 scales.
-enum class Fp8KvMode { real, inplace_bf16_cast };
+// A block quantisation simulated at a site (kernels/quant.h). `fp8_inplace_bf16_cast` is the official
+// inference code's in-place act_quant ([U] MODEL.md §4.2: an identity under ue8m0 scales).
+enum class QuantSim { none, fp8, fp8_inplace_bf16_cast, fp4 };
+// The arithmetic of a site: fp32, or bf16 (every intermediate rounded to bf16, as a PyTorch op on a
+// bf16 tensor does).
+enum class Arith { fp32, bf16 };
 
 struct NumericsProfile {
   std::string name;
-  ReduceOrder order;    // every long reduction (GEMMs, norms, attention/indexer dots, mHC)
-  bool fp8_kv = false;  // window KV + main compressed KV: nope dims, block 64, ue8m0
-  Fp8KvMode fp8_kv_mode = Fp8KvMode::real;
-  bool fp8_indexer = false;          // indexer q (per head row) and k: block 128, ue8m0
-  bool clamp_shared_expert = false;  // [U] MODEL.md §3.9.3: default no clamp on the shared expert
-  // Attention of a decode step (a one-token chunk with a cache): 0 keeps the exact row order, so a
-  // decode equals the prefill bit for bit; N >= 1 uses the split-KV ("flash-decoding") order of an
-  // inference engine's decode kernel with N parts (kernels/attention.h SparseAttnParams::splits), so
-  // decode and prefill differ in rounding the way they do in such an engine. Prefill chunks always
-  // use the exact order.
+  std::string description;
+  // reduce.block: every long reduction (GEMMs, norms, attention/indexer dots, mHC).
+  ReduceOrder order;
+  // attention.q_norm: the per-head q RMSNorm (no weight), kernels/norm.h RmsNormParams::arith.
+  Arith q_norm = Arith::fp32;
+  // attention.softmax: 0 = the two-pass softmax of kernels/attention.h; B >= 1 = an online softmax in
+  // blocks of B slots with unnormalised bf16 probabilities (SparseAttnParams::online_block).
+  int attention_online_block = 0;
+  // attention.decode: the attention of a decode step (a one-token chunk with a cache): 0 keeps the
+  // prefill order, so a decode equals the prefill bit for bit; N >= 1 uses the split-KV
+  // ("flash-decoding") order of an inference engine's decode kernel with N parts
+  // (SparseAttnParams::splits). Prefill chunks never use it.
   int decode_attention_splits = 0;
+  // kv.quant: window KV and main compressed KV, nope dims, block 64, ue8m0 (none, fp8,
+  // fp8_inplace_bf16_cast).
+  QuantSim kv_quant = QuantSim::none;
+  // indexer.quant: indexer q (per head row) and k after RoPE and Hadamard (none; fp8: block
+  // min(Di, 128), ue8m0; fp4: e2m1, block 32, power-of-two scales).
+  QuantSim indexer_quant = QuantSim::none;
+  // indexer.score: the q.k dots, ReLU times weight and head sum (IndexerParams::bf16_scores).
+  Arith indexer_score = Arith::fp32;
+  // moe.expert_output: false = the experts' fp32 outputs summed then rounded once; true = each routed
+  // and shared expert's w2 output rounded to bf16 before the fp32 sum (MoeParams::round_each).
+  bool expert_output_bf16 = false;
+  // moe.shared_clamp ([U] MODEL.md §3.9.3): the SwiGLU clamp on the shared expert too.
+  bool clamp_shared_expert = false;
+
+  // Whether a decoding engine's cache stores the window/compressed KV, or the indexer keys, as FP8
+  // rows (rollout/kv_cache.cpp): exactly when the site simulates real FP8. The cache then quantises
+  // on store; every other simulation is applied before the rows are stored (its values are bf16).
+  bool fp8_kv_cache() const { return kv_quant == QuantSim::fp8; }
+  bool fp8_indexer_cache() const { return indexer_quant == QuantSim::fp8; }
+  // The block of the indexer q/k simulation for head dim Di: 32 for fp4, min(Di, 128) for fp8.
+  int indexer_quant_block(int64_t Di) const {
+    return indexer_quant == QuantSim::fp4 ? 32 : int(Di < 128 ? Di : 128);
+  }
 };
+
+// ---- the sites ----------------------------------------------------------------------------------
+// One entry per site: its key in the text format, what it chooses, and its values. The one place a
+// site is named: parsing, printing, `dsv4 profile diff`, trace diffs and bisect all go through it.
+struct ProfileSite {
+  const char* key;     // "indexer.score"
+  const char* choice;  // one line: what the site chooses
+  const char* values;  // the accepted values, as the help spells them
+  std::string (*get)(const NumericsProfile&);
+  // Sets the site from its text; returns nullptr, or the reason the value is refused.
+  const char* (*set)(NumericsProfile&, const std::string& value);
+};
+const std::vector<ProfileSite>& profile_sites();
+const ProfileSite* find_profile_site(const std::string& key);  // nullptr when there is no such site
+
+// ---- the text format ----------------------------------------------------------------------------
+inline constexpr int kProfileFormatVersion = 1;
+
+// Parses a profile. `source` names the text in errors ("profiles/x.profile", "built-in 'train'",
+// "trace t.h5 step 0"). Throws InputError naming the source, the line and the site for: an unknown
+// key, an impossible value, a missing or newer format version, a missing name, a site given twice,
+// sites left unset without `base`.
+NumericsProfile parse_profile(const std::string& text, const std::string& source);
+// The canonical text of a profile: the header, then every site in profile_sites() order. Parsing it
+// gives the same profile; two profiles with the same sites and name give the same text.
+std::string profile_text(const NumericsProfile& p);
+// XXH3-64 of a profile's text, as 16 lower-case hex digits (stored in traces beside the text).
+std::string profile_text_digest(const std::string& text);
+std::string profile_digest(const NumericsProfile& p);  // profile_text_digest(profile_text(p))
+
+// ---- lookup -------------------------------------------------------------------------------------
+std::vector<std::string> profile_names();  // the built-ins, in a fixed order
+bool is_builtin_profile(const std::string& name);
+// The built-in's file text as shipped (comments included).
+const std::string& builtin_profile_source(const std::string& name);
+// A built-in by name; throws InputError listing the names.
+NumericsProfile profile_by_name(const std::string& name);
+// What `--profile NAME|FILE` takes: a built-in's name, else a path to a profile file. Throws
+// InputError naming the argument when it is neither (or the file's errors), and for a file that takes
+// a built-in's name with other sites.
+NumericsProfile load_profile(const std::string& name_or_file);
 
 NumericsProfile profile_train();
 NumericsProfile profile_rollout();
-std::vector<std::string> profile_names();
-NumericsProfile profile_by_name(const std::string& name);  // throws InputError listing the names
 
-// decode_attention_splits as the option spells it: "exact" (0) or "split:N".
+// One site where two profiles differ.
+struct ProfileSiteDiff {
+  std::string key, a, b;
+};
+std::vector<ProfileSiteDiff> profile_diff(const NumericsProfile& a, const NumericsProfile& b);
+// `p` with site `key` taken from `from` (bisect). Throws Error for an unknown key.
+void copy_profile_site(NumericsProfile& p, const NumericsProfile& from, const std::string& key);
+
+// decode_attention_splits as the site spells it: "exact" (0) or "split:N".
 std::string decode_attention_name(const NumericsProfile& p);
 // "exact" -> 0, "split:N" (decimal N in [1, 65536]) -> N; anything else throws InputError naming the
 // accepted forms.

@@ -135,11 +135,11 @@ Attribution attribute_mismatch(const std::string& rollout, int rs, const std::st
           "at "
           "temperature 1, so the stages would not add up");
   const Weights w = weights_for_trace(R, model_dir);
-  const NumericsProfile P = profile_by_name(ri.profile);
+  const NumericsProfile P = recorded_profile(ri, R.path());
   NumericsProfile noFp8 = P;
   noFp8.name = P.name + " without FP8 caches";
-  noFp8.fp8_kv = false;
-  noFp8.fp8_indexer = false;
+  if (P.fp8_kv_cache()) noFp8.kv_quant = QuantSim::none;
+  if (P.fp8_indexer_cache()) noFp8.indexer_quant = QuantSim::none;
 
   const Side g = from_trace(R, rs, n, "generation (" + ri.profile + ")");
   const Side pre = from_forward(w, seqs, temps, P, "prefill (" + ri.profile + ")");

@@ -570,6 +570,16 @@ DiffReport diff_traces(const TraceReader& ra, const TraceReader& rb, const DiffO
   rep.step_b = opt.step_b;
   rep.profile_a = A.step.profile;
   rep.profile_b = B.step.profile;
+  // A step's recorded profile, when this build knows it (an engine's name may not be a profile).
+  auto known_profile = [](const Side& s) -> std::optional<NumericsProfile> {
+    if (s.step.profile_text.empty() && !is_builtin_profile(s.step.profile)) return std::nullopt;
+    return recorded_profile(s.step, s.r.path());
+  };
+  const std::optional<NumericsProfile> pa = known_profile(A), pb = known_profile(B);
+  if (pa && pb) {
+    rep.profile_sites = profile_diff(*pa, *pb);
+    rep.profile_sites_known = true;
+  }
   rep.model_digest_a = A.meta.model_digest;
   rep.model_digest_b = B.meta.model_digest;
   if (const std::string why = model_difference(A, B); !why.empty()) {
@@ -584,7 +594,7 @@ DiffReport diff_traces(const TraceReader& ra, const TraceReader& rb, const DiffO
     rep.tie_threshold = opt.tie_threshold;
   } else {
     rep.tie_rule = "relative";
-    rep.tie_threshold = tie_factor(A.step.profile, B.step.profile);
+    rep.tie_threshold = pa && pb ? tie_factor(*pa, *pb) : tie_factor(A.step.profile, B.step.profile);
   }
   diff_training(A, B, rep);
   Steps st{A, B, A.step.index, B.step.index, S};

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "model/profile.h"
 #include "replay/training_diff.h"
 
 namespace dsv4 {
@@ -89,6 +90,11 @@ struct DiffReport {
   std::string trace_a, trace_b;
   int step_a = 0, step_b = 0, seq_count = 0;
   std::string profile_a, profile_b;  // numerics profiles of the two steps
+  // The sites where the two steps' recorded profiles differ (model/profile.h profile_diff), in site
+  // order; profile_sites_known is false when a step's profile is not known to this build (an engine's
+  // name without a stored text), and the list is then empty.
+  std::vector<ProfileSiteDiff> profile_sites;
+  bool profile_sites_known = false;
   std::string model_digest_a, model_digest_b;
   bool model_mismatch = false;
   std::vector<LayerDiff> layers;    // sequence-aggregated, one per layer of A's config

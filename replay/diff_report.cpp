@@ -93,6 +93,13 @@ std::string diff_to_json(const DiffReport& r) {
       {"path", r.trace_b}, {"step", r.step_b}, {"profile", r.profile_b}, {"model_digest", r.model_digest_b}};
   j["seq_count"] = r.seq_count;
   j["model_mismatch"] = r.model_mismatch;
+  if (r.profile_sites_known) {
+    J sites = J::array();
+    for (const auto& d : r.profile_sites) sites.push_back({{"site", d.key}, {"a", d.a}, {"b", d.b}});
+    j["profile_sites"] = std::move(sites);
+  } else {
+    j["profile_sites"] = nullptr;
+  }
   j["tie"] = {{"rule", r.tie_rule}, {"threshold", r.tie_threshold}};
   if (r.first_divergence) {
     const auto& f = *r.first_divergence;
@@ -288,6 +295,14 @@ std::string diff_to_table(const DiffReport& r) {
   o += fmt::format("{} sequence{}", r.seq_count, r.seq_count == 1 ? "" : "s");
   if (r.model_mismatch) o += "; MODEL MISMATCH (different weights)";
   o += "\n";
+  if (!r.profile_sites_known)
+    o += "profile sites: unknown (a step's profile is not one this build knows)\n";
+  else if (r.profile_sites.empty())
+    o += "profile sites: the same precision map\n";
+  else {
+    o += fmt::format("profile sites that differ ({}):\n", r.profile_sites.size());
+    for (const auto& d : r.profile_sites) o += fmt::format("  {:<20} {} -> {}\n", d.key, d.a, d.b);
+  }
   if (r.tie_rule == "absolute")
     o += fmt::format("tie flips: margin < {} (absolute)\n\n", fmt_sci(r.tie_threshold));
   else

@@ -84,7 +84,7 @@ CollectedGeneration record_generation(const Weights& w, const std::vector<rollou
       [policy](std::string_view name, int layer) { return policy.wants_tensor(name, layer); }, progress);
   StepSpec spec;
   spec.kind = trace_layout::kKindGenerate;
-  spec.profile = opt.profile.name;
+  spec.set_profile(opt.profile);
   spec.seed = ro.seed;
   spec.threads = opt.threads;
   spec.seqs = c.computed;

@@ -460,7 +460,7 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   RecordedStep rec = read_recorded_step(r, index, n);
   std::vector<std::vector<int32_t>>& toks = rec.tokens;
   std::vector<SeqDecisions>& recorded = rec.decisions;
-  rollout::EngineOptions eo = recorded_engine_options(g, profile_by_name(info.profile));
+  rollout::EngineOptions eo = recorded_engine_options(g, recorded_profile(info, r.path()));
   eo.device = opt.device;
   eo.threads = sr.threads;
   const auto t0 = std::chrono::steady_clock::now();
@@ -614,7 +614,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
 
   Verifier v(r, index, std::move(tables), sr);
   RunOptions ro;
-  ro.profile = profile_by_name(info.profile);
+  ro.profile = recorded_profile(info, r.path());
   ro.threads = sr.threads;
   ro.observer = &v;
   ro.overrides = ov.empty() ? nullptr : &ov;

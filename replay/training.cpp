@@ -90,6 +90,8 @@ TrainingReplayPlan plan_training_replay(const TraceReader& r, int step) {
   if (!t) throw TraceError(fmt::format("{}: step {} is a training step without its training record", r.path(), step));
   p.record = std::move(*t);
   p.settings = train::TrainStepOptions::from_json(p.record.settings_json);
+  for (const TraceStepInfo& s : r.steps())
+    if (s.index == step) p.settings.profile = recorded_profile(s, r.path());
   p.force_indexer = p.settings.decisions_kinds.find("indexer") != std::string::npos;
   p.force_routing = p.settings.decisions_kinds.find("routing") != std::string::npos;
   return p;

@@ -24,13 +24,13 @@ const KvRowFormat& CacheFormats::of(CacheStream s) const {
 
 CacheFormats cache_formats(const ModelConfig& c, const NumericsProfile& p) {
   // The in-place bf16-cast mode is an identity on bf16 values: its cache holds bf16.
-  const bool fp8_kv = p.fp8_kv && p.fp8_kv_mode == Fp8KvMode::real;
+  const bool fp8_kv = p.fp8_kv_cache();
   const int64_t Dh = c.head_dim, nd = c.nope_dim(), Di = c.index_head_dim;
   CacheFormats f;
   f.window = KvRowFormat{.dim = Dh, .fp8_dims = fp8_kv ? nd : 0, .block = 64};
   f.compressed = f.window;
   f.indexer_keys =
-      KvRowFormat{.dim = Di, .fp8_dims = p.fp8_indexer ? Di : 0, .block = int(std::min<int64_t>(Di, 128))};
+      KvRowFormat{.dim = Di, .fp8_dims = p.fp8_indexer_cache() ? Di : 0, .block = p.indexer_quant_block(Di)};
   return f;
 }
 

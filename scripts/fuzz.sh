@@ -22,7 +22,7 @@ done
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
   echo "scripts/fuzz.sh: --seconds needs a whole number >= 1, got '$seconds'" >&2; exit 2
 fi
-harnesses=(fuzz_trace fuzz_safetensors fuzz_config fuzz_policy fuzz_jsonl fuzz_samples fuzz_import)
+harnesses=(fuzz_trace fuzz_safetensors fuzz_config fuzz_policy fuzz_jsonl fuzz_samples fuzz_import fuzz_profile)
 [[ -n "$only" ]] && harnesses=("$only")
 scripts/san-build.sh --build-dir "$build" fuzz_seeds "${harnesses[@]}"
 

@@ -1,6 +1,7 @@
 // The decoding path (model/forward.h forward_chunk over rollout/kv_cache.h): a whole-sequence prefill,
 // a chunked prefill and token-by-token decoding give the same bits for every reported tensor row,
-// every decision and the logits, at every split point, in both profiles, on tiny and tiny-b, across
+// every decision and the logits, at every split point, in the built-in profiles (the deepseek-inference
+// ones: FP4 indexer keys cached after their simulation, online softmax), on tiny and tiny-b, across
 // the window and the compressor group edges; the cache rows decode to exactly the profile's FP8
 // simulation.
 #include <gtest/gtest.h>
@@ -149,7 +150,9 @@ TEST_P(DecodeEquivalence, ChunkedAndDecodedAcrossGroupEdges) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, DecodeEquivalence,
                          ::testing::Values(Case{"tiny", "train"}, Case{"tiny", "rollout"},
-                                           Case{"tiny-b", "train"}, Case{"tiny-b", "rollout"}),
+                                           Case{"tiny-b", "train"}, Case{"tiny-b", "rollout"},
+                                           Case{"tiny", "deepseek-inference-v2"},
+                                           Case{"tiny-b", "deepseek-inference"}),
                          [](const auto& info) {
                            std::string n = std::string(info.param.preset) + "_" + info.param.profile;
                            for (char& ch : n)

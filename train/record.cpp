@@ -139,7 +139,7 @@ TrainStepResult record_train_step(const Weights& w, const std::vector<TrainSampl
   wo.policy = CapturePolicy::parse(ro.capture);
   StepSpec spec;
   spec.kind = "train-step";
-  spec.profile = o.profile;
+  spec.set_profile(o.profile);
   spec.seed = ro.seed;
   spec.threads = o.threads;
   for (const TrainSample& s : samples) spec.seqs.push_back(s.tokens());

@@ -60,7 +60,7 @@ void check_indexer_kl(const TrainStepOptions& o) {
 
 std::string TrainStepOptions::to_json() const {
   nlohmann::ordered_json j;
-  j["profile"] = profile;
+  j["profile"] = profile.name;
   j["temperature"] = temperature;
   j["loss"] = {{"eps_low", loss.eps_low},   {"eps_high", loss.eps_high}, {"tis", loss.tis},
                {"tis_cap", loss.tis_cap},   {"kl_coef", loss.kl_coef}};
@@ -82,7 +82,11 @@ TrainStepOptions TrainStepOptions::from_json(const std::string& text) {
   TrainStepOptions o;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    o.profile = j.at("profile").get<std::string>();
+    const std::string profile = j.at("profile").get<std::string>();
+    if (is_builtin_profile(profile))
+      o.profile = profile_by_name(profile);
+    else
+      o.profile.name = profile;  // the trace's recorded text is the profile (replay/training.cpp)
     o.temperature = j.at("temperature").get<float>();
     const auto& l = j.at("loss");
     o.loss.eps_low = l.at("eps_low").get<double>();
@@ -197,7 +201,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   }
 
   RunOptions ro;
-  ro.profile = profile_by_name(o.profile);
+  ro.profile = o.profile;
   ro.threads = o.threads;
   ro.temperature = o.temperature;
   ro.device = o.device;

@@ -27,7 +27,9 @@
 namespace dsv4::train {
 
 struct TrainStepOptions {
-  std::string profile = "train";  // numerics profile of the forward and backward
+  // Numerics profile of the forward and backward. The settings JSON stores its name; a replay takes
+  // the profile itself from the step's recorded text (capture/trace_reader.h recorded_profile).
+  NumericsProfile profile = profile_train();
   Device device = Device::cpu;
   int threads = 0;
   float temperature = 1.0f;  // log-probs of logits / temperature (MODEL.md §3.10)

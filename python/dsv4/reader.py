@@ -212,6 +212,8 @@ class Step:
         self.index = info["index"]
         self.kind = info["kind"]
         self.profile = info["profile"]
+        # The recorded profile's canonical text (docs/PROFILES.md); "" for steps that store only a name.
+        self.profile_text = info["profile_text"]
         self.capture = info["capture"]
         self.seed = info["seed"]
         self.threads = info["threads"]

@@ -23,6 +23,7 @@ py::dict step_dict(const TraceStepInfo& s) {
   d["group"] = s.group;
   d["kind"] = s.kind;
   d["profile"] = s.profile;
+  d["profile_text"] = s.profile_text;  // the recorded precision map (docs/PROFILES.md), "" when not stored
   d["capture"] = s.capture;
   d["seed"] = s.seed;
   d["threads"] = s.threads;

@@ -25,12 +25,12 @@ void bind_run(py::module_& m) {
         const Weights w = model_dir.empty() ? open_preset(preset, seed) : open_checkpoint(model_dir);
         DecisionLog log;
         RunOptions opt;
-        opt.profile = profile_by_name(profile);
+        opt.profile = load_profile(profile);  // a built-in's name or a profile file
         opt.threads = threads;
         opt.temperature = temperature;
         opt.observer = &log;
         const ForwardResult res = forward(w, {tokens}, opt);
-        return forward_to_json(res.seqs[0], log, profile);
+        return forward_to_json(res.seqs[0], log, opt.profile.name);
       },
       py::arg("model_dir"), py::arg("preset"), py::arg("seed"), py::arg("tokens"), py::arg("profile"),
       py::arg("threads"), py::arg("temperature"));

@@ -50,6 +50,8 @@ def test_metadata_equals_trace_info(train_trace):
         assert (s.index, s.kind, s.profile, s.complete, s.capture, s.seq_lengths, s.seed) == (
             j["index"], j["kind"], j["profile"], j["complete"], j["capture"], j["seq_lengths"], j["seed"])
         assert not s.external and s.engine == ""
+        assert s.profile_text.startswith("dsv4-profile = 1\nname = " + s.profile + "\n")
+        assert len(j["profile_digest"]) == 16
 
 
 def test_tokens_and_logprobs_equal_the_forward(train_trace):

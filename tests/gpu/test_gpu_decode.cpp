@@ -52,7 +52,7 @@ TEST(GpuDecode, EngineMatchesTheCpu) {
   DSV4_REQUIRE_CUDA_DEVICE();
   for (const char* name : {"tiny", "tiny-b"}) {
     const Weights w = Weights::init(preset(name), 7);
-    for (const char* profile : {"train", "rollout"}) {
+    for (const char* profile : {"train", "rollout", "deepseek-inference-v2"}) {
       const auto cpu = generate(w, Device::cpu, profile, 16, 16);
       const auto gpu = generate(w, Device::cuda, profile, 16, 16);
       ASSERT_EQ(cpu->gens.size(), gpu->gens.size());

@@ -111,7 +111,8 @@ TEST_P(GpuModel, CudaRunToRunBitwise) {
 INSTANTIATE_TEST_SUITE_P(Presets, GpuModel,
                          ::testing::Combine(::testing::Values("tiny", "tiny-b"),
                                             ::testing::Values(1, 5, 17, 130, 300),
-                                            ::testing::Values("train", "rollout")),
+                                            ::testing::Values("train", "rollout", "deepseek-inference",
+                                                              "deepseek-inference-v2")),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string s = std::get<0>(info.param) + "_T" +
                                            std::to_string(std::get<1>(info.param)) + "_" +

@@ -1,0 +1,16 @@
+# The training engine's prefill numerics: bf16 storage, fp32 accumulation and arithmetic
+# (MODEL.md §3.11), no FP8 or FP4 simulation. Format: docs/PROFILES.md.
+dsv4-profile = 1
+name = train
+description = training engine prefill: bf16 storage, fp32 math, no FP8
+
+reduce.block = 0
+attention.q_norm = fp32
+attention.softmax = two_pass
+attention.decode = exact
+kv.quant = none
+indexer.quant = none
+indexer.score = fp32
+moe.expert_output = sum_fp32
+moe.shared_clamp = off
+topk.ties = lower_index

@@ -1,0 +1,378 @@
+// Numerics profiles as data (model/profile.h, docs/PROFILES.md): the text format and its errors, the
+// built-ins, what each site does to a forward, the recorded profile in traces (replay, validate, diff)
+// and the bisect.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "capture/trace_reader.h"
+#include "cli_util.h"
+#include "h5_edit.h"
+#include "model/collect.h"
+#include "model/error.h"
+#include "model/forward.h"
+#include "model/profile.h"
+#include "replay/bisect.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace dsv4 {
+namespace {
+
+std::vector<int32_t> tokens(const ModelConfig& c, int64_t T, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int32_t> d(0, c.vocab_size - 1);
+  std::vector<int32_t> t(static_cast<size_t>(T));
+  for (auto& x : t) x = d(g);
+  return t;
+}
+
+std::string write_file(const test::TempDir& d, const std::string& name, const std::string& text) {
+  const std::string p = d / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+// The message of the InputError `f` throws ("" when it throws nothing).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- the format ---------------------------------------------------------------------------------
+
+TEST(ProfileFormat, BuiltinsRoundTripThroughTheirCanonicalText) {
+  const auto names = profile_names();
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"train", "rollout", "deepseek-inference", "deepseek-inference-v2"}));
+  for (const auto& n : names) {
+    const NumericsProfile p = profile_by_name(n);
+    EXPECT_EQ(p.name, n);
+    const std::string text = profile_text(p);
+    const NumericsProfile q = parse_profile(text, "canonical " + n);
+    EXPECT_EQ(profile_text(q), text) << n;
+    EXPECT_TRUE(profile_diff(p, q).empty()) << n;
+    EXPECT_EQ(profile_digest(p).size(), 16u);
+    // The shipped file (comments and all) parses to the same map.
+    EXPECT_EQ(profile_text(parse_profile(builtin_profile_source(n), n)), text);
+  }
+  std::set<std::string> digests;
+  for (const auto& n : names) digests.insert(profile_digest(profile_by_name(n)));
+  EXPECT_EQ(digests.size(), names.size()) << "two built-ins with one precision map";
+}
+
+// `train` and `rollout` as files are the precision maps that were hard-wired before profiles were
+// data: bf16/fp32 without FP8 and reduction chains; FP8 KV and indexer caches and blocks of 64.
+TEST(ProfileFormat, TrainAndRolloutAreTheMapsTheyWere) {
+  const NumericsProfile t = profile_train(), r = profile_rollout();
+  EXPECT_EQ(t.order.block, 0);
+  EXPECT_EQ(t.kv_quant, QuantSim::none);
+  EXPECT_EQ(t.indexer_quant, QuantSim::none);
+  EXPECT_EQ(r.order.block, 64);
+  EXPECT_EQ(r.kv_quant, QuantSim::fp8);
+  EXPECT_EQ(r.indexer_quant, QuantSim::fp8);
+  for (const NumericsProfile* p : {&t, &r}) {
+    EXPECT_EQ(p->q_norm, Arith::fp32);
+    EXPECT_EQ(p->attention_online_block, 0);
+    EXPECT_EQ(p->decode_attention_splits, 0);
+    EXPECT_EQ(p->indexer_score, Arith::fp32);
+    EXPECT_FALSE(p->expert_output_bf16);
+    EXPECT_FALSE(p->clamp_shared_expert);
+  }
+}
+
+TEST(ProfileFormat, DiffListsExactlyTheSitesThatDiffer) {
+  std::vector<std::string> keys;
+  for (const auto& d : profile_diff(profile_train(), profile_by_name("deepseek-inference")))
+    keys.push_back(d.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"attention.q_norm", "attention.softmax", "kv.quant",
+                                            "indexer.quant", "indexer.score", "moe.expert_output"}));
+  const auto v =
+      profile_diff(profile_by_name("deepseek-inference"), profile_by_name("deepseek-inference-v2"));
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].key, "kv.quant");
+  EXPECT_EQ(v[0].a, "fp8_inplace_bf16_cast");
+  EXPECT_EQ(v[0].b, "fp8");
+  EXPECT_EQ(v[1].key, "moe.shared_clamp");
+  NumericsProfile p = profile_train();
+  copy_profile_site(p, profile_by_name("deepseek-inference"), "indexer.quant");
+  EXPECT_EQ(p.indexer_quant, QuantSim::fp4);
+  EXPECT_EQ(profile_diff(profile_train(), p).size(), 1u);
+}
+
+TEST(ProfileFormat, FilesWithABaseAndFromDisk) {
+  test::TempDir d;
+  const std::string f = write_file(d, "mine.profile",
+                                   "# my engine\ndsv4-profile = 1\nname = mine\nbase = train\n"
+                                   "attention.q_norm = bf16\n  indexer.score=bf16  \n");
+  const NumericsProfile p = load_profile(f);
+  EXPECT_EQ(p.name, "mine");
+  const auto diff = profile_diff(profile_train(), p);
+  ASSERT_EQ(diff.size(), 2u);
+  EXPECT_EQ(diff[0].key, "attention.q_norm");
+  EXPECT_EQ(diff[1].key, "indexer.score");
+  EXPECT_EQ(load_profile("rollout").name, "rollout");  // a built-in's name wins over a file lookup
+}
+
+struct BadProfile {
+  const char* text;
+  const char* expect;  // a part of the message (besides the source and line)
+  int line;
+};
+
+TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
+  const std::vector<BadProfile> cases = {
+      {"dsv4-profile = 1\nname = x\nbase = train\nkv.qunt = fp8\n", "unknown site 'kv.qunt'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nattention.softmax = online:0\n", "site 'attention.softmax'",
+       4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.block = 12\n", "multiple of 8", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.block = -8\n", "site 'reduce.block'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nindexer.quant = fp6\n", "site 'indexer.quant'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant = fp4\n", "site 'kv.quant'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\ntopk.ties = higher_index\n", "only tie-break", 4},
+      {"dsv4-profile = 2\nname = x\n", "newer than this build reads", 1},
+      {"name = x\n", "first line must be 'dsv4-profile = 1'", 1},
+      {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant = fp8\nkv.quant = none\n", "given twice", 5},
+      {"dsv4-profile = 1\nname = x\nbase = nowhere\n", "base 'nowhere'", 3},
+      {"dsv4-profile = 1\nname = x y\n", "name 'x y'", 2},
+      {"dsv4-profile = 1\nname = x\njust words\n", "expected 'key = value'", 3},
+  };
+  test::TempDir d;
+  for (const auto& c : cases) {
+    const std::string f = write_file(d, "bad.profile", c.text);
+    const std::string msg = error_of([&] { load_profile(f); });
+    EXPECT_NE(msg.find(f + ":" + std::to_string(c.line) + ":"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+  }
+  // Whole-file problems name the file.
+  EXPECT_NE(error_of([&] { load_profile(write_file(d, "e.profile", "# nothing\n")); }).find("empty profile"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { load_profile(write_file(d, "n.profile", "dsv4-profile = 1\n")); }).find("no 'name"),
+      std::string::npos);
+  const std::string missing =
+      error_of([&] { load_profile(write_file(d, "m.profile", "dsv4-profile = 1\nname = x\n")); });
+  EXPECT_NE(missing.find("sites not set: reduce.block"), std::string::npos) << missing;
+  EXPECT_NE(error_of([&] { load_profile("no-such-profile"); }).find("neither a built-in"), std::string::npos);
+  EXPECT_NE(error_of([&] { profile_by_name("no-such"); }).find("known: train, rollout"), std::string::npos);
+}
+
+// ---- the sites in a forward ---------------------------------------------------------------------
+
+struct Run {
+  ForwardResult r;
+  DecisionLog log;
+};
+
+std::unique_ptr<Run> run(const Weights& w, const std::vector<int32_t>& toks, const NumericsProfile& p,
+                         int threads = 0) {
+  auto out = std::make_unique<Run>();
+  RunOptions o;
+  o.profile = p;
+  o.threads = threads;
+  o.observer = &out->log;
+  out->r = forward(w, {toks}, o);
+  return out;
+}
+
+bool same(const Run& a, const Run& b) {
+  if (!test::bitwise_equal(a.r.seqs[0].logprobs, b.r.seqs[0].logprobs)) return false;
+  for (const auto& [k, ia] : a.log.indexer)
+    if (ia.ids != b.log.indexer.at(k).ids) return false;
+  for (const auto& [k, ra] : a.log.routing)
+    if (ra.ids != b.log.routing.at(k).ids) return false;
+  return true;
+}
+
+// MODEL.md §4.2: the official code's in-place FP8 of the KV is an identity under ue8m0 scales, so
+// `kv.quant = fp8_inplace_bf16_cast` must leave every bit of a forward unchanged.
+TEST(ProfileSites, InPlaceBf16CastKvIsAnIdentity) {
+  const Weights& w = test::tiny();
+  const auto toks = tokens(w.config(), 200, 3);
+  NumericsProfile p = profile_train();
+  p.kv_quant = QuantSim::fp8_inplace_bf16_cast;
+  EXPECT_TRUE(same(*run(w, toks, profile_train()), *run(w, toks, p)));
+}
+
+// Every site that chooses an arithmetic changes a forward of tiny at T = 200 (so each is wired
+// through), and the deepseek-inference profiles are deterministic across runs and thread counts.
+TEST(ProfileSites, EverySiteReachesTheForwardAndTheNewProfilesAreDeterministic) {
+  const Weights& w = test::tiny();
+  const auto toks = tokens(w.config(), 200, 5);
+  const auto base = run(w, toks, profile_train());
+  const NumericsProfile di = profile_by_name("deepseek-inference");
+  for (const char* key :
+       {"attention.q_norm", "attention.softmax", "indexer.quant", "indexer.score", "moe.expert_output"}) {
+    NumericsProfile p = profile_train();
+    copy_profile_site(p, di, key);
+    EXPECT_FALSE(test::bitwise_equal(base->r.seqs[0].logprobs, run(w, toks, p)->r.seqs[0].logprobs)) << key;
+  }
+  for (const char* name : {"deepseek-inference", "deepseek-inference-v2"}) {
+    const auto a = run(w, toks, profile_by_name(name), 1);
+    EXPECT_TRUE(same(*a, *run(w, toks, profile_by_name(name), 2))) << name;
+    EXPECT_TRUE(same(*a, *run(w, toks, profile_by_name(name), 1))) << name;
+    EXPECT_FALSE(same(*a, *base)) << name;
+  }
+}
+
+// ---- recorded profiles --------------------------------------------------------------------------
+
+TEST(RecordedProfile, ReplayUsesTheStoredTextValidateChecksIt) {
+  test::TempDir d;
+  // A profile file that exists only while recording: replay must take the trace's copy.
+  const std::string f =
+      write_file(d, "engine.profile",
+                 "dsv4-profile = 1\nname = my-engine\nbase = deepseek-inference\nreduce.block = 32\n");
+  const std::string t = d / "t.h5";
+  auto r = test::run_cli("record --preset tiny --seed 7 --random 120 --profile " + f + " --out " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::filesystem::remove(f);
+  const TraceReader rd = TraceReader::open(t);
+  const TraceStepInfo s = rd.steps()[0];
+  EXPECT_EQ(s.profile, "my-engine");
+  const NumericsProfile p = recorded_profile(s, t);
+  EXPECT_EQ(p.order.block, 32);
+  EXPECT_EQ(p.indexer_quant, QuantSim::fp4);
+  EXPECT_EQ(s.profile_digest, profile_digest(p));
+  r = test::run_cli("replay " + t);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("trace validate " + t);
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // A doctored text: validate names the step and the digest; replay refuses.
+  const std::string bad = d / "bad.h5";
+  std::filesystem::copy_file(t, bad);
+  {
+    test::H5Edit e(bad);
+    const std::string text = profile_text(p);
+    e.set_attr("/steps/000000", "profile_text",
+               text.substr(0, text.find("reduce.block")) + "reduce.block = 0\n" +
+                   text.substr(text.find("attention.q_norm")));
+  }
+  r = test::run_cli("trace validate " + bad);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("/steps/000000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not match the stored profile text"), std::string::npos) << r.out;
+  r = test::run_cli("replay " + bad);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("does not match the stored profile text"), std::string::npos) << r.out;
+}
+
+TEST(RecordedProfile, DiffListsTheSitesOfTheTwoSteps) {
+  test::TempDir d;
+  const std::string a = d / "a.h5", b = d / "b.h5";
+  ASSERT_EQ(test::run_cli("record --preset tiny --seed 7 --random 100 --profile train --out " + a).code, 0);
+  ASSERT_EQ(
+      test::run_cli("record --preset tiny --seed 7 --random 100 --profile deepseek-inference-v2 --out " + b)
+          .code,
+      0);
+  const std::string out = d / "diff.json";
+  const auto r = test::run_cli("diff " + a + " " + b + " --json " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("profile sites that differ (7):"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  std::vector<std::string> keys;
+  for (const auto& s : j.at("profile_sites")) keys.push_back(s.at("site").get<std::string>());
+  std::vector<std::string> want;
+  for (const auto& s : profile_diff(profile_train(), profile_by_name("deepseek-inference-v2")))
+    want.push_back(s.key);
+  EXPECT_EQ(keys, want);
+  EXPECT_EQ(j.at("tie").at("threshold").get<double>(), 0.125);  // FP4 indexer inputs: 2^-3
+  const auto same = test::run_cli("diff " + a + " " + a);
+  EXPECT_NE(same.out.find("profile sites: the same precision map"), std::string::npos) << same.out;
+}
+
+// ---- bisect -------------------------------------------------------------------------------------
+
+// The bisect of train against deepseek-inference on tiny: every differing site is ranked once; the
+// identity site explains nothing; the "all" run equals a forward of B; the ranking is sorted; the
+// halving covers the set; singles and groups are each a forward of A with those sites from B.
+TEST(Bisect, RanksTheSitesAndItsRunsAreTheProfilesItNames) {
+  const Weights& w = test::tiny();
+  const auto toks = tokens(w.config(), 160, 9);
+  BisectOptions o;
+  o.a = profile_train();
+  o.b = profile_by_name("deepseek-inference");
+  const BisectReport rep = bisect_profiles(w, {toks}, o);
+  ASSERT_EQ(rep.sites.size(), 6u);
+  EXPECT_EQ(rep.single.size(), rep.sites.size());
+  std::set<std::string> ranked;
+  for (size_t i = 0; i < rep.single.size(); ++i) {
+    ASSERT_EQ(rep.single[i].sites.size(), 1u);
+    ranked.insert(rep.single[i].sites[0]);
+    if (i > 0) EXPECT_GE(rep.single[i - 1].explained, rep.single[i].explained);
+    if (rep.single[i].sites[0] == "kv.quant") {
+      EXPECT_EQ(rep.single[i].m.mean_abs_dlogp, 0.0);
+      EXPECT_EQ(rep.single[i].m.indexer_flips + rep.single[i].m.routing_flips, 0);
+    }
+  }
+  EXPECT_EQ(ranked.size(), 6u);
+  EXPECT_EQ(rep.all.explained, 1.0);
+  EXPECT_EQ(rep.tokens, int64_t(toks.size()) - 1);
+  EXPECT_GE(rep.groups.size(), 2u);
+  // The "all" run is B: its log-prob differences against A are a forward of B against one of A.
+  const auto a = run(w, toks, o.a), b = run(w, toks, o.b);
+  double sum = 0, mx = 0;
+  for (size_t t = 0; t < a->r.seqs[0].logprobs.size(); ++t) {
+    const double dl = std::fabs(double(b->r.seqs[0].logprobs[t]) - a->r.seqs[0].logprobs[t]);
+    sum += dl;
+    mx = std::max(mx, dl);
+  }
+  EXPECT_EQ(rep.all.m.max_abs_dlogp, mx);
+  EXPECT_DOUBLE_EQ(rep.all.m.mean_abs_dlogp, sum / double(rep.tokens));
+  EXPECT_GT(rep.all.m.indexer_flips, 0);
+  // Identical maps: nothing to bisect.
+  o.b = profile_train();
+  EXPECT_NE(error_of([&] { bisect_profiles(w, {toks}, o); }).find("same precision map"), std::string::npos);
+}
+
+TEST(Bisect, CliWritesJsonAndTakesTwoTraces) {
+  test::TempDir d;
+  const std::string a = d / "a.h5", b = d / "b.h5", out = d / "bisect.json";
+  ASSERT_EQ(test::run_cli("record --preset tiny --seed 7 --random 90 --profile train --out " + a).code, 0);
+  ASSERT_EQ(test::run_cli("record --preset tiny --seed 7 --random 90 --profile rollout --out " + b).code, 0);
+  auto r = test::run_cli("bisect " + a + " " + b + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("bisect train -> rollout: 3 sites differ"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j.at("format"), "dsv4-bisect");
+  EXPECT_EQ(j.at("ranking").size(), 3u);
+  EXPECT_EQ(j.at("tokens"), 89);
+  r = test::run_cli("bisect --profile-a train --profile-b train --preset tiny --random 20");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("same precision map"), std::string::npos) << r.out;
+  r = test::run_cli("bisect " + a + " --preset tiny");
+  EXPECT_EQ(r.code, 2) << r.out;
+}
+
+TEST(ProfileCli, ListShowDiff) {
+  auto r = test::run_cli("profile list");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const auto& n : profile_names()) EXPECT_NE(r.out.find(n), std::string::npos);
+  r = test::run_cli("profile show deepseek-inference --canonical");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, profile_text(profile_by_name("deepseek-inference")));
+  r = test::run_cli("profile diff deepseek-inference deepseek-inference-v2 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("sites").size(), 2u);
+  test::TempDir d;
+  const std::string f =
+      write_file(d, "bad.profile", "dsv4-profile = 1\nname = b\nbase = train\nmoe.shared_clamp = maybe\n");
+  r = test::run_cli("profile show " + f);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(f + ":4: site 'moe.shared_clamp'"), std::string::npos) << r.out;
+  r = test::run_cli("forward --preset tiny --random 10 --profile " + f);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(f + ":4:"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace dsv4
