@@ -24,7 +24,7 @@ class SequenceBackward {
  public:
   SequenceBackward(Backend& be, const Weights& w, const Tape& tape, int seq, const RunOptions& opt,
                    const BackwardOptions& bo)
-      : be_(be), w_(w), c_(w.config()), tape_(tape), seq_(seq), opt_(opt), bo_(bo), order_(opt.profile.order) {
+      : be_(be), w_(w), c_(w.config()), tape_(tape), seq_(seq), opt_(opt), bo_(bo), R_(opt.profile.reduce) {
     T_ = tape.tokens.size();
     backend::RopeTables rope = backend::rope_tables(be_, c_, 0, T_);
     pos_ = std::move(rope.pos);
@@ -91,7 +91,7 @@ class SequenceBackward {
       g.dw = dw;
       g.lddw = ldw;
       g.accumulate = true;
-      g.order = order_;
+      g.order = R_.gemm;
       backend::require(gemm_dw_check(g), ("gemm_dw(" + wname + ")").c_str(), -1);
       be_.gemm_dw(g);
     }
@@ -107,7 +107,7 @@ class SequenceBackward {
       g.dx = dx;
       g.lddx = lddx;
       g.accumulate = accumulate;
-      g.order = order_;
+      g.order = R_.gemm;
       backend::require(gemm_dx_check(g), ("gemm_dx(" + wname + ")").c_str(), -1);
       be_.gemm_dx(g);
     }
@@ -133,7 +133,7 @@ class SequenceBackward {
     p.accumulate_dx = accumulate;
     p.dw = wname.empty() ? nullptr : grad(wname);
     p.eps = c_.rms_norm_eps;
-    p.order = order_;
+    p.order = R_.norm;
     backend::require(rmsnorm_backward_check(p), "rmsnorm_backward", -1);
     be_.rmsnorm_backward(p);
   }
@@ -169,7 +169,7 @@ class SequenceBackward {
   int seq_;
   const RunOptions& opt_;
   const BackwardOptions& bo_;
-  ReduceOrder order_;
+  ReduceSites R_;  // the profile's reduction orders per op family
   int64_t T_ = 0;
   backend::Buffer<int64_t> pos_;
   FBuf freq_plain_, freq_comp_;
@@ -191,7 +191,7 @@ FBuf SequenceBackward::mhc_sublayer_bwd(const FBuf& dH, const FBuf& H_in, const 
   pp.post = post.data();
   pp.comb = comb.data();
   pp.dout = dH.data();
-  pp.order = order_;
+  pp.order = R_.mhc;
   pp.df = df.data();
   pp.dR = dR.data();
   pp.dpost = dpost.data();
@@ -211,7 +211,7 @@ FBuf SequenceBackward::mhc_sublayer_bwd(const FBuf& dH, const FBuf& H_in, const 
   p.rms_eps = c_.rms_norm_eps;
   p.hc_eps = c_.hc_eps;
   p.sinkhorn_iters = c_.hc_sinkhorn_iters;
-  p.order = order_;
+  p.order = R_.mhc;
   p.dy = dy.data();
   p.dpost = dpost.data();
   p.dcomb = dcomb.data();
@@ -267,7 +267,7 @@ FBuf SequenceBackward::moe_bwd(const FBuf& dout, int L) {
   p.fwd.shared = shared.data();
   p.fwd.swiglu_limit = c_.swiglu_limit;
   p.fwd.clamp_shared = opt_.profile.clamp_shared_expert;
-  p.fwd.order = order_;
+  p.fwd.order = R_.moe;
   p.dout = dout.data();
   p.dx = dx.data();
   p.dweights = dweights.data();
@@ -315,7 +315,7 @@ void SequenceBackward::compressor_bwd(const std::string& cp, int64_t d, int rati
   p.norm = be_.weight(cp + "norm.weight");
   p.freq = freq_comp_.data();
   p.rms_eps = c_.rms_norm_eps;
-  p.order = order_;
+  p.order = R_.compressor;
   p.dout = dout;
   p.dkvp = dkvp.data();
   p.dsc = dsc.data();
@@ -356,7 +356,7 @@ void SequenceBackward::indexer_kl_bwd(int L) {
   mp.idx = t.idx.data();
   mp.lse = t.lse.data();
   mp.scale = float(1.0 / std::sqrt(double(Dh)));
-  mp.order = order_;
+  mp.order = R_.attention;
   mp.mass = mass.data();
   be_.attention_mass(mp);
 
@@ -396,7 +396,7 @@ void SequenceBackward::indexer_kl_bwd(int L) {
   sp.ids = t.sel.data();
   sp.dscore = dscore.data();
   sp.wt_scale = float(1.0 / std::sqrt(double(Hi) * double(Di)));  // the forward's head-weight scale
-  sp.order = order_;
+  sp.order = R_.indexer;
   sp.dqi = dqi.data();
   sp.dwt = dwt.data();
   sp.dki = dki.data();
@@ -459,7 +459,7 @@ FBuf SequenceBackward::attention_bwd(const FBuf& dout, int L) {
   sp.o = t.o_attn.data();
   sp.lse = t.lse.data();
   sp.dO = dO.data();
-  sp.order = order_;
+  sp.order = R_.attention;
   sp.dq = dq.data();
   sp.dkv = dkv.data();
   FBuf dsink_scratch;
@@ -531,7 +531,7 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
   hp.base = be_.weight("model.hc_head_base");
   hp.rms_eps = c_.rms_norm_eps;
   hp.hc_eps = c_.hc_eps;
-  hp.order = order_;
+  hp.order = R_.mhc;
   hp.dy = dyhc.data();
   hp.train_mixer = bo_.train_mixer;
   hp.dX = dH.data();

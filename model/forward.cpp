@@ -266,7 +266,7 @@ class SequenceForward {
     g.y = y.data();
     g.ldy = n;
     g.round = round;
-    g.order = P_.order;
+    g.order = P_.reduce.gemm;
     require(gemm_check(g), "gemm", layer);
     be_.gemm(g);
     return y;
@@ -282,7 +282,7 @@ class SequenceForward {
     p.y = x.data();
     p.ldy = dim;
     p.eps = c_.rms_norm_eps;
-    p.order = P_.order;
+    p.order = P_.reduce.norm;
     p.bf16_arith = arith == Arith::bf16;
     require(rmsnorm_check(p), "rmsnorm", layer);
     be_.rmsnorm(p);
@@ -357,7 +357,7 @@ class SequenceForward {
     p.freq = freq_comp_.data();
     p.rms_eps = c_.rms_norm_eps;
     p.hadamard = hadamard_rot;
-    p.order = P_.order;
+    p.order = P_.reduce.compressor;
     p.out = out.data();
     require(compressor_pool_check(p), "compressor", layer);
     be_.compressor_pool(p);
@@ -430,7 +430,7 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
   hp.rms_eps = c_.rms_norm_eps;
   hp.hc_eps = c_.hc_eps;
   hp.sinkhorn_iters = c_.hc_sinkhorn_iters;
-  hp.order = P_.order;
+  hp.order = P_.reduce.mhc;
   hp.y = m.y.data();
   hp.pre = m.pre.data();
   hp.post = m.post.data();
@@ -573,7 +573,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     ip.qi = qi.data();
     ip.ki = ki.data();
     ip.wt = wt.data();
-    ip.order = P_.order;
+    ip.order = P_.reduce.indexer;
     ip.bf16_scores = P_.indexer_score == Arith::bf16;
     ip.ids = sel.data();
     ip.margin = margin.data();
@@ -648,7 +648,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   sp.idx = idx.data();
   sp.sink = be_.weight(a + "attn_sink");
   sp.scale = float(1.0 / std::sqrt(double(Dh)));
-  sp.order = P_.order;
+  sp.order = P_.reduce.attention;
   // A decode step (one token after a cache) may use an inference engine's split-KV order; prefill
   // chunks always take the exact order (model/profile.h decode_attention_splits).
   sp.splits = (cache_ && T_ == 1) ? P_.decode_attention_splits : 0;
@@ -678,7 +678,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     gp.y = u.data() + g * R;
     gp.ldy = Gr * R;
     gp.round = OutRound::bf16;
-    gp.order = P_.order;
+    gp.order = P_.reduce.gemm;
     require(gemm_check(gp), "gemm(wo_a)", L);
     be_.gemm(gp);
   }
@@ -786,7 +786,7 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.swiglu_limit = c_.swiglu_limit;
   mp.clamp_shared = P_.clamp_shared_expert;
   mp.round_each = P_.expert_output_bf16;
-  mp.order = P_.order;
+  mp.order = P_.reduce.moe;
   mp.out = out.data();
   if (opt_.experts) {
     be_.moe_experts_parallel(mp, L, *opt_.experts);
@@ -867,7 +867,7 @@ SequenceResult SequenceForward::run() {
   hp.base = be_.weight("model.hc_head_base");
   hp.rms_eps = c_.rms_norm_eps;
   hp.hc_eps = c_.hc_eps;
-  hp.order = P_.order;
+  hp.order = P_.reduce.mhc;
   hp.y = y.data();
   be_.hc_head(hp);
   report(-1, "head.hc", DType::bf16, {T_, D}, y.data());

@@ -62,17 +62,29 @@ constexpr int64_t kMaxBlock = 65536;
 
 // ---- the site table -----------------------------------------------------------------------------
 
+// A reduce.* site: the ReduceOrder member `m` of NumericsProfile::reduce. The table's entries are
+// plain function pointers, so each member is bound through a template argument.
+template <ReduceOrder ReduceSites::*M>
+ProfileSite reduce_site_of(const char* key, const char* choice) {
+  return {key, choice, "0 (one chain) or a positive multiple of 8 (kernels/reduce.h)",
+          [](const NumericsProfile& p) { return std::to_string((p.reduce.*M).block); },
+          [](NumericsProfile& p, const std::string& v) -> const char* {
+            int64_t b = 0;
+            if (!parse_int(v, 0, kMaxBlock, b)) return "expected an integer in 0..65536";
+            if (b % 8 != 0) return "the block must be 0 or a positive multiple of 8";
+            (p.reduce.*M).block = int(b);
+            return nullptr;
+          }};
+}
+
 const std::vector<ProfileSite> kSites = {
-    {"reduce.block", "blocking of every long fp32 reduction (GEMMs, norms, attention and indexer dots, mHC)",
-     "0 (one chain) or a positive multiple of 8 (kernels/reduce.h)",
-     [](const NumericsProfile& p) { return std::to_string(p.order.block); },
-     [](NumericsProfile& p, const std::string& v) -> const char* {
-       int64_t b = 0;
-       if (!parse_int(v, 0, kMaxBlock, b)) return "expected an integer in 0..65536";
-       if (b % 8 != 0) return "the block must be 0 or a positive multiple of 8";
-       p.order.block = int(b);
-       return nullptr;
-     }},
+    reduce_site_of<&ReduceSites::gemm>("reduce.gemm", "blocking of the dense linears' dot products (k-tiles)"),
+    reduce_site_of<&ReduceSites::norm>("reduce.norm", "blocking of the RMSNorms' sums of squares"),
+    reduce_site_of<&ReduceSites::compressor>("reduce.compressor", "blocking of the compressor's pooled-row norm"),
+    reduce_site_of<&ReduceSites::mhc>("reduce.mhc", "blocking of the mHC reductions (fn . x, row norms)"),
+    reduce_site_of<&ReduceSites::indexer>("reduce.indexer", "blocking of the indexer's q.k dot products"),
+    reduce_site_of<&ReduceSites::attention>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
+    reduce_site_of<&ReduceSites::moe>("reduce.moe", "blocking of the experts' GEMMs"),
     {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
      [](const NumericsProfile& p) { return std::string(arith_name(p.q_norm)); },
      [](NumericsProfile& p, const std::string& v) { return set_arith(p.q_norm, v); }},

@@ -28,11 +28,25 @@ enum class QuantSim { none, fp8, fp8_inplace_bf16_cast, fp4 };
 // bf16 tensor does).
 enum class Arith { fp32, bf16 };
 
+// The blocking of the long fp32 reductions (kernels/reduce.h), one site per op family: an engine's
+// GEMM k-tiles and its attention or norm kernels are chosen apart. The backward of an op uses its
+// family's order; the backward's weight and input GEMMs use `gemm`.
+struct ReduceSites {
+  ReduceOrder gemm;        // dense linears (the compressor projections, the router gate, the head)
+  ReduceOrder norm;        // RMSNorms (attn/ffn/final norms, q_norm, kv_norm, the per-head q norm)
+  ReduceOrder compressor;  // the compressor's pooled-row norm
+  ReduceOrder mhc;         // hc_pre / hc_head (fn · x, the row norms)
+  ReduceOrder indexer;     // the indexer's q·k dots
+  ReduceOrder attention;   // the sparse attention's q·kv dots
+  ReduceOrder moe;         // the experts' GEMMs
+  void set_all(ReduceOrder o) { gemm = norm = compressor = mhc = indexer = attention = moe = o; }
+};
+
 struct NumericsProfile {
   std::string name;
   std::string description;
-  // reduce.block: every long reduction (GEMMs, norms, attention/indexer dots, mHC).
-  ReduceOrder order;
+  // reduce.*: the blocking of the long reductions, per op family (above).
+  ReduceSites reduce;
   // attention.q_norm: the per-head q RMSNorm (no weight), kernels/norm.h RmsNormParams::arith.
   Arith q_norm = Arith::fp32;
   // attention.softmax: 0 = the two-pass softmax of kernels/attention.h; B >= 1 = an online softmax in

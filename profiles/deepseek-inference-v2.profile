@@ -5,7 +5,13 @@ dsv4-profile = 1
 name = deepseek-inference-v2
 description = DeepSeek official inference code, later revision (HF revision 60d8d707)
 
-reduce.block = 0
+reduce.gemm = 0
+reduce.norm = 0
+reduce.compressor = 0
+reduce.mhc = 0
+reduce.indexer = 0
+reduce.attention = 0
+reduce.moe = 0
 # q *= rsqrt(mean(q^2) + eps) on a bf16 tensor
 attention.q_norm = bf16
 # online softmax in blocks of 64, natural exp, bf16 probabilities before P.V

@@ -6,7 +6,13 @@ dsv4-profile = 1
 name = rollout
 description = inference engine (SGLang-like): FP8 KV and indexer caches, split-K blocks of 64
 
-reduce.block = 64
+reduce.gemm = 64
+reduce.norm = 64
+reduce.compressor = 64
+reduce.mhc = 64
+reduce.indexer = 64
+reduce.attention = 64
+reduce.moe = 64
 attention.q_norm = fp32
 attention.softmax = two_pass
 attention.decode = exact

@@ -4,7 +4,13 @@ dsv4-profile = 1
 name = train
 description = training engine prefill: bf16 storage, fp32 math, no FP8
 
-reduce.block = 0
+reduce.gemm = 0
+reduce.norm = 0
+reduce.compressor = 0
+reduce.mhc = 0
+reduce.indexer = 0
+reduce.attention = 0
+reduce.moe = 0
 attention.q_norm = fp32
 attention.softmax = two_pass
 attention.decode = exact

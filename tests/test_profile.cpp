@@ -73,10 +73,14 @@ TEST(ProfileFormat, BuiltinsRoundTripThroughTheirCanonicalText) {
 // data: bf16/fp32 without FP8 and reduction chains; FP8 KV and indexer caches and blocks of 64.
 TEST(ProfileFormat, TrainAndRolloutAreTheMapsTheyWere) {
   const NumericsProfile t = profile_train(), r = profile_rollout();
-  EXPECT_EQ(t.order.block, 0);
+  for (const ReduceOrder& o : {t.reduce.gemm, t.reduce.norm, t.reduce.compressor, t.reduce.mhc, t.reduce.indexer,
+                               t.reduce.attention, t.reduce.moe})
+    EXPECT_EQ(o.block, 0);
   EXPECT_EQ(t.kv_quant, QuantSim::none);
   EXPECT_EQ(t.indexer_quant, QuantSim::none);
-  EXPECT_EQ(r.order.block, 64);
+  for (const ReduceOrder& o : {r.reduce.gemm, r.reduce.norm, r.reduce.compressor, r.reduce.mhc, r.reduce.indexer,
+                               r.reduce.attention, r.reduce.moe})
+    EXPECT_EQ(o.block, 64);
   EXPECT_EQ(r.kv_quant, QuantSim::fp8);
   EXPECT_EQ(r.indexer_quant, QuantSim::fp8);
   for (const NumericsProfile* p : {&t, &r}) {
@@ -133,8 +137,8 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       {"dsv4-profile = 1\nname = x\nbase = train\nkv.qunt = fp8\n", "unknown site 'kv.qunt'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nattention.softmax = online:0\n", "site 'attention.softmax'",
        4},
-      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.block = 12\n", "multiple of 8", 4},
-      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.block = -8\n", "site 'reduce.block'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.gemm = 12\n", "multiple of 8", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.moe = -8\n", "site 'reduce.moe'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nindexer.quant = fp6\n", "site 'indexer.quant'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant = fp4\n", "site 'kv.quant'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\ntopk.ties = higher_index\n", "only tie-break", 4},
@@ -160,7 +164,7 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       std::string::npos);
   const std::string missing =
       error_of([&] { load_profile(write_file(d, "m.profile", "dsv4-profile = 1\nname = x\n")); });
-  EXPECT_NE(missing.find("sites not set: reduce.block"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("sites not set: reduce.gemm, reduce.norm"), std::string::npos) << missing;
   EXPECT_NE(error_of([&] { load_profile("no-such-profile"); }).find("neither a built-in"), std::string::npos);
   EXPECT_NE(error_of([&] { profile_by_name("no-such"); }).find("known: train, rollout"), std::string::npos);
 }
@@ -230,7 +234,7 @@ TEST(RecordedProfile, ReplayUsesTheStoredTextValidateChecksIt) {
   // A profile file that exists only while recording: replay must take the trace's copy.
   const std::string f =
       write_file(d, "engine.profile",
-                 "dsv4-profile = 1\nname = my-engine\nbase = deepseek-inference\nreduce.block = 32\n");
+                 "dsv4-profile = 1\nname = my-engine\nbase = deepseek-inference\nreduce.attention = 32\n");
   const std::string t = d / "t.h5";
   auto r = test::run_cli("record --preset tiny --seed 7 --random 120 --profile " + f + " --out " + t);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -239,7 +243,8 @@ TEST(RecordedProfile, ReplayUsesTheStoredTextValidateChecksIt) {
   const TraceStepInfo s = rd.steps()[0];
   EXPECT_EQ(s.profile, "my-engine");
   const NumericsProfile p = recorded_profile(s, t);
-  EXPECT_EQ(p.order.block, 32);
+  EXPECT_EQ(p.reduce.attention.block, 32);
+  EXPECT_EQ(p.reduce.gemm.block, 0);
   EXPECT_EQ(p.indexer_quant, QuantSim::fp4);
   EXPECT_EQ(s.profile_digest, profile_digest(p));
   r = test::run_cli("replay " + t);
@@ -254,8 +259,8 @@ TEST(RecordedProfile, ReplayUsesTheStoredTextValidateChecksIt) {
     test::H5Edit e(bad);
     const std::string text = profile_text(p);
     e.set_attr("/steps/000000", "profile_text",
-               text.substr(0, text.find("reduce.block")) + "reduce.block = 0\n" +
-                   text.substr(text.find("attention.q_norm")));
+               text.substr(0, text.find("reduce.attention")) + "reduce.attention = 0\n" +
+                   text.substr(text.find("reduce.moe")));
   }
   r = test::run_cli("trace validate " + bad);
   EXPECT_NE(r.code, 0);
@@ -341,10 +346,10 @@ TEST(Bisect, CliWritesJsonAndTakesTwoTraces) {
   ASSERT_EQ(test::run_cli("record --preset tiny --seed 7 --random 90 --profile rollout --out " + b).code, 0);
   auto r = test::run_cli("bisect " + a + " " + b + " --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("bisect train -> rollout: 3 sites differ"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bisect train -> rollout: 9 sites differ"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(j.at("format"), "dsv4-bisect");
-  EXPECT_EQ(j.at("ranking").size(), 3u);
+  EXPECT_EQ(j.at("ranking").size(), 9u);
   EXPECT_EQ(j.at("tokens"), 89);
   r = test::run_cli("bisect --profile-a train --profile-b train --preset tiny --random 20");
   EXPECT_EQ(r.code, 2);

@@ -108,19 +108,28 @@ TEST_P(GpuModel, CudaRunToRunBitwise) {
   expect_same_run(*a, *b);
 }
 
+// "tiny_b_T300_deepseek_inference" (gtest names take no '-').
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = std::get<0>(info.param) + "_T" + std::to_string(std::get<1>(info.param)) + "_" +
+                  std::get<2>(info.param);
+  for (char& c : s)
+    if (c == '-') c = '_';
+  return s;
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, GpuModel,
                          ::testing::Combine(::testing::Values("tiny", "tiny-b"),
                                             ::testing::Values(1, 5, 17, 130, 300),
-                                            ::testing::Values("train", "rollout", "deepseek-inference",
-                                                              "deepseek-inference-v2")),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string s = std::get<0>(info.param) + "_T" +
-                                           std::to_string(std::get<1>(info.param)) + "_" +
-                                           std::get<2>(info.param);
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                                            ::testing::Values("train", "rollout")),
+                         case_name);
+// The other built-in profiles (docs/PROFILES.md: bf16 q norm, online softmax, FP4 indexer inputs, bf16
+// scores, per-expert rounding, the FP8 KV variants) at a short and a long length.
+
+INSTANTIATE_TEST_SUITE_P(Profiles, GpuModel,
+                         ::testing::Combine(::testing::Values("tiny", "tiny-b"),
+                                            ::testing::Values(17, 300),
+                                            ::testing::Values("deepseek-inference", "deepseek-inference-v2")),
+                         case_name);
 
 class GpuModelSeams : public ::testing::Test {
  protected:
