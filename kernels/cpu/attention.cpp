@@ -68,8 +68,9 @@ void sparse_attention_split(const SparseAttnParams& p) {
   }
 }
 
-// The online order (p.online_block > 0): the row's scan and output are kernels/detail/attention.h's,
-// shared with the CUDA kernel.
+// The online order (p.online_block > 0): the row's scan is kernels/detail/attention.h's, shared with
+// the CUDA kernel; the output runs the same per-element chain as common::attn_online_out, slot by slot
+// over contiguous kv rows (each o[d] sees the same operations in the same order).
 void sparse_attention_online(const SparseAttnParams& p) {
   const int64_t TH = p.T * p.H;
 #pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
@@ -97,8 +98,13 @@ void sparse_attention_online(const SparseAttnParams& p) {
       }
       float l = 0.0f;
       const float lse = common::attn_online_row(e.data(), a.data(), nv, p.online_block, sink, &l);
-      for (int64_t d = 0; d < p.Dh; ++d)
-        o[d] = common::attn_online_out(e.data(), a.data(), slots.data(), nv, p.kv, p.Dh, d, l);
+      for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;  // the accumulators
+      for (int64_t v = 0; v < nv; ++v) {
+        const float P = e[size_t(v)], alpha = a[size_t(v)];
+        const float* kv = p.kv + int64_t(slots[size_t(v)]) * p.Dh;
+        for (int64_t d = 0; d < p.Dh; ++d) o[d] = std::fma(P, kv[d], o[d] * alpha);
+      }
+      for (int64_t d = 0; d < p.Dh; ++d) o[d] = num::bf16_round(o[d] / l);
       if (p.lse) p.lse[th] = lse;
     }
   }
