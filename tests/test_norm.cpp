@@ -16,7 +16,7 @@ using test::bitwise_equal;
 using test::rng_for;
 
 std::vector<float> run(const std::vector<float>& x, const float* w, int64_t rows, int64_t dim, ReduceOrder o,
-                       float eps = 1e-6f) {
+                       float eps = 1e-6f, bool bf16_arith = false) {
   std::vector<float> y(x.size());
   RmsNormParams p;
   p.rows = rows;
@@ -28,6 +28,7 @@ std::vector<float> run(const std::vector<float>& x, const float* w, int64_t rows
   p.ldy = dim;
   p.eps = eps;
   p.order = o;
+  p.bf16_arith = bf16_arith;
   EXPECT_EQ(rmsnorm_check(p), nullptr);
   rmsnorm(p);
   return y;
@@ -171,19 +172,7 @@ TEST(RmsNorm, CheckRejectsBadParams) {
 // ---- bf16 arithmetic (RmsNormParams::bf16_arith: an engine normalising a bf16 tensor in place) ----
 
 std::vector<float> run_bf16(const std::vector<float>& x, int64_t rows, int64_t dim, ReduceOrder o) {
-  std::vector<float> y(x.size());
-  RmsNormParams p;
-  p.rows = rows;
-  p.dim = dim;
-  p.x = x.data();
-  p.ldx = dim;
-  p.y = y.data();
-  p.ldy = dim;
-  p.order = o;
-  p.bf16_arith = true;
-  EXPECT_EQ(rmsnorm_check(p), nullptr);
-  rmsnorm(p);
-  return y;
+  return run(x, nullptr, rows, dim, o, 1e-6f, true);
 }
 
 // Every documented rounding point, computed here with an independent bf16 rounding (test::bf16_ref)

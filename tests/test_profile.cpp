@@ -15,6 +15,7 @@
 #include "model/error.h"
 #include "model/forward.h"
 #include "model/profile.h"
+#include "model/tokens.h"
 #include "replay/bisect.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -23,11 +24,7 @@ namespace dsv4 {
 namespace {
 
 std::vector<int32_t> tokens(const ModelConfig& c, int64_t T, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_int_distribution<int32_t> d(0, c.vocab_size - 1);
-  std::vector<int32_t> t(static_cast<size_t>(T));
-  for (auto& x : t) x = d(g);
-  return t;
+  return random_tokens(T, c.vocab_size, seed);
 }
 
 std::string write_file(const test::TempDir& d, const std::string& name, const std::string& text) {

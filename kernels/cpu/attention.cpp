@@ -25,6 +25,26 @@ const char* sparse_attention_check(const SparseAttnParams& p) {
 
 namespace {
 
+// The scores of row th = t * H + h: the valid slots of idx[t] (not -1) in slot order, their kv rows in
+// slots and z = scale * dot(q[t,h], kv row) in z. Returns their count nv; when it is 0 the row is only
+// the sink and is written here (o = 0, lse = sink exactly). Masked slots are never loaded.
+int64_t row_scores(const SparseAttnParams& p, int64_t th, float* z, int32_t* slots) {
+  const int32_t* idx = p.idx + (th / p.H) * p.K;
+  const float* q = p.q + th * p.Dh;
+  int64_t nv = 0;
+  for (int64_t j = 0; j < p.K; ++j) {
+    if (idx[j] < 0) continue;
+    slots[nv] = idx[j];
+    z[nv++] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
+  }
+  if (nv == 0) {
+    float* o = p.o + th * p.Dh;
+    for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
+    if (p.lse) p.lse[th] = p.sink[th % p.H];
+  }
+  return nv;
+}
+
 // The split-KV order (p.splits > 0), one (t, h) per iteration like the exact order below; the whole
 // row's arithmetic is in kernels/detail/attention.h, shared with the CUDA kernel.
 void sparse_attention_split(const SparseAttnParams& p) {
@@ -37,24 +57,10 @@ void sparse_attention_split(const SparseAttnParams& p) {
     std::vector<float> c(static_cast<size_t>(max_parts));  // lse_i, then the combine weights c_i
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < TH; ++th) {
-      const int64_t t = th / p.H;
-      const int h = int(th % p.H);
-      const float* q = p.q + th * p.Dh;
-      const int32_t* idx = p.idx + t * p.K;
       float* o = p.o + th * p.Dh;
-      const float sink = p.sink[h];
-
-      int64_t nv = 0;
-      for (int64_t j = 0; j < p.K; ++j) {
-        if (idx[j] < 0) continue;
-        slots[size_t(nv)] = idx[j];
-        e[size_t(nv++)] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
-      }
-      if (nv == 0) {  // only the sink: o = 0, lse = sink exactly
-        for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
-        if (p.lse) p.lse[th] = sink;
-        continue;
-      }
+      const float sink = p.sink[th % p.H];
+      const int64_t nv = row_scores(p, th, e.data(), slots.data());
+      if (nv == 0) continue;
       const int64_t L = common::attn_split_len(nv, p.splits), n = common::attn_split_parts(nv, p.splits);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t b = i * L, len = b + L < nv ? L : nv - b;
@@ -79,23 +85,10 @@ void sparse_attention_online(const SparseAttnParams& p) {
     std::vector<int32_t> slots(size_t(p.K));            // kv rows of the valid slots
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < TH; ++th) {
-      const int64_t t = th / p.H;
-      const int h = int(th % p.H);
-      const float* q = p.q + th * p.Dh;
-      const int32_t* idx = p.idx + t * p.K;
       float* o = p.o + th * p.Dh;
-      const float sink = p.sink[h];
-      int64_t nv = 0;
-      for (int64_t j = 0; j < p.K; ++j) {
-        if (idx[j] < 0) continue;
-        slots[size_t(nv)] = idx[j];
-        e[size_t(nv++)] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
-      }
-      if (nv == 0) {  // only the sink: o = 0, lse = sink exactly
-        for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
-        if (p.lse) p.lse[th] = sink;
-        continue;
-      }
+      const float sink = p.sink[th % p.H];
+      const int64_t nv = row_scores(p, th, e.data(), slots.data());
+      if (nv == 0) continue;
       float l = 0.0f;
       const float lse = common::attn_online_row(e.data(), a.data(), nv, p.online_block, sink, &l);
       for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;  // the accumulators
@@ -126,32 +119,18 @@ void sparse_attention(const SparseAttnParams& p) {
   const int64_t TH = p.T * p.H;
 #pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
   {
-    std::vector<float> e(size_t(p.K));  // z_j, then P_j, of the valid slots in slot order
+    std::vector<float> e(size_t(p.K));        // z_j, then P_j, of the valid slots in slot order
+    std::vector<int32_t> slots(size_t(p.K));  // their kv rows
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < TH; ++th) {
-      const int64_t t = th / p.H;
-      const int h = int(th % p.H);
-      const float* q = p.q + th * p.Dh;
-      const int32_t* idx = p.idx + t * p.K;
       float* o = p.o + th * p.Dh;
-      const float sink = p.sink[h];
+      const int64_t nv = row_scores(p, th, e.data(), slots.data());
+      if (nv == 0) continue;  // only the sink: P_sink = 1
+      const float lse = common::attn_softmax_row(e.data(), nv, p.sink[th % p.H]);
       for (int64_t d = 0; d < p.Dh; ++d) o[d] = 0.0f;
-
-      int64_t nv = 0;
-      for (int64_t j = 0; j < p.K; ++j) {
-        if (idx[j] < 0) continue;
-        e[nv++] = p.scale * dot(q, p.kv + int64_t(idx[j]) * p.Dh, p.Dh, p.order);
-      }
-      if (nv == 0) {  // only the sink: P_sink = 1, o = 0, lse = sink exactly
-        if (p.lse) p.lse[th] = sink;
-        continue;
-      }
-      const float lse = common::attn_softmax_row(e.data(), nv, sink);
-      int64_t v = 0;
-      for (int64_t j = 0; j < p.K; ++j) {
-        if (idx[j] < 0) continue;
-        const float P = e[v++];
-        const float* kv = p.kv + int64_t(idx[j]) * p.Dh;
+      for (int64_t v = 0; v < nv; ++v) {
+        const float P = e[size_t(v)];
+        const float* kv = p.kv + int64_t(slots[size_t(v)]) * p.Dh;
         for (int64_t d = 0; d < p.Dh; ++d) o[d] = std::fma(P, kv[d], o[d]);
       }
       for (int64_t d = 0; d < p.Dh; ++d) o[d] = num::bf16_round(o[d]);

@@ -86,6 +86,21 @@ __device__ void tile_scores(const SparseAttnParams& p, int64_t t, int h0, int nh
   __syncthreads();
 }
 
+// Steps 1 and 2 of every order for the item (row t, heads h0 .. h0 + nh - 1), all threads of the
+// block: the valid slots and the tile's scores. Returns nv; 0 means the row is only the sink and was
+// written (o = 0, lse = sink), and the block is past a barrier.
+__device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, int tid, float* zs, float* qs,
+                          int32_t* slots, int* red) {
+  const int nv = compact_valid_slots(p.idx + t * p.K, p.K, p.N, tid, slots, red);
+  if (nv == 0) {
+    write_empty_rows(p, t, h0, nh, tid);
+    __syncthreads();
+    return 0;
+  }
+  tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+  return nv;
+}
+
 __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnParams p, int ht) {
   extern __shared__ float sh[];
   float* zs = sh;                                                        // [ht][K]: z, then e, then P
@@ -101,18 +116,10 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     const int64_t t = item / tiles;
     const int h0 = int(item % tiles) * ht;
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
-    const int32_t* idx = p.idx + t * K;
 
-    // 1. valid slots in slot order
-    const int nv = compact_valid_slots(idx, K, p.N, tid, slots, red);
-    if (nv == 0) {  // only the sink: o = 0, lse = sink
-      write_empty_rows(p, t, h0, nh, tid);
-      __syncthreads();
-      continue;
-    }
-
-    // 2. scores: one group per valid slot, all heads of the tile at once (q staged in shared memory)
-    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+    // 1, 2. valid slots in slot order; scores, one group per valid slot, all heads of the tile at once
+    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. softmax with the sink, sequential where the CPU is
     if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * K, nv, p.sink[h0 + tid]);
@@ -177,16 +184,9 @@ __global__ void __launch_bounds__(kThreads)
     const int h0 = int(item % tiles) * ht;
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
-    // 1. valid slots in slot order
-    const int nv = compact_valid_slots(p.idx + t * K, K, p.N, tid, slots, red);
-    if (nv == 0) {  // only the sink: o = 0, lse = sink
-      write_empty_rows(p, t, h0, nh, tid);
-      __syncthreads();
-      continue;
-    }
-
-    // 2. scores
-    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+    // 1, 2. valid slots in slot order; scores
+    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. each part's softmax without the sink, one thread per (head, part)
     const int64_t L = common::attn_split_len(nv, p.splits), n = common::attn_split_parts(nv, p.splits);
@@ -232,16 +232,9 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_online_kernel(Spars
     const int h0 = int(item % tiles) * ht;
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
-    // 1. valid slots in slot order
-    const int nv = compact_valid_slots(p.idx + t * K, K, p.N, tid, slots, red);
-    if (nv == 0) {  // only the sink: o = 0, lse = sink
-      write_empty_rows(p, t, h0, nh, tid);
-      __syncthreads();
-      continue;
-    }
-
-    // 2. scores
-    tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+    // 1, 2. valid slots in slot order; scores
+    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. the online scan, one thread per head
     if (tid < nh) {

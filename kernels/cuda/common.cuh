@@ -65,34 +65,32 @@ __device__ __forceinline__ float combine8(float acc, unsigned mask) {
   const float t = v + __shfl_xor_sync(mask, v, 2);
   return t + __shfl_xor_sync(mask, t, 1);
 }
-__device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n, int block, int lane,
-                                      unsigned mask) {
+// The lane split, chains and combine of the canonical order, with the per-element step
+// acc = step(i, acc) (dot8: an fma of a[i] * b[i]).
+template <typename Step>
+__device__ __forceinline__ float chain8(int64_t n, int block, int lane, unsigned mask, Step step) {
   const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
   float s = 0.0f;
   for (int64_t cs = 0; cs < n; cs += len) {
     const int64_t ce = cs + len < n ? cs + len : n;
     float acc = 0.0f;
-    for (int64_t i = cs + lane; i < ce; i += 8) acc = __fmaf_rn(a[i], b[i], acc);
+    for (int64_t i = cs + lane; i < ce; i += 8) acc = step(i, acc);
     const float c = combine8(acc, mask);
     s = cs == 0 ? c : s + c;
   }
   return s;
+}
+__device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n, int block, int lane,
+                                      unsigned mask) {
+  return chain8(n, block, lane, mask, [=](int64_t i, float acc) { return __fmaf_rn(a[i], b[i], acc); });
 }
 
 // The canonical sum of bf16(a[i]^2) (dot of those values with ones: fma(v, 1, acc) is acc + v), with
 // dot8's lane split and combine; RMSNorm in bf16 arithmetic (kernels/norm.h).
 __device__ __forceinline__ float sum8_bf16_squares(const float* a, int64_t n, int block, int lane,
                                                    unsigned mask) {
-  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
-  float s = 0.0f;
-  for (int64_t cs = 0; cs < n; cs += len) {
-    const int64_t ce = cs + len < n ? cs + len : n;
-    float acc = 0.0f;
-    for (int64_t i = cs + lane; i < ce; i += 8) acc = __fadd_rn(acc, num::bf16_round(__fmul_rn(a[i], a[i])));
-    const float c = combine8(acc, mask);
-    s = cs == 0 ? c : s + c;
-  }
-  return s;
+  return chain8(n, block, lane, mask,
+                [=](int64_t i, float acc) { return __fadd_rn(acc, num::bf16_round(__fmul_rn(a[i], a[i]))); });
 }
 
 // dot(a + h * lda, b, n, order) for the rows h < na (na <= NH) of `a` against one vector b, by an
