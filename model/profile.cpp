@@ -37,6 +37,20 @@ const char* quant_name(QuantSim q) {
   return "?";
 }
 
+const char* scale_name(ScaleFmt f) {
+  return f == ScaleFmt::ue8m0 ? "ue8m0" : "fp32";
+}
+
+const char* set_scale(ScaleFmt& f, const std::string& v) {
+  if (v == "ue8m0")
+    f = ScaleFmt::ue8m0;
+  else if (v == "fp32")
+    f = ScaleFmt::none;
+  else
+    return "accepted: ue8m0, fp32";
+  return nullptr;
+}
+
 const char* arith_name(Arith a) {
   return a == Arith::bf16 ? "bf16" : "fp32";
 }
@@ -127,6 +141,17 @@ const std::vector<ProfileSite> kSites = {
          }
        return "accepted: none, fp8, fp8_inplace_bf16_cast";
      }},
+    {"kv.quant_block", "block of the KV quantisation (it must divide the nope dims)", "a positive integer (64)",
+     [](const NumericsProfile& p) { return std::to_string(p.kv_quant_block); },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       int64_t b = 0;
+       if (!parse_int(v, 1, kMaxBlock, b)) return "expected an integer in 1..65536 (a block of 0 is impossible)";
+       p.kv_quant_block = int(b);
+       return nullptr;
+     }},
+    {"kv.quant_scale", "scale rule of the KV quantisation", "ue8m0 (powers of two), fp32 (amax / 448)",
+     [](const NumericsProfile& p) { return std::string(scale_name(p.kv_quant_scale)); },
+     [](NumericsProfile& p, const std::string& v) { return set_scale(p.kv_quant_scale, v); }},
     {"indexer.quant",
      "quantisation simulated on the indexer q and k (fp8: e4m3, block min(Di, 128), ue8m0; fp4: e2m1, block "
      "32, "
@@ -140,6 +165,22 @@ const std::vector<ProfileSite> kSites = {
          }
        return "accepted: none, fp8, fp4";
      }},
+    {"indexer.quant_block", "block of the indexer quantisation",
+     "auto (fp8: min(Di, 128); fp4: 32), or a positive integer dividing Di",
+     [](const NumericsProfile& p) {
+       return p.indexer_quant_block_size == 0 ? std::string("auto") : std::to_string(p.indexer_quant_block_size);
+     },
+     [](NumericsProfile& p, const std::string& v) -> const char* {
+       int64_t b = 0;
+       if (v != "auto" && !parse_int(v, 1, kMaxBlock, b))
+         return "accepted: auto, or an integer in 1..65536 (a block of 0 is impossible)";
+       p.indexer_quant_block_size = int(b);
+       return nullptr;
+     }},
+    {"indexer.quant_scale", "scale rule of the indexer quantisation",
+     "ue8m0 (powers of two), fp32 (fp8 only: amax / 448)",
+     [](const NumericsProfile& p) { return std::string(scale_name(p.indexer_quant_scale)); },
+     [](NumericsProfile& p, const std::string& v) { return set_scale(p.indexer_quant_scale, v); }},
     {"indexer.score", "arithmetic of the indexer scores (q.k dots, ReLU times weight, head sum)",
      "fp32, bf16", [](const NumericsProfile& p) { return std::string(arith_name(p.indexer_score)); },
      [](NumericsProfile& p, const std::string& v) { return set_arith(p.indexer_score, v); }},
@@ -279,6 +320,12 @@ NumericsProfile parse_profile(const std::string& text, const std::string& source
   for (const auto& e : sites)
     if (const char* why = find_profile_site(e.key)->set(p, e.value))
       fail(e.line, fmt::format("site '{}': impossible value '{}': {}", e.key, e.value, why));
+  if (p.indexer_quant == QuantSim::fp4 && p.indexer_quant_scale != ScaleFmt::ue8m0) {
+    int at = 0;
+    for (const auto& e : sites)
+      if (e.key == "indexer.quant_scale") at = e.line;
+    fail(at, "site 'indexer.quant_scale': fp32 scales are an FP8 rule; FP4 (e2m1) scales are powers of two (ue8m0)");
+  }
   if (base.empty()) {
     std::vector<std::string> missing;
     for (const auto& s : kSites)

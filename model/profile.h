@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/quant.h"
 #include "kernels/reduce.h"
 
 namespace dsv4 {
@@ -60,9 +61,17 @@ struct NumericsProfile {
   // kv.quant: window KV and main compressed KV, nope dims, block 64, ue8m0 (none, fp8,
   // fp8_inplace_bf16_cast).
   QuantSim kv_quant = QuantSim::none;
+  // kv.quant_block, kv.quant_scale: its block (it must divide the nope dims) and scale rule (ue8m0:
+  // power-of-two scales; fp32: s = amax / 448 as computed).
+  int kv_quant_block = 64;
+  ScaleFmt kv_quant_scale = ScaleFmt::ue8m0;
   // indexer.quant: indexer q (per head row) and k after RoPE and Hadamard (none; fp8: block
   // min(Di, 128), ue8m0; fp4: e2m1, block 32, power-of-two scales).
   QuantSim indexer_quant = QuantSim::none;
+  // indexer.quant_block, indexer.quant_scale: 0 = the format's block (fp8: min(Di, 128), one scale per
+  // head row; fp4: 32); the scale rule (ue8m0, or fp32 for fp8; FP4 scales are powers of two).
+  int indexer_quant_block_size = 0;
+  ScaleFmt indexer_quant_scale = ScaleFmt::ue8m0;
   // indexer.score: the q.k dots, ReLU times weight and head sum (IndexerParams::bf16_scores).
   Arith indexer_score = Arith::fp32;
   // moe.expert_output: false = the experts' fp32 outputs summed then rounded once; true = each routed
@@ -72,12 +81,16 @@ struct NumericsProfile {
   bool clamp_shared_expert = false;
 
   // Whether a decoding engine's cache stores the window/compressed KV, or the indexer keys, as FP8
-  // rows (rollout/kv_cache.cpp): exactly when the site simulates real FP8. The cache then quantises
-  // on store; every other simulation is applied before the rows are stored (its values are bf16).
-  bool fp8_kv_cache() const { return kv_quant == QuantSim::fp8; }
-  bool fp8_indexer_cache() const { return indexer_quant == QuantSim::fp8; }
-  // The block of the indexer q/k simulation for head dim Di: 32 for fp4, min(Di, 128) for fp8.
+  // rows (rollout/kv_cache.cpp): when the site simulates real FP8 with power-of-two scales (the cache
+  // keeps one e8m0 byte per block). The cache then quantises on store; every other simulation is
+  // applied before the rows are stored (its values are bf16).
+  bool fp8_kv_cache() const { return kv_quant == QuantSim::fp8 && kv_quant_scale == ScaleFmt::ue8m0; }
+  bool fp8_indexer_cache() const {
+    return indexer_quant == QuantSim::fp8 && indexer_quant_scale == ScaleFmt::ue8m0;
+  }
+  // The block of the indexer q/k simulation for head dim Di: indexer.quant_block, or the format's.
   int indexer_quant_block(int64_t Di) const {
+    if (indexer_quant_block_size > 0) return indexer_quant_block_size;
     return indexer_quant == QuantSim::fp4 ? 32 : int(Di < 128 ? Di : 128);
   }
 };
@@ -102,7 +115,7 @@ inline constexpr int kProfileFormatVersion = 1;
 // Parses a profile. `source` names the text in errors ("profiles/x.profile", "built-in 'train'",
 // "trace t.h5 step 0"). Throws InputError naming the source, the line and the site for: an unknown
 // key, an impossible value, a missing or newer format version, a missing name, a site given twice,
-// sites left unset without `base`.
+// sites left unset without `base`, sites that contradict each other (an fp32 scale rule for FP4).
 NumericsProfile parse_profile(const std::string& text, const std::string& source);
 // The canonical text of a profile: the header, then every site in profile_sites() order. Parsing it
 // gives the same profile; two profiles with the same sites and name give the same text.

@@ -19,8 +19,12 @@ attention.softmax = online:64
 attention.decode = exact
 # in-place act_quant: its inner cast goes to bf16, an identity under ue8m0 scales (MODEL.md §4.2)
 kv.quant = fp8_inplace_bf16_cast
+kv.quant_block = 64
+kv.quant_scale = ue8m0
 # FP4 e2m1, blocks of 32, power-of-two scales
 indexer.quant = fp4
+indexer.quant_block = auto
+indexer.quant_scale = ue8m0
 # einsum, relu * weight and the head sum all in bf16
 indexer.score = bf16
 # each expert's w2 output is a bf16 tensor added into the fp32 sum

@@ -27,7 +27,7 @@ CacheFormats cache_formats(const ModelConfig& c, const NumericsProfile& p) {
   const bool fp8_kv = p.fp8_kv_cache();
   const int64_t Dh = c.head_dim, nd = c.nope_dim(), Di = c.index_head_dim;
   CacheFormats f;
-  f.window = KvRowFormat{.dim = Dh, .fp8_dims = fp8_kv ? nd : 0, .block = 64};
+  f.window = KvRowFormat{.dim = Dh, .fp8_dims = fp8_kv ? nd : 0, .block = p.kv_quant_block};
   f.compressed = f.window;
   f.indexer_keys =
       KvRowFormat{.dim = Di, .fp8_dims = p.fp8_indexer_cache() ? Di : 0, .block = p.indexer_quant_block(Di)};

@@ -139,6 +139,11 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       {"dsv4-profile = 1\nname = x\nbase = train\nindexer.quant = fp6\n", "site 'indexer.quant'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant = fp4\n", "site 'kv.quant'", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\ntopk.ties = higher_index\n", "only tie-break", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant_block = 0\n", "a block of 0 is impossible", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant_scale = e4m3\n", "site 'kv.quant_scale'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nindexer.quant_block = none\n", "site 'indexer.quant_block'", 4},
+      {"dsv4-profile = 1\nname = x\nbase = deepseek-inference\n\nindexer.quant_scale = fp32\n", "FP4 (e2m1) scales",
+       5},
       {"dsv4-profile = 2\nname = x\n", "newer than this build reads", 1},
       {"name = x\n", "first line must be 'dsv4-profile = 1'", 1},
       {"dsv4-profile = 1\nname = x\nbase = train\nkv.quant = fp8\nkv.quant = none\n", "given twice", 5},
@@ -222,6 +227,48 @@ TEST(ProfileSites, EverySiteReachesTheForwardAndTheNewProfilesAreDeterministic) 
     EXPECT_TRUE(same(*a, *run(w, toks, profile_by_name(name), 1))) << name;
     EXPECT_FALSE(same(*a, *base)) << name;
   }
+}
+
+// A block the row cannot be cut into is refused when the layer runs, naming the profile, the site
+// key, the tensor and the layer; block and scale change the values the simulation gives the tensors
+// it is applied to (the window KV of layer 0, the indexer queries of a C4 layer).
+TEST(ProfileSites, QuantBlockAndScale) {
+  const Weights& w = test::tiny();  // nope dims 192
+  const auto toks = tokens(w.config(), 60, 4);
+  NumericsProfile p = profile_rollout();
+  p.name = "kv-128";
+  p.kv_quant_block = 128;
+  const std::string msg = error_of([&] { run(w, toks, p); });
+  EXPECT_NE(msg.find("profile 'kv-128': FP8 simulation of the window KV at layer 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("kv.quant_block"), std::string::npos) << msg;
+  // The reported tensor `name` of the first layer that has it.
+  auto tensor = [&](const NumericsProfile& q, const std::string& name) {
+    DecisionLog log(true);
+    RunOptions o;
+    o.profile = q;
+    o.observer = &log;
+    forward(w, {toks}, o);
+    for (const auto& [key, t] : log.tensors)
+      if (key.second == name) return t.f;
+    ADD_FAILURE() << "no tensor " << name;
+    return std::vector<float>{};
+  };
+  const NumericsProfile r = profile_rollout();
+  const auto kv = tensor(r, "attn.kv"), qi = tensor(r, "indexer.q");
+  // Power-of-two scales make e4m3 rounding all but scale-free (only values near its subnormal range
+  // see the block), so the block is seen through fp32 scales.
+  p.kv_quant_block = 64;
+  p.kv_quant_scale = ScaleFmt::none;
+  const auto kv_fp32 = tensor(p, "attn.kv");
+  EXPECT_FALSE(test::bitwise_equal(kv, kv_fp32)) << "kv.quant_scale fp32";
+  p.kv_quant_block = 8;
+  EXPECT_FALSE(test::bitwise_equal(kv_fp32, tensor(p, "attn.kv"))) << "kv.quant_block 8";
+  p = r;
+  p.indexer_quant_scale = ScaleFmt::none;
+  const auto qi_fp32 = tensor(p, "indexer.q");
+  EXPECT_FALSE(test::bitwise_equal(qi, qi_fp32)) << "indexer.quant_scale fp32";
+  p.indexer_quant_block_size = 32;
+  EXPECT_FALSE(test::bitwise_equal(qi_fp32, tensor(p, "indexer.q"))) << "indexer.quant_block 32";
 }
 
 // ---- recorded profiles --------------------------------------------------------------------------

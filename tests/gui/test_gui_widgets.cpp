@@ -752,6 +752,10 @@ TEST(GuiBisectTab, OpensAReport) {
   EXPECT_TRUE(w.tabs()->isTabVisible(MainWindow::kBisectTab));
   EXPECT_EQ(w.tabs()->currentIndex(), MainWindow::kBisectTab);
   EXPECT_EQ(w.tabs()->tabText(MainWindow::kBisectTab), QStringLiteral("Precision bisect"));
-  EXPECT_EQ(w.bisectModel()->rowCount(), 3 + 1 + 1);  // 3 sites, one halving group of 2, all
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const dsv4::BisectReport rep = dsv4::bisect_from_json(text, out);
+  EXPECT_EQ(rep.sites.size(), 9u);  // train and rollout: the seven reduce.* sites, kv.quant, indexer.quant
+  EXPECT_EQ(w.bisectModel()->rowCount(), int(rep.single.size() + rep.groups.size() + 1));
   fs::remove_all(dir);
 }
