@@ -22,48 +22,41 @@ const std::vector<std::pair<std::string, std::string>>& builtin_profile_files();
 namespace {
 
 // ---- value spellings ----------------------------------------------------------------------------
+// The spellings of an enumerated site's values: one table gives both directions.
 
-const char* quant_name(QuantSim q) {
-  switch (q) {
-    case QuantSim::none:
-      return "none";
-    case QuantSim::fp8:
-      return "fp8";
-    case QuantSim::fp8_inplace_bf16_cast:
-      return "fp8_inplace_bf16_cast";
-    case QuantSim::fp4:
-      return "fp4";
-  }
+template <typename T>
+struct Spelling {
+  const char* text;
+  T value;
+};
+
+template <typename T, size_t N>
+std::string spelling_of(const Spelling<T> (&table)[N], T v) {
+  for (const auto& e : table)
+    if (e.value == v) return e.text;
   return "?";
 }
 
-const char* scale_name(ScaleFmt f) {
-  return f == ScaleFmt::ue8m0 ? "ue8m0" : "fp32";
+// Sets `out` from the spelling `v`; nullptr, or `accepted` (the table's spellings, as the error says
+// them) when v is none of them.
+template <typename T, size_t N>
+const char* read_spelling(const Spelling<T> (&table)[N], const std::string& v, T& out, const char* accepted) {
+  for (const auto& e : table)
+    if (v == e.text) {
+      out = e.value;
+      return nullptr;
+    }
+  return accepted;
 }
 
-const char* set_scale(ScaleFmt& f, const std::string& v) {
-  if (v == "ue8m0")
-    f = ScaleFmt::ue8m0;
-  else if (v == "fp32")
-    f = ScaleFmt::none;
-  else
-    return "accepted: ue8m0, fp32";
-  return nullptr;
-}
-
-const char* arith_name(Arith a) {
-  return a == Arith::bf16 ? "bf16" : "fp32";
-}
-
-const char* set_arith(Arith& a, const std::string& v) {
-  if (v == "fp32")
-    a = Arith::fp32;
-  else if (v == "bf16")
-    a = Arith::bf16;
-  else
-    return "accepted: fp32, bf16";
-  return nullptr;
-}
+constexpr Spelling<QuantSim> kKvQuant[] = {
+    {"none", QuantSim::none}, {"fp8", QuantSim::fp8}, {"fp8_inplace_bf16_cast", QuantSim::fp8_inplace_bf16_cast}};
+constexpr Spelling<QuantSim> kIndexerQuant[] = {
+    {"none", QuantSim::none}, {"fp8", QuantSim::fp8}, {"fp4", QuantSim::fp4}};
+constexpr Spelling<ScaleFmt> kScale[] = {{"ue8m0", ScaleFmt::ue8m0}, {"fp32", ScaleFmt::none}};
+constexpr Spelling<Arith> kArith[] = {{"fp32", Arith::fp32}, {"bf16", Arith::bf16}};
+constexpr Spelling<bool> kExpertOutput[] = {{"sum_fp32", false}, {"bf16_each", true}};
+constexpr Spelling<bool> kOnOff[] = {{"off", false}, {"on", true}};
 
 // A decimal integer in [lo, hi], the whole string.
 bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
@@ -100,8 +93,10 @@ const std::vector<ProfileSite> kSites = {
     reduce_site_of<&ReduceSites::attention>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
     reduce_site_of<&ReduceSites::moe>("reduce.moe", "blocking of the experts' GEMMs"),
     {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
-     [](const NumericsProfile& p) { return std::string(arith_name(p.q_norm)); },
-     [](NumericsProfile& p, const std::string& v) { return set_arith(p.q_norm, v); }},
+     [](const NumericsProfile& p) { return spelling_of(kArith, p.q_norm); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kArith, v, p.q_norm, "accepted: fp32, bf16");
+     }},
     {"attention.softmax", "softmax order of sparse attention (prefill and exact decode)",
      "two_pass, online:B (blocks of B slots, B in 1..65536)",
      [](const NumericsProfile& p) {
@@ -129,17 +124,10 @@ const std::vector<ProfileSite> kSites = {
        }
        return nullptr;
      }},
-    {"kv.quant",
-     "quantisation simulated on the window KV and main compressed KV (nope dims, block 64, ue8m0)",
-     "none, fp8, fp8_inplace_bf16_cast",
-     [](const NumericsProfile& p) { return std::string(quant_name(p.kv_quant)); },
-     [](NumericsProfile& p, const std::string& v) -> const char* {
-       for (QuantSim q : {QuantSim::none, QuantSim::fp8, QuantSim::fp8_inplace_bf16_cast})
-         if (v == quant_name(q)) {
-           p.kv_quant = q;
-           return nullptr;
-         }
-       return "accepted: none, fp8, fp8_inplace_bf16_cast";
+    {"kv.quant", "quantisation simulated on the window KV and main compressed KV (nope dims)",
+     "none, fp8, fp8_inplace_bf16_cast", [](const NumericsProfile& p) { return spelling_of(kKvQuant, p.kv_quant); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kKvQuant, v, p.kv_quant, "accepted: none, fp8, fp8_inplace_bf16_cast");
      }},
     {"kv.quant_block", "block of the KV quantisation (it must divide the nope dims)", "a positive integer (64)",
      [](const NumericsProfile& p) { return std::to_string(p.kv_quant_block); },
@@ -150,20 +138,14 @@ const std::vector<ProfileSite> kSites = {
        return nullptr;
      }},
     {"kv.quant_scale", "scale rule of the KV quantisation", "ue8m0 (powers of two), fp32 (amax / 448)",
-     [](const NumericsProfile& p) { return std::string(scale_name(p.kv_quant_scale)); },
-     [](NumericsProfile& p, const std::string& v) { return set_scale(p.kv_quant_scale, v); }},
-    {"indexer.quant",
-     "quantisation simulated on the indexer q and k (fp8: e4m3, block min(Di, 128), ue8m0; fp4: e2m1, block "
-     "32, "
-     "power-of-two scales)",
-     "none, fp8, fp4", [](const NumericsProfile& p) { return std::string(quant_name(p.indexer_quant)); },
-     [](NumericsProfile& p, const std::string& v) -> const char* {
-       for (QuantSim q : {QuantSim::none, QuantSim::fp8, QuantSim::fp4})
-         if (v == quant_name(q)) {
-           p.indexer_quant = q;
-           return nullptr;
-         }
-       return "accepted: none, fp8, fp4";
+     [](const NumericsProfile& p) { return spelling_of(kScale, p.kv_quant_scale); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kScale, v, p.kv_quant_scale, "accepted: ue8m0, fp32");
+     }},
+    {"indexer.quant", "quantisation simulated on the indexer q and k (fp8: e4m3; fp4: e2m1)", "none, fp8, fp4",
+     [](const NumericsProfile& p) { return spelling_of(kIndexerQuant, p.indexer_quant); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kIndexerQuant, v, p.indexer_quant, "accepted: none, fp8, fp4");
      }},
     {"indexer.quant_block", "block of the indexer quantisation",
      "auto (fp8: min(Di, 128); fp4: 32), or a positive integer dividing Di",
@@ -179,25 +161,25 @@ const std::vector<ProfileSite> kSites = {
      }},
     {"indexer.quant_scale", "scale rule of the indexer quantisation",
      "ue8m0 (powers of two), fp32 (fp8 only: amax / 448)",
-     [](const NumericsProfile& p) { return std::string(scale_name(p.indexer_quant_scale)); },
-     [](NumericsProfile& p, const std::string& v) { return set_scale(p.indexer_quant_scale, v); }},
+     [](const NumericsProfile& p) { return spelling_of(kScale, p.indexer_quant_scale); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kScale, v, p.indexer_quant_scale, "accepted: ue8m0, fp32");
+     }},
     {"indexer.score", "arithmetic of the indexer scores (q.k dots, ReLU times weight, head sum)",
-     "fp32, bf16", [](const NumericsProfile& p) { return std::string(arith_name(p.indexer_score)); },
-     [](NumericsProfile& p, const std::string& v) { return set_arith(p.indexer_score, v); }},
+     "fp32, bf16", [](const NumericsProfile& p) { return spelling_of(kArith, p.indexer_score); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kArith, v, p.indexer_score, "accepted: fp32, bf16");
+     }},
     {"moe.expert_output", "where the experts' w2 outputs are rounded to bf16",
      "sum_fp32 (once, after the fp32 sum), bf16_each (each expert's output, before the sum)",
-     [](const NumericsProfile& p) { return std::string(p.expert_output_bf16 ? "bf16_each" : "sum_fp32"); },
-     [](NumericsProfile& p, const std::string& v) -> const char* {
-       if (v != "sum_fp32" && v != "bf16_each") return "accepted: sum_fp32, bf16_each";
-       p.expert_output_bf16 = v == "bf16_each";
-       return nullptr;
+     [](const NumericsProfile& p) { return spelling_of(kExpertOutput, p.expert_output_bf16); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kExpertOutput, v, p.expert_output_bf16, "accepted: sum_fp32, bf16_each");
      }},
     {"moe.shared_clamp", "whether the shared expert's SwiGLU is clamped like the routed experts'", "off, on",
-     [](const NumericsProfile& p) { return std::string(p.clamp_shared_expert ? "on" : "off"); },
-     [](NumericsProfile& p, const std::string& v) -> const char* {
-       if (v != "off" && v != "on") return "accepted: off, on";
-       p.clamp_shared_expert = v == "on";
-       return nullptr;
+     [](const NumericsProfile& p) { return spelling_of(kOnOff, p.clamp_shared_expert); },
+     [](NumericsProfile& p, const std::string& v) {
+       return read_spelling(kOnOff, v, p.clamp_shared_expert, "accepted: off, on");
      }},
     {"topk.ties", "tie-break of every top-k (indexer and router)",
      "lower_index (equal scores: the smaller index wins; the only order implemented)",
@@ -365,19 +347,23 @@ bool is_builtin_profile(const std::string& name) {
   return std::any_of(f.begin(), f.end(), [&](const auto& e) { return e.first == name; });
 }
 
+namespace {
+// The error of a name that is no built-in's.
+InputError unknown_profile(const std::string& name) {
+  return InputError(fmt::format("unknown numerics profile '{}' (known: {})", name, fmt::join(profile_names(), ", ")));
+}
+}  // namespace
+
 const std::string& builtin_profile_source(const std::string& name) {
   for (const auto& f : detail::builtin_profile_files())
     if (f.first == name) return f.second;
-  throw InputError(
-      fmt::format("unknown numerics profile '{}' (known: {})", name, fmt::join(profile_names(), ", ")));
+  throw unknown_profile(name);
 }
 
 NumericsProfile profile_by_name(const std::string& name) {
   const auto& m = builtins();
   const auto it = m.find(name);
-  if (it == m.end())
-    throw InputError(
-        fmt::format("unknown numerics profile '{}' (known: {})", name, fmt::join(profile_names(), ", ")));
+  if (it == m.end()) throw unknown_profile(name);
   return it->second;
 }
 
@@ -392,7 +378,7 @@ NumericsProfile load_profile(const std::string& name_or_file) {
   s << f.rdbuf();
   NumericsProfile p = parse_profile(s.str(), name_or_file);
   // A built-in's name means its precision map wherever it is read (traces store names too).
-  if (is_builtin_profile(p.name) && profile_digest(p) != profile_digest(profile_by_name(p.name)))
+  if (is_builtin_profile(p.name) && !profile_diff(p, profile_by_name(p.name)).empty())
     throw InputError(
         fmt::format("{}: name '{}' is a built-in profile's, but the file's sites differ from it: give "
                     "the file its own name",
