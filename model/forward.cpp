@@ -295,24 +295,34 @@ class SequenceForward {
     be_.rope_apply(p);
   }
 
-  // The block quantisation `kind` of a profile site on x (nothing for QuantSim::none).
-  void quant(FBuf& x, int64_t rows, int64_t cols, int64_t ld, int block, ScaleFmt scale, QuantSim kind,
-             const char* site, int layer) {
-    if (kind == QuantSim::none || rows == 0) return;
+  // The block quantisation of a profile site on x (nothing for QuantSim::none); `what` names the tensor.
+  void quant(FBuf& x, int64_t rows, int64_t cols, int64_t ld, const NumericsProfile::QuantSite& q, const char* what,
+             int layer) {
+    if (q.kind == QuantSim::none || rows == 0) return;
     Fp8SimParams p;
     p.rows = rows;
     p.cols = cols;
     p.ld = ld;
-    p.block = block;
-    p.fmt = scale;
+    p.block = q.block;
+    p.fmt = q.scale;
     p.x = x.data();
     if (const char* why = fp8_sim_check(p))
       throw InputError(fmt::format("profile '{}': {} simulation of {} at layer {} cannot run: {} (block {} for {} "
                                    "values a row; profile site {})",
-                                   P_.name, kind == QuantSim::fp4 ? "FP4" : "FP8", site, layer, why, block, cols,
-                                   std::string(site).find("indexer") != std::string::npos ? "indexer.quant_block"
-                                                                                          : "kv.quant_block"));
-    be_.quant_sim(p, kind);
+                                   P_.name, q.kind == QuantSim::fp4 ? "FP4" : "FP8", what, layer, why, q.block, cols,
+                                   q.block_key));
+    be_.quant_sim(p, q.kind);
+  }
+
+  // A site's simulation around the cache store of its rows: a cache that keeps FP8 rows quantises them
+  // itself, so they go in first (decoding gives the simulated values); any other simulation comes first
+  // and the cache keeps its bf16 results.
+  template <typename Store>
+  void quant_around_store(FBuf& x, int64_t rows, int64_t cols, int64_t ld, const NumericsProfile::QuantSite& q,
+                          const char* what, int layer, Store store) {
+    if (!q.cached_fp8) quant(x, rows, cols, ld, q, what, layer);
+    store();
+    if (q.cached_fp8) quant(x, rows, cols, ld, q, what, layer);
   }
 
   // The compressor (MODEL.md §3.5, §7.2) over this chunk: the projections of the chunk's tokens,
@@ -492,9 +502,8 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   rope_rows(q, H, Dh, freq, false, L);
   report(L, "attn.q", DType::bf16, {T_, H * Dh}, q.data());
 
-  // Window KV: one shared K=V head. A chunk stores its last W rows in the cache: before a real FP8
-  // simulation (the cache encodes FP8 rows itself; decoding gives the simulated values), after any
-  // other (NumericsProfile::fp8_kv_cache).
+  // Window KV: one shared K=V head. A chunk stores its last W rows in the cache, around the KV site's
+  // simulation as quant_around_store orders them.
   FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
   if (tp) tp->kv_lin = clone(kv);
   norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
@@ -506,13 +515,12 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   const int64_t G = ratio > 0 ? groups_after(ratio) : 0;
   FBuf kvcat = be_.floats((hist + T_ + G) * Dh);
   if (hist > 0) cache_->load(L, CacheStream::window, p0_ - hist, hist, kvcat.data());
-  const bool kv_cached_fp8 = P_.fp8_kv_cache();
-  if (!kv_cached_fp8) quant(kv, T_, Dh - rd, Dh, P_.kv_quant_block, P_.kv_quant_scale, P_.kv_quant, "the window KV", L);
-  if (cache_) {
+  const NumericsProfile::QuantSite kvq = P_.kv_site();
+  quant_around_store(kv, T_, Dh - rd, Dh, kvq, "the window KV", L, [&] {
+    if (!cache_) return;
     const int64_t m = std::min<int64_t>(T_, c_.sliding_window);
     cache_->store(L, CacheStream::window, p0_ + T_ - m, m, kv.data() + (T_ - m) * Dh);
-  }
-  if (kv_cached_fp8) quant(kv, T_, Dh - rd, Dh, P_.kv_quant_block, P_.kv_quant_scale, P_.kv_quant, "the window KV", L);
+  });
   report(L, "attn.kv", DType::bf16, {T_, Dh}, kv.data());
 
   // Compressed KV (C4 / C128) and the lightning indexer (C4). G counts the compressed rows visible
@@ -522,9 +530,9 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed,
                           tp ? &tp->kvp : nullptr, tp ? &tp->sc : nullptr);
     const int64_t n = G - g_before;
-    if (!kv_cached_fp8) quant(fresh, n, Dh - rd, Dh, P_.kv_quant_block, P_.kv_quant_scale, P_.kv_quant, "the compressed KV", L);
-    if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
-    if (kv_cached_fp8) quant(fresh, n, Dh - rd, Dh, P_.kv_quant_block, P_.kv_quant_scale, P_.kv_quant, "the compressed KV", L);
+    quant_around_store(fresh, n, Dh - rd, Dh, kvq, "the compressed KV", L, [&] {
+      if (cache_ && n > 0) cache_->store(L, CacheStream::compressed, g_before, n, fresh.data());
+    });
     report(L, "attn.compressed_kv", DType::bf16, {n, Dh}, fresh.data(), g_before);
     put_with_history(L, CacheStream::compressed, g_before, fresh, Dh, kvcat.data() + (hist + T_) * Dh);
   }
@@ -537,17 +545,16 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     FBuf qi = linear(qr, T_, ql, ix + "wq_b.weight", Hi * Di, OutRound::bf16, L);
     rope_rows(qi, Hi, Di, freq, false, L);
     be_.hadamard(qi.data(), T_ * Hi, Di, Di);
-    const int iblock = P_.indexer_quant_block(Di);
-    quant(qi, T_ * Hi, Di, Di, iblock, P_.indexer_quant_scale, P_.indexer_quant, "the indexer queries", L);
+    const NumericsProfile::QuantSite iq = P_.indexer_site(Di);
+    quant(qi, T_ * Hi, Di, Di, iq, "the indexer queries", L);
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
     const int64_t g_before = groups_before(4), n = G - g_before;
     const bool keep = tp && tape_->keep_indexer;
     FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys,
                            keep ? &tp->ikvp : nullptr, keep ? &tp->isc : nullptr);
-    const bool keys_cached_fp8 = P_.fp8_indexer_cache();
-    if (!keys_cached_fp8) quant(kfresh, n, Di, Di, iblock, P_.indexer_quant_scale, P_.indexer_quant, "the indexer keys", L);
-    if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
-    if (keys_cached_fp8) quant(kfresh, n, Di, Di, iblock, P_.indexer_quant_scale, P_.indexer_quant, "the indexer keys", L);
+    quant_around_store(kfresh, n, Di, Di, iq, "the indexer keys", L, [&] {
+      if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
+    });
     report(L, "indexer.k", DType::bf16, {n, Di}, kfresh.data(), g_before);
     FBuf ki;  // every key a query of this chunk can see: the cached ones, then the chunk's
     if (g_before == 0) {

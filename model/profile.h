@@ -40,7 +40,6 @@ struct ReduceSites {
   ReduceOrder indexer;     // the indexer's q·k dots
   ReduceOrder attention;   // the sparse attention's q·kv dots
   ReduceOrder moe;         // the experts' GEMMs
-  void set_all(ReduceOrder o) { gemm = norm = compressor = mhc = indexer = attention = moe = o; }
 };
 
 struct NumericsProfile {
@@ -48,7 +47,7 @@ struct NumericsProfile {
   std::string description;
   // reduce.*: the blocking of the long reductions, per op family (above).
   ReduceSites reduce;
-  // attention.q_norm: the per-head q RMSNorm (no weight), kernels/norm.h RmsNormParams::arith.
+  // attention.q_norm: the per-head q RMSNorm (no weight), kernels/norm.h RmsNormParams::bf16_arith.
   Arith q_norm = Arith::fp32;
   // attention.softmax: 0 = the two-pass softmax of kernels/attention.h; B >= 1 = an online softmax in
   // blocks of B slots with unnormalised bf16 probabilities (SparseAttnParams::online_block).
@@ -92,6 +91,19 @@ struct NumericsProfile {
   int indexer_quant_block(int64_t Di) const {
     if (indexer_quant_block_size > 0) return indexer_quant_block_size;
     return indexer_quant == QuantSim::fp4 ? 32 : int(Di < 128 ? Di : 128);
+  }
+
+  // A quantisation site as the forward and the caches apply it.
+  struct QuantSite {
+    QuantSim kind;
+    int block;
+    ScaleFmt scale;
+    bool cached_fp8;        // a decoding engine's cache stores these rows as FP8 (above)
+    const char* block_key;  // the site that sets the block, for errors
+  };
+  QuantSite kv_site() const { return {kv_quant, kv_quant_block, kv_quant_scale, fp8_kv_cache(), "kv.quant_block"}; }
+  QuantSite indexer_site(int64_t Di) const {
+    return {indexer_quant, indexer_quant_block(Di), indexer_quant_scale, fp8_indexer_cache(), "indexer.quant_block"};
   }
 };
 

@@ -23,14 +23,13 @@ const KvRowFormat& CacheFormats::of(CacheStream s) const {
 }
 
 CacheFormats cache_formats(const ModelConfig& c, const NumericsProfile& p) {
-  // The in-place bf16-cast mode is an identity on bf16 values: its cache holds bf16.
-  const bool fp8_kv = p.fp8_kv_cache();
+  // FP8 rows where the site's cache keeps them (NumericsProfile::QuantSite::cached_fp8), else bf16.
   const int64_t Dh = c.head_dim, nd = c.nope_dim(), Di = c.index_head_dim;
+  const NumericsProfile::QuantSite kv = p.kv_site(), ix = p.indexer_site(Di);
   CacheFormats f;
-  f.window = KvRowFormat{.dim = Dh, .fp8_dims = fp8_kv ? nd : 0, .block = p.kv_quant_block};
+  f.window = KvRowFormat{.dim = Dh, .fp8_dims = kv.cached_fp8 ? nd : 0, .block = kv.block};
   f.compressed = f.window;
-  f.indexer_keys =
-      KvRowFormat{.dim = Di, .fp8_dims = p.fp8_indexer_cache() ? Di : 0, .block = p.indexer_quant_block(Di)};
+  f.indexer_keys = KvRowFormat{.dim = Di, .fp8_dims = ix.cached_fp8 ? Di : 0, .block = ix.block};
   return f;
 }
 
