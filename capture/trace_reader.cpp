@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "capture/errors.h"
+#include "model/decision_sets.h"
 #include "model/error.h"
 #include "capture/generation.h"
 #include "capture/h5.h"
@@ -689,6 +690,16 @@ NumericsProfile recorded_profile(const TraceStepInfo& s, const std::string& trac
     throw TraceCorrupt(
         fmt::format("{}: the step's profile is named '{}' but its stored text names '{}'", where, s.profile, p.name));
   return p;
+}
+
+std::optional<NumericsProfile> known_recorded_profile(const TraceStepInfo& s, const std::string& trace_path) {
+  if (s.profile_text.empty() && !is_builtin_profile(s.profile)) return std::nullopt;
+  return recorded_profile(s, trace_path);
+}
+
+double recorded_tie_factor(const TraceStepInfo& s, const std::string& trace_path) {
+  const std::optional<NumericsProfile> p = known_recorded_profile(s, trace_path);
+  return p ? tie_factor(*p) : tie_factor(s.profile);
 }
 
 }  // namespace dsv4

@@ -50,6 +50,12 @@ struct TraceStepInfo {
 // disagree, or the text does not parse) or InputError (a name this build does not know and no text),
 // naming the trace and the step.
 NumericsProfile recorded_profile(const TraceStepInfo& s, const std::string& trace_path);
+// recorded_profile when this build knows the step's profile (a stored text, or a built-in's name);
+// nullopt for an engine's name without a stored text.
+std::optional<NumericsProfile> known_recorded_profile(const TraceStepInfo& s, const std::string& trace_path);
+// The relative tie factor of a recorded step (model/decision_sets.h tie_factor): from the sites of its
+// known recorded profile, else by its name.
+double recorded_tie_factor(const TraceStepInfo& s, const std::string& trace_path);
 
 struct TraceModelMeta {
   std::string config_json;

@@ -570,12 +570,9 @@ DiffReport diff_traces(const TraceReader& ra, const TraceReader& rb, const DiffO
   rep.step_b = opt.step_b;
   rep.profile_a = A.step.profile;
   rep.profile_b = B.step.profile;
-  // A step's recorded profile, when this build knows it (an engine's name may not be a profile).
-  auto known_profile = [](const Side& s) -> std::optional<NumericsProfile> {
-    if (s.step.profile_text.empty() && !is_builtin_profile(s.step.profile)) return std::nullopt;
-    return recorded_profile(s.step, s.r.path());
-  };
-  const std::optional<NumericsProfile> pa = known_profile(A), pb = known_profile(B);
+  // The steps' recorded profiles, when this build knows them (an engine's name may not be a profile).
+  const std::optional<NumericsProfile> pa = known_recorded_profile(A.step, path_a),
+                                       pb = known_recorded_profile(B.step, path_b);
   if (pa && pb) {
     rep.profile_sites = profile_diff(*pa, *pb);
     rep.profile_sites_known = true;
@@ -594,7 +591,7 @@ DiffReport diff_traces(const TraceReader& ra, const TraceReader& rb, const DiffO
     rep.tie_threshold = opt.tie_threshold;
   } else {
     rep.tie_rule = "relative";
-    rep.tie_threshold = pa && pb ? tie_factor(*pa, *pb) : tie_factor(A.step.profile, B.step.profile);
+    rep.tie_threshold = std::max(recorded_tie_factor(A.step, path_a), recorded_tie_factor(B.step, path_b));
   }
   diff_training(A, B, rep);
   Steps st{A, B, A.step.index, B.step.index, S};

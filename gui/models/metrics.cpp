@@ -166,8 +166,8 @@ std::vector<float> expert_load(const RoutingRecord& r, int n_experts) {
   return load;
 }
 
-double single_trace_tie_threshold(const std::vector<float>& margins, const std::string& profile) {
-  return relative_tie_threshold({&margins}, tie_factor(profile)).value_or(kNoValue);
+double single_trace_tie_threshold(const std::vector<float>& margins, double factor) {
+  return relative_tie_threshold({&margins}, factor).value_or(kNoValue);
 }
 
 int64_t digest_row_token(const ModelConfig& c, const std::string& name, int layer, int64_t row, int64_t T) {

@@ -36,9 +36,9 @@ std::vector<float> min_margin(const std::vector<float>& a, const std::vector<flo
 // Tokens routed to each expert.
 std::vector<float> expert_load(const RoutingRecord& r, int n_experts);
 
-// The relative tie threshold of replay/diff.h (model/decision_sets.h) over one trace's margins;
-// kNoValue when no margin is finite.
-double single_trace_tie_threshold(const std::vector<float>& margins, const std::string& profile);
+// The relative tie threshold of replay/diff.h (model/decision_sets.h) over one trace's margins with the
+// step's tie factor (capture/trace_reader.h recorded_tie_factor); kNoValue when no margin is finite.
+double single_trace_tie_threshold(const std::vector<float>& margins, double factor);
 
 // Maps a digest row of tensor (name, layer) to the token that row belongs to: the row itself for
 // token-row tensors, the last token of a compressed group for `attn.compressed_kv` / `indexer.k`.

@@ -346,7 +346,7 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
                                                   std::vector<ChunkPtr>(size_t(summary->layers)));
     const int total = seqs * (1 + summary->layers) + (rb ? 1 : 0);
     int done = 0;
-    const std::string profile_a = step_of(summary->a).profile;
+    const double tie_factor_a = recorded_tie_factor(step_of(summary->a), summary->a.path);
     const int sa = rq.step_a, sb = rq.step_b;
     for (int s = 0; s < seqs; ++s) {
       if (canceledNow()) return emit canceled(id);
@@ -401,14 +401,14 @@ void TraceWorker::runLoad(quint64 id, const LoadRequest& rq) {
         if (A.indexer) {
           v[int(Metric::IndexerMargin)] =
               min_margin(A.indexer->margin, rb && B.indexer ? &B.indexer->margin : nullptr);
-          chunk->indexer_tie_threshold = single_trace_tie_threshold(A.indexer->margin, profile_a);
+          chunk->indexer_tie_threshold = single_trace_tie_threshold(A.indexer->margin, tie_factor_a);
         } else {
           v[int(Metric::IndexerMargin)] = none;
         }
         if (A.routing) {
           v[int(Metric::RouterMargin)] =
               min_margin(A.routing->margin, rb && B.routing ? &B.routing->margin : nullptr);
-          chunk->router_tie_threshold = single_trace_tie_threshold(A.routing->margin, profile_a);
+          chunk->router_tie_threshold = single_trace_tie_threshold(A.routing->margin, tie_factor_a);
         } else {
           v[int(Metric::RouterMargin)] = none;
         }

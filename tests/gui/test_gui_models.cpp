@@ -194,9 +194,9 @@ TEST(GuiMetrics, DetailTensorsInExecutionOrderFromTheFirstDiffering) {
 
 TEST(GuiMetrics, TieRuleTensorDetailAndNames) {
   // Relative rule of the diff engine: f × the median (element of rank n/2) of the finite |margin|.
-  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, INFINITY, 2}, "train"), 2.0 / 128);
-  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, 2, 4}, "rollout"), 3.0 / 16);
-  EXPECT_TRUE(std::isnan(single_trace_tie_threshold({INFINITY}, "train")));
+  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, INFINITY, 2}, tie_factor("train")), 2.0 / 128);
+  EXPECT_DOUBLE_EQ(single_trace_tie_threshold({1, 3, 2, 4}, tie_factor("rollout")), 3.0 / 16);
+  EXPECT_TRUE(std::isnan(single_trace_tie_threshold({INFINITY}, tie_factor("train"))));
 
   TensorRowPair p{"moe.out", DType::bf16, 7, {1, 2, 3, 4}, {1, 2.5f, 3, 3}};
   const TensorDetail t = tensor_detail(p);
