@@ -25,17 +25,32 @@ struct Run {
   NumericsProfile profile;
 };
 
-// Flips of one kind of decision between A's and X's records of one (seq, layer), with the diff's
-// relative tie rule over the two runs' margins of the layer.
-template <typename Rec>
-void count_flips(const Rec& a, const Rec& x, double factor, int64_t& rows, int64_t& flips, int64_t& ties) {
-  const auto threshold = relative_tie_threshold({&a.margin, &x.margin}, factor);
-  const double thr = threshold ? *threshold : std::nan("");
-  for (int64_t t = 0; t < a.T; ++t) {
-    ++rows;
-    if (valid_ids(a.ids, a.k, t) == valid_ids(x.ids, x.k, t)) continue;
-    ++flips;
-    if (is_tie_flip(a.margin[size_t(t)], x.margin[size_t(t)], thr)) ++ties;
+// Flips of one kind of decision between A's and X's records (those `counted` keeps), with the diff's
+// relative tie rule (replay/diff.h): per layer, the threshold is f × the median |margin| of the layer's
+// rows in every sequence of both runs.
+template <typename Rec, typename Counted>
+void count_flips(const std::map<DecisionLog::Key, Rec>& a, const std::map<DecisionLog::Key, Rec>& x, double factor,
+                 Counted counted, int64_t& rows, int64_t& flips, int64_t& ties) {
+  std::map<int, std::vector<std::pair<const Rec*, const Rec*>>> by_layer;
+  for (const auto& [key, ra] : a) {
+    const auto it = x.find(key);
+    if (it != x.end() && counted(ra)) by_layer[key.second].emplace_back(&ra, &it->second);
+  }
+  for (const auto& [layer, pairs] : by_layer) {
+    std::vector<float> ma, mx;
+    for (const auto& [ra, rx] : pairs) {
+      ma.insert(ma.end(), ra->margin.begin(), ra->margin.end());
+      mx.insert(mx.end(), rx->margin.begin(), rx->margin.end());
+    }
+    const auto threshold = relative_tie_threshold({&ma, &mx}, factor);
+    const double thr = threshold ? *threshold : std::nan("");
+    for (const auto& [ra, rx] : pairs)
+      for (int64_t t = 0; t < ra->T; ++t) {
+        ++rows;
+        if (valid_ids(ra->ids, ra->k, t) == valid_ids(rx->ids, rx->k, t)) continue;
+        ++flips;
+        if (is_tie_flip(ra->margin[size_t(t)], rx->margin[size_t(t)], thr)) ++ties;
+      }
   }
 }
 
@@ -58,16 +73,10 @@ BisectMetrics compare_runs(const Run& a, const Run& x) {
     m.kl_k3 = sum_k3 / double(m.tokens);
   }
   const double factor = tie_factor(a.profile, x.profile);
-  for (const auto& [key, ra] : a.log.indexer) {
-    const auto it = x.log.indexer.find(key);
-    if (it != x.log.indexer.end())
-      count_flips(ra, it->second, factor, m.indexer_rows, m.indexer_flips, m.indexer_tie_flips);
-  }
-  for (const auto& [key, ra] : a.log.routing) {
-    const auto it = x.log.routing.find(key);
-    if (it != x.log.routing.end() && !ra.hashed)
-      count_flips(ra, it->second, factor, m.routing_rows, m.routing_flips, m.routing_tie_flips);
-  }
+  count_flips(a.log.indexer, x.log.indexer, factor, [](const IndexerRecord&) { return true; }, m.indexer_rows,
+              m.indexer_flips, m.indexer_tie_flips);
+  count_flips(a.log.routing, x.log.routing, factor, [](const RoutingRecord& r) { return !r.hashed; },
+              m.routing_rows, m.routing_flips, m.routing_tie_flips);
   return m;
 }
 
