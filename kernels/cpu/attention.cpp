@@ -74,9 +74,9 @@ void sparse_attention_split(const SparseAttnParams& p) {
   }
 }
 
-// The online order (p.online_block > 0): the row's scan is kernels/detail/attention.h's, shared with
-// the CUDA kernel; the output runs the same per-element chain as common::attn_online_out, slot by slot
-// over contiguous kv rows (each o[d] sees the same operations in the same order).
+// The online order (p.online_block > 0): the row's scan and the accumulator steps are
+// kernels/detail/attention.h's, shared with the CUDA kernel; the output runs slot by slot over
+// contiguous kv rows (each o[d] sees the same steps in the same order as common::attn_online_out).
 void sparse_attention_online(const SparseAttnParams& p) {
   const int64_t TH = p.T * p.H;
 #pragma omp parallel if (TH * p.K * p.Dh >= kParallelWork)
@@ -95,9 +95,9 @@ void sparse_attention_online(const SparseAttnParams& p) {
       for (int64_t v = 0; v < nv; ++v) {
         const float P = e[size_t(v)], alpha = a[size_t(v)];
         const float* kv = p.kv + int64_t(slots[size_t(v)]) * p.Dh;
-        for (int64_t d = 0; d < p.Dh; ++d) o[d] = std::fma(P, kv[d], o[d] * alpha);
+        for (int64_t d = 0; d < p.Dh; ++d) o[d] = common::attn_online_acc(o[d], P, alpha, kv[d]);
       }
-      for (int64_t d = 0; d < p.Dh; ++d) o[d] = num::bf16_round(o[d] / l);
+      for (int64_t d = 0; d < p.Dh; ++d) o[d] = common::attn_online_final(o[d], l);
       if (p.lse) p.lse[th] = lse;
     }
   }

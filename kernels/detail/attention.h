@@ -132,13 +132,22 @@ DSV4_HD float attn_online_row(float* z, float* a, int64_t nv, int B, float sink,
   return m + num::log_f(l);
 }
 
-// o[d] of an online row: acc = 0, then acc = fma(P_v, kv[slots[v]][d], acc * a_v) for v in slot order
-// (a_v = 1 is exact); o = bf16(acc / l).
+// One step of an online row's output accumulator: slot v (probability P_v, alpha factor a_v, value x)
+// gives fma(P_v, x, acc * a_v) (a_v = 1 is exact).
+DSV4_HD float attn_online_acc(float acc, float P, float a, float x) {
+  return std::fma(P, x, acc * a);
+}
+// The output from the accumulator: bf16(acc / l).
+DSV4_HD float attn_online_final(float acc, float l) {
+  return num::bf16_round(acc / l);
+}
+
+// o[d] of an online row: acc = 0, then attn_online_acc for v in slot order, then attn_online_final.
 DSV4_HD float attn_online_out(const float* P, const float* a, const int32_t* slots, int64_t nv, const float* kv,
                               int64_t Dh, int64_t d, float l) {
   float acc = 0.0f;
-  for (int64_t v = 0; v < nv; ++v) acc = std::fma(P[v], kv[int64_t(slots[v]) * Dh + d], acc * a[v]);
-  return num::bf16_round(acc / l);
+  for (int64_t v = 0; v < nv; ++v) acc = attn_online_acc(acc, P[v], a[v], kv[int64_t(slots[v]) * Dh + d]);
+  return attn_online_final(acc, l);
 }
 
 // ---- parameter checks (host), in the order both backends report them ----
