@@ -31,17 +31,21 @@ void count(ImportSummary& s, const ExternalSequence& seq) {
 
 ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
                             const Weights* weights, const SequenceSink& sink, const ProgressFn& progress,
-                            const IndexerEncoders& encoders) {
+                            const IndexerEncoders& encoders, int64_t prefix_budget_bytes) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t done_bytes = 0;  // bytes of the files finished
+  R3RoutingPrefixes prefixes(prefix_budget_bytes);
   for (const std::string& file : files) {
     std::error_code ec;
     const auto size = fs::file_size(file, ec);
     sglang_read(
         file,
         [&](R3Request&& q) {
+          prefixes.complete(c, q, s.notes);
+          std::string who = q.origin.describe();
           ExternalSequence seq = r3_import(c, std::move(q), weights, s.notes, encoders);
+          prefixes.keep(c, seq, std::move(who));
           count(s, seq);
           sink(std::move(seq));
         },
@@ -120,19 +124,23 @@ R3EngineBuffers sequence_buffers(const TraceReader& r, const ModelConfig& c, int
 
 }  // namespace
 
-int64_t export_sglang(const TraceReader& r, int step, const std::string& out) {
+int64_t export_sglang(const TraceReader& r, int step, const std::string& out, bool incremental) {
   if (fs::exists(out)) throw InputError(fmt::format("{}: exists; not overwritten", out));
   const ModelConfig c = r.config();
   const TraceStepInfo info = r.steps().at(size_t(step));
   const std::string tmp = out + ".incomplete";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) throw InputError(fmt::format("{}: cannot create", tmp));
+  std::vector<std::vector<int32_t>> earlier;  // the sequences written so far (incremental export)
   for (int s = 0; s < int(info.seq_lengths.size()); ++s) {
-    const std::vector<int32_t> tokens = r.tokens(step, s);
+    std::vector<int32_t> tokens = r.tokens(step, s);
     std::string id = r.sequence_id(step, s);
     if (id.empty()) id = fmt::format("step{}-seq{}", step, s);
     const R3EngineBuffers b = sequence_buffers(r, c, step, s, int64_t(tokens.size()));
-    f << sglang_response(id, tokens, trace_prompt_length(r, step, s), b).dump() << '\n';
+    const int64_t P = trace_prompt_length(r, step, s);
+    const int64_t start = incremental ? r3_incremental_start(earlier, tokens, P) : 0;
+    f << sglang_response(id, tokens, P, b, start).dump() << '\n';
+    if (incremental) earlier.push_back(std::move(tokens));
     if (!f) throw InputError(fmt::format("{}: write failed", tmp));
   }
   f.close();

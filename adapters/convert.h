@@ -34,9 +34,12 @@ using ProgressFn = std::function<void(const ImportProgress&)>;
 // Every response of every file, in order, one at a time: read, checked (r3_import), handed to `sink`.
 // `weights` (optional) checks the hash layers against tid2eid.
 // `encoders` as for r3_import (the sink's writer's stream_indexer_layers).
+// An incremental routing buffer (routed_experts_start_len > 0) takes its first rows from an earlier
+// request of the import (R3RoutingPrefixes, keeping up to `prefix_budget_bytes` of routing).
 ImportSummary import_sglang(const std::vector<std::string>& files, const ModelConfig& c,
                             const Weights* weights, const SequenceSink& sink,
-                            const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr);
+                            const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr,
+                            int64_t prefix_budget_bytes = R3RoutingPrefixes::kDefaultBudgetBytes);
 // Every sample of miles_sample_paths(inputs), likewise.
 ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelConfig& c,
                            const Weights* weights, const SequenceSink& sink,
@@ -51,7 +54,9 @@ int export_step(const TraceReader& r, int step);
 int64_t trace_prompt_length(const TraceReader& r, int step, int seq);
 
 // One JSON line per sequence (sglang_response), to `out` (refused when it exists). Returns the sequences.
-int64_t export_sglang(const TraceReader& r, int step, const std::string& out);
+// `incremental`: each sequence's routed_experts starts after the rows an earlier sequence of the step
+// already holds for the same tokens (r3_incremental_start), as a session server requests its turns.
+int64_t export_sglang(const TraceReader& r, int step, const std::string& out, bool incremental = false);
 // One .npz per sequence, DIR/sample_SSSSSS.npz (DIR is created; files that exist are refused).
 int64_t export_miles(const TraceReader& r, int step, const std::string& dir);
 

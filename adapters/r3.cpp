@@ -365,6 +365,11 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
   seq.logprobs = std::move(q.logprobs);
 
   int64_t routed_rows = 0;
+  if (q.routed_experts.present && q.routed_experts_start > 0)
+    throw InputError(fmt::format(
+        "{}: routed_experts starts at row {} (routed_experts_start_len): an incremental buffer, whose "
+        "rows [0, {}) are an earlier turn's; import the conversation's turns together, in order",
+        who, q.routed_experts_start, q.routed_experts_start));
   if (q.routed_experts.present) {
     decode_whole(q.routed_experts, q.origin, "routed_experts");  // small: read whole
     routed_rows = routing_rows(c, q);
@@ -483,6 +488,92 @@ ExternalSequence r3_import(const ModelConfig& c, R3Request q, const Weights* wei
       notes.push_back(fmt::format("{}: indexer_topk: dropped the stop-edge row {}", who, T - 1));
   }
   return seq;
+}
+
+// ---- incremental routing buffers ----------------------------------------------------------------------
+
+void R3RoutingPrefixes::complete(const ModelConfig& c, R3Request& q, std::vector<std::string>& notes) const {
+  const int64_t s = q.routed_experts_start;
+  if (!q.routed_experts.present || s == 0) return;
+  const std::string who = q.origin.describe();
+  const int64_t T = int64_t(q.tokens.size()), L = c.num_hidden_layers, k = c.num_experts_per_tok;
+  if (s < 0 || s > T - 1)
+    throw InputError(fmt::format("{}: routed_experts_start_len {} is outside [0, {}] (len(tokens) − 1)", who,
+                                 s, T - 1));
+  decode_whole(q.routed_experts, q.origin, "routed_experts");
+  R3Buffer& b = q.routed_experts;
+  const int64_t n = int64_t(b.words.size());
+  if (n % (L * k) != 0)
+    throw InputError(fmt::format(
+        "{}: routed_experts: {} bytes are not a whole number of rows of {} layers × {} ids × 4 bytes", who,
+        n * 4, L, k));
+  const int64_t rows = n / (L * k);
+  if (rows != T - 1 - s && rows != T - s)
+    throw InputError(fmt::format(
+        "{}: routed_experts: {} rows from routed_experts_start_len {} for {} tokens; the buffer covers rows "
+        "[{}, len(tokens) − 1) = {} rows (or {} with the stop-edge row)",
+        who, rows, s, T, s, T - 1 - s, T - s));
+  // The latest kept request holding rows [0, s) of the same first s tokens.
+  const Kept* from = nullptr;
+  for (auto it = kept_.rbegin(); it != kept_.rend() && !from; ++it)
+    if (int64_t(it->tokens.size()) - 1 >= s && std::equal(q.tokens.begin(), q.tokens.begin() + s, it->tokens.begin()))
+      from = &*it;
+  if (!from)
+    throw InputError(fmt::format(
+        "{}: routed_experts starts at row {} (routed_experts_start_len), and no request imported before it "
+        "holds rows [0, {}) for the same first {} tokens{}: import the conversation's earlier turns in the "
+        "same command, before this one",
+        who, s, s, s,
+        dropped_ > 0 ? fmt::format(" ({} earlier requests were not kept: past the {} MiB kept for this; "
+                                   "raise --prefix-memory)",
+                                   dropped_, budget_ >> 20)
+                     : std::string()));
+  std::vector<int32_t> words;
+  reserve_huge(words, size_t((s + rows) * L * k));
+  words.assign(from->words.begin(), from->words.begin() + s * L * k);
+  words.insert(words.end(), b.words.begin(), b.words.end());
+  b.words = std::move(words);
+  if (!b.shape.empty()) b.shape[0] += s;
+  q.routed_experts_start = 0;
+  notes.push_back(fmt::format("{}: routed_experts rows [0, {}) (routed_experts_start_len) from {}", who, s,
+                              from->who));
+}
+
+void R3RoutingPrefixes::keep(const ModelConfig& c, const ExternalSequence& seq, std::string who) {
+  if (seq.routing.empty() || seq.tokens.size() < 2) return;
+  const int64_t rows = int64_t(seq.tokens.size()) - 1, L = c.num_hidden_layers, k = c.num_experts_per_tok;
+  const int64_t size = (rows * L * k + int64_t(seq.tokens.size())) * 4;
+  if (size > budget_) {
+    ++dropped_;
+    return;
+  }
+  Kept e{std::move(who), seq.tokens, std::vector<int32_t>(size_t(rows * L * k))};
+  for (const ExternalRouting& r : seq.routing)
+    for (int64_t t = 0; t < rows; ++t)
+      std::memcpy(&e.words[size_t((t * L + r.layer) * k)], &r.ids[size_t(t * k)], size_t(k) * 4);
+  kept_.push_back(std::move(e));
+  bytes_ += size;
+  size_t drop = 0;
+  while (bytes_ > budget_) {
+    const Kept& old = kept_[drop++];
+    bytes_ -= (int64_t(old.words.size()) + int64_t(old.tokens.size())) * 4;
+    ++dropped_;
+  }
+  kept_.erase(kept_.begin(), kept_.begin() + int64_t(drop));
+}
+
+int64_t r3_incremental_start(const std::vector<std::vector<int32_t>>& earlier, const std::vector<int32_t>& tokens,
+                             int64_t prompt_length) {
+  const int64_t T = int64_t(tokens.size());
+  const int64_t cap = std::min(prompt_length < 0 ? T : prompt_length, T - 1);
+  int64_t best = 0;
+  for (const auto& e : earlier) {
+    const int64_t most = std::min<int64_t>(cap, int64_t(e.size()) - 1);
+    int64_t lcp = 0;
+    while (lcp < most && e[size_t(lcp)] == tokens[size_t(lcp)]) ++lcp;
+    best = std::max(best, lcp);
+  }
+  return best;
 }
 
 R3EngineBuffers r3_export(const ModelConfig& c, int64_t T, const RoutingSource& routing,

@@ -59,6 +59,9 @@ struct R3Request {
   int64_t prompt_length = -1;   // −1: unknown
   std::vector<float> logprobs;  // empty or T − 1 (ExternalSequence's rule)
   R3Buffer routed_experts;
+  // SGLang's routed_experts_start_len: routed_experts holds rows [start, len(tokens) − 1) only (an
+  // incremental buffer; R3RoutingPrefixes::complete adds rows [0, start)). 0: the whole buffer.
+  int64_t routed_experts_start = 0;
   R3Buffer indexer_topk;
   int indexer_num_layers = -1;
 };
@@ -91,6 +94,46 @@ void r3_check_bytes(size_t bytes, const R3Origin& o, const char* buffer_name);
 using IndexerEncoders = std::function<std::vector<std::shared_ptr<IndexerSetEncoder>>(int64_t T, int n)>;
 ExternalSequence r3_import(const ModelConfig& c, R3Request req, const Weights* weights,
                            std::vector<std::string>& notes, const IndexerEncoders& encoders = nullptr);
+
+// Incremental routing buffers (SGLang's routed_experts_start_len, docs/ADAPTERS.md): a turn of a
+// conversation sent with routed_experts_start_len = s gets rows [s, len(tokens) − 1) only; rows [0, s)
+// are an earlier turn's, since row t depends on tokens [0, t] alone. The prefixes object keeps the
+// routing of the requests imported so far (oldest dropped first past a byte budget) and completes an
+// incremental buffer from the latest kept request whose first s tokens are the request's.
+class R3RoutingPrefixes {
+ public:
+  static constexpr int64_t kDefaultBudgetBytes = int64_t(1) << 30;
+  explicit R3RoutingPrefixes(int64_t budget_bytes = kDefaultBudgetBytes) : budget_(budget_bytes) {}
+
+  // When q.routed_experts_start > 0: prepends rows [0, start) and sets the start to 0, with a note
+  // naming the request they came from. InputError naming the request when the buffer's rows do not fit
+  // the start (len(tokens) − 1 − start, or one more with the stop-edge row) or no kept request has the
+  // rows.
+  void complete(const ModelConfig& c, R3Request& q, std::vector<std::string>& notes) const;
+  // Keeps an imported sequence's routing (nothing when it has none). `who`: R3Origin::describe().
+  void keep(const ModelConfig& c, const ExternalSequence& seq, std::string who);
+
+  int64_t bytes() const { return bytes_; }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  struct Kept {
+    std::string who;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> words;  // [len(tokens) − 1, num_hidden_layers, k], the engine's layout
+  };
+  std::vector<Kept> kept_;  // oldest first
+  int64_t budget_;
+  int64_t bytes_ = 0;
+  int64_t dropped_ = 0;  // requests dropped for the budget
+};
+
+// The routed_experts_start_len an incremental export gives sequence `tokens` (prompt of
+// `prompt_length` tokens, −1: unknown) after `earlier` sequences: the most rows [0, s) any earlier
+// sequence holds for the same first s tokens (s ≤ its len − 1), at most the prompt length (SGLang
+// refuses a start past the prompt) and len(tokens) − 1.
+int64_t r3_incremental_start(const std::vector<std::vector<int32_t>>& earlier, const std::vector<int32_t>& tokens,
+                             int64_t prompt_length);
 
 // The engine buffers of one sequence, built from decisions (for export).
 struct R3EngineBuffers {

@@ -122,6 +122,30 @@ R3Request sglang_request(json& response, R3Origin origin, std::vector<std::strin
 
 namespace {
 
+// routed_experts_start_len: a request field (the dump stores it with the response, as it stores
+// input_ids), or meta_info's when the dump put it there; both must agree. SGLang accepts [0, prompt_tokens].
+int64_t routed_experts_start(const json& response, const json& meta, int64_t prompt_length,
+                             const std::string& who) {
+  const char* kField = "routed_experts_start_len";
+  std::optional<int64_t> start;
+  for (const json* where : {&response, &meta}) {
+    auto it = where->find(kField);
+    if (it == where->end() || it->is_null()) continue;
+    const std::string name = where == &meta ? std::string("meta_info.") + kField : std::string(kField);
+    if (!it->is_number_integer())
+      throw InputError(fmt::format("{}: {} is {}, not an integer", who, name, it->dump()));
+    const int64_t v = it->get<int64_t>();
+    if (v < 0 || v > prompt_length)
+      throw InputError(fmt::format("{}: {} is {}; SGLang accepts [0, prompt_tokens] = [0, {}]", who, name, v,
+                                   prompt_length));
+    if (start && *start != v)
+      throw InputError(fmt::format("{}: routed_experts_start_len is {} but meta_info.routed_experts_start_len {}",
+                                   who, *start, v));
+    start = v;
+  }
+  return start.value_or(0);
+}
+
 R3Request request_from(json& response, R3Origin origin, std::vector<std::string>& notes, Lifted* lifted) {
   if (!response.is_object()) throw InputError(fmt::format("{}: not a JSON object", origin.describe()));
   auto mi = response.find("meta_info");
@@ -207,6 +231,7 @@ R3Request request_from(json& response, R3Origin origin, std::vector<std::string>
   }
 
   q.routed_experts = decode_buffer(meta, "routed_experts", origin, lifted ? &lifted->routed : nullptr, false);
+  q.routed_experts_start = routed_experts_start(response, meta, q.prompt_length, who);
   q.indexer_topk = decode_buffer(meta, "indexer_topk", origin, lifted ? &lifted->indexer : nullptr, true);
   if (q.indexer_topk.present) {
     auto n = meta.find("indexer_topk_num_layers");
@@ -614,11 +639,12 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
 }
 
 json sglang_response(const std::string& id, const std::vector<int32_t>& tokens, int64_t prompt_length,
-                     const R3EngineBuffers& b) {
+                     const R3EngineBuffers& b, int64_t routed_start) {
   const size_t P = prompt_length < 0 ? tokens.size() : std::min(tokens.size(), size_t(prompt_length));
   json r;
   r["input_ids"] = std::vector<int32_t>(tokens.begin(), tokens.begin() + int64_t(P));
   r["output_ids"] = std::vector<int32_t>(tokens.begin() + int64_t(P), tokens.end());
+  if (routed_start > 0 && b.num_layers > 0) r["routed_experts_start_len"] = routed_start;
   json meta;
   meta["id"] = id;
   meta["prompt_tokens"] = P;
@@ -626,7 +652,10 @@ json sglang_response(const std::string& id, const std::vector<int32_t>& tokens, 
   auto bytes = [](const std::vector<int32_t>& w) {
     return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4);
   };
-  if (b.num_layers > 0) meta["routed_experts"] = base64_encode(bytes(b.routed_experts));
+  if (b.num_layers > 0) {
+    const size_t skip = size_t(routed_start > 0 ? routed_start : 0) * size_t(b.num_layers * b.k);  // words
+    meta["routed_experts"] = base64_encode(bytes(b.routed_experts).subspan(skip * 4));
+  }
   if (b.indexer_num_layers > 0) {
     meta["indexer_topk"] = base64_encode(bytes(b.indexer_topk));
     meta["indexer_topk_num_layers"] = b.indexer_num_layers;

@@ -11,6 +11,8 @@
 //   meta_info.indexer_topk                  base64 of int32 [len(tokens) − 1, n_C4_layers, width]
 //   meta_info.indexer_topk_num_layers       n_C4_layers
 //   meta_info.input_token_logprobs, .output_token_logprobs   log-probs (kept when they cover every position)
+//   routed_experts_start_len                the request's start row of an incremental routed_experts
+//                                           (or meta_info.routed_experts_start_len); 0 when absent
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -53,8 +55,10 @@ int64_t sglang_read(const std::string& path, const std::function<void(R3Request&
 // The response object of one sequence in SGLang's layout (for `dsv4 export sglang`): input_ids (the
 // first prompt_length tokens, or all of them when the prompt length is unknown), output_ids (the rest),
 // meta_info {id, prompt_tokens, completion_tokens, routed_experts, indexer_topk,
-// indexer_topk_num_layers}; the buffers a trace does not hold are left out.
+// indexer_topk_num_layers}; the buffers a trace does not hold are left out. With `routed_start` > 0
+// (an incremental export) routed_experts holds rows [routed_start, len(tokens) − 1) only and the object
+// carries "routed_experts_start_len", as a dump stores the request's field.
 nlohmann::json sglang_response(const std::string& id, const std::vector<int32_t>& tokens,
-                               int64_t prompt_length, const R3EngineBuffers& b);
+                               int64_t prompt_length, const R3EngineBuffers& b, int64_t routed_start = 0);
 
 }  // namespace dsv4

@@ -28,6 +28,7 @@ struct ImportArgs {
   std::string out;
   std::string kind = "rollout";
   std::string profile = "unknown";
+  int64_t prefix_memory_mb = R3RoutingPrefixes::kDefaultBudgetBytes >> 20;
 };
 
 // The model the engine ran. --model loads the weights too, for the hash layers' tid2eid check.
@@ -109,7 +110,8 @@ int run_import(const ImportArgs& a) {
   // has 1.4 GB of them).
   auto encoders = [&](int64_t T, int n) { return w->stream_indexer_layers(T, n, true); };
   const ImportSummary s = a.engine == "sglang"
-                              ? import_sglang(a.inputs, m.config, weights, sink, progress, encoders)
+                              ? import_sglang(a.inputs, m.config, weights, sink, progress, encoders,
+                                              a.prefix_memory_mb << 20)
                               : import_miles(a.inputs, m.config, weights, sink, progress, encoders);
   line.finish();
   w->end_step();
@@ -138,13 +140,15 @@ struct ExportArgs {
   std::string engine;
   std::string trace, out;
   int step = -1;
+  bool incremental = false;
 };
 
 int run_export(const ExportArgs& a) {
   TraceReader r = TraceReader::open(a.trace);
   const int step = export_step(r, a.step);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = a.engine == "sglang" ? export_sglang(r, step, a.out) : export_miles(r, step, a.out);
+  const int64_t n =
+      a.engine == "sglang" ? export_sglang(r, step, a.out, a.incremental) : export_miles(r, step, a.out);
   fmt::print(stderr, "export {}: step {} of {}: {} sequences in {:.2f} s → {}\n", a.engine, step, a.trace, n,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.out);
   return 0;
@@ -168,6 +172,12 @@ void add_import(CLI::App* import, const std::string& engine, const std::string& 
       ->check(CLI::IsMember({"rollout", "train"}));
   cmd->add_option("--profile", a->profile, "The engine's numerics profile, when one of ours describes it")
       ->capture_default_str();
+  if (engine == "sglang")
+    cmd->add_option("--prefix-memory", a->prefix_memory_mb,
+                    "MiB of earlier requests' routing kept to complete incremental buffers "
+                    "(routed_experts_start_len > 0); the oldest are dropped first")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->footer("Example:\n  " + example + "\nLayouts, fields read and the checks: docs/ADAPTERS.md");
   cmd->callback([a] { set_action([a] { return run_import(*a); }); });
 }
@@ -182,6 +192,10 @@ void add_export(CLI::App* exp, const std::string& engine, const std::string& out
   cmd->add_option("--step", a->step, "Step index (default: the trace's only complete step)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", a->out, out_help)->required();
+  if (engine == "sglang")
+    cmd->add_flag("--incremental", a->incremental,
+                  "Each sequence's routed_experts starts after the rows an earlier sequence of the step "
+                  "holds for the same tokens (routed_experts_start_len), as a session server's turns do");
   cmd->footer("Example:\n  " + example + "\nLayouts: docs/ADAPTERS.md");
   cmd->callback([a] { set_action([a] { return run_export(*a); }); });
 }

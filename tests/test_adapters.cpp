@@ -246,6 +246,119 @@ TEST(Adapters, MultiTurnPrefixExtendsTheFirstTurn) {
   }
 }
 
+// Incremental routing (SGLang's routed_experts_start_len = s): the buffer holds rows [s, T − 1) and
+// rows [0, s) are an earlier turn's. Turn 1: 9 tokens, 8 rows. Turn 2: turn 1's 9 tokens + 5 more, sent
+// with routed_experts_start_len = 8 (the rows turn 1 holds), so its buffer holds rows 8..12 only.
+R3Request incremental_turn(const R3Request& whole, int64_t start) {
+  R3Request q = whole;
+  const int64_t Lk = cfg().num_hidden_layers * cfg().num_experts_per_tok;
+  q.routed_experts.words.erase(q.routed_experts.words.begin(), q.routed_experts.words.begin() + start * Lk);
+  q.routed_experts_start = start;
+  return q;
+}
+
+TEST(Adapters, IncrementalRoutingTakesItsFirstRowsFromTheEarlierTurn) {
+  const ModelConfig& c = cfg();
+  R3Request turn1 = well_formed(c, 9, 8);
+  turn1.origin = R3Origin{"dump.jsonl:1", "turn-1", 0};
+  R3Request other = well_formed(c, 12, 11);  // another conversation in between, other tokens
+  other.origin = R3Origin{"dump.jsonl:2", "other", 1};
+  for (auto& t : other.tokens) t = (t + 1) % c.vocab_size;
+  for (auto& w : other.routed_experts.words) w = (w + 3) % c.n_routed_experts;
+  const R3Request whole2 = well_formed(c, 14, 13);
+  R3Request turn2 = incremental_turn(whole2, 8);
+  turn2.origin = R3Origin{"dump.jsonl:3", "turn-2", 2};
+  ASSERT_EQ(turn2.routed_experts.words.size(), size_t(5 * c.num_hidden_layers * c.num_experts_per_tok));
+
+  R3RoutingPrefixes prefixes;
+  std::vector<std::string> notes;
+  for (R3Request* q : {&turn1, &other}) {
+    prefixes.complete(c, *q, notes);
+    const std::string who = q->origin.describe();
+    prefixes.keep(c, r3_import(c, *q, nullptr, notes), who);
+  }
+  EXPECT_TRUE(notes.empty());
+  prefixes.complete(c, turn2, notes);
+  EXPECT_EQ(turn2.routed_experts_start, 0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0],
+            "dump.jsonl:3: request 'turn-2' (#2): routed_experts rows [0, 8) (routed_experts_start_len) from "
+            "dump.jsonl:1: request 'turn-1' (#0)");
+  // The completed buffer is the whole turn's, word for word, and imports as the whole turn does.
+  EXPECT_EQ(turn2.routed_experts.words, whole2.routed_experts.words);
+  const ExternalSequence a = r3_import(c, turn2, nullptr, notes), b = r3_import(c, whole2, nullptr, notes);
+  for (int l = 0; l < c.num_hidden_layers; ++l) EXPECT_EQ(a.routing[size_t(l)].ids, b.routing[size_t(l)].ids);
+
+  // The stop-edge row may follow an incremental buffer too; it is dropped as usual.
+  R3Request edge = incremental_turn(well_formed(c, 14, 14), 8);
+  prefixes.complete(c, edge, notes);
+  EXPECT_NO_THROW(r3_import(c, edge, nullptr, notes));
+}
+
+TEST(Adapters, IncrementalRoutingWithoutItsEarlierTurnIsRefusedByName) {
+  const ModelConfig& c = cfg();
+  const R3Request turn1 = well_formed(c, 9, 8);
+  auto error_of = [&](R3Request q, const R3RoutingPrefixes& p) {
+    std::vector<std::string> notes;
+    try {
+      p.complete(c, q, notes);
+      r3_import(c, std::move(q), nullptr, notes);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  R3RoutingPrefixes none, with_turn1, budget0(0);
+  std::vector<std::string> notes;
+  with_turn1.keep(c, r3_import(c, turn1, nullptr, notes), "dump.jsonl:1: request #0");
+  budget0.keep(c, r3_import(c, turn1, nullptr, notes), "dump.jsonl:1: request #0");
+  EXPECT_EQ(with_turn1.bytes(), (8 * 6 * 2 + 9) * 4);
+  EXPECT_EQ(budget0.bytes(), 0);
+  EXPECT_EQ(budget0.dropped(), 1);
+
+  const R3Request turn2 = incremental_turn(well_formed(c, 14, 13), 8);
+  EXPECT_EQ(error_of(turn2, none),
+            "dump.jsonl:1: request 'req-7' (#0): routed_experts starts at row 8 (routed_experts_start_len), "
+            "and no request imported before it holds rows [0, 8) for the same first 8 tokens: import the "
+            "conversation's earlier turns in the same command, before this one");
+  EXPECT_NE(error_of(turn2, budget0).find("(1 earlier requests were not kept: past the 0 MiB kept for this; "
+                                          "raise --prefix-memory)"),
+            std::string::npos);
+  // More rows than the earlier turn holds, or other tokens: not the same prefix.
+  EXPECT_NE(error_of(incremental_turn(well_formed(c, 14, 13), 9), with_turn1).find("no request imported"),
+            std::string::npos);
+  R3Request changed = turn2;
+  changed.tokens[3] = (changed.tokens[3] + 1) % c.vocab_size;
+  EXPECT_NE(error_of(changed, with_turn1).find("no request imported"), std::string::npos);
+  // A buffer that does not hold rows [start, T − 1).
+  R3Request short_buffer = turn2;
+  short_buffer.routed_experts.words.resize(short_buffer.routed_experts.words.size() - 12);
+  EXPECT_EQ(error_of(short_buffer, with_turn1),
+            "dump.jsonl:1: request 'req-7' (#0): routed_experts: 4 rows from routed_experts_start_len 8 for 14 "
+            "tokens; the buffer covers rows [8, len(tokens) − 1) = 5 rows (or 6 with the stop-edge row)");
+  // r3_import alone never takes an incremental buffer for a whole one.
+  std::vector<std::string> n2;
+  try {
+    r3_import(c, turn2, nullptr, n2);
+    ADD_FAILURE() << "an incremental buffer was imported as a whole one";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("an incremental buffer, whose rows [0, 8) are an earlier turn's"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Adapters, IncrementalStartOfAnExport) {
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {1, 2, 3, 9, 9, 9, 9}, x = {7, 7};
+  EXPECT_EQ(r3_incremental_start({}, b, -1), 0);
+  EXPECT_EQ(r3_incremental_start({x}, b, -1), 0);
+  EXPECT_EQ(r3_incremental_start({a}, b, -1), 3);      // the shared tokens
+  EXPECT_EQ(r3_incremental_start({a}, b, 2), 2);       // at most the prompt (SGLang's range)
+  EXPECT_EQ(r3_incremental_start({a}, a, -1), 4);      // at most the rows the earlier one holds, T − 1
+  EXPECT_EQ(r3_incremental_start({x, a, x}, b, 6), 3); // the best of the earlier sequences
+  EXPECT_EQ(r3_incremental_start({b}, {1, 2}, -1), 1); // a shorter sequence: its own T − 1
+}
+
 TEST(Adapters, HashLayersAgreeWithTid2eid) {
   const ModelConfig& c = test::tiny().config();
   R3Request q = well_formed(c, 9, 8, &test::tiny());
@@ -731,6 +844,16 @@ TEST(Adapters, SglangResponsesThatCannotBeReadAreNamed) {
   r["meta_info"].erase("routed_experts");
   r["meta_info"].erase("indexer_topk");
   expect_error(r, "neither routed_experts nor indexer_topk");
+  r = response_of(a, 5, "x");
+  r["routed_experts_start_len"] = 6;
+  expect_error(r, "request 'x' (#1): routed_experts_start_len is 6; SGLang accepts [0, prompt_tokens] = [0, 5]");
+  r = response_of(a, 5, "x");
+  r["meta_info"]["routed_experts_start_len"] = "2";
+  expect_error(r, "request 'x' (#1): meta_info.routed_experts_start_len is \"2\", not an integer");
+  r = response_of(a, 5, "x");
+  r["routed_experts_start_len"] = 2;
+  r["meta_info"]["routed_experts_start_len"] = 3;
+  expect_error(r, "routed_experts_start_len is 2 but meta_info.routed_experts_start_len 3");
   std::ofstream(d / "broken.jsonl") << "{\"meta_info\": {}}\n{\"meta_info\": \n";
   std::vector<std::string> notes;
   try {
@@ -913,8 +1036,8 @@ std::set<int32_t> row_set(const std::vector<int32_t>& ids, int64_t row, int widt
 // Every decision of every sequence of `imported` equals the trace's, as sets, and the tokens are equal.
 void expect_same_decisions(const TraceReader& r, const std::vector<ExternalSequence>& imported) {
   const ModelConfig c = r.config();
-  ASSERT_EQ(imported.size(), 2u);
-  for (int s = 0; s < 2; ++s) {
+  ASSERT_EQ(imported.size(), r.steps()[0].seq_lengths.size());
+  for (int s = 0; s < int(imported.size()); ++s) {
     const ExternalSequence& x = imported[size_t(s)];
     EXPECT_EQ(x.tokens, r.tokens(0, s));
     const int64_t T = int64_t(x.tokens.size());
@@ -1097,6 +1220,78 @@ TEST(Adapters, ImportThroughTheWriterAndExportAgainGivesTheSameBytes) {
   const std::string a = text_of(d / "first.jsonl"), b = text_of(d / "second.jsonl");
   EXPECT_GT(a.size(), 1000u);
   EXPECT_TRUE(a == b) << "the export of the import differs from the first export";
+}
+
+// A recorded conversation: turn 2 extends turn 1, turn 3 shares only turn 1's first 10 tokens, and an
+// unrelated request sits in between. Exported incrementally, turns 2 and 3 carry routed_experts_start_len
+// and only their new rows; imported, every sequence has the recorded decisions (our runtime is causal:
+// turn 1's rows are turn 2's first rows), in the JSON dump's two places for the field.
+TEST(Adapters, IncrementalExportImportsBackToTheRecordedDecisions) {
+  TempDir d;
+  std::vector<std::vector<int32_t>> batch(4);
+  for (int t = 0; t < 15; ++t) batch[0].push_back((t * 53 + 11) % 512);
+  batch[1] = batch[0];
+  for (int t = 0; t < 12; ++t) batch[1].push_back((t * 7 + 300) % 512);
+  for (int t = 0; t < 10; ++t) batch[2].push_back((t * 29 + 3) % 512);
+  batch[3].assign(batch[0].begin(), batch[0].begin() + 10);
+  for (int t = 0; t < 9; ++t) batch[3].push_back((t * 31 + 100) % 512);
+  std::swap(batch[2], batch[3]);  // turn 1, turn 2, turn 3, the unrelated one
+  RecordOptions o;
+  o.threads = 1;
+  record_step(test::tiny(), batch, d / "conv.h5", o);
+  const TraceReader r = TraceReader::open(d / "conv.h5");
+  const ModelConfig c = r.config();
+  ASSERT_EQ(export_sglang(r, 0, d / "inc.jsonl", true), 4);
+  ASSERT_EQ(export_sglang(r, 0, d / "whole.jsonl", false), 4);
+
+  std::ifstream f(d / "inc.jsonl");
+  std::vector<json> lines;
+  for (std::string line; std::getline(f, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  const std::vector<int64_t> starts = {0, 14, 10, 0};
+  const int64_t Lk4 = c.num_hidden_layers * c.num_experts_per_tok * 4;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(lines[i].value("routed_experts_start_len", int64_t(0)), starts[i]) << "sequence " << i;
+    std::string err;
+    const auto re = base64_decode(lines[i]["meta_info"]["routed_experts"].get<std::string>(), err);
+    EXPECT_EQ(int64_t(re.size()), (int64_t(batch[i].size()) - 1 - starts[i]) * Lk4) << "sequence " << i;
+  }
+  // The same import from the field in meta_info.
+  {
+    std::ofstream g(d / "inc-meta.jsonl");
+    for (json x : lines) {
+      if (x.contains("routed_experts_start_len")) {
+        x["meta_info"]["routed_experts_start_len"] = x["routed_experts_start_len"];
+        x.erase("routed_experts_start_len");
+      }
+      g << x.dump() << "\n";
+    }
+  }
+  for (const char* file : {"inc.jsonl", "inc-meta.jsonl"}) {
+    std::vector<ExternalSequence> imported;
+    const ImportSummary s = import_sglang({d / file}, c, &test::tiny(),
+                                          [&](ExternalSequence&& x) { imported.push_back(std::move(x)); });
+    EXPECT_EQ(s.requests, 4);
+    expect_same_decisions(r, imported);
+    ASSERT_EQ(s.notes.size(), 2u) << file;
+    EXPECT_NE(s.notes[0].find("request 'step0-seq1' (#1): routed_experts rows [0, 14) (routed_experts_start_len) "
+                              "from "),
+              std::string::npos)
+        << s.notes[0];
+    EXPECT_NE(s.notes[1].find("rows [0, 10)"), std::string::npos) << s.notes[1];
+  }
+  // Through the command line too; the incremental dump is the smaller one.
+  auto cli = test::run_cli("import sglang " + (d / "inc.jsonl") + " --preset tiny --out " + (d / "inc.h5"));
+  ASSERT_EQ(cli.code, 0) << cli.out;
+  EXPECT_NE(cli.out.find("note: " + (d / "inc.jsonl") + ":2: request 'step0-seq1' (#1): routed_experts rows [0, 14)"),
+            std::string::npos)
+      << cli.out;
+  EXPECT_LT(text_of(d / "inc.jsonl").size(), text_of(d / "whole.jsonl").size());
+  cli = test::run_cli("import sglang " + (d / "inc.jsonl") + " --preset tiny --prefix-memory 0 --out " +
+                      (d / "inc0.h5"));
+  EXPECT_EQ(cli.code, 2) << cli.out;
+  EXPECT_NE(cli.out.find("raise --prefix-memory"), std::string::npos) << cli.out;
+  EXPECT_FALSE(std::filesystem::exists(d / "inc0.h5"));
 }
 
 TEST(Adapters, CommandLineImportExportAndErrors) {
