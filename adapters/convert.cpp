@@ -5,9 +5,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "adapters/miles.h"
 #include "adapters/sglang.h"
+#include "capture/digest.h"
+#include "capture/h5.h"
+#include "model/checkpoint.h"
 #include "model/error.h"
 
 namespace dsv4 {
@@ -83,6 +87,96 @@ ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelCo
   }
   s.seconds = since(t0);
   return s;
+}
+
+ImportSummary import_requests(const RequestSource& next, const ModelConfig& c, const Weights* weights,
+                              const SequenceSink& sink, const ProgressFn& progress,
+                              const IndexerEncoders& encoders) {
+  ImportSummary s;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (R3Request q; next(q); q = R3Request{}) {
+    ExternalSequence seq = r3_import(c, std::move(q), weights, s.notes, encoders);
+    count(s, seq);
+    sink(std::move(seq));
+    if (progress) progress({s.requests, s.input_bytes, since(t0)});
+  }
+  s.seconds = since(t0);
+  return s;
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot open", path));
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The model the engine ran. --model loads the weights too, for the hash layers' tid2eid check.
+struct ImportModel {
+  ModelConfig config;
+  std::optional<Weights> weights;
+  ExternalModel external;
+};
+
+ImportModel import_model(const ImportJob& a) {
+  const int given = int(!a.config.empty()) + int(!a.model.empty()) + int(!a.preset.empty());
+  if (given != 1) throw InputError("give exactly one of --config FILE, --model DIR or --preset NAME");
+  ImportModel m;
+  if (!a.model.empty()) {
+    m.weights = open_checkpoint(a.model);
+    m.config = m.weights->config();
+    m.external.config_json = read_text((fs::path(a.model) / "config.json").string());
+    m.external.weights_path = a.model;
+    const ModelDigest d = model_digest(*m.weights);
+    m.external.model_digest = hex16(d.whole);
+    m.external.tensor_names = d.names;
+    m.external.tensor_digests = d.digests;
+  } else if (!a.config.empty()) {
+    m.external.config_json = read_text(a.config);
+    m.config = config_from_json(m.external.config_json, a.config);
+  } else {
+    m.config = preset(a.preset);
+    m.external.config_json = config_to_json(m.config);
+  }
+  return m;
+}
+
+}  // namespace
+
+ImportResult run_import(const ImportJob& a, const ProgressFn& progress, const RequestSource& requests) {
+  if (a.engine != "sglang" && a.engine != "miles")
+    throw InputError(fmt::format("import: engine '{}': expected sglang or miles", a.engine));
+  ImportModel m = import_model(a);
+  // The import has the machine to itself: the trace's chunks are compressed on every core.
+  h5::encode_on_all_cores(true);
+  auto w = ExternalTraceWriter::create(a.out, m.external);
+  ExternalStepSpec spec;
+  spec.kind = a.kind;
+  spec.engine = a.engine;
+  spec.profile = a.profile;
+  spec.source = a.inputs.empty()       ? std::string()
+                : a.inputs.size() == 1 ? a.inputs[0]
+                                       : fmt::format("{} and {} more", a.inputs[0], a.inputs.size() - 1);
+  w->begin_step(spec);
+  const Weights* weights = m.weights ? &*m.weights : nullptr;
+  auto sink = [&](ExternalSequence&& s) { w->add_sequence(s); };
+  // The indexer rows go into the trace as they are checked, never held (a Flash response of 32k tokens
+  // has 1.4 GB of them).
+  auto encoders = [&](int64_t T, int n) { return w->stream_indexer_layers(T, n, true); };
+  ImportResult r;
+  r.summary = requests               ? import_requests(requests, m.config, weights, sink, progress, encoders)
+              : a.engine == "sglang" ? import_sglang(a.inputs, m.config, weights, sink, progress, encoders,
+                                                     a.prefix_budget_bytes)
+                                     : import_miles(a.inputs, m.config, weights, sink, progress, encoders);
+  w->end_step();
+  w->close();
+  r.trace = w->final_path();
+  std::error_code ec;
+  r.trace_bytes = int64_t(fs::file_size(r.trace, ec));
+  r.int32_bytes = r.summary.routing_rows * m.config.num_experts_per_tok * 4 +
+                  r.summary.indexer_rows * m.config.index_topk * 4;
+  return r;
 }
 
 int export_step(const TraceReader& r, int step) {

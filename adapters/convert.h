@@ -45,6 +45,39 @@ ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelCo
                            const Weights* weights, const SequenceSink& sink,
                            const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr);
 
+// A sequence of requests read by the caller (the Python package's reader of miles' .pt dumps): fills
+// the request and returns true, or returns false at the end.
+using RequestSource = std::function<bool(R3Request&)>;
+// Every request of `next`, checked (r3_import) and handed to `sink`, as import_miles does.
+ImportSummary import_requests(const RequestSource& next, const ModelConfig& c, const Weights* weights,
+                              const SequenceSink& sink, const ProgressFn& progress = nullptr,
+                              const IndexerEncoders& encoders = nullptr);
+
+// A whole import as `dsv4 import` and the Python package run it: the model, a new trace holding one
+// external step, every request checked and written (the indexer rows streamed into the file), and what
+// it came to.
+struct ImportJob {
+  std::string engine;  // "sglang" | "miles"
+  std::vector<std::string> inputs;
+  std::string config, model, preset;  // exactly one: config.json, a checkpoint directory, a preset
+  std::string out;
+  std::string kind = "rollout";
+  std::string profile = "unknown";
+  int64_t prefix_budget_bytes = R3RoutingPrefixes::kDefaultBudgetBytes;
+};
+
+struct ImportResult {
+  ImportSummary summary;
+  std::string trace;        // the file written
+  int64_t trace_bytes = 0;
+  int64_t int32_bytes = 0;  // the decisions as the engines' int32 buffers
+};
+
+// `requests`, when given, replaces the engine's reader of job.inputs (which then only name the
+// step's source).
+ImportResult run_import(const ImportJob& job, const ProgressFn& progress = nullptr,
+                        const RequestSource& requests = nullptr);
+
 // The step an export reads: `step` when >= 0 (it must be complete), else the trace's only complete step
 // (InputError listing the steps when there are several).
 int export_step(const TraceReader& r, int step);

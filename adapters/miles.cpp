@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -98,6 +99,11 @@ std::vector<std::string> miles_sample_paths(const std::vector<std::string>& inpu
             fmt::format("{}: no miles samples here (no .npz files, no directories with tokens.npy)", in));
       std::sort(found.begin(), found.end());
       out.insert(out.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p) && p.extension() == ".pt") {
+      throw InputError(fmt::format(
+          "{}: a PyTorch pickle (miles' --save-debug-rollout-data dump); the dsv4 Python package reads "
+          "those without running their code: python3 -m dsv4 import miles {} (the same options)",
+          in, in));
     } else {
       throw InputError(fmt::format("{}: not a miles sample (an .npz file or a directory of .npy files)", in));
     }
@@ -105,17 +111,13 @@ std::vector<std::string> miles_sample_paths(const std::vector<std::string>& inpu
   return out;
 }
 
-R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::string>& notes) {
-  const bool dir = fs::is_directory(path);
-  std::map<std::string, NpyArray> arrays = dir ? read_npy_dir(path) : read_npz(path);
-  auto what = [&](const char* name) {
-    return dir ? (fs::path(path) / (std::string(name) + ".npy")).string()
-               : fmt::format("{}: {}.npy", path, name);
-  };
+R3Request miles_request(std::map<std::string, NpyArray> arrays, R3Origin origin,
+                        const std::function<std::string(const char*)>& what, std::vector<std::string>& notes) {
+  const std::string where = origin.describe();
   R3Request q;
-  q.origin = R3Origin{path, "", index};
+  q.origin = std::move(origin);
   auto tok = arrays.find("tokens");
-  if (tok == arrays.end()) throw InputError(fmt::format("{}: no tokens array", path));
+  if (tok == arrays.end()) throw InputError(fmt::format("{}: no tokens array", where));
   if (tok->second.shape.size() != 1)
     throw InputError(
         fmt::format("{}: tokens has {} dimensions, expected 1", what("tokens"), tok->second.shape.size()));
@@ -138,13 +140,22 @@ R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::
   take("rollout_routed_experts", q.routed_experts);
   take("rollout_indexer_topk", q.indexer_topk);
   if (!q.routed_experts.present && !q.indexer_topk.present)
-    throw InputError(fmt::format("{}: neither rollout_routed_experts nor rollout_indexer_topk", path));
+    throw InputError(fmt::format("{}: neither rollout_routed_experts nor rollout_indexer_topk", where));
   if (arrays.count("rollout_log_probs"))
     notes.push_back(
         fmt::format("{}: rollout_log_probs cover the response only; not stored, since a trace holds "
                     "log-probs for every position or none",
-                    path));
+                    where));
   return q;
+}
+
+R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::string>& notes) {
+  const bool dir = fs::is_directory(path);
+  auto what = [&](const char* name) {
+    return dir ? (fs::path(path) / (std::string(name) + ".npy")).string()
+               : fmt::format("{}: {}.npy", path, name);
+  };
+  return miles_request(dir ? read_npy_dir(path) : read_npz(path), R3Origin{path, "", index}, what, notes);
 }
 
 void miles_write_npz(const std::string& path, const std::vector<int32_t>& tokens, int64_t prompt_length,

@@ -10,9 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "adapters/npy.h"
 #include "adapters/r3.h"
 
 namespace dsv4 {
@@ -25,6 +28,12 @@ std::vector<std::string> miles_sample_paths(const std::vector<std::string>& inpu
 // Reads one sample (its arrays as the R3 buffers with their shapes). `index` is its position in the
 // import, for messages.
 R3Request miles_sample(const std::string& path, int64_t index, std::vector<std::string>& notes);
+
+// The rule both readers share: a sample's members (by name, those above that are there; the .npy
+// files of an .npz or a directory, or the fields of a Sample dict from a .pt dump, python/dsv4) →
+// R3Request. `what(member)` names a member in messages.
+R3Request miles_request(std::map<std::string, NpyArray> arrays, R3Origin origin,
+                        const std::function<std::string(const char*)>& what, std::vector<std::string>& notes);
 
 // Writes one sample as an uncompressed .npz (numpy.load reads it): tokens (int32), response_length
 // (int64, when prompt_length >= 0), rollout_routed_experts and rollout_indexer_topk (the buffers the

@@ -2,70 +2,18 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <optional>
 
 #include "adapters/convert.h"
-#include "capture/digest.h"
-#include "capture/external.h"
-#include "capture/h5.h"
 #include "capture/trace_reader.h"
 #include "cli/commands.h"
-#include "model/checkpoint.h"
 #include "model/error.h"
 
 namespace dsv4::cli {
 
 namespace {
-
-struct ImportArgs {
-  std::string engine;  // "sglang" | "miles"
-  std::vector<std::string> inputs;
-  std::string config, model, preset;
-  std::string out;
-  std::string kind = "rollout";
-  std::string profile = "unknown";
-  int64_t prefix_memory_mb = R3RoutingPrefixes::kDefaultBudgetBytes >> 20;
-};
-
-// The model the engine ran. --model loads the weights too, for the hash layers' tid2eid check.
-struct ImportModel {
-  ModelConfig config;
-  std::optional<Weights> weights;
-  ExternalModel external;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot open", path));
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-ImportModel import_model(const ImportArgs& a) {
-  const int given = int(!a.config.empty()) + int(!a.model.empty()) + int(!a.preset.empty());
-  if (given != 1) throw InputError("give exactly one of --config FILE, --model DIR or --preset NAME");
-  ImportModel m;
-  if (!a.model.empty()) {
-    m.weights = open_checkpoint(a.model);
-    m.config = m.weights->config();
-    m.external.config_json = read_text((std::filesystem::path(a.model) / "config.json").string());
-    m.external.weights_path = a.model;
-    const ModelDigest d = model_digest(*m.weights);
-    m.external.model_digest = hex16(d.whole);
-    m.external.tensor_names = d.names;
-    m.external.tensor_digests = d.digests;
-  } else if (!a.config.empty()) {
-    m.external.config_json = read_text(a.config);
-    m.config = config_from_json(m.external.config_json, a.config);
-  } else {
-    m.config = preset(a.preset);
-    m.external.config_json = config_to_json(m.config);
-  }
-  return m;
-}
 
 // One line per second at most (a carriage-return line on a terminal).
 class ImportProgressLine {
@@ -90,49 +38,22 @@ class ImportProgressLine {
   double last_ = 0;
 };
 
-int run_import(const ImportArgs& a) {
-  ImportModel m = import_model(a);
-  // The import has the machine to itself: the trace's chunks are compressed on every core.
-  h5::encode_on_all_cores(true);
-  auto w = ExternalTraceWriter::create(a.out, m.external);
-  ExternalStepSpec spec;
-  spec.kind = a.kind;
-  spec.engine = a.engine;
-  spec.profile = a.profile;
-  spec.source =
-      a.inputs.size() == 1 ? a.inputs[0] : fmt::format("{} and {} more", a.inputs[0], a.inputs.size() - 1);
-  w->begin_step(spec);
+int run_import_cmd(const ImportJob& a) {
   ImportProgressLine line(a.engine);
-  const Weights* weights = m.weights ? &*m.weights : nullptr;
-  auto sink = [&](ExternalSequence&& s) { w->add_sequence(s); };
-  auto progress = [&](const ImportProgress& p) { line(p); };
-  // The indexer rows go into the trace as they are checked, never held (a Flash response of 32k tokens
-  // has 1.4 GB of them).
-  auto encoders = [&](int64_t T, int n) { return w->stream_indexer_layers(T, n, true); };
-  const ImportSummary s = a.engine == "sglang"
-                              ? import_sglang(a.inputs, m.config, weights, sink, progress, encoders,
-                                              a.prefix_memory_mb << 20)
-                              : import_miles(a.inputs, m.config, weights, sink, progress, encoders);
+  const ImportResult r = run_import(a, [&](const ImportProgress& p) { line(p); });
   line.finish();
-  w->end_step();
-  w->close();
+  const ImportSummary& s = r.summary;
   constexpr size_t kNotesShown = 10;
   for (size_t i = 0; i < s.notes.size() && i < kNotesShown; ++i)
     fmt::print(stderr, "import {}: note: {}\n", a.engine, s.notes[i]);
   if (s.notes.size() > kNotesShown)
     fmt::print(stderr, "import {}: note: ... and {} more notes\n", a.engine, s.notes.size() - kNotesShown);
-  // What the decisions take as the engines' int32 buffers, against the trace's bytes.
-  const int64_t raw =
-      s.routing_rows * m.config.num_experts_per_tok * 4 + s.indexer_rows * m.config.index_topk * 4;
-  std::error_code ec;
-  const auto trace_bytes = int64_t(std::filesystem::file_size(w->final_path(), ec));
   fmt::print(stderr,
              "import {}: {} requests, {} tokens, {:.1f} MB read in {:.2f} s ({:.1f} MB/s); {} ({:.1f} MB, "
-             "{:.3f} of the "
-             "{:.1f} MB of int32 buffers)\n",
+             "{:.3f} of the {:.1f} MB of int32 buffers)\n",
              a.engine, s.requests, s.tokens, s.input_bytes / 1e6, s.seconds,
-             s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), w->final_path(), trace_bytes / 1e6,
-             raw > 0 ? double(trace_bytes) / double(raw) : 0.0, raw / 1e6);
+             s.input_bytes / 1e6 / std::max(s.seconds, 1e-9), r.trace, r.trace_bytes / 1e6,
+             r.int32_bytes > 0 ? double(r.trace_bytes) / double(r.int32_bytes) : 0.0, r.int32_bytes / 1e6);
   return 0;
 }
 
@@ -156,7 +77,7 @@ int run_export(const ExportArgs& a) {
 
 void add_import(CLI::App* import, const std::string& engine, const std::string& inputs_help,
                 const std::string& example) {
-  auto a = std::make_shared<ImportArgs>();
+  auto a = std::make_shared<ImportJob>();
   a->engine = engine;
   CLI::App* cmd =
       import->add_subcommand(engine, fmt::format("Import {} R3 data as one external step", engine));
@@ -173,13 +94,14 @@ void add_import(CLI::App* import, const std::string& engine, const std::string& 
   cmd->add_option("--profile", a->profile, "The engine's numerics profile, when one of ours describes it")
       ->capture_default_str();
   if (engine == "sglang")
-    cmd->add_option("--prefix-memory", a->prefix_memory_mb,
+    cmd->add_option_function<int64_t>(
+           "--prefix-memory", [a](int64_t mb) { a->prefix_budget_bytes = mb << 20; },
                     "MiB of earlier requests' routing kept to complete incremental buffers "
                     "(routed_experts_start_len > 0); the oldest are dropped first")
-        ->capture_default_str()
+        ->default_str(std::to_string(R3RoutingPrefixes::kDefaultBudgetBytes >> 20))
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->footer("Example:\n  " + example + "\nLayouts, fields read and the checks: docs/ADAPTERS.md");
-  cmd->callback([a] { set_action([a] { return run_import(*a); }); });
+  cmd->callback([a] { set_action([a] { return run_import_cmd(*a); }); });
 }
 
 void add_export(CLI::App* exp, const std::string& engine, const std::string& out_help,
