@@ -94,7 +94,7 @@ ImportSummary import_requests(const RequestSource& next, const ModelConfig& c, c
                               const IndexerEncoders& encoders) {
   ImportSummary s;
   const auto t0 = std::chrono::steady_clock::now();
-  for (R3Request q; next(q); q = R3Request{}) {
+  for (R3Request q; next(q, s.notes); q = R3Request{}) {
     ExternalSequence seq = r3_import(c, std::move(q), weights, s.notes, encoders);
     count(s, seq);
     sink(std::move(seq));

@@ -46,8 +46,8 @@ ImportSummary import_miles(const std::vector<std::string>& inputs, const ModelCo
                            const ProgressFn& progress = nullptr, const IndexerEncoders& encoders = nullptr);
 
 // A sequence of requests read by the caller (the Python package's reader of miles' .pt dumps): fills
-// the request and returns true, or returns false at the end.
-using RequestSource = std::function<bool(R3Request&)>;
+// the request (and adds what is worth telling to the notes) and returns true, or returns false at the end.
+using RequestSource = std::function<bool(R3Request&, std::vector<std::string>& notes)>;
 // Every request of `next`, checked (r3_import) and handed to `sink`, as import_miles does.
 ImportSummary import_requests(const RequestSource& next, const ModelConfig& c, const Weights* weights,
                               const SequenceSink& sink, const ProgressFn& progress = nullptr,

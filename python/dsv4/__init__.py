@@ -14,6 +14,7 @@
     dsv4.replay("run.h5")                       # the dict `dsv4 replay --json` writes
     dsv4.diff("train.h5", "rollout.h5")         # the dict `dsv4 diff --json` writes
     dsv4.forward([1, 2, 3], preset="tiny")      # the dict `dsv4 forward` prints
+    dsv4.import_miles(["rollout_0.pt"], "r.h5", preset="flash")   # `dsv4 import`, .pt dumps too
 
 The reference is docs/PYTHON.md.
 """
@@ -39,6 +40,7 @@ from ._dsv4 import (
     UnsupportedTraceVersion,
     WeightsError,
 )
+from .adapters import import_miles, import_sglang
 from .bf16 import bf16_to_float32, float32_to_bf16
 from .reader import Digests, Sequence, Step, Tensor, Trace, open_trace
 from .run import diff, forward, replay
@@ -56,5 +58,5 @@ __all__ = [
     "ConfigError", "Digests", "Error", "InputError", "NotATrace", "OverrideError", "Sequence", "Step",
     "Tensor", "Trace", "TraceCorrupt", "TraceError", "TraceIncomplete", "TraceWriter",
     "UnsupportedTraceVersion", "WeightsError", "bf16_to_float32", "diff", "float32_to_bf16", "forward",
-    "open_trace", "replay",
+    "import_miles", "import_sglang", "open_trace", "replay",
 ]

@@ -1,5 +1,5 @@
 // Shared pieces of the _dsv4 extension module: numpy arrays that take over a std::vector's memory,
-// and the three parts of the module (reader.cpp, writer.cpp, run.cpp).
+// and the parts of the module (reader.cpp, writer.cpp, run.cpp, adapters.cpp).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -32,5 +32,6 @@ py::array_t<T> to_numpy(std::vector<T>&& v) {
 void bind_reader(py::module_& m);
 void bind_writer(py::module_& m);
 void bind_run(py::module_& m);
+void bind_adapters(py::module_& m);
 
 }  // namespace dsv4::python

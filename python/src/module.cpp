@@ -27,6 +27,9 @@ PYBIND11_MODULE(_dsv4, m) {
   bind_reader(m);
   bind_writer(m);
   bind_run(m);
+#ifdef DSV4_HAVE_ADAPTERS
+  bind_adapters(m);
+#endif
 }
 
 }  // namespace dsv4::python
