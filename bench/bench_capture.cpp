@@ -79,6 +79,63 @@ void run_forward(benchmark::State& state, const dsv4::Weights& model, dsv4::Devi
         double(bytes) * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
+// The observation points alone: an observer that takes every call and keeps nothing, so the time
+// over the uncaptured forward is what reporting costs the compute stream (the digests computed and
+// every decision and digest downloaded where it is reported), without any trace writing.
+class NullObserver final : public dsv4::Observer {};
+
+void BM_ForwardCudaObserved(benchmark::State& state) {
+  const int64_t T = state.range(0);
+  const auto tokens = dsv4::random_tokens(T, mid().config().vocab_size, 1);
+  dsv4::RunOptions ro;
+  ro.device = dsv4::Device::cuda;
+  dsv4::forward(mid(), {tokens}, ro);
+  NullObserver null;
+  ro.observer = &null;
+  for (auto _ : state) {
+    auto r = dsv4::forward(mid(), {tokens}, ro);
+    benchmark::DoNotOptimize(r.seqs[0].logprobs.data());
+  }
+  state.counters["tokens/s"] =
+      benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// Steady state: `steps` steps recorded into one open trace, as a rollout or training loop records
+// them (the writer thread encodes a step while the next one computes); the time per step includes
+// the final close divided among the steps. Without a policy: the same forwards, no trace.
+void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
+  const int64_t T = state.range(0), steps = state.range(1);
+  const auto tokens = dsv4::random_tokens(T, mid().config().vocab_size, 1);
+  dsv4::RunOptions ro;
+  ro.device = dsv4::Device::cuda;
+  const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
+  dsv4::forward(mid(), {tokens}, ro);
+  for (auto _ : state) {
+    if (!policy) {  // the baseline: the same steps without a trace
+      for (int64_t i = 0; i < steps; ++i) benchmark::DoNotOptimize(dsv4::forward(mid(), {tokens}, ro).seqs[0].logprobs.data());
+      continue;
+    }
+    const std::string path = scratch("steps.h5");
+    fs::remove(path);
+    dsv4::TraceWriter::Options opt;
+    opt.policy = dsv4::CapturePolicy::parse(policy);
+    auto w = dsv4::TraceWriter::create(path, mid().config(), header, opt);
+    for (int64_t i = 0; i < steps; ++i) {
+      dsv4::StepSpec step;
+      step.seqs = {tokens};
+      ro.observer = &w->begin_step(step);
+      auto r = dsv4::forward(mid(), step.seqs, ro);
+      w->end_step(r);
+    }
+    w->close();
+    ro.observer = nullptr;
+    fs::remove(path);
+  }
+  state.counters["ms_per_step"] = benchmark::Counter(double(steps) * state.iterations(),
+                                                     benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+                                                     benchmark::Counter::kIs1000);
+}
+
 void BM_Forward(benchmark::State& state, const char* policy) {
   run_forward(state, tiny(), dsv4::Device::cpu, policy);
 }
@@ -229,6 +286,20 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           ->Iterations(3);
     }
+  }
+  if (dsv4::cuda_device_available()) {
+    benchmark::RegisterBenchmark("BM_ForwardCuda/observed", BM_ForwardCudaObserved)
+        ->Arg(4096)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(3);
+    for (const char* policy : {static_cast<const char*>(nullptr), "decisions"})
+      benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
+                                   BM_RecordStepsCuda, policy)
+          ->Args({4096, 8})
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
+          ->Iterations(1);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
