@@ -264,23 +264,6 @@ size_t skip_ws(std::string_view s, size_t i) {
   return i;
 }
 
-// s[i] == '"': the index past the closing quote (npos if none); `escaped` says whether a backslash
-// occurred.
-size_t skip_string(std::string_view s, size_t i, bool& escaped) {
-  escaped = false;
-  ++i;
-  for (;;) {
-    const void* q = std::memchr(s.data() + i, '"', s.size() - i);
-    if (!q) return std::string_view::npos;
-    const size_t e = size_t(static_cast<const char*>(q) - s.data());
-    if (!escaped && std::memchr(s.data() + i, '\\', e - i)) escaped = true;
-    size_t bs = 0;
-    while (e - bs > i && s[e - 1 - bs] == '\\') ++bs;
-    if (bs % 2 == 0) return e + 1;
-    i = e + 1;
-  }
-}
-
 // The index of the first `ch` in s[from, s.size()), or npos: two threads over a long text (a base64
 // field of 1.9 GB is read at a few GB/s by one core), each scanning its blocks in order.
 size_t find_first(std::string_view s, size_t from, char ch) {
@@ -310,6 +293,37 @@ size_t find_first(std::string_view s, size_t from, char ch) {
   return b < blocks ? hit[size_t(b)] : npos;
 }
 
+// s[i] == '"': the index past the closing quote (npos if none); `escaped` says whether a backslash
+// occurred.
+size_t skip_string(std::string_view s, size_t i, bool& escaped) {
+  escaped = false;
+  ++i;
+  for (;;) {
+    const void* q = std::memchr(s.data() + i, '"', s.size() - i);
+    if (!q) return std::string_view::npos;
+    const size_t e = size_t(static_cast<const char*>(q) - s.data());
+    if (!escaped && std::memchr(s.data() + i, '\\', e - i)) escaped = true;
+    size_t bs = 0;
+    while (e - bs > i && s[e - 1 - bs] == '\\') ++bs;
+    if (bs % 2 == 0) return e + 1;
+    i = e + 1;
+  }
+}
+
+// The same without looking for escapes (a value skipped whole, which may be a base64 buffer of
+// gigabytes: one pass over it, on two threads).
+size_t skip_string(std::string_view s, size_t i) {
+  ++i;
+  for (;;) {
+    const size_t e = find_first(s, i, '"');
+    if (e == std::string_view::npos) return e;
+    size_t bs = 0;
+    while (e - bs > i && s[e - 1 - bs] == '\\') ++bs;
+    if (bs % 2 == 0) return e + 1;
+    i = e + 1;
+  }
+}
+
 // s[i] == '"' opening a base64 field: the index past its closing quote (npos if none, or when the
 // quote found is escaped: the caller then gives up). Escapes elsewhere in the string are not looked
 // for: the alphabet has none, so the decoder refuses a backslash, and r3_json_unescape() takes over.
@@ -322,15 +336,14 @@ size_t skip_base64_string(std::string_view s, size_t i) {
 // Any JSON value at s[i]: the index past it (npos when the text ends first). Literals and numbers end
 // at the first structural character or blank.
 size_t skip_value(std::string_view s, size_t i) {
-  bool escaped;
   if (i >= s.size()) return std::string_view::npos;
-  if (s[i] == '"') return skip_string(s, i, escaped);
+  if (s[i] == '"') return skip_string(s, i);
   if (s[i] == '{' || s[i] == '[') {
     int64_t depth = 0;
     while (i < s.size()) {
       const char ch = s[i];
       if (ch == '"') {
-        i = skip_string(s, i, escaped);
+        i = skip_string(s, i);
         if (i == std::string_view::npos) return i;
         continue;
       }

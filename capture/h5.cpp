@@ -902,6 +902,21 @@ ChunkFile::ChunkFile(const Object& file, Type t, int streams)
     if (!at.id.valid()) at.fail("cannot create the dataset");
     streams_.push_back(Stream{std::move(at)});
   }
+  Id fapl(H5Fget_access_plist(file.get()));
+  void* handle = nullptr;
+  if (fapl.valid() && H5Pget_driver(fapl.get()) == H5FD_SEC2 &&
+      H5Fget_vfd_handle(file.get(), fapl.get(), &handle) >= 0 && handle)
+    fd_ = *static_cast<int*>(handle);
+  H5Eclear2(H5E_DEFAULT);
+}
+
+void ChunkFile::start_writeback(size_t bytes) {
+  constexpr size_t kWriteback = size_t(32) << 20;
+  unsynced_ += bytes;
+  if (fd_ < 0 || unsynced_ < kWriteback) return;
+  unsynced_ = 0;
+  // Only a hint: an error here (a file system without it) leaves the final fsync to do the work.
+  (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
 
 ChunkFile::~ChunkFile() = default;
@@ -957,6 +972,7 @@ void ChunkFile::drain() {
     check(H5Dwrite_chunk(st.ds.get(), H5P_DEFAULT, it->second.filter_mask, &offset, it->second.bytes.size(),
                          it->second.bytes.data()),
           st.ds, fmt::format("cannot write chunk {}", next_chunk_));
+    start_writeback(it->second.bytes.size());
     st.pending.erase(it);
     ++st.written;
     ++next_stream_;

@@ -246,10 +246,16 @@ class ChunkFile {
     bool closed = false, extent_set = false;
   };
   void drain();
+  void start_writeback(size_t bytes);
   size_t per_chunk_;
   std::mutex mu_;
   std::vector<Stream> streams_;
   size_t next_chunk_ = 0, next_stream_ = 0;  // whose turn it is
+  // The file's descriptor where HDF5 writes through one (its default sec2 driver), else −1: every
+  // kWriteback bytes of chunks, the kernel is asked to start writing them out (sync_file_range), so
+  // that the fsync which ends a trace finds little left to write.
+  int fd_ = -1;
+  size_t unsynced_ = 0;
 };
 
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
