@@ -82,15 +82,25 @@ void run_forward(benchmark::State& state, const dsv4::Weights& model, dsv4::Devi
 // The observation points alone: an observer that takes every call and keeps nothing, so the time
 // over the uncaptured forward is what reporting costs the compute stream (the digests computed and
 // every decision and digest downloaded where it is reported), without any trace writing.
-class NullObserver final : public dsv4::Observer {};
+// With `late`, the observer takes its reports late (Observer::deferrable): the digests and decisions
+// come down on the copy stream and nothing waits for them until the forward's end.
+class NullObserver final : public dsv4::Observer {
+ public:
+  explicit NullObserver(bool late) : late_(late) {}
+  bool deferrable() const override { return late_; }
+  bool wants_values(std::string_view, int) const override { return false; }
 
-void BM_ForwardCudaObserved(benchmark::State& state) {
+ private:
+  bool late_;
+};
+
+void BM_ForwardCudaObserved(benchmark::State& state, bool late) {
   const int64_t T = state.range(0);
   const auto tokens = dsv4::random_tokens(T, mid().config().vocab_size, 1);
   dsv4::RunOptions ro;
   ro.device = dsv4::Device::cuda;
   dsv4::forward(mid(), {tokens}, ro);
-  NullObserver null;
+  NullObserver null(late);
   ro.observer = &null;
   for (auto _ : state) {
     auto r = dsv4::forward(mid(), {tokens}, ro);
@@ -288,18 +298,25 @@ int main(int argc, char** argv) {
     }
   }
   if (dsv4::cuda_device_available()) {
-    benchmark::RegisterBenchmark("BM_ForwardCuda/observed", BM_ForwardCudaObserved)
-        ->Arg(4096)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime()
-        ->Iterations(3);
-    for (const char* policy : {static_cast<const char*>(nullptr), "decisions"})
-      benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
-                                   BM_RecordStepsCuda, policy)
-          ->Args({4096, 8})
+    for (const bool late : {false, true})
+      benchmark::RegisterBenchmark(late ? "BM_ForwardCuda/observed_late" : "BM_ForwardCuda/observed",
+                                   BM_ForwardCudaObserved, late)
+          ->Arg(4096)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime()
-          ->Iterations(1);
+          ->Iterations(3);
+    // Each policy against the same steps without a trace, at T = 4096 (full: T = 512), measured
+    // one after the other in this run.
+    for (const char* policy : {static_cast<const char*>(nullptr), "decisions", "full"})
+      for (const int64_t T : {4096, 512}) {
+        if ((T == 512) != (policy && std::string(policy) == "full") && policy) continue;
+        benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
+                                     BM_RecordStepsCuda, policy)
+            ->Args({T, 8})
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime()
+            ->Iterations(2);
+      }
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -23,6 +23,7 @@ class MidStepKill : public Observer {
     if (d.sublayer == Sublayer::ffn && d.layer == layers_ / 2) raise(SIGKILL);
   }
   bool wants_tensors() const override { return false; }
+  bool deferrable() const override { return true; }  // halfway through the step's reports
 
  private:
   int layers_;
@@ -74,7 +75,10 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
     writer->set_kernel_records(std::move(none));
   }
   writer->end_step(result);
-  if (opt.fault == "kill-after-step") raise(SIGKILL);
+  if (opt.fault == "kill-after-step") {
+    writer->flush();  // the step is on disk, the trace not yet closed
+    raise(SIGKILL);
+  }
   writer->close();
 
   RecordResult r;

@@ -128,16 +128,21 @@ struct TraceWriter::Impl {
     return id;
   }
 
-  // Runs `fn` on the writer thread after everything queued before it, and waits for it.
-  void run_on_writer(std::function<void()> fn) {
+  // Runs `fn` on the writer thread after everything queued before it; returns at once.
+  int64_t queue_call(std::function<void()> fn) {
     Msg m;
     m.kind = Msg::Kind::call;
     m.fn = std::move(fn);
-    const int64_t id = push(std::move(m));
+    return push(std::move(m));
+  }
+  // Waits until message `id` and everything before it are written (or the writer failed).
+  void wait_for(int64_t id) {
     std::unique_lock lk(mu);
     cv_done.wait(lk, [&] { return done >= id; });
     rethrow_locked();
   }
+  // Runs `fn` on the writer thread after everything queued before it, and waits for it.
+  void run_on_writer(std::function<void()> fn) { wait_for(queue_call(std::move(fn))); }
 
   void writer_loop() {
     h5::quiet();
@@ -275,6 +280,10 @@ class StepObserver : public Observer {
   }
 
   bool wants_tensors() const override { return true; }  // digests cover every tensor
+  // Reports are queued for the writer thread anyway: they may come late, and only the tensors the
+  // policy stores need their values.
+  bool deferrable() const override { return true; }
+  bool wants_values(std::string_view name, int layer) const override { return policy_.wants_tensor(name, layer); }
 
  private:
   TraceWriter::Impl& w_;
@@ -285,8 +294,9 @@ TraceWriter::TraceWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TraceWriter::~TraceWriter() {
   if (!impl_) return;
-  // Without close() the file keeps its .incomplete name: exactly what a crash leaves behind.
-  impl_->stop(!impl_->closed);
+  // Without close() the file keeps its .incomplete name, as a crash leaves it; what was queued is
+  // written first, so every step the caller ended is complete in it (an open step stays status 0).
+  impl_->stop(false);
 }
 
 std::unique_ptr<TraceWriter> TraceWriter::create(const std::string& path, const ModelConfig& c,
@@ -363,7 +373,10 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
   if (s.seqs.empty()) throw InputError("begin_step(): the batch has no sequences");
   for (size_t i = 0; i < s.seqs.size(); ++i)
     if (s.seqs[i].empty()) throw InputError(fmt::format("begin_step(): sequence {} is empty", i));
-  w.run_on_writer([&] { w.layout.create_step(w.next_step, s, w.opt.policy); });
+  // Queued, not waited for: the step's groups are laid out while the model starts computing.
+  w.queue_call([&w, index = w.next_step, spec = std::make_shared<const StepSpec>(s)] {
+    w.layout.create_step(index, *spec, w.opt.policy);
+  });
   w.kernels = KernelRecords{};
   w.kernels.reason = "not recorded";
   w.kind = s.kind;
@@ -404,17 +417,32 @@ void TraceWriter::end_step(const ForwardResult& r) {
   if (w.kind == kKindTrainStep && !w.training)
     throw Error(fmt::format("end_step(): step {} is a '{}' step without its training record (set_training)",
                             w.next_step, kKindTrainStep));
-  w.run_on_writer([&] {
-    w.layout.finish_step(r, w.kernels, w.generation ? &*w.generation : nullptr,
-                         w.training ? &*w.training : nullptr);
-    w.generation.reset();
-    w.training.reset();
+  // Queued, not waited for: the next step computes while this one is finished and flushed. Its
+  // records move to the writer thread with the call.
+  struct Finish {
+    ForwardResult result;
+    KernelRecords kernels;
+    std::optional<GenerationRecord> generation;
+    std::optional<TrainingRecord> training;
+  };
+  auto f = std::make_shared<Finish>(Finish{r, std::move(w.kernels), std::move(w.generation), std::move(w.training)});
+  w.generation.reset();
+  w.training.reset();
+  w.queue_call([&w, f] {
+    w.layout.finish_step(f->result, f->kernels, f->generation ? &*f->generation : nullptr,
+                         f->training ? &*f->training : nullptr);
   });
   w.kernels = KernelRecords{};
   w.kernels.reason = "not recorded";
   w.step_open = false;
   ++w.next_step;
   ++w.completed;
+}
+
+void TraceWriter::flush() {
+  Impl& w = *impl_;
+  if (w.closed) return;
+  w.run_on_writer([] {});
 }
 
 void TraceWriter::close() {

@@ -8,6 +8,11 @@
 // them; end_step() writes the log-probs, the kernel records (set_kernel_records) and the generation or
 // training record (set_generation, set_training), sets status 1, flushes and closes the file. close()
 // renames NAME.h5.incomplete to NAME.h5.
+//
+// begin_step() and end_step() queue their work and return: the next step computes while the last one
+// is written. The writer thread's errors (a full disk, a step that broke the manifest's contract)
+// surface at the next call that waits for it or queues to it: flush(), close(), begin_step(), a
+// report. flush() is the point where everything handed over is on disk.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +92,12 @@ class TraceWriter {
   // for another kind or a record that does not fit the step (training_record_problem); end_step() of
   // a "train-step" step without one throws Error likewise.
   void set_training(TrainingRecord t);
+  // Queues the step's end and returns without waiting for the disk: the writer thread writes the
+  // log-probs and records, marks the step complete and flushes the file while the caller goes on.
   void end_step(const ForwardResult& r);
+  // Waits until everything handed over so far is in the file and visible to readers (a step ended
+  // before is complete on disk). Throws the writer thread's error, if it had one.
+  void flush();
   void close();
 
   const std::string& final_path() const;

@@ -45,6 +45,7 @@ class Progress : public Observer {
     }
   }
   bool wants_tensors() const override { return false; }
+  bool deferrable() const override { return true; }  // progress may lag the GPU by a few layers
 
  private:
   int layers_, seqs_;

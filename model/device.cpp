@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -390,6 +391,101 @@ const DeviceWeights& device_weights(const Weights& w) {
   return *entry;
 }
 
+// ---- CUDA: pinned host memory and asynchronous downloads -------------------------------------------
+
+// Pinned host blocks for asynchronous downloads, in power-of-two sizes, kept for reuse: pinning costs
+// far more than the copies it serves. Process-wide (each forward makes its own backend), created after
+// the CUDA runtime like the weight cache; the blocks it holds are at most what was once in flight.
+class PinnedPool {
+ public:
+  ~PinnedPool() {
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) cudaFreeHost(p);  // errors ignored: this may run while the process exits
+  }
+  // A block of at least `bytes`; `size` receives its size.
+  void* take(size_t bytes, size_t& size) {
+    size = std::bit_ceil(std::max<size_t>(bytes, 4096));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& blocks = free_[size];
+      if (!blocks.empty()) {
+        void* p = blocks.back();
+        blocks.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocDefault));
+    return p;
+  }
+  void give(void* p, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+};
+
+PinnedPool& pinned_pool() {
+  static const bool runtime_ready = (cudaFree(nullptr), true);
+  (void)runtime_ready;
+  static PinnedPool pool;
+  return pool;
+}
+
+class CudaAsyncDownload final : public Backend::AsyncDownload {
+ public:
+  CudaAsyncDownload() { CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming)); }
+  ~CudaAsyncDownload() override {
+    // A block goes back to the pool only once no copy writes into it.
+    if (recorded_ && !landed_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    for (const Block& b : blocks_)
+      if (b.p) pinned_pool().give(b.p, b.size);
+  }
+  bool ready() override {
+    if (landed_ || !recorded_) return landed_ = true;
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) return false;
+    CUDA_CHECK(e);
+    return landed_ = true;
+  }
+  void wait() override {
+    if (landed_ || !recorded_) return;
+    CUDA_CHECK(cudaEventSynchronize(done_));
+    landed_ = true;
+  }
+  const void* part(size_t i) const override { return blocks_.at(i).p; }
+  size_t bytes() const override {
+    size_t n = 0;
+    for (const Block& b : blocks_) n += b.size;
+    return n;
+  }
+
+  // A host block for the next part (none for an empty one).
+  void* add(size_t bytes) {
+    Block b;
+    if (bytes) b.p = pinned_pool().take(bytes, b.size);
+    blocks_.push_back(b);
+    return b.p;
+  }
+  void record(cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(done_, s));
+    recorded_ = true;
+  }
+
+ private:
+  struct Block {
+    void* p = nullptr;
+    size_t size = 0;
+  };
+  std::vector<Block> blocks_;
+  cudaEvent_t done_ = nullptr;
+  bool recorded_ = false, landed_ = false;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const Weights& w) : w_(w), dw_(device_weights(w)) {
@@ -410,6 +506,10 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
     cudaStreamDestroy(s_);
+    if (copies_) {  // downloads still in flight keep their own events; their copies complete
+      cudaStreamSynchronize(copies_);
+      cudaStreamDestroy(copies_);
+    }
   }
   Device device() const override { return Device::cuda; }
 
@@ -517,6 +617,56 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
 
+  // The snapshots are device buffers filled on the compute stream (a copy, or the digest kernels);
+  // the copy stream waits for them, copies them to pinned blocks and frees them, stream-ordered, so
+  // the compute stream never waits for a download and the caller's buffers are free at once.
+  std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) override {
+    if (!copies_) CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
+    auto d = std::make_unique<CudaAsyncDownload>();
+    std::vector<void*> snaps(parts.size(), nullptr);
+    auto free_snaps = [&](cudaStream_t s) {
+      for (void* q : snaps)
+        if (q) cudaFreeAsync(q, s);
+    };
+    try {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const AsyncPart& a = parts[i];
+        const size_t n = a.host_bytes();
+        if (n == 0) continue;
+        CUDA_CHECK(cudaMallocAsync(&snaps[i], n, s_));
+        uint64_t* digests = static_cast<uint64_t*>(snaps[i]);
+        if (!a.digests)
+          CUDA_CHECK(cudaMemcpyAsync(snaps[i], a.src, n, cudaMemcpyDeviceToDevice, s_));
+        else if (a.dt == DType::bf16)
+          cuda::digest_rows_bf16(static_cast<const float*>(a.src), a.rows, a.row_elems, digests, s_);
+        else
+          cuda::digest_rows(a.src, a.rows, a.row_elems * 4, digests, s_);
+      }
+      cudaEvent_t taken = nullptr;
+      CUDA_CHECK(cudaEventCreateWithFlags(&taken, cudaEventDisableTiming));
+      const cudaError_t rec = cudaEventRecord(taken, s_);
+      const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(copies_, taken, 0) : rec;
+      cudaEventDestroy(taken);  // released once the wait is satisfied
+      CUDA_CHECK(wait);
+    } catch (...) {
+      free_snaps(s_);
+      throw;
+    }
+    try {  // from here on the snapshots are the copy stream's
+      for (size_t i = 0; i < parts.size(); ++i) {
+        void* host = d->add(snaps[i] ? parts[i].host_bytes() : 0);
+        if (snaps[i])
+          CUDA_CHECK(cudaMemcpyAsync(host, snaps[i], parts[i].host_bytes(), cudaMemcpyDeviceToHost, copies_));
+      }
+      d->record(copies_);
+    } catch (...) {
+      free_snaps(copies_);
+      throw;
+    }
+    free_snaps(copies_);
+    return d;
+  }
+
   void zero(float* x, int64_t n) override { cuda::zero(x, n, s_); }
   void add(float* y, const float* x, int64_t n) override { cuda::add(y, x, n, s_); }
   void gemm_dx(const GemmDxParams& p) override { cuda::gemm_dx(p, s_); }
@@ -597,6 +747,7 @@ class CudaBackend final : public Backend {
   const Weights& w_;
   const DeviceWeights& dw_;
   cudaStream_t s_ = nullptr;
+  cudaStream_t copies_ = nullptr;  // asynchronous downloads (created on the first)
 };
 
 #endif  // DSV4_HAVE_CUDA

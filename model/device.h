@@ -8,6 +8,7 @@
 // log-probabilities, row digests, and the reported tensors an Observer asks for) crosses to the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -167,6 +168,36 @@ class Backend {
   }
   // Waits for all enqueued work (a no-op on the CPU).
   virtual void synchronize() = 0;
+
+  // ---- downloads that do not wait (device backends)
+  // One part of an asynchronous download: `bytes` of backend memory at `src`; or, with `digests`, the
+  // per-row digests of the tensor at `src` ([rows, row_elems] of `dt`, as row_digests gives them).
+  struct AsyncPart {
+    const void* src = nullptr;
+    size_t bytes = 0;
+    bool digests = false;
+    DType dt = DType::f32;
+    int64_t rows = 0, row_elems = 0;
+    size_t host_bytes() const { return digests ? size_t(std::max<int64_t>(rows, 0)) * 8 : bytes; }
+  };
+  // Host copies of the parts, landing while the caller goes on enqueuing work.
+  class AsyncDownload {
+   public:
+    virtual ~AsyncDownload() = default;  // waits for copies still in flight
+    virtual bool ready() = 0;            // the copies have landed (Error on a device fault)
+    virtual void wait() = 0;
+    // The host copy of part i (nullptr for an empty part); read it only once ready() or wait().
+    virtual const void* part(size_t i) const = 0;
+    virtual size_t bytes() const = 0;  // host memory held
+  };
+  // Snapshots the parts in stream order after the work enqueued so far (so their buffers may be
+  // changed or freed at once) and copies the snapshots into pinned host memory on a stream of their
+  // own, ordered by events; nothing waits. nullptr from a backend whose memory is the host's (the
+  // CPU: its observers read the buffers where they are).
+  virtual std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) {
+    (void)parts;
+    return nullptr;
+  }
 
   // Helpers on top of the interface.
   template <typename T>

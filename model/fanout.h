@@ -28,6 +28,16 @@ class FanoutObserver : public Observer {
       if (o->wants_tensors()) return true;
     return false;
   }
+  bool deferrable() const override {
+    for (Observer* o : targets_)
+      if (!o->deferrable()) return false;
+    return true;
+  }
+  bool wants_values(std::string_view name, int layer) const override {
+    for (Observer* o : targets_)
+      if (o->wants_tensors() && o->wants_values(name, layer)) return true;
+    return false;
+  }
 
  private:
   std::vector<Observer*> targets_;

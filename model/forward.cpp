@@ -22,6 +22,7 @@
 #include "kernels/rope.h"
 #include "model/device.h"
 #include "model/expert_parallel.h"
+#include "model/late_reports.h"
 #include "model/error.h"
 #include "model/tape.h"
 #include "model/threads.h"
@@ -175,6 +176,8 @@ class SequenceForward {
     freq_comp_ = std::move(rope.comp);
     tokens_dev_ = be_.ints(T_);
     be_.upload(tokens_dev_.data(), tokens_);
+    if (opt_.observer && opt_.observer->deferrable() && be_.device() != Device::cpu)
+      late_ = std::make_unique<LateReports>(be_, *opt_.observer, opt_.late_report_bytes);
   }
 
   SequenceResult run();
@@ -203,6 +206,7 @@ class SequenceForward {
       opt_.observer->on_tensor(r);
       return;
     }
+    if (late_) return late_->tensor(r, data);
     const int64_t rows = std::max<int64_t>(r.rows(), 0), elems = r.row_elems();
     std::vector<uint64_t> digests(static_cast<size_t>(rows));
     if (be_.row_digests(data, dt, rows, elems, digests.data())) r.row_digests = digests.data();
@@ -421,6 +425,7 @@ class SequenceForward {
   backend::Buffer<int64_t> pos_;
   FBuf freq_plain_, freq_comp_;
   IBuf tokens_dev_;
+  std::unique_ptr<LateReports> late_;  // a deferrable observer on a device backend
 };
 
 SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, Sublayer sub) {
@@ -459,10 +464,17 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
     d.sublayer = sub;
     d.T = T_;
     d.hc = hc;
-    d.pre = host_view(m.pre.data(), T_ * hc, pre);
-    d.post = host_view(m.post.data(), T_ * hc, post);
-    d.comb = host_view(m.comb.data(), T_ * hc * hc, comb);
-    opt_.observer->on_mhc(d);
+    if (late_) {
+      d.pre = m.pre.data();
+      d.post = m.post.data();
+      d.comb = m.comb.data();
+      late_->mhc(d);
+    } else {
+      d.pre = host_view(m.pre.data(), T_ * hc, pre);
+      d.post = host_view(m.post.data(), T_ * hc, post);
+      d.comb = host_view(m.comb.data(), T_ * hc * hc, comb);
+      opt_.observer->on_mhc(d);
+    }
   }
   report(layer, sub == Sublayer::attn ? "attn.hc_pre" : "ffn.hc_pre", DType::bf16, {T_, D}, m.y.data());
   return m;
@@ -625,9 +637,15 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       d.T = T_;
       d.k = k4;
       d.forced = forced != nullptr;
-      d.ids = host_view(sel.data(), T_ * k4, ids_h);
-      d.margin = host_view(margin.data(), T_, margin_h);
-      opt_.observer->on_indexer(d);
+      if (late_) {
+        d.ids = sel.data();
+        d.margin = margin.data();
+        late_->indexer(d);
+      } else {
+        d.ids = host_view(sel.data(), T_ * k4, ids_h);
+        d.margin = host_view(margin.data(), T_, margin_h);
+        opt_.observer->on_indexer(d);
+      }
     }
   }
 
@@ -762,10 +780,17 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
     d.k = k;
     d.hashed = hashed;
     d.forced = forced != nullptr;
-    d.ids = host_view(ids.data(), T_ * k, ids_h);
-    d.weights = host_view(weights.data(), T_ * k, weights_h);
-    d.margin = host_view(margin.data(), T_, margin_h);
-    opt_.observer->on_routing(d);
+    if (late_) {
+      d.ids = ids.data();
+      d.weights = weights.data();
+      d.margin = margin.data();
+      late_->routing(d);
+    } else {
+      d.ids = host_view(ids.data(), T_ * k, ids_h);
+      d.weights = host_view(weights.data(), T_ * k, weights_h);
+      d.margin = host_view(margin.data(), T_, margin_h);
+      opt_.observer->on_routing(d);
+    }
   }
 
   std::vector<ExpertWeights> experts(static_cast<size_t>(E));
@@ -894,6 +919,7 @@ SequenceResult SequenceForward::run() {
   if (cache_) {  // a chunk: the next token is not known yet; the caller samples from the last row
     r.last_logits = be_.download(logits.data() + (T_ - 1) * V, V);
     cache_->advance(T_);
+    if (late_) late_->finish();
     return r;
   }
   FBuf lp = be_.floats(T_ - 1);
@@ -906,6 +932,7 @@ SequenceResult SequenceForward::run() {
     tape_->logits = std::move(logits);
     tape_->tokens = std::move(tokens_dev_);
   }
+  if (late_) late_->finish();  // every report reaches the observer before the forward returns
   return r;
 }
 

@@ -43,6 +43,9 @@ struct RunOptions {
   // The result is the same bits for every rank count. The communicator moves the backend's memory:
   // MPI for the CPU, NCCL for CUDA (parallel/).
   Communicator* experts = nullptr;
+  // A deferrable observer (Observer::deferrable) on a device: the most host memory its reports may
+  // hold while their downloads are in flight (model/late_reports.h); past it the model waits.
+  size_t late_report_bytes = size_t(256) << 20;
 };
 
 struct SequenceResult {

@@ -103,6 +103,16 @@ class Observer {
   virtual void on_mhc(const MhcDecision&) {}
   // Lets the model skip building a tensor's record when nobody wants it (digests still want all).
   virtual bool wants_tensors() const { return true; }
+  // Whether reports may reach this observer late: still in execution order and all of them before the
+  // forward returns, but after the model has gone on. A device backend then downloads them without
+  // waiting (model/device.h download_async), so recording costs the compute stream nothing but the
+  // digest kernels and copies. A late TensorRecord carries its row digests, and its values only when
+  // wants_values() said so when it was made (data() of any other throws std::logic_error).
+  virtual bool deferrable() const { return false; }
+  virtual bool wants_values(std::string_view name, int layer) const {
+    (void)name, (void)layer;
+    return true;
+  }
 };
 
 }  // namespace dsv4

@@ -177,7 +177,10 @@ int main(int argc, char** argv) {
       o.threads = 1;
       o.observer = &writer->begin_step(s);
       const ForwardResult r = forward(w, seqs, o);
-      if (die && step == 1) std::raise(SIGKILL);
+      if (die && step == 1) {
+        writer->flush();  // step 0 complete and step 1 laid out on disk, as a recorder killed later leaves them
+        std::raise(SIGKILL);
+      }
       if (step == 2) writer->set_training(sample_record(w, seqs));
       writer->end_step(r);
     }

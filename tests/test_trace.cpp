@@ -396,6 +396,7 @@ TEST(Trace, ReadWhileWriting) {
   o.threads = 1;
   o.observer = &obs;
   const ForwardResult r = forward(tiny(), seqs, o);
+  w->flush();  // what was handed over is on disk; the step stays open
   {
     const TraceReader t = TraceReader::open(w->writing_path());
     const auto steps = t.steps();
@@ -410,6 +411,7 @@ TEST(Trace, ReadWhileWriting) {
   TraceReader live = TraceReader::open(w->writing_path());
   w->end_step(r);
   const Recorded third = record_step(*w, batch_of({13}, 10));
+  w->flush();
   EXPECT_EQ(live.steps().size(), 2u);  // until refreshed
   live.refresh();
   ASSERT_EQ(live.steps().size(), 3u);
@@ -455,8 +457,11 @@ TEST(Trace, ManifestContractIsChecked) {
   ForwardResult empty;
   empty.seqs.resize(1);
   empty.seqs[0].logprobs.resize(7);
-  const std::string msg = error_of([&] { w->end_step(empty); });
+  // end_step() queues the check; the writer's error surfaces at the next call that waits for it.
+  w->end_step(empty);
+  const std::string msg = error_of([&] { w->flush(); });
   EXPECT_NE(msg.find("did not report tensor 'embed'"), std::string::npos) << msg;
+  EXPECT_NE(error_of([&] { w->close(); }).find("did not report tensor 'embed'"), std::string::npos);
 }
 
 // ---- bad files --------------------------------------------------------------------------------

@@ -6,13 +6,19 @@
 // when an observer asks. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "capture/digest.h"
 #include "capture/trace_reader.h"
+#include "capture/trace_writer.h"
 #include "cli_util.h"
 #include "gpu_test_util.h"
+#include "test_util.h"
+#include "model/collect.h"
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
@@ -117,6 +123,160 @@ TEST(GpuRecord, DeviceDigestsEqualHostDigests) {
       }
     }
   }
+}
+
+// Every report of a run, with the values of the tensors named in `with_values`. With `late`, the
+// observer takes its reports late (Observer::deferrable): on the GPU they then come through
+// model/late_reports.h, and any other tensor's data() must throw.
+class ReportLog : public DecisionLog {
+ public:
+  ReportLog(bool late, std::set<std::string> with_values) : late_(late), with_values_(std::move(with_values)) {}
+  void on_tensor(const TensorRecord& t) override {
+    names.push_back(std::string(t.name) + "@" + std::to_string(t.layer));
+    digests.push_back(digest_rows(t));
+    if (with_values_.count(std::string(t.name))) {
+      const int64_t n = t.rows() * t.row_elems();
+      const uint32_t* v = static_cast<const uint32_t*>(t.data());
+      values.push_back(std::vector<uint32_t>(v, v + n));
+    } else if (late_ && t.fetch) {
+      EXPECT_THROW(t.data(), std::logic_error) << names.back();
+      ++refused;
+    }
+  }
+  bool wants_tensors() const override { return true; }
+  bool deferrable() const override { return late_; }
+  bool wants_values(std::string_view name, int) const override { return with_values_.count(std::string(name)) > 0; }
+
+  std::vector<std::string> names;
+  std::vector<std::vector<uint64_t>> digests;
+  std::vector<std::vector<uint32_t>> values;  // bit patterns
+  int refused = 0;
+
+ private:
+  bool late_;
+  std::set<std::string> with_values_;
+};
+
+template <typename R>
+void expect_same_records(const R& cpu, const R& gpu, const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  for (auto a = cpu.begin(), b = gpu.begin(); a != cpu.end(); ++a, ++b) {
+    ASSERT_EQ(a->first, b->first) << what;
+    EXPECT_EQ(a->second.T, b->second.T) << what;
+    if constexpr (requires { a->second.ids; }) EXPECT_EQ(a->second.ids, b->second.ids) << what;
+    if constexpr (requires { a->second.margin; })
+      EXPECT_TRUE(test::bitwise_equal(a->second.margin, b->second.margin)) << what;
+    if constexpr (requires { a->second.weights; })
+      EXPECT_TRUE(test::bitwise_equal(a->second.weights, b->second.weights)) << what;
+    if constexpr (requires { a->second.comb; }) {
+      EXPECT_TRUE(test::bitwise_equal(a->second.pre, b->second.pre)) << what;
+      EXPECT_TRUE(test::bitwise_equal(a->second.post, b->second.post)) << what;
+      EXPECT_TRUE(test::bitwise_equal(a->second.comb, b->second.comb)) << what;
+    }
+  }
+}
+
+// Late reports (downloads on the copy stream, handed on once landed) carry the same digests,
+// decisions and values, in the same order, as the CPU's immediate ones; all of them arrive before
+// forward() returns, also with back-pressure on every report (late_report_bytes = 1).
+TEST(GpuRecord, LateReportsEqualTheCpusImmediateOnes) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const std::set<std::string> with_values = {"attn.q", "indexer.score", "logits", "logprobs"};
+  for (const char* preset_name : {"tiny", "tiny-b"}) {
+    const Weights w = Weights::init(preset(preset_name), 5);
+    for (const char* profile : {"train", "rollout"}) {
+      for (int64_t T : {1, 37, 300}) {
+        for (size_t bytes : {size_t(256) << 20, size_t(1)}) {
+          const std::vector<std::vector<int32_t>> batch = {random_tokens(T, w.config().vocab_size, uint64_t(T)),
+                                                           random_tokens(9, w.config().vocab_size, 4)};
+          RunOptions o;
+          o.profile = profile_by_name(profile);
+          o.late_report_bytes = bytes;
+          ReportLog cpu(false, with_values), gpu(true, with_values);
+          o.observer = &cpu;
+          const ForwardResult rc = forward(w, batch, o);
+          o.device = Device::cuda;
+          o.observer = &gpu;
+          const ForwardResult rg = forward(w, batch, o);
+          const std::string what = fmt::format("{} {} T={} late_report_bytes={}", preset_name, profile, T, bytes);
+          ASSERT_EQ(cpu.names, gpu.names) << what;
+          EXPECT_EQ(cpu.digests, gpu.digests) << what;
+          EXPECT_EQ(cpu.values, gpu.values) << what;
+          EXPECT_GT(gpu.refused, 0) << what;
+          EXPECT_EQ(cpu.refused, 0) << what;
+          expect_same_records(cpu.indexer, gpu.indexer, what + " indexer");
+          expect_same_records(cpu.routing, gpu.routing, what + " routing");
+          expect_same_records(cpu.mhc, gpu.mhc, what + " mhc");
+          for (size_t s = 0; s < batch.size(); ++s)
+            EXPECT_TRUE(test::bitwise_equal(rc.seqs[s].logprobs, rg.seqs[s].logprobs)) << what;
+        }
+      }
+    }
+  }
+}
+
+// A trace recorded on the GPU (late reports, each step's end queued to the writer while the next step
+// computes) holds what the CPU's holds: every decision, digest and stored tensor, over three steps of
+// two sequences into one writer.
+TEST(GpuRecord, TraceOfSeveralStepsEqualsTheCpus) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const Weights w = Weights::init(preset("tiny-b"), 7);
+  const std::string cpu = temp_trace("steps_cpu.h5"), gpu = temp_trace("steps_gpu.h5");
+  for (const auto& [t, device] : {std::pair{cpu, Device::cpu}, std::pair{gpu, Device::cuda}}) {
+    TraceWriter::Options wo;
+    wo.policy = CapturePolicy::parse("attn.q@1,indexer.*,logits");
+    auto writer = TraceWriter::create(t, w.config(), make_trace_header(w), wo);
+    for (int step = 0; step < 3; ++step) {
+      StepSpec s;
+      s.seqs = {random_tokens(40 + 29 * step, w.config().vocab_size, uint64_t(step + 1)),
+                random_tokens(7, w.config().vocab_size, uint64_t(step + 10))};
+      RunOptions o;
+      o.device = device;
+      o.observer = &writer->begin_step(s);
+      writer->end_step(forward(w, s.seqs, o));
+    }
+    writer->close();
+  }
+  const TraceReader a = TraceReader::open(cpu), b = TraceReader::open(gpu);
+  ASSERT_EQ(a.steps().size(), 3u);
+  ASSERT_EQ(b.steps().size(), 3u);
+  int stored = 0;
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_TRUE(b.steps()[size_t(step)].complete);
+    for (int q = 0; q < 2; ++q) {
+      const std::string at = fmt::format("step {} sequence {}", step, q);
+      EXPECT_EQ(a.tokens(step, q), b.tokens(step, q)) << at;
+      EXPECT_TRUE(test::bitwise_equal(a.logprobs(step, q), b.logprobs(step, q))) << at;
+      EXPECT_EQ(a.digests(step, q).values, b.digests(step, q).values) << at;
+      ASSERT_EQ(a.decision_layers(step, q), b.decision_layers(step, q)) << at;
+      for (int layer : a.decision_layers(step, q)) {
+        const auto ia = a.indexer(step, q, layer), ib = b.indexer(step, q, layer);
+        ASSERT_EQ(ia.has_value(), ib.has_value()) << at << " layer " << layer;
+        if (ia) EXPECT_EQ(ia->ids, ib->ids) << at << " layer " << layer;
+        const auto ra = a.routing(step, q, layer), rb = b.routing(step, q, layer);
+        ASSERT_EQ(ra.has_value(), rb.has_value()) << at << " layer " << layer;
+        if (ra) {
+          EXPECT_EQ(ra->ids, rb->ids) << at << " layer " << layer;
+          EXPECT_TRUE(test::bitwise_equal(ra->weights, rb->weights)) << at << " layer " << layer;
+        }
+        for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
+          const auto ma = a.mhc(step, q, layer, sub), mb = b.mhc(step, q, layer, sub);
+          ASSERT_EQ(ma.has_value(), mb.has_value()) << at << " layer " << layer;
+          if (ma) EXPECT_TRUE(test::bitwise_equal(ma->comb, mb->comb)) << at << " layer " << layer;
+        }
+      }
+      ASSERT_EQ(a.full_tensors(step, q), b.full_tensors(step, q)) << at;
+      for (const auto& [name, layer] : a.full_tensors(step, q)) {
+        const auto ta = a.tensor(step, q, layer, name), tb = b.tensor(step, q, layer, name);
+        ASSERT_TRUE(ta && tb) << at << " " << name;
+        EXPECT_TRUE(test::bitwise_equal(ta->f, tb->f)) << at << " " << name << " layer " << layer;
+        EXPECT_EQ(ta->i, tb->i) << at << " " << name;
+        ++stored;
+      }
+    }
+  }
+  EXPECT_GT(stored, 6);
+  EXPECT_EQ(test::run_cli("replay " + gpu + " --device cpu").code, 0);
 }
 
 TEST(GpuRecord, CpuRecordSaysNoKernels) {

@@ -1,0 +1,52 @@
+// Reports on their way from a device backend to a deferrable observer (Observer::deferrable). Each
+// report's row digests, wanted values or decision arrays are downloaded without waiting
+// (Backend::download_async) and the report reaches the observer once they have landed, in the order
+// the reports were made: the ones that have landed are handed on at every new report, and finish()
+// waits for the rest. At most `max_bytes` of host memory are in flight; past that the oldest report
+// is waited for (back-pressure: the model pauses, memory stays bounded).
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <variant>
+
+#include "model/device.h"
+#include "model/observer.h"
+
+namespace dsv4 {
+
+class LateReports {
+ public:
+  LateReports(backend::Backend& be, Observer& observer, size_t max_bytes);
+  ~LateReports();  // drops the reports not handed on (the forward failed)
+  LateReports(const LateReports&) = delete;
+  LateReports& operator=(const LateReports&) = delete;
+
+  // The record's data is `data` in backend memory (host, fetch and row_digests of `r` are ignored).
+  void tensor(const TensorRecord& r, const void* data);
+  // The decisions' arrays are backend memory.
+  void indexer(const IndexerDecision& d);
+  void routing(const RoutingDecision& d);
+  void mhc(const MhcDecision& d);
+  // Waits for every report still on its way and hands it on.
+  void finish();
+
+ private:
+  struct Pending {
+    std::variant<TensorRecord, IndexerDecision, RoutingDecision, MhcDecision> what;
+    bool values = false;  // a tensor whose values were downloaded too
+    std::unique_ptr<backend::Backend::AsyncDownload> copies;
+  };
+  void push(Pending p, const std::vector<backend::Backend::AsyncPart>& parts);
+  void hand_on_first();  // waits for the oldest report and hands it on
+  void hand_on(Pending& p);
+
+  backend::Backend& be_;
+  Observer& observer_;
+  size_t max_bytes_;
+  size_t in_flight_ = 0;
+  std::deque<Pending> pending_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# One call on the GPU machine for the capture path: builds what it needs (Hopper only, a few minutes),
+# runs the recording tests on CUDA (late reports against the CPU's immediate ones, a several-step
+# trace against the CPU's, record on GPU -> replay on CPU), compute-sanitizer memcheck over the
+# late-report test, then bench_capture's CUDA cases, and prints a table of each capture mode's step
+# time against the same steps without a trace, measured in the same run. Logs under $OUT (or
+# build-gpu/logs).
+#
+# Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
+#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), DSV4_XXHASH_INCLUDE (default
+#   .carry/xxhash when it holds xxhash.h: the GPU machine has no libxxhash dev files)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+tests=1 bench=1
+for a in "$@"; do
+  case "$a" in
+    --no-tests) tests=0 ;;
+    --no-bench) bench=0 ;;
+    *)
+      echo "usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]" >&2
+      exit 2
+      ;;
+  esac
+done
+build=${BUILD_DIR:-build-gpu}
+logs=${OUT:-$build/logs}
+mkdir -p "$logs"
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+xx=${DSV4_XXHASH_INCLUDE:-}
+[[ -z $xx && -f .carry/xxhash/xxhash.h ]] && xx=$PWD/.carry/xxhash
+rc=0
+status() { printf '%-40s %s\n' "$1" "$2" >>"$logs/summary.txt"; }
+: >"$logs/summary.txt"
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
+  ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure.log" 2>&1 &&
+  ninja -C "$build" -j "$jobs" dsv4 test_gpu_record bench_capture >"$logs/build.log" 2>&1
+if [[ $? -ne 0 ]]; then
+  status build "FAILED (see build.log)"
+  tail -30 "$logs/build.log"
+  cat "$logs/summary.txt"
+  exit 1
+fi
+status build ok
+
+if [[ $tests == 1 ]]; then
+  if "$build/tests/gpu/test_gpu_record" >"$logs/test_gpu_record.log" 2>&1; then
+    status "test_gpu_record" "$(grep -E '^\[  PASSED  \]' "$logs/test_gpu_record.log")"
+  else
+    status "test_gpu_record" "FAILED (see test_gpu_record.log)"
+    grep -E "FAILED|Failure|error" "$logs/test_gpu_record.log" | head -20
+    rc=1
+  fi
+  if command -v compute-sanitizer >/dev/null; then
+    if timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/gpu/test_gpu_record" \
+        --gtest_filter='*LateReports*:*SeveralSteps*' >"$logs/memcheck.log" 2>&1; then
+      status "memcheck (late reports, several steps)" "$(grep -E 'ERROR SUMMARY' "$logs/memcheck.log" | tail -1)"
+    else
+      status "memcheck (late reports, several steps)" "FAILED or timed out (see memcheck.log)"
+      rc=1
+    fi
+  fi
+fi
+
+if [[ $bench == 1 ]]; then
+  timeout 420 "$build/bench/bench_capture" --benchmark_filter=Cuda >"$logs/bench_capture.log" 2>&1 ||
+    echo "bench_capture failed or timed out" >>"$logs/bench_capture.log"
+  # ms per step of each BM_RecordStepsCuda case, and the forward cases' times, with ratios against
+  # the uncaptured run of the same T from this log.
+  python3 - "$logs/bench_capture.log" >>"$logs/summary.txt" <<'EOF'
+import re, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(BM_\S+)\s+([\d.]+) ms", line)
+    if not m:
+        continue
+    name, ms = m.group(1), float(m.group(2))
+    per_step = re.search(r"ms_per_step=([\d.]+)", line)
+    rows[name] = float(per_step.group(1)) if per_step else ms
+def base(name):
+    t = re.search(r"/(\d+)/", name + "/")
+    return next((v for k, v in rows.items() if k.startswith("BM_RecordStepsCuda/none/") and t and f"/{t.group(1)}/" in k + "/"), None)
+print(f"{'case':52} {'ms':>9} {'x uncaptured':>13}")
+fwd = next((v for k, v in rows.items() if k.startswith("BM_ForwardCuda/none")), None)
+for k, v in rows.items():
+    ref = base(k) if k.startswith("BM_RecordStepsCuda") else (fwd if k.startswith("BM_ForwardCuda/observed") else None)
+    ratio = f"{v / ref:.3f}" if ref else ""
+    print(f"{k:52} {v:9.2f} {ratio:>13}")
+EOF
+fi
+echo "================ dsv4 GPU capture check ================"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
+cat "$logs/summary.txt"
+exit $rc
