@@ -163,11 +163,15 @@ void expect_same_records(const R& cpu, const R& gpu, const std::string& what) {
   for (auto a = cpu.begin(), b = gpu.begin(); a != cpu.end(); ++a, ++b) {
     ASSERT_EQ(a->first, b->first) << what;
     EXPECT_EQ(a->second.T, b->second.T) << what;
-    if constexpr (requires { a->second.ids; }) EXPECT_EQ(a->second.ids, b->second.ids) << what;
-    if constexpr (requires { a->second.margin; })
+    if constexpr (requires { a->second.ids; }) {
+      EXPECT_EQ(a->second.ids, b->second.ids) << what;
+    }
+    if constexpr (requires { a->second.margin; }) {
       EXPECT_TRUE(test::bitwise_equal(a->second.margin, b->second.margin)) << what;
-    if constexpr (requires { a->second.weights; })
+    }
+    if constexpr (requires { a->second.weights; }) {
       EXPECT_TRUE(test::bitwise_equal(a->second.weights, b->second.weights)) << what;
+    }
     if constexpr (requires { a->second.comb; }) {
       EXPECT_TRUE(test::bitwise_equal(a->second.pre, b->second.pre)) << what;
       EXPECT_TRUE(test::bitwise_equal(a->second.post, b->second.post)) << what;
@@ -252,7 +256,9 @@ TEST(GpuRecord, TraceOfSeveralStepsEqualsTheCpus) {
       for (int layer : a.decision_layers(step, q)) {
         const auto ia = a.indexer(step, q, layer), ib = b.indexer(step, q, layer);
         ASSERT_EQ(ia.has_value(), ib.has_value()) << at << " layer " << layer;
-        if (ia) EXPECT_EQ(ia->ids, ib->ids) << at << " layer " << layer;
+        if (ia) {
+          EXPECT_EQ(ia->ids, ib->ids) << at << " layer " << layer;
+        }
         const auto ra = a.routing(step, q, layer), rb = b.routing(step, q, layer);
         ASSERT_EQ(ra.has_value(), rb.has_value()) << at << " layer " << layer;
         if (ra) {
@@ -262,7 +268,9 @@ TEST(GpuRecord, TraceOfSeveralStepsEqualsTheCpus) {
         for (Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
           const auto ma = a.mhc(step, q, layer, sub), mb = b.mhc(step, q, layer, sub);
           ASSERT_EQ(ma.has_value(), mb.has_value()) << at << " layer " << layer;
-          if (ma) EXPECT_TRUE(test::bitwise_equal(ma->comb, mb->comb)) << at << " layer " << layer;
+          if (ma) {
+            EXPECT_TRUE(test::bitwise_equal(ma->comb, mb->comb)) << at << " layer " << layer;
+          }
         }
       }
       ASSERT_EQ(a.full_tensors(step, q), b.full_tensors(step, q)) << at;
