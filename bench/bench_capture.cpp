@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -120,6 +121,9 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
   ro.device = dsv4::Device::cuda;
   const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
   dsv4::forward(mid(), {tokens}, ro);
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  double forward_s = 0, writing_s = 0, blocked_s = 0, close_s = 0;
   for (auto _ : state) {
     if (!policy) {  // the baseline: the same steps without a trace
       for (int64_t i = 0; i < steps; ++i) benchmark::DoNotOptimize(dsv4::forward(mid(), {tokens}, ro).seqs[0].logprobs.data());
@@ -134,16 +138,28 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
       dsv4::StepSpec step;
       step.seqs = {tokens};
       ro.observer = &w->begin_step(step);
+      const auto t0 = Clock::now();
       auto r = dsv4::forward(mid(), step.seqs, ro);
+      forward_s += seconds_since(t0);
       w->end_step(r);
     }
+    const auto t0 = Clock::now();
     w->close();
+    close_s += seconds_since(t0);
+    writing_s += w->stats().seconds_writing;
+    blocked_s += w->stats().seconds_blocked;
     ro.observer = nullptr;
     fs::remove(path);
   }
-  state.counters["ms_per_step"] = benchmark::Counter(double(steps) * state.iterations(),
-                                                     benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+  const double n = double(state.iterations()) * double(steps);
+  state.counters["ms_per_step"] = benchmark::Counter(n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
                                                      benchmark::Counter::kIs1000);
+  if (policy) {  // where a step's time goes
+    state.counters["forward_ms"] = forward_s * 1e3 / n;  // the forward with its reports handed on
+    state.counters["writer_ms"] = writing_s * 1e3 / n;   // the writer thread's HDF5 work per step
+    state.counters["blocked_ms"] = blocked_s * 1e3 / n;  // the model waiting on a full writer queue
+    state.counters["close_ms"] = close_s * 1e3 / double(state.iterations());
+  }
 }
 
 void BM_Forward(benchmark::State& state, const char* policy) {
@@ -221,6 +237,44 @@ class CallLog : public dsv4::Observer {
   std::vector<std::tuple<dsv4::MhcDecision, std::vector<float>, std::vector<float>, std::vector<float>>> mhc;
 };
 
+// The writer alone over `steps` steps of the mid preset into one trace (T = 4096, the calls of one
+// CPU forward replayed each step): the steady-state per-step cost of the writer thread, which bounds
+// a GPU recording's step time from below, and the close (seal, fsync) shared among the steps.
+void BM_WriterSteps(benchmark::State& state) {
+  const int64_t T = state.range(0), steps = state.range(1);
+  dsv4::StepSpec step;
+  step.seqs = {dsv4::random_tokens(T, mid().config().vocab_size, 1)};
+  CallLog calls;
+  dsv4::RunOptions ro;
+  ro.observer = &calls;
+  const dsv4::ForwardResult r = dsv4::forward(mid(), step.seqs, ro);
+  const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
+  double writing = 0, closing = 0;
+  for (auto _ : state) {
+    const std::string path = scratch("writer_steps.h5");
+    fs::remove(path);
+    dsv4::TraceWriter::Options opt;
+    opt.policy = dsv4::CapturePolicy::parse("decisions");
+    auto w = dsv4::TraceWriter::create(path, mid().config(), header, opt);
+    for (int64_t i = 0; i < steps; ++i) {
+      calls.replay(w->begin_step(step));
+      w->end_step(r);
+    }
+    w->flush();
+    const auto t0 = std::chrono::steady_clock::now();
+    w->close();
+    closing += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    writing += w->stats().seconds_writing;
+    fs::remove(path);
+  }
+  const double n = double(state.iterations());
+  state.counters["writer_ms_per_step"] = writing * 1e3 / n / double(steps);
+  state.counters["close_ms"] = closing * 1e3 / n;
+  state.counters["ms_per_step"] = benchmark::Counter(double(steps) * n, benchmark::Counter::kIsRate |
+                                                                          benchmark::Counter::kInvert,
+                                                     benchmark::Counter::kIs1000);
+}
+
 void BM_WriterOnly(benchmark::State& state) {
   const int64_t T = state.range(0);
   dsv4::StepSpec step;
@@ -282,6 +336,7 @@ BENCHMARK_CAPTURE(BM_Forward, full, "full")
     ->UseRealTime()
     ->Iterations(2);
 BENCHMARK(BM_WriterOnly)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_WriterSteps)->Args({4096, 8})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_PlainWrite)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 
 }  // namespace

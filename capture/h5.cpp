@@ -723,54 +723,108 @@ void encode_one(ChunkPlan& p, size_t c) {
   }
 }
 
-// Encodes every chunk of every plan on encode_threads() threads (one task per chunk, across
-// datasets), then stores them in order with H5Dwrite_chunk. The stored values are exactly those
-// H5Dwrite would store (little-endian, the file type equals the memory type on this host).
-void write_planned(std::vector<ChunkPlan>& plans) {
-  std::vector<std::pair<size_t, size_t>> tasks;  // (plan, chunk)
-  for (size_t i = 0; i < plans.size(); ++i)
-    for (size_t c = 0; c < plans[i].nchunks; ++c) tasks.emplace_back(i, c);
-  const int64_t ntasks = int64_t(tasks.size());
-#pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1) if (ntasks > 1)
-  for (int64_t k = 0; k < ntasks; ++k) encode_one(plans[tasks[size_t(k)].first], tasks[size_t(k)].second);
-  for (ChunkPlan& p : plans) {
-    for (size_t c = 0; c < p.nchunks; ++c) {
-      if (!p.errors[c].empty()) p.ds->fail(fmt::format("cannot encode chunk {}: {}", c, p.errors[c]));
-      hsize_t offset[8] = {};
-      offset[0] = hsize_t(c * p.per_chunk);
-      check(H5Dwrite_chunk(p.ds->get(), H5P_DEFAULT, p.encoded[c].filter_mask, offset,
-                           p.encoded[c].bytes.size(), p.encoded[c].bytes.data()),
-            *p.ds, fmt::format("cannot write chunk {}", c));
-      p.encoded[c] = EncodedChunk{};  // release as we go
-    }
-  }
-}
-
 }  // namespace
 
 void encode_on_all_cores(bool all) {
   g_all_cores.store(all);
 }
 
-void write_all(const std::vector<WriteJob>& jobs) {
+struct StagedWrites::Write {
+  const Object* ds;
+  Type t;
+  const void* data;
+  size_t n;
+  bool le_bytes;
+  std::shared_ptr<const void> owner;
+  std::optional<hsize_t> extend_to;
+  std::optional<ChunkPlan> plan;  // nullopt: stored with H5Dwrite
+};
+
+StagedWrites::StagedWrites() = default;
+StagedWrites::~StagedWrites() = default;
+size_t StagedWrites::size() const { return writes_.size(); }
+
+const Object& StagedWrites::hold(Object ds) {
+  held_.push_back(std::make_unique<Object>(std::move(ds)));
+  return *held_.back();
+}
+
+void StagedWrites::add(const Object& ds, Type t, const void* data, size_t n, bool le_bytes,
+                       std::shared_ptr<const void> owner, std::optional<hsize_t> extend_to) {
   quiet();
-  std::vector<ChunkPlan> plans;
-  std::vector<const WriteJob*> direct;
-  for (const WriteJob& j : jobs) {
-    Id space(check(H5Dget_space(j.ds->get()), *j.ds, "cannot read the dataspace"));
-    const hsize_t want = npoints(space.get());
-    if (want != j.n) j.ds->fail(fmt::format("writing {} values into a dataset of {}", j.n, want));
-    if (j.n == 0) continue;
-    // Memory values are little endian already (le_bytes, or native on this little-endian host).
-    if (auto p = plan_chunks(*j.ds, j.t, j.data, space.get()))
-      plans.push_back(std::move(*p));
-    else
-      direct.push_back(&j);
+  Write w{&ds, t, data, n, le_bytes, std::move(owner), extend_to, {}};
+  const Object& d = *w.ds;
+  Id space(check(H5Dget_space(d.get()), d, "cannot read the dataspace"));
+  if (extend_to) {  // the dataspace as set_extent will make it
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 1 || rank > 8) d.fail("cannot extend a dataset of this rank");
+    hsize_t dims[8];
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    dims[0] = *extend_to;
+    space = Id(check(H5Screate_simple(rank, dims, nullptr), d, "cannot create the dataspace"));
   }
-  write_planned(plans);
-  for (const WriteJob* j : direct)
-    check(H5Dwrite(j->ds->get(), mem_type(j->t, j->le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, j->data), *j->ds,
-          "cannot write");
+  const hsize_t want = npoints(space.get());
+  if (want != n) d.fail(fmt::format("writing {} values into a dataset of {}", n, want));
+  // Memory values are little endian already (le_bytes, or native on this little-endian host).
+  if (n > 0) w.plan = plan_chunks(d, t, data, space.get());
+  writes_.push_back(std::move(w));
+  encoded_ = false;
+}
+
+template <typename T>
+void StagedWrites::add(const Object& ds, std::vector<T> values, std::optional<hsize_t> extend_to) {
+  auto held = std::make_shared<const std::vector<T>>(std::move(values));
+  add(ds, TypeOf<T>::value, held->data(), held->size(), false, held, extend_to);
+}
+
+// Every chunk of every plan on encode_threads() threads (one task per chunk, across datasets). The
+// stored values are exactly those H5Dwrite would store (little-endian, the file type equals the memory
+// type on this host).
+void StagedWrites::encode() {
+  std::vector<std::pair<ChunkPlan*, size_t>> tasks;
+  for (Write& w : writes_)
+    if (w.plan)
+      for (size_t c = 0; c < w.plan->nchunks; ++c) tasks.emplace_back(&*w.plan, c);
+  const int64_t ntasks = int64_t(tasks.size());
+#pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1) if (ntasks > 1)
+  for (int64_t k = 0; k < ntasks; ++k) encode_one(*tasks[size_t(k)].first, tasks[size_t(k)].second);
+  encoded_ = true;
+}
+
+void StagedWrites::store() {
+  if (!encoded_) encode();
+  for (Write& w : writes_) {
+    const Object& d = *w.ds;
+    if (w.extend_to) set_extent(d, [&] {
+        std::vector<hsize_t> dims = shape(d);
+        dims[0] = *w.extend_to;
+        return dims;
+      }());
+    if (w.n == 0) continue;
+    if (!w.plan) {
+      check(H5Dwrite(d.get(), mem_type(w.t, w.le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data), d, "cannot write");
+      continue;
+    }
+    ChunkPlan& p = *w.plan;
+    for (size_t c = 0; c < p.nchunks; ++c) {
+      if (!p.errors[c].empty()) d.fail(fmt::format("cannot encode chunk {}: {}", c, p.errors[c]));
+      hsize_t offset[8] = {};
+      offset[0] = hsize_t(c * p.per_chunk);
+      check(H5Dwrite_chunk(d.get(), H5P_DEFAULT, p.encoded[c].filter_mask, offset, p.encoded[c].bytes.size(),
+                           p.encoded[c].bytes.data()),
+            d, fmt::format("cannot write chunk {}", c));
+      p.encoded[c] = EncodedChunk{};  // release as we go
+    }
+  }
+  writes_.clear();
+  held_.clear();
+  encoded_ = false;
+}
+
+void write_all(const std::vector<WriteJob>& jobs) {
+  StagedWrites w;
+  for (const WriteJob& j : jobs) w.add(*j.ds, j.t, j.data, j.n, j.le_bytes);
+  w.store();
 }
 
 void write(const Object& ds, Type t, const void* data, size_t n, bool le_bytes) {
@@ -1394,6 +1448,7 @@ int64_t logical_bytes(const Object& ds) {
 
 #define DSV4_H5_INSTANTIATE(T)                                  \
   template void write<T>(const Object&, const std::vector<T>&); \
+  template void StagedWrites::add<T>(const Object&, std::vector<T>, std::optional<hsize_t>); \
   template std::vector<T> read<T>(const Object&);               \
   template std::vector<T> read_rows<T>(const Object&, hsize_t, hsize_t);
 DSV4_H5_INSTANTIATE(uint8_t)

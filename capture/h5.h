@@ -178,6 +178,37 @@ struct WriteJob {
   bool le_bytes = false;
 };
 void write_all(const std::vector<WriteJob>& jobs);
+// Whole-dataset writes whose chunks are encoded apart from the HDF5 calls that store them, so that a
+// writer can encode many datasets' chunks at once (encode(), on the encoder threads, no HDF5 call)
+// and still make its HDF5 calls in the order it would one write() at a time (store()). add() only
+// reads the dataset's layout. write() and write_all() are built on it.
+class StagedWrites {
+ public:
+  StagedWrites();
+  ~StagedWrites();
+  StagedWrites(const StagedWrites&) = delete;
+  StagedWrites& operator=(const StagedWrites&) = delete;
+  // A write of n values of t at `data` into the whole of `ds`; both must live until store() (`owner`
+  // keeps the values alive when the caller does not; hold() keeps a dataset). With `extend_to`, store()
+  // first sets the dataset's first dimension to it (an extendible dataset whose length the values
+  // decide).
+  void add(const Object& ds, Type t, const void* data, size_t n, bool le_bytes = false,
+           std::shared_ptr<const void> owner = nullptr, std::optional<hsize_t> extend_to = std::nullopt);
+  // The same with values the writes hold (T: uint8_t ... double, as write()).
+  template <typename T>
+  void add(const Object& ds, std::vector<T> values, std::optional<hsize_t> extend_to = std::nullopt);
+  // Keeps `ds` open until store(); the reference stays valid until then.
+  const Object& hold(Object ds);
+  size_t size() const;
+  void encode();  // every chunk of every write added, on the encoder threads
+  void store();   // the HDF5 calls, in the order the writes were added (encoding what encode() did not)
+
+ private:
+  struct Write;
+  std::vector<Write> writes_;
+  std::vector<std::unique_ptr<Object>> held_;
+  bool encoded_ = false;
+};
 // The default encoder threads become all the cores (at most 8) rather than half: for a writer that has
 // the machine to itself (an import), not one sharing it with a forward. DSV4_WRITER_THREADS still wins.
 void encode_on_all_cores(bool all);

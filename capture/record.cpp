@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <functional>
 
 #include "capture/cupti.h"
 #include "capture/env.h"
@@ -15,18 +16,23 @@ namespace dsv4 {
 
 namespace {
 
-// Kills the process halfway through the layers of the step (RecordOptions::fault).
+// Kills the process halfway through the layers of the step (RecordOptions::fault), once what the
+// writer was handed so far is on disk (the step laid out, its first layers in it), so that the fault
+// leaves the same file whatever the writer thread's pace.
 class MidStepKill : public Observer {
  public:
-  explicit MidStepKill(int layers) : layers_(layers) {}
+  MidStepKill(int layers, std::function<void()> before) : layers_(layers), before_(std::move(before)) {}
   void on_mhc(const MhcDecision& d) override {
-    if (d.sublayer == Sublayer::ffn && d.layer == layers_ / 2) raise(SIGKILL);
+    if (d.sublayer != Sublayer::ffn || d.layer != layers_ / 2) return;
+    before_();
+    raise(SIGKILL);
   }
   bool wants_tensors() const override { return false; }
   bool deferrable() const override { return true; }  // halfway through the step's reports
 
  private:
   int layers_;
+  std::function<void()> before_;
 };
 
 }  // namespace
@@ -49,7 +55,7 @@ RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t
     header.env[kEnvParallel] = parallel_layout(*opt.experts);
   auto writer = opt.append ? TraceWriter::append(out, w.config(), header, wo)
                            : TraceWriter::create(out, w.config(), header, wo);
-  MidStepKill kill(w.config().num_hidden_layers);
+  MidStepKill kill(w.config().num_hidden_layers, [&writer] { writer->flush(); });
   std::vector<Observer*> targets{&writer->begin_step(step)};
   if (opt.also) targets.push_back(opt.also);
   if (opt.fault == "kill-mid-step") targets.push_back(&kill);

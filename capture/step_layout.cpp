@@ -73,28 +73,34 @@ const char* dtype_attr(DType t) {
 }
 
 // Writes integer ids in the storage width chosen at creation (ranges were checked by the caller).
-void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v) {
+void stage_narrowed(h5::StagedWrites& w, const h5::Object& ds, h5::Type t, std::vector<uint32_t> v,
+                    std::optional<hsize_t> extend_to) {
   switch (t) {
     case h5::Type::u8: {
       std::vector<uint8_t> n;
       reserve_huge(n, v.size());
       n.assign(v.begin(), v.end());
-      h5::write(ds, n);
+      w.add(ds, std::move(n), extend_to);
       break;
     }
     case h5::Type::u16: {
       std::vector<uint16_t> n;
       reserve_huge(n, v.size());
       n.assign(v.begin(), v.end());
-      h5::write(ds, n);
+      w.add(ds, std::move(n), extend_to);
       break;
     }
     default:
-      h5::write(ds, v);
+      w.add(ds, std::move(v), extend_to);
       break;
   }
 }
 
+void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v) {
+  h5::StagedWrites w;
+  stage_narrowed(w, ds, t, v);
+  w.store();
+}
 
 IndexerGaps encode_indexer_gaps(const int32_t* ids, int64_t rows, int k, int64_t groups) {
   IndexerGaps e;
@@ -310,7 +316,7 @@ void StepLayout::done_decision(SeqLayout& L, const StepRecord& m, const std::str
     throw Error(fmt::format("step {} seq {}: unexpected or repeated decision {}", step_index, m.seq, key));
 }
 
-void StepLayout::write_tensor(const StepRecord& m) {
+void StepLayout::stage_tensor(const StepRecord& m, h5::StagedWrites& w) {
   SeqLayout& L = seq_of(m);
   auto it = L.index.find({m.layer, m.name});
   if (it == L.index.end())
@@ -332,12 +338,15 @@ void StepLayout::write_tensor(const StepRecord& m) {
   std::copy(m.digests.begin(), m.digests.end(), L.digests.begin() + L.first[r]);
   L.got[r] = 1;
   if (m.store) {
-    h5::Object ds = open_in_seq(L, tensor_path(m.name, m.layer));
-    h5::write_le_bytes(ds, storage_type(m.dtype), m.bytes);
+    const h5::Object& ds = w.hold(open_in_seq(L, tensor_path(m.name, m.layer)));
+    const h5::Type t = storage_type(m.dtype);
+    if (m.bytes.size() % h5::type_size(t))
+      ds.fail(fmt::format("{} bytes are not whole values of {} bytes", m.bytes.size(), h5::type_size(t)));
+    w.add(ds, t, m.bytes.data(), m.bytes.size() / h5::type_size(t), true);
   }
 }
 
-void StepLayout::write_indexer(const StepRecord& m) {
+void StepLayout::stage_indexer(const StepRecord& m, h5::StagedWrites& w) {
   SeqLayout& L = seq_of(m);
   const std::string d = decisions_path(m.layer) + "/";
   if (m.layer < 0 || m.layer >= cfg.num_hidden_layers || cfg.ratio(m.layer) != 4)
@@ -347,22 +356,19 @@ void StepLayout::write_indexer(const StepRecord& m) {
     throw Error(fmt::format("step {} seq {} layer {}: indexer ids [{}, {}], expected [{}, {}]", step_index,
                             m.seq, m.layer, m.T, m.k, L.T, L.width));
   // The encoding assumes ids ascending, valid ones first, and bounded by the group count.
-  const IndexerGaps e = encode_indexer_gaps(m.ids.data(), L.T, m.k, L.T / 4);
+  IndexerGaps e = encode_indexer_gaps(m.ids.data(), L.T, m.k, L.T / 4);
   if (e.bad_row >= 0)
     throw Error(fmt::format("step {} seq {} layer {} token {}: indexer ids are not an ascending, -1-tailed "
                             "list of groups < {} (slot {} holds {})",
                             step_index, m.seq, m.layer, e.bad_row, L.T / 4, e.bad_slot, e.bad_id));
-  const std::vector<uint16_t>& count = e.count;
-  const std::vector<uint32_t>& gaps = e.gaps;
-  h5::write(open_in_seq(L, d + kIndexerCount), count);
-  h5::Object ds = open_in_seq(L, d + kIndexerGaps);
-  h5::set_extent(ds, {hsize_t(gaps.size())});
-  write_narrowed(ds, L.gap_type, gaps);
-  h5::write(open_in_seq(L, d + kIndexerMargin), m.margin);
+  const hsize_t gaps = hsize_t(e.gaps.size());
+  w.add(w.hold(open_in_seq(L, d + kIndexerCount)), std::move(e.count));
+  stage_narrowed(w, w.hold(open_in_seq(L, d + kIndexerGaps)), L.gap_type, std::move(e.gaps), gaps);
+  w.add(w.hold(open_in_seq(L, d + kIndexerMargin)), h5::Type::f32, m.margin.data(), m.margin.size());
   done_decision(L, m, "indexer");
 }
 
-void StepLayout::write_routing(const StepRecord& m) {
+void StepLayout::stage_routing(const StepRecord& m, h5::StagedWrites& w) {
   SeqLayout& L = seq_of(m);
   const std::string d = decisions_path(m.layer) + "/";
   if (m.layer < 0 || m.layer >= cfg.num_hidden_layers)
@@ -378,28 +384,44 @@ void StepLayout::write_routing(const StepRecord& m) {
                               m.layer, m.ids[i], cfg.n_routed_experts));
     ids[i] = uint32_t(m.ids[i]);
   }
-  h5::Object ex = open_in_seq(L, d + kExperts);
-  write_narrowed(ex, unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0))), ids);
-  const h5::Object wts = open_in_seq(L, d + kExpertWeights), margin = open_in_seq(L, d + kRouterMargin);
-  h5::write_all({{&wts, h5::Type::f32, m.weights.data(), m.weights.size()},
-                 {&margin, h5::Type::f32, m.margin.data(), m.margin.size()}});
+  stage_narrowed(w, w.hold(open_in_seq(L, d + kExperts)), unsigned_for(uint64_t(std::max(cfg.n_routed_experts - 1, 0))),
+                 std::move(ids));
+  w.add(w.hold(open_in_seq(L, d + kExpertWeights)), h5::Type::f32, m.weights.data(), m.weights.size());
+  w.add(w.hold(open_in_seq(L, d + kRouterMargin)), h5::Type::f32, m.margin.data(), m.margin.size());
   done_decision(L, m, "routing");
 }
 
-void StepLayout::write_mhc(const StepRecord& m) {
+void StepLayout::stage_mhc(const StepRecord& m, h5::StagedWrites& w) {
   SeqLayout& L = seq_of(m);
   const std::string sub = to_string(m.sub);
   const std::string d = decisions_path(m.layer) + "/";
   if (m.layer < 0 || m.layer >= cfg.num_hidden_layers || m.T != L.T || m.k != cfg.hc_mult)
     throw Error(fmt::format("step {} seq {} layer {}: mHC {} decision of [{}, {}], expected [{}, {}]",
                             step_index, m.seq, m.layer, sub, m.T, m.k, L.T, cfg.hc_mult));
-  const h5::Object pre = open_in_seq(L, d + mhc_name(sub, "pre")),
-                   post = open_in_seq(L, d + mhc_name(sub, "post")),
-                   comb = open_in_seq(L, d + mhc_name(sub, "comb"));
-  h5::write_all({{&pre, h5::Type::f32, m.pre.data(), m.pre.size()},
-                 {&post, h5::Type::f32, m.post.data(), m.post.size()},
-                 {&comb, h5::Type::f32, m.comb.data(), m.comb.size()}});
+  w.add(w.hold(open_in_seq(L, d + mhc_name(sub, "pre"))), h5::Type::f32, m.pre.data(), m.pre.size());
+  w.add(w.hold(open_in_seq(L, d + mhc_name(sub, "post"))), h5::Type::f32, m.post.data(), m.post.size());
+  w.add(w.hold(open_in_seq(L, d + mhc_name(sub, "comb"))), h5::Type::f32, m.comb.data(), m.comb.size());
   done_decision(L, m, mhc_name(sub));
+}
+
+void StepLayout::write_records(const std::vector<const StepRecord*>& records) {
+  h5::StagedWrites w;
+  std::exception_ptr failed;
+  for (const StepRecord* m : records) {
+    try {
+      switch (m->kind) {
+        case StepRecord::Kind::tensor: stage_tensor(*m, w); break;
+        case StepRecord::Kind::indexer: stage_indexer(*m, w); break;
+        case StepRecord::Kind::routing: stage_routing(*m, w); break;
+        case StepRecord::Kind::mhc: stage_mhc(*m, w); break;
+      }
+    } catch (...) {  // the records before it are written, as one at a time would have
+      failed = std::current_exception();
+      break;
+    }
+  }
+  w.store();
+  if (failed) std::rethrow_exception(failed);
 }
 
 // Creates /steps/NNNNNN/kernels (traces/FORMAT.md) in `f`, which must be open without SWMR.

@@ -27,6 +27,8 @@ namespace dsv4 {
 // One reported item of a step: a tensor's row digests (and its bytes when the policy stores it) or
 // one decision (indexer, routing, mHC) of one sequence and layer.
 struct StepRecord {
+  enum class Kind { tensor, indexer, routing, mhc };
+  Kind kind = Kind::tensor;
   int seq = 0, layer = -1;
   std::string name;
   DType dtype = DType::f32;
@@ -48,8 +50,11 @@ struct StepRecord {
 h5::Type unsigned_for(uint64_t max);
 h5::Type storage_type(DType t);  // bf16 -> uint16, f32 -> float32, i32 -> int32
 const char* dtype_attr(DType t);  // the `dtype` attribute of a full tensor
-// Writes integer ids in the storage width chosen at creation (ranges checked by the caller).
+// Writes integer ids in the storage width chosen at creation (ranges checked by the caller); the staged
+// form adds the write to `w` (with extend_to as StagedWrites::add).
 void write_narrowed(const h5::Object& ds, h5::Type t, const std::vector<uint32_t>& v);
+void stage_narrowed(h5::StagedWrites& w, const h5::Object& ds, h5::Type t, std::vector<uint32_t> v,
+                    std::optional<hsize_t> extend_to = std::nullopt);
 
 // The compact encoding of indexer rows (traces/FORMAT.md): per row the number of valid ids and the gaps
 // between consecutive ones. Each row of `ids` ([rows, k]) must be ascending, its valid ids first (-1
@@ -74,11 +79,11 @@ class StepLayout {
   // Opens the file, creates step `index` (status 0) with every group and dataset it will receive and
   // switches the file to SWMR writing.
   void create_step(int index, const StepSpec& s, const CapturePolicy& policy);
-  // Streamed data of the open step; each checks the record against the layout (Error on a mismatch).
-  void write_tensor(const StepRecord& m);
-  void write_indexer(const StepRecord& m);
-  void write_routing(const StepRecord& m);
-  void write_mhc(const StepRecord& m);
+  // Streamed data of the open step, in the order reported. Each record is checked against the layout
+  // (Error on a mismatch, after the records before it are written); the chunks of all of them are
+  // encoded together on the encoder threads (h5::StagedWrites), then the calls that write them are
+  // made in record order, the calls one record at a time makes.
+  void write_records(const std::vector<const StepRecord*>& records);
   // Writes the log-probs and digests, the kernel records, the generation record and the training
   // record (each when not null), marks the step complete (status 1) and closes the file.
   void finish_step(const ForwardResult& r, const KernelRecords& k, const GenerationRecord* generation,
@@ -106,6 +111,10 @@ class StepLayout {
   SeqLayout& seq_of(const StepRecord& m);
   h5::Object open_in_seq(const SeqLayout& L, const std::string& rel);
   void done_decision(SeqLayout& L, const StepRecord& m, const std::string& what);
+  void stage_tensor(const StepRecord& m, h5::StagedWrites& w);
+  void stage_indexer(const StepRecord& m, h5::StagedWrites& w);
+  void stage_routing(const StepRecord& m, h5::StagedWrites& w);
+  void stage_mhc(const StepRecord& m, h5::StagedWrites& w);
   void write_kernels(const h5::Object& f, const KernelRecords& k);
 
   const std::string writing_path;

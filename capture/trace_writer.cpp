@@ -42,8 +42,7 @@ void fsync_path(const std::string& path, bool directory) {
 
 // What the compute side hands to the writer thread: a record of the step, or a call.
 struct Msg : StepRecord {
-  enum class Kind { call, tensor, indexer, routing, mhc };
-  Kind kind = Kind::call;
+  bool call = false;
   int64_t id = 0;
   int64_t cost = 0;  // bytes counted against Options::queue_bytes
   std::function<void()> fn;
@@ -131,7 +130,7 @@ struct TraceWriter::Impl {
   // Runs `fn` on the writer thread after everything queued before it; returns at once.
   int64_t queue_call(std::function<void()> fn) {
     Msg m;
-    m.kind = Msg::Kind::call;
+    m.call = true;
     m.fn = std::move(fn);
     return push(std::move(m));
   }
@@ -144,16 +143,23 @@ struct TraceWriter::Impl {
   // Runs `fn` on the writer thread after everything queued before it, and waits for it.
   void run_on_writer(std::function<void()> fn) { wait_for(queue_call(std::move(fn))); }
 
+  // Takes a call, or the records queued one after another (at most kBatchBytes of them), and writes
+  // them: a batch's chunks are encoded together on the encoder threads (StepLayout::write_records).
   void writer_loop() {
+    constexpr int64_t kBatchBytes = int64_t(64) << 20;
     h5::quiet();
     while (true) {
-      Msg m;
+      std::vector<Msg> batch;
       {
         std::unique_lock lk(mu);
         cv_work.wait(lk, [&] { return stopping || !queue.empty(); });
         if (queue.empty()) break;
-        m = std::move(queue.front());
-        queue.pop_front();
+        int64_t bytes = 0;
+        do {
+          bytes += queue.front().cost;
+          batch.push_back(std::move(queue.front()));
+          queue.pop_front();
+        } while (!batch.front().call && !queue.empty() && !queue.front().call && bytes < kBatchBytes);
       }
       bool skip;
       {
@@ -163,7 +169,7 @@ struct TraceWriter::Impl {
       if (!skip) {
         const auto t0 = Clock::now();
         try {
-          handle(m);
+          handle(batch);
         } catch (...) {
           std::lock_guard lk(mu);
           if (!error) error = std::current_exception();
@@ -173,8 +179,8 @@ struct TraceWriter::Impl {
       }
       {
         std::lock_guard lk(mu);
-        in_flight -= m.cost;
-        done = m.id;
+        for (const Msg& m : batch) in_flight -= m.cost;
+        done = batch.back().id;
       }
       cv_space.notify_all();
       cv_done.notify_all();
@@ -195,24 +201,11 @@ struct TraceWriter::Impl {
     thread.join();
   }
 
-  void handle(Msg& m) {
-    switch (m.kind) {
-      case Msg::Kind::call:
-        m.fn();
-        break;
-      case Msg::Kind::tensor:
-        layout.write_tensor(m);
-        break;
-      case Msg::Kind::indexer:
-        layout.write_indexer(m);
-        break;
-      case Msg::Kind::routing:
-        layout.write_routing(m);
-        break;
-      case Msg::Kind::mhc:
-        layout.write_mhc(m);
-        break;
-    }
+  void handle(std::vector<Msg>& batch) {
+    if (batch.front().call) return batch.front().fn();
+    std::vector<const StepRecord*> records;
+    for (const Msg& m : batch) records.push_back(&m);
+    layout.write_records(records);
   }
 };
 
@@ -224,7 +217,7 @@ class StepObserver : public Observer {
 
   void on_tensor(const TensorRecord& t) override {
     Msg m;
-    m.kind = Msg::Kind::tensor;
+    m.kind = StepRecord::Kind::tensor;
     m.seq = t.seq;
     m.layer = t.layer;
     m.name = std::string(t.name);
@@ -238,7 +231,7 @@ class StepObserver : public Observer {
 
   void on_indexer(const IndexerDecision& d) override {
     Msg m;
-    m.kind = Msg::Kind::indexer;
+    m.kind = StepRecord::Kind::indexer;
     m.seq = d.seq;
     m.layer = d.layer;
     m.T = d.T;
@@ -251,7 +244,7 @@ class StepObserver : public Observer {
 
   void on_routing(const RoutingDecision& d) override {
     Msg m;
-    m.kind = Msg::Kind::routing;
+    m.kind = StepRecord::Kind::routing;
     m.seq = d.seq;
     m.layer = d.layer;
     m.T = d.T;
@@ -266,7 +259,7 @@ class StepObserver : public Observer {
 
   void on_mhc(const MhcDecision& d) override {
     Msg m;
-    m.kind = Msg::Kind::mhc;
+    m.kind = StepRecord::Kind::mhc;
     m.seq = d.seq;
     m.layer = d.layer;
     m.sub = d.sublayer;

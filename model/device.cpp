@@ -435,15 +435,55 @@ PinnedPool& pinned_pool() {
   return pool;
 }
 
+// Events for asynchronous downloads, kept for reuse like the pinned blocks.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);  // errors ignored, as above
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+EventPool& event_pool() {
+  static const bool runtime_ready = (cudaFree(nullptr), true);
+  (void)runtime_ready;
+  static EventPool pool;
+  return pool;
+}
+
+// One pinned block holding every part at its offset (the layout of the device snapshot it is copied
+// from in one piece), and the event that says the copy has landed.
 class CudaAsyncDownload final : public Backend::AsyncDownload {
  public:
-  CudaAsyncDownload() { CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming)); }
+  CudaAsyncDownload(std::vector<size_t> offsets, std::vector<size_t> sizes, size_t total)
+      : offsets_(std::move(offsets)), sizes_(std::move(sizes)), done_(event_pool().take()) {
+    if (total) block_ = pinned_pool().take(total, block_size_);
+  }
   ~CudaAsyncDownload() override {
-    // A block goes back to the pool only once no copy writes into it.
+    // The block goes back to the pool only once no copy writes into it.
     if (recorded_ && !landed_) cudaEventSynchronize(done_);
-    cudaEventDestroy(done_);
-    for (const Block& b : blocks_)
-      if (b.p) pinned_pool().give(b.p, b.size);
+    event_pool().give(done_);
+    if (block_) pinned_pool().give(block_, block_size_);
   }
   bool ready() override {
     if (landed_ || !recorded_) return landed_ = true;
@@ -457,32 +497,22 @@ class CudaAsyncDownload final : public Backend::AsyncDownload {
     CUDA_CHECK(cudaEventSynchronize(done_));
     landed_ = true;
   }
-  const void* part(size_t i) const override { return blocks_.at(i).p; }
-  size_t bytes() const override {
-    size_t n = 0;
-    for (const Block& b : blocks_) n += b.size;
-    return n;
+  const void* part(size_t i) const override {
+    return sizes_.at(i) ? static_cast<const char*>(block_) + offsets_[i] : nullptr;
   }
+  size_t bytes() const override { return block_size_; }
 
-  // A host block for the next part (none for an empty one).
-  void* add(size_t bytes) {
-    Block b;
-    if (bytes) b.p = pinned_pool().take(bytes, b.size);
-    blocks_.push_back(b);
-    return b.p;
-  }
+  void* block() const { return block_; }
   void record(cudaStream_t s) {
     CUDA_CHECK(cudaEventRecord(done_, s));
     recorded_ = true;
   }
 
  private:
-  struct Block {
-    void* p = nullptr;
-    size_t size = 0;
-  };
-  std::vector<Block> blocks_;
-  cudaEvent_t done_ = nullptr;
+  std::vector<size_t> offsets_, sizes_;
+  void* block_ = nullptr;
+  size_t block_size_ = 0;
+  cudaEvent_t done_;
   bool recorded_ = false, landed_ = false;
 };
 
@@ -509,6 +539,7 @@ class CudaBackend final : public Backend {
     if (copies_) {  // downloads still in flight keep their own events; their copies complete
       cudaStreamSynchronize(copies_);
       cudaStreamDestroy(copies_);
+      cudaEventDestroy(taken_);
     }
   }
   Device device() const override { return Device::cuda; }
@@ -617,53 +648,58 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
 
-  // The snapshots are device buffers filled on the compute stream (a copy, or the digest kernels);
-  // the copy stream waits for them, copies them to pinned blocks and frees them, stream-ordered, so
-  // the compute stream never waits for a download and the caller's buffers are free at once.
+  // The snapshot is one device buffer filled on the compute stream (copies of the parts, or the
+  // digest kernels' output), laid out as the pinned block it goes to; the copy stream waits for it,
+  // copies it in one piece and frees it, stream-ordered, so the compute stream never waits for a
+  // download and the caller's buffers are free at once.
   std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) override {
-    if (!copies_) CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
-    auto d = std::make_unique<CudaAsyncDownload>();
-    std::vector<void*> snaps(parts.size(), nullptr);
-    auto free_snaps = [&](cudaStream_t s) {
-      for (void* q : snaps)
-        if (q) cudaFreeAsync(q, s);
-    };
+    constexpr size_t kAlign = 256;
+    auto align = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+    std::vector<size_t> offsets, sizes;
+    size_t total = 0, scratch = 0;  // scratch: the bf16 patterns of the largest bf16 digest part
+    for (const AsyncPart& a : parts) {
+      offsets.push_back(total);
+      sizes.push_back(a.host_bytes());
+      total += align(a.host_bytes());
+      if (a.digests && a.dt == DType::bf16 && a.rows > 0)
+        scratch = std::max(scratch, size_t(a.rows * a.row_elems) * 2);
+    }
+    if (!copies_) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&taken_, cudaEventDisableTiming));
+    }
+    auto d = std::make_unique<CudaAsyncDownload>(offsets, sizes, total);
+    if (total == 0) return d;
+    char* snap = nullptr;
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total + scratch, s_));
     try {
+      uint16_t* bits = reinterpret_cast<uint16_t*>(snap + total);
       for (size_t i = 0; i < parts.size(); ++i) {
         const AsyncPart& a = parts[i];
-        const size_t n = a.host_bytes();
-        if (n == 0) continue;
-        CUDA_CHECK(cudaMallocAsync(&snaps[i], n, s_));
-        uint64_t* digests = static_cast<uint64_t*>(snaps[i]);
+        if (!sizes[i]) continue;
+        char* at = snap + offsets[i];
+        uint64_t* digests = reinterpret_cast<uint64_t*>(at);
         if (!a.digests)
-          CUDA_CHECK(cudaMemcpyAsync(snaps[i], a.src, n, cudaMemcpyDeviceToDevice, s_));
+          CUDA_CHECK(cudaMemcpyAsync(at, a.src, sizes[i], cudaMemcpyDeviceToDevice, s_));
         else if (a.dt == DType::bf16)
-          cuda::digest_rows_bf16(static_cast<const float*>(a.src), a.rows, a.row_elems, digests, s_);
+          cuda::digest_rows_bf16(static_cast<const float*>(a.src), a.rows, a.row_elems, digests, bits, s_);
         else
           cuda::digest_rows(a.src, a.rows, a.row_elems * 4, digests, s_);
       }
-      cudaEvent_t taken = nullptr;
-      CUDA_CHECK(cudaEventCreateWithFlags(&taken, cudaEventDisableTiming));
-      const cudaError_t rec = cudaEventRecord(taken, s_);
-      const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(copies_, taken, 0) : rec;
-      cudaEventDestroy(taken);  // released once the wait is satisfied
-      CUDA_CHECK(wait);
+      CUDA_CHECK(cudaEventRecord(taken_, s_));
+      CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
     } catch (...) {
-      free_snaps(s_);
+      cudaFreeAsync(snap, s_);
       throw;
     }
-    try {  // from here on the snapshots are the copy stream's
-      for (size_t i = 0; i < parts.size(); ++i) {
-        void* host = d->add(snaps[i] ? parts[i].host_bytes() : 0);
-        if (snaps[i])
-          CUDA_CHECK(cudaMemcpyAsync(host, snaps[i], parts[i].host_bytes(), cudaMemcpyDeviceToHost, copies_));
-      }
+    try {  // from here on the snapshot is the copy stream's
+      CUDA_CHECK(cudaMemcpyAsync(d->block(), snap, total, cudaMemcpyDeviceToHost, copies_));
       d->record(copies_);
     } catch (...) {
-      free_snaps(copies_);
+      cudaFreeAsync(snap, copies_);
       throw;
     }
-    free_snaps(copies_);
+    CUDA_CHECK(cudaFreeAsync(snap, copies_));
     return d;
   }
 
@@ -748,6 +784,7 @@ class CudaBackend final : public Backend {
   const DeviceWeights& dw_;
   cudaStream_t s_ = nullptr;
   cudaStream_t copies_ = nullptr;  // asynchronous downloads (created on the first)
+  cudaEvent_t taken_ = nullptr;    // recorded on s_ after a download's snapshot; copies_ waits for it
 };
 
 #endif  // DSV4_HAVE_CUDA

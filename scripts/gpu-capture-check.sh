@@ -7,7 +7,8 @@
 # build-gpu/logs).
 #
 # Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
-#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), DSV4_XXHASH_INCLUDE (default
+#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), BENCH_FILTER (default Cuda),
+#   DSV4_XXHASH_INCLUDE (default
 #   .carry/xxhash when it holds xxhash.h: the GPU machine has no libxxhash dev files)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ if [[ $tests == 1 ]]; then
 fi
 
 if [[ $bench == 1 ]]; then
-  timeout 420 "$build/bench/bench_capture" --benchmark_filter=Cuda >"$logs/bench_capture.log" 2>&1 ||
+  timeout 420 "$build/bench/bench_capture" --benchmark_filter="${BENCH_FILTER:-Cuda}" >"$logs/bench_capture.log" 2>&1 ||
     echo "bench_capture failed or timed out" >>"$logs/bench_capture.log"
   # ms per step of each BM_RecordStepsCuda case, and the forward cases' times, with ratios against
   # the uncaptured run of the same T from this log.

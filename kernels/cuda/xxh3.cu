@@ -84,30 +84,33 @@ void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* ou
   CUDA_CHECK(cudaGetLastError());
 }
 
-void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream) {
+void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, uint16_t* scratch,
+                      cudaStream_t stream) {
   if (rows < 0 || elems < 0)
     throw Error("cuda digest_rows_bf16 cannot run: negative rows (" + std::to_string(rows) + ") or elems (" +
                 std::to_string(elems) + ")");
   if (rows == 0) return;
   const int64_t n = rows * elems;
   if (n == 0) return digest_rows(nullptr, rows, 0, out, stream);
-  if (!data) throw Error("cuda digest_rows_bf16 cannot run: null data");
-  void* bits = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&bits, size_t(n) * 2, stream));
+  if (!data || !scratch) throw Error("cuda digest_rows_bf16 cannot run: null data or scratch");
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 20);
-  bf16_bits_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(data, n, static_cast<uint16_t*>(bits));
-  cudaError_t launch = cudaGetLastError();
-  if (launch == cudaSuccess) {
-    try {
-      digest_rows(bits, rows, elems * 2, out, stream);
-    } catch (...) {
-      cudaFreeAsync(bits, stream);
-      throw;
-    }
+  bf16_bits_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(data, n, scratch);
+  CUDA_CHECK(cudaGetLastError());
+  digest_rows(scratch, rows, elems * 2, out, stream);
+}
+
+void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream) {
+  if (rows <= 0 || elems <= 0) return digest_rows_bf16(data, rows, elems, out, nullptr, stream);
+  void* bits = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&bits, size_t(rows * elems) * 2, stream));
+  try {
+    digest_rows_bf16(data, rows, elems, out, static_cast<uint16_t*>(bits), stream);
+  } catch (...) {
+    cudaFreeAsync(bits, stream);
+    throw;
   }
   CUDA_CHECK(cudaFreeAsync(bits, stream));
-  CUDA_CHECK(launch);
 }
 
 }  // namespace dsv4::cuda
