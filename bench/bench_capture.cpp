@@ -123,7 +123,9 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
   dsv4::forward(mid(), {tokens}, ro);
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  double forward_s = 0, writing_s = 0, blocked_s = 0, close_s = 0;
+  double forward_s = 0, writing_s = 0, blocked_s = 0, close_s = 0, steps_s = 0, staging_s = 0, encoding_s = 0,
+         storing_s = 0;
+  int64_t records = 0, batches = 0;
   for (auto _ : state) {
     if (!policy) {  // the baseline: the same steps without a trace
       for (int64_t i = 0; i < steps; ++i) benchmark::DoNotOptimize(dsv4::forward(mid(), {tokens}, ro).seqs[0].logprobs.data());
@@ -148,6 +150,12 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
     close_s += seconds_since(t0);
     writing_s += w->stats().seconds_writing;
     blocked_s += w->stats().seconds_blocked;
+    steps_s += w->stats().seconds_steps;
+    staging_s += w->stats().seconds_staging;
+    encoding_s += w->stats().seconds_encoding;
+    storing_s += w->stats().seconds_storing;
+    records += w->stats().records;
+    batches += w->stats().batches;
     ro.observer = nullptr;
     fs::remove(path);
   }
@@ -158,6 +166,11 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
     state.counters["forward_ms"] = forward_s * 1e3 / n;  // the forward with its reports handed on
     state.counters["writer_ms"] = writing_s * 1e3 / n;   // the writer thread's HDF5 work per step
     state.counters["blocked_ms"] = blocked_s * 1e3 / n;  // the model waiting on a full writer queue
+    state.counters["w_steps_ms"] = steps_s * 1e3 / n;     // of writer_ms: laying out and finishing steps
+    state.counters["w_stage_ms"] = staging_s * 1e3 / n;   // checking and planning records
+    state.counters["w_encode_ms"] = encoding_s * 1e3 / n;
+    state.counters["w_store_ms"] = storing_s * 1e3 / n;
+    state.counters["records_per_batch"] = batches ? double(records) / double(batches) : 0;
     state.counters["close_ms"] = close_s * 1e3 / double(state.iterations());
   }
 }

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "capture/digest.h"
@@ -404,7 +405,14 @@ void StepLayout::stage_mhc(const StepRecord& m, h5::StagedWrites& w) {
   done_decision(L, m, mhc_name(sub));
 }
 
-void StepLayout::write_records(const std::vector<const StepRecord*>& records) {
+void StepLayout::write_records(const std::vector<const StepRecord*>& records, double* seconds) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t = Clock::now();
+  auto lap = [&](int i) {
+    const Clock::time_point now = Clock::now();
+    if (seconds) seconds[i] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   h5::StagedWrites w;
   std::exception_ptr failed;
   for (const StepRecord* m : records) {
@@ -420,7 +428,11 @@ void StepLayout::write_records(const std::vector<const StepRecord*>& records) {
       break;
     }
   }
+  lap(0);
+  w.encode();
+  lap(1);
   w.store();
+  lap(2);
   if (failed) std::rethrow_exception(failed);
 }
 

@@ -83,7 +83,8 @@ class StepLayout {
   // (Error on a mismatch, after the records before it are written); the chunks of all of them are
   // encoded together on the encoder threads (h5::StagedWrites), then the calls that write them are
   // made in record order, the calls one record at a time makes.
-  void write_records(const std::vector<const StepRecord*>& records);
+  // `seconds` (optional) receives the time spent staging, encoding and storing.
+  void write_records(const std::vector<const StepRecord*>& records, double* seconds = nullptr);
   // Writes the log-probs and digests, the kernel records, the generation record and the training
   // record (each when not null), marks the step complete (status 1) and closes the file.
   void finish_step(const ForwardResult& r, const KernelRecords& k, const GenerationRecord* generation,

@@ -168,14 +168,24 @@ struct TraceWriter::Impl {
       }
       if (!skip) {
         const auto t0 = Clock::now();
+        double parts[3] = {};  // staging, encoding, storing
         try {
-          handle(batch);
+          handle(batch, parts);
         } catch (...) {
           std::lock_guard lk(mu);
           if (!error) error = std::current_exception();
         }
+        const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
         std::lock_guard lk(mu);
-        st.seconds_writing += std::chrono::duration<double>(Clock::now() - t0).count();
+        st.seconds_writing += seconds;
+        if (batch.front().call) st.seconds_steps += seconds;
+        st.seconds_staging += parts[0];
+        st.seconds_encoding += parts[1];
+        st.seconds_storing += parts[2];
+        if (!batch.front().call) {
+          st.records += int64_t(batch.size());
+          ++st.batches;
+        }
       }
       {
         std::lock_guard lk(mu);
@@ -201,11 +211,11 @@ struct TraceWriter::Impl {
     thread.join();
   }
 
-  void handle(std::vector<Msg>& batch) {
+  void handle(std::vector<Msg>& batch, double* seconds) {
     if (batch.front().call) return batch.front().fn();
     std::vector<const StepRecord*> records;
     for (const Msg& m : batch) records.push_back(&m);
-    layout.write_records(records);
+    layout.write_records(records, seconds);
   }
 };
 
