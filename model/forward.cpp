@@ -177,7 +177,8 @@ class SequenceForward {
     tokens_dev_ = be_.ints(T_);
     be_.upload(tokens_dev_.data(), tokens_);
     if (opt_.observer && opt_.observer->deferrable() && be_.device() != Device::cpu)
-      late_ = std::make_unique<LateReports>(be_, *opt_.observer, opt_.late_report_bytes);
+      late_ = std::make_unique<LateReports>([this](const auto& parts) { return be_.download_async(parts); },
+                                            *opt_.observer, opt_.late_report_bytes);
   }
 
   SequenceResult run();

@@ -41,8 +41,8 @@ const T* part(const backend::Backend::AsyncDownload& c, size_t i) {
 
 }  // namespace
 
-LateReports::LateReports(backend::Backend& be, Observer& observer, size_t max_bytes)
-    : be_(be), observer_(observer), max_bytes_(max_bytes) {}
+LateReports::LateReports(Download download, Observer& observer, size_t max_bytes)
+    : download_(std::move(download)), observer_(observer), max_bytes_(max_bytes) {}
 
 LateReports::~LateReports() = default;
 
@@ -85,7 +85,7 @@ void LateReports::mhc(const MhcDecision& d) {
 }
 
 void LateReports::push(Pending p, const std::vector<Part>& parts) {
-  p.copies = be_.download_async(parts);
+  p.copies = download_(parts);
   if (!p.copies) throw std::logic_error("LateReports: the backend has no asynchronous downloads");
   in_flight_ += p.copies->bytes();
   pending_.push_back(std::move(p));

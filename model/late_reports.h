@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <variant>
 
@@ -18,7 +19,10 @@ namespace dsv4 {
 
 class LateReports {
  public:
-  LateReports(backend::Backend& be, Observer& observer, size_t max_bytes);
+  // How a report's parts go down: Backend::download_async of the model's backend.
+  using Download = std::function<std::unique_ptr<backend::Backend::AsyncDownload>(
+      const std::vector<backend::Backend::AsyncPart>&)>;
+  LateReports(Download download, Observer& observer, size_t max_bytes);
   ~LateReports();  // drops the reports not handed on (the forward failed)
   LateReports(const LateReports&) = delete;
   LateReports& operator=(const LateReports&) = delete;
@@ -42,7 +46,7 @@ class LateReports {
   void hand_on_first();  // waits for the oldest report and hands it on
   void hand_on(Pending& p);
 
-  backend::Backend& be_;
+  Download download_;
   Observer& observer_;
   size_t max_bytes_;
   size_t in_flight_ = 0;
