@@ -178,11 +178,12 @@ struct TraceWriter::Impl {
         const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
         std::lock_guard lk(mu);
         st.seconds_writing += seconds;
-        if (batch.front().call) st.seconds_steps += seconds;
-        st.seconds_staging += parts[0];
-        st.seconds_encoding += parts[1];
-        st.seconds_storing += parts[2];
-        if (!batch.front().call) {
+        if (batch.front().call) {
+          st.seconds_steps += seconds;
+        } else {
+          st.seconds_staging += parts[0];
+          st.seconds_encoding += parts[1];
+          st.seconds_storing += parts[2];
           st.records += int64_t(batch.size());
           ++st.batches;
         }

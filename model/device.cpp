@@ -367,13 +367,18 @@ std::mutex& cache_mutex() {
   return m;
 }
 
-// The cache lives until exit. It is created after the CUDA runtime is initialised, so it is
-// destroyed (and frees the device memory) before the runtime shuts down.
-std::map<const Weights*, std::unique_ptr<DeviceWeights>>& weight_cache() {
+// A process-wide T that lives until exit. It is created after the CUDA runtime is initialised, so it
+// is destroyed (and frees its device or pinned memory) before the runtime shuts down.
+template <typename T>
+T& after_runtime() {
   static const bool runtime_ready = (cudaFree(nullptr), true);
   (void)runtime_ready;
-  static std::map<const Weights*, std::unique_ptr<DeviceWeights>> cache;
-  return cache;
+  static T object;
+  return object;
+}
+
+std::map<const Weights*, std::unique_ptr<DeviceWeights>>& weight_cache() {
+  return after_runtime<std::map<const Weights*, std::unique_ptr<DeviceWeights>>>();
 }
 
 const DeviceWeights& device_weights(const Weights& w) {
@@ -393,96 +398,79 @@ const DeviceWeights& device_weights(const Weights& w) {
 
 // ---- CUDA: pinned host memory and asynchronous downloads -------------------------------------------
 
-// Pinned host blocks for asynchronous downloads, in power-of-two sizes, kept for reuse: pinning costs
-// far more than the copies it serves. Process-wide (each forward makes its own backend), created after
-// the CUDA runtime like the weight cache; the blocks it holds are at most what was once in flight.
-class PinnedPool {
+// CUDA objects kept for reuse by size class (making them costs far more than the copies they serve):
+// Traits::make(size) and Traits::destroy(object). The objects held are at most what was once in use.
+template <typename Traits>
+class ReusePool {
  public:
-  ~PinnedPool() {
-    for (auto& [size, blocks] : free_)
-      for (void* p : blocks) cudaFreeHost(p);  // errors ignored: this may run while the process exits
+  using T = typename Traits::Object;
+  ~ReusePool() {
+    for (auto& [size, objects] : free_)
+      for (T o : objects) Traits::destroy(o);  // errors ignored: this may run while the process exits
   }
-  // A block of at least `bytes`; `size` receives its size.
-  void* take(size_t bytes, size_t& size) {
-    size = std::bit_ceil(std::max<size_t>(bytes, 4096));
+  T take(size_t size) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto& blocks = free_[size];
-      if (!blocks.empty()) {
-        void* p = blocks.back();
-        blocks.pop_back();
-        return p;
+      auto& objects = free_[size];
+      if (!objects.empty()) {
+        T o = objects.back();
+        objects.pop_back();
+        return o;
       }
     }
+    return Traits::make(size);
+  }
+  void give(T o, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(o);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<size_t, std::vector<T>> free_;
+};
+
+// Pinned host blocks for asynchronous downloads, in power-of-two sizes (pinned_size).
+struct PinnedBlocks {
+  using Object = void*;
+  static void* make(size_t size) {
     void* p = nullptr;
     CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocDefault));
     return p;
   }
-  void give(void* p, size_t size) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_[size].push_back(p);
-  }
-
- private:
-  std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
+  static void destroy(void* p) { cudaFreeHost(p); }
 };
+size_t pinned_size(size_t bytes) { return std::bit_ceil(std::max<size_t>(bytes, 4096)); }
 
-PinnedPool& pinned_pool() {
-  static const bool runtime_ready = (cudaFree(nullptr), true);
-  (void)runtime_ready;
-  static PinnedPool pool;
-  return pool;
-}
-
-// Events for asynchronous downloads, kept for reuse like the pinned blocks.
-class EventPool {
- public:
-  ~EventPool() {
-    for (cudaEvent_t e : free_) cudaEventDestroy(e);  // errors ignored, as above
-  }
-  cudaEvent_t take() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        cudaEvent_t e = free_.back();
-        free_.pop_back();
-        return e;
-      }
-    }
+// The events that say a download has landed (one size class).
+struct DoneEvents {
+  using Object = cudaEvent_t;
+  static cudaEvent_t make(size_t) {
     cudaEvent_t e = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
   }
-  void give(cudaEvent_t e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(e);
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
+  static void destroy(cudaEvent_t e) { cudaEventDestroy(e); }
 };
 
-EventPool& event_pool() {
-  static const bool runtime_ready = (cudaFree(nullptr), true);
-  (void)runtime_ready;
-  static EventPool pool;
-  return pool;
-}
+ReusePool<PinnedBlocks>& pinned_pool() { return after_runtime<ReusePool<PinnedBlocks>>(); }
+ReusePool<DoneEvents>& event_pool() { return after_runtime<ReusePool<DoneEvents>>(); }
 
 // One pinned block holding every part at its offset (the layout of the device snapshot it is copied
 // from in one piece), and the event that says the copy has landed.
 class CudaAsyncDownload final : public Backend::AsyncDownload {
  public:
   CudaAsyncDownload(std::vector<size_t> offsets, std::vector<size_t> sizes, size_t total)
-      : offsets_(std::move(offsets)), sizes_(std::move(sizes)), done_(event_pool().take()) {
-    if (total) block_ = pinned_pool().take(total, block_size_);
+      : offsets_(std::move(offsets)), sizes_(std::move(sizes)), done_(event_pool().take(0)) {
+    if (total) {
+      block_size_ = pinned_size(total);
+      block_ = pinned_pool().take(block_size_);
+    }
   }
   ~CudaAsyncDownload() override {
     // The block goes back to the pool only once no copy writes into it.
     if (recorded_ && !landed_) cudaEventSynchronize(done_);
-    event_pool().give(done_);
+    event_pool().give(done_, 0);
     if (block_) pinned_pool().give(block_, block_size_);
   }
   bool ready() override {
@@ -639,10 +627,7 @@ class CudaBackend final : public Backend {
   bool row_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) override {
     if (rows <= 0) return true;
     Buffer<uint64_t> d = alloc<uint64_t>(rows);
-    if (dt == DType::bf16)
-      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, d.data(), s_);
-    else
-      cuda::digest_rows(data, rows, row_elems * 4, d.data(), s_);
+    enqueue_digests(data, dt, rows, row_elems, d.data(), nullptr);
     download(out, d.data(), size_t(rows) * sizeof(uint64_t));
     return true;
   }
@@ -679,12 +664,10 @@ class CudaBackend final : public Backend {
         if (!sizes[i]) continue;
         char* at = snap + offsets[i];
         uint64_t* digests = reinterpret_cast<uint64_t*>(at);
-        if (!a.digests)
-          CUDA_CHECK(cudaMemcpyAsync(at, a.src, sizes[i], cudaMemcpyDeviceToDevice, s_));
-        else if (a.dt == DType::bf16)
-          cuda::digest_rows_bf16(static_cast<const float*>(a.src), a.rows, a.row_elems, digests, bits, s_);
+        if (a.digests)
+          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, digests, bits);
         else
-          cuda::digest_rows(a.src, a.rows, a.row_elems * 4, digests, s_);
+          CUDA_CHECK(cudaMemcpyAsync(at, a.src, sizes[i], cudaMemcpyDeviceToDevice, s_));
       }
       CUDA_CHECK(cudaEventRecord(taken_, s_));
       CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
@@ -771,6 +754,19 @@ class CudaBackend final : public Backend {
   void indexer_score_backward(const IndexerScoreBwdParams& p) override { cuda::indexer_score_backward(p, s_); }
 
  private:
+  // The per-row digests of [rows, row_elems] of `dt` at `data` into out[rows] (device memory), on the
+  // compute stream; a bf16 tensor's patterns go to `bf16_scratch` (rows * row_elems * 2 bytes), or to a
+  // stream-ordered buffer of their own when it is null.
+  void enqueue_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out,
+                       uint16_t* bf16_scratch) {
+    if (dt != DType::bf16)
+      cuda::digest_rows(data, rows, row_elems * 4, out, s_);
+    else if (bf16_scratch)
+      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, bf16_scratch, s_);
+    else
+      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, s_);
+  }
+
   template <typename T>
   Buffer<T> alloc(int64_t n) {
     if (n <= 0) return {};

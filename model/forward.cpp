@@ -245,6 +245,34 @@ class SequenceForward {
     return keep.data();
   }
 
+  // Hands a decision whose arrays are backend memory to the observer: late (LateReports), or now,
+  // through host views of the arrays.
+  void report(IndexerDecision d) {
+    if (late_) return late_->indexer(d);
+    std::vector<int32_t> ids;
+    std::vector<float> margin;
+    d.ids = host_view(d.ids, d.T * d.k, ids);
+    d.margin = host_view(d.margin, d.T, margin);
+    opt_.observer->on_indexer(d);
+  }
+  void report(RoutingDecision d) {
+    if (late_) return late_->routing(d);
+    std::vector<int32_t> ids;
+    std::vector<float> weights, margin;
+    d.ids = host_view(d.ids, d.T * d.k, ids);
+    d.weights = host_view(d.weights, d.T * d.k, weights);
+    d.margin = host_view(d.margin, d.T, margin);
+    opt_.observer->on_routing(d);
+  }
+  void report(MhcDecision d) {
+    if (late_) return late_->mhc(d);
+    std::vector<float> pre, post, comb;
+    d.pre = host_view(d.pre, d.T * d.hc, pre);
+    d.post = host_view(d.post, d.T * d.hc, post);
+    d.comb = host_view(d.comb, d.T * d.hc * d.hc, comb);
+    opt_.observer->on_mhc(d);
+  }
+
   // A copy of a buffer for the tape (the graph goes on to change the original in place).
   FBuf clone(const FBuf& b) {
     FBuf c = be_.floats(b.size());
@@ -457,7 +485,6 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
   require(hc_pre_check(hp), "hc_pre", layer);
   be_.hc_pre(hp);
   if (opt_.observer) {
-    std::vector<float> pre, post, comb;
     MhcDecision d;
     d.seq = seq_;
     d.layer = layer;
@@ -465,17 +492,10 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
     d.sublayer = sub;
     d.T = T_;
     d.hc = hc;
-    if (late_) {
-      d.pre = m.pre.data();
-      d.post = m.post.data();
-      d.comb = m.comb.data();
-      late_->mhc(d);
-    } else {
-      d.pre = host_view(m.pre.data(), T_ * hc, pre);
-      d.post = host_view(m.post.data(), T_ * hc, post);
-      d.comb = host_view(m.comb.data(), T_ * hc * hc, comb);
-      opt_.observer->on_mhc(d);
-    }
+    d.pre = m.pre.data();
+    d.post = m.post.data();
+    d.comb = m.comb.data();
+    report(d);
   }
   report(layer, sub == Sublayer::attn ? "attn.hc_pre" : "ffn.hc_pre", DType::bf16, {T_, D}, m.y.data());
   return m;
@@ -629,8 +649,6 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       tp->k = k4;
     }
     if (opt_.observer) {
-      std::vector<int32_t> ids_h;
-      std::vector<float> margin_h;
       IndexerDecision d;
       d.seq = seq_;
       d.layer = L;
@@ -638,15 +656,9 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       d.T = T_;
       d.k = k4;
       d.forced = forced != nullptr;
-      if (late_) {
-        d.ids = sel.data();
-        d.margin = margin.data();
-        late_->indexer(d);
-      } else {
-        d.ids = host_view(sel.data(), T_ * k4, ids_h);
-        d.margin = host_view(margin.data(), T_, margin_h);
-        opt_.observer->on_indexer(d);
-      }
+      d.ids = sel.data();
+      d.margin = margin.data();
+      report(d);
     }
   }
 
@@ -771,8 +783,6 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   require(router_check(rp), "router", L);
   be_.router(rp);
   if (opt_.observer) {
-    std::vector<int32_t> ids_h;
-    std::vector<float> weights_h, margin_h;
     RoutingDecision d;
     d.seq = seq_;
     d.layer = L;
@@ -781,17 +791,10 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
     d.k = k;
     d.hashed = hashed;
     d.forced = forced != nullptr;
-    if (late_) {
-      d.ids = ids.data();
-      d.weights = weights.data();
-      d.margin = margin.data();
-      late_->routing(d);
-    } else {
-      d.ids = host_view(ids.data(), T_ * k, ids_h);
-      d.weights = host_view(weights.data(), T_ * k, weights_h);
-      d.margin = host_view(margin.data(), T_, margin_h);
-      opt_.observer->on_routing(d);
-    }
+    d.ids = ids.data();
+    d.weights = weights.data();
+    d.margin = margin.data();
+    report(d);
   }
 
   std::vector<ExpertWeights> experts(static_cast<size_t>(E));
