@@ -178,6 +178,15 @@ void Backend::moe_experts_parallel(const MoeParams& p, int layer, Communicator& 
   require(moe_check(p), "moe", layer);
   dsv4::moe_experts_parallel(p, comm);
 }
+void Backend::moe_experts_dispatch(const MoeParams& p, int layer, Communicator& comm) {
+  if (device() != Device::cpu)
+    throw InputError(fmt::format("layer {}: sequences split among the ranks (--dp) run on the CPU only; on GPUs "
+                                 "every rank runs every sequence (leave out --dp)",
+                                 layer));
+  check_memory(*this, comm, layer);
+  require(moe_check(p), "moe", layer);
+  dsv4::moe_experts_dispatch(p, comm);
+}
 void Backend::hadamard_backward(float*, int64_t, int64_t, int64_t) { no_backward(*this, "hadamard_backward"); }
 void Backend::attention_mass(const AttentionMassParams&) { no_backward(*this, "attention_mass"); }
 void Backend::indexer_kl(const IndexerKlParams&) { no_backward(*this, "indexer_kl"); }

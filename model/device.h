@@ -129,6 +129,11 @@ class Backend {
   // the same bits. The communicator must move this backend's memory (Communicator::device_memory:
   // MPI for the CPU, NCCL for CUDA); otherwise InputError naming the layer and both.
   virtual void moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm);
+  // moe_experts of this rank's own tokens (p.T may be 0) when every rank runs its own sequences, the
+  // pairs dispatched to the experts' owners and back (model/expert_parallel.h moe_experts_dispatch):
+  // the same bits as moe_experts of these tokens. Host memory only: a GPU backend throws InputError
+  // naming the layer (not built on GPUs yet).
+  virtual void moe_experts_dispatch(const MoeParams& p, int layer, Communicator& comm);
   virtual void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
                                   float* logprob) = 0;
   // ---- backward ops of the training step (kernels/grad.h), same Params structs. A backend without

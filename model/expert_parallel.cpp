@@ -1,5 +1,7 @@
 #include "model/expert_parallel.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 namespace dsv4 {
@@ -46,6 +48,87 @@ void moe_experts_parallel(const MoeParams& p, Communicator& comm) {
     for (int64_t q : v) {
       std::memcpy(y_slot.data() + q * p.D, src, size_t(p.D) * sizeof(float));
       src += p.D;
+    }
+  moe_combine(p, y_slot.data(), p.out);
+}
+
+void moe_experts_dispatch(const MoeParams& p, Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t D = p.D, out_row = dispatch_bytes_out(D) / int64_t(sizeof(float));
+  // This rank's pairs by owner, each owner's in moe_pairs order.
+  std::vector<std::vector<int64_t>> to(static_cast<size_t>(n));
+  std::vector<int64_t> count(static_cast<size_t>(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const ExpertRange e = expert_range(p.E, r, n);
+    if (p.T > 0) to[size_t(r)] = moe_pairs(p, e.first, e.last);
+    count[size_t(r)] = int64_t(to[size_t(r)].size());
+  }
+  // Every rank's pair counts for every owner: row r of `matrix` is rank r's.
+  std::vector<int64_t> matrix(size_t(n) * size_t(n));
+  comm.all_gather_v(count.data(), matrix.data(), std::vector<int64_t>(size_t(n), n * int64_t(sizeof(int64_t))));
+  std::vector<int64_t> send_bytes, recv_bytes, recv_pairs;
+  int64_t received = 0;
+  for (int r = 0; r < n; ++r) {
+    send_bytes.push_back(count[size_t(r)] * out_row * int64_t(sizeof(float)));
+    recv_pairs.push_back(matrix[size_t(r) * size_t(n) + size_t(me)]);
+    recv_bytes.push_back(recv_pairs.back() * out_row * int64_t(sizeof(float)));
+    received += recv_pairs.back();
+  }
+  // Out: per pair [id as int32 bits, weight, row D].
+  std::vector<float> out;
+  out.reserve(size_t(p.T * p.k * out_row));
+  for (const auto& v : to)
+    for (const int64_t q : v) {
+      int32_t id = p.ids[q];
+      float id_bits;
+      std::memcpy(&id_bits, &id, sizeof id);
+      out.push_back(id_bits);
+      out.push_back(p.weights[q]);
+      out.insert(out.end(), p.x + (q / p.k) * D, p.x + (q / p.k + 1) * D);
+    }
+  std::vector<float> in(size_t(received * out_row));
+  comm.all_to_all_v(out.data(), send_bytes, in.data(), recv_bytes);
+
+  // The received pairs as a problem of one slot per row, computed with this rank's experts.
+  std::vector<float> y_in(size_t(received * D));
+  if (received > 0) {
+    std::vector<float> xs(size_t(received * D)), wts(static_cast<size_t>(received));
+    std::vector<int32_t> ids(static_cast<size_t>(received));
+    for (int64_t j = 0; j < received; ++j) {
+      const float* rec = in.data() + j * out_row;
+      std::memcpy(&ids[size_t(j)], &rec[0], sizeof(int32_t));
+      wts[size_t(j)] = rec[1];
+      std::copy(rec + 2, rec + out_row, xs.begin() + j * D);
+    }
+    MoeParams q = p;
+    q.T = received, q.k = 1, q.x = xs.data(), q.ids = ids.data(), q.weights = wts.data();
+    q.n_shared = 0, q.shared = nullptr, q.out = nullptr;
+    const ExpertRange mine = expert_range(p.E, me, n);
+    const std::vector<int64_t> order = moe_pairs(q, mine.first, mine.last);
+    if (int64_t(order.size()) != received)
+      comm.abort(fmt::format("moe dispatch: {} of the {} pairs received belong to other ranks' experts",
+                             received - int64_t(order.size()), received),
+                 1);
+    std::vector<float> y(size_t(received * D));
+    moe_routed_outputs(q, mine.first, mine.last, y.data());
+    for (size_t j = 0; j < order.size(); ++j)  // back to the order received
+      std::copy(y.begin() + int64_t(j) * D, y.begin() + int64_t(j + 1) * D, y_in.begin() + order[j] * D);
+  }
+  // Back: each sender its pairs' outputs, in the order it sent them.
+  std::vector<int64_t> back_send, back_recv;
+  for (int r = 0; r < n; ++r) {
+    back_send.push_back(recv_pairs[size_t(r)] * D * int64_t(sizeof(float)));
+    back_recv.push_back(count[size_t(r)] * D * int64_t(sizeof(float)));
+  }
+  std::vector<float> back(size_t(p.T * p.k * D));
+  comm.all_to_all_v(y_in.data(), back_send, back.data(), back_recv);
+  if (p.T <= 0) return;
+  std::vector<float> y_slot(size_t(p.T * p.k * D), 0.0f);
+  const float* src = back.data();
+  for (const auto& v : to)
+    for (const int64_t q : v) {
+      std::memcpy(y_slot.data() + q * D, src, size_t(D) * sizeof(float));
+      src += D;
     }
   moe_combine(p, y_slot.data(), p.out);
 }

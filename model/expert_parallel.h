@@ -17,6 +17,19 @@ namespace dsv4 {
 // backend). p.experts must hold valid weights for this rank's experts; the others are not read.
 void moe_experts_parallel(const MoeParams& p, Communicator& comm);
 
+// Data parallel over sequences (docs/PARALLEL.md): each rank passes its own tokens (p.T may be 0, p
+// then serves its experts only). The rank sends each of its (token, slot) pairs — the token's row, the
+// expert id, the routing weight — to the rank owning the expert (all_to_all_v), every rank computes the
+// pairs it received with its experts (moe_routed_outputs, whose rows do not depend on which other rows
+// share the expert), sends the outputs back, and each rank sums its tokens' slots in slot order and
+// adds the shared experts (moe_combine): moe_experts' bits for its tokens, whatever the other ranks
+// run. Every rank calls it once per MoE layer, in the same order.
+void moe_experts_dispatch(const MoeParams& p, Communicator& comm);
+
+// The bytes moe_experts_dispatch sends per pair out (the row, id and weight) and back (the output).
+inline int64_t dispatch_bytes_out(int64_t D) { return (D + 2) * int64_t(sizeof(float)); }
+inline int64_t dispatch_bytes_back(int64_t D) { return D * int64_t(sizeof(float)); }
+
 // moe_experts_backward(p) computed with `comm`'s ranks sharing the experts (host memory): each rank the
 // backward of its experts' pairs (kernels/grad.h moe_backward_routed), the pairs' input and
 // routing-weight gradients gathered in rank order and summed by every rank as the single device sums

@@ -150,6 +150,37 @@ using backend::require;
 using FBuf = backend::Buffer<float>;
 using IBuf = backend::Buffer<int32_t>;
 
+// A layer's MoE problem without its tokens (T = 0): dimensions, the experts' weights, the profile's
+// rules. The weights' pointer arrays live as long as the MoeLayer.
+struct MoeLayer {
+  std::vector<ExpertWeights> experts, shared;
+  MoeParams p;
+  MoeLayer(Backend& be, const ModelConfig& c, const NumericsProfile& P, int L) {
+    const std::string m = layer_prefix(L) + "mlp.";
+    for (int e = 0; e < c.n_routed_experts; ++e) {
+      const std::string ep = m + fmt::format("experts.{}.", e);
+      experts.push_back(ExpertWeights{be.weight(ep + "gate_proj.weight"), be.weight(ep + "up_proj.weight"),
+                                      be.weight(ep + "down_proj.weight")});
+    }
+    if (c.n_shared_experts > 0)
+      shared.push_back(ExpertWeights{be.weight(m + "shared_experts.gate_proj.weight"),
+                                     be.weight(m + "shared_experts.up_proj.weight"),
+                                     be.weight(m + "shared_experts.down_proj.weight")});
+    p.D = c.hidden_size;
+    p.I = c.moe_intermediate_size;
+    p.I_shared = p.I * c.n_shared_experts;
+    p.E = c.n_routed_experts;
+    p.k = c.num_experts_per_tok;
+    p.n_shared = int(shared.size());
+    p.experts = experts.data();
+    p.shared = shared.data();
+    p.swiglu_limit = c.swiglu_limit;
+    p.clamp_shared = P.clamp_shared_expert;
+    p.round_each = P.expert_output_bf16;
+    p.order = P.reduce.moe;
+  }
+};
+
 class SequenceForward {
  public:
   // cache == nullptr: the whole sequence `tokens` from position 0. Else a chunk: `tokens` at
@@ -743,7 +774,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
 
 FBuf SequenceForward::moe(const FBuf& x, int L) {
   const std::string m = layer_prefix(L) + "mlp.";
-  const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
+  const int64_t D = c_.hidden_size;
   const int E = c_.n_routed_experts, k = c_.num_experts_per_tok;
   const bool hashed = c_.is_hash_layer(L);
 
@@ -797,37 +828,17 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
     report(d);
   }
 
-  std::vector<ExpertWeights> experts(static_cast<size_t>(E));
-  for (int e = 0; e < E; ++e) {
-    const std::string ep = m + fmt::format("experts.{}.", e);
-    experts[e] = ExpertWeights{be_.weight(ep + "gate_proj.weight"), be_.weight(ep + "up_proj.weight"),
-                               be_.weight(ep + "down_proj.weight")};
-  }
-  std::vector<ExpertWeights> shared;
-  if (c_.n_shared_experts > 0)
-    shared.push_back(ExpertWeights{be_.weight(m + "shared_experts.gate_proj.weight"),
-                                   be_.weight(m + "shared_experts.up_proj.weight"),
-                                   be_.weight(m + "shared_experts.down_proj.weight")});
   FBuf out = be_.floats(T_ * D);
-  MoeParams mp;
+  MoeLayer ml(be_, c_, P_, L);
+  MoeParams& mp = ml.p;
   mp.T = T_;
-  mp.D = D;
-  mp.I = I;
-  mp.I_shared = I * c_.n_shared_experts;
-  mp.E = E;
-  mp.k = k;
-  mp.n_shared = int(shared.size());
   mp.x = x.data();
   mp.ids = ids.data();
   mp.weights = weights.data();
-  mp.experts = experts.data();
-  mp.shared = shared.data();
-  mp.swiglu_limit = c_.swiglu_limit;
-  mp.clamp_shared = P_.clamp_shared_expert;
-  mp.round_each = P_.expert_output_bf16;
-  mp.order = P_.reduce.moe;
   mp.out = out.data();
-  if (opt_.experts) {
+  if (opt_.experts && opt_.split_sequences) {
+    be_.moe_experts_dispatch(mp, L, *opt_.experts);
+  } else if (opt_.experts) {
     be_.moe_experts_parallel(mp, L, *opt_.experts);
   } else {
     be_.moe_experts(mp, L);
@@ -987,10 +998,22 @@ SequenceResult forward_chunk(backend::Backend& be, const Weights& w, int seq,
   return f.run();
 }
 
+namespace {
+// The largest number of sequences any rank of `comm` holds.
+int64_t most_sequences(Communicator& comm, size_t mine) {
+  std::vector<int64_t> all(size_t(comm.size()));
+  const int64_t n = int64_t(mine);
+  comm.all_gather_v(&n, all.data(), std::vector<int64_t>(all.size(), int64_t(sizeof n)));
+  return *std::max_element(all.begin(), all.end());
+}
+}  // namespace
+
 ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                       const RunOptions& opt) {
   const ModelConfig& c = w.config();
-  if (batch.empty()) throw InputError("forward: the batch holds no sequence");
+  if (opt.split_sequences && !opt.experts)
+    throw InputError("forward: sequences split among ranks need a communicator (RunOptions::experts)");
+  if (batch.empty() && !opt.split_sequences) throw InputError("forward: the batch holds no sequence");
   for (size_t s = 0; s < batch.size(); ++s) {
     if (batch[s].empty()) throw InputError(fmt::format("forward: sequence {} is empty", s));
     for (size_t t = 0; t < batch[s].size(); ++t)
@@ -1006,9 +1029,20 @@ ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>&
   std::unique_ptr<backend::Backend> be = backend::make_backend(opt.device, w);
   const OmpThreadScope threads(opt.threads);
   ForwardResult result;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    SequenceForward f(w, opt, *be, int(s), batch[s]);
-    result.seqs.push_back(f.run());
+  // Split sequences: every rank walks through as many sequences as the busiest rank holds; past its
+  // own, a rank only serves its experts (one dispatch per layer with no tokens), so the ranks' MoE
+  // exchanges pair up.
+  const size_t rounds = opt.split_sequences ? size_t(most_sequences(*opt.experts, batch.size())) : batch.size();
+  for (size_t s = 0; s < rounds; ++s) {
+    if (s < batch.size()) {
+      SequenceForward f(w, opt, *be, int(s), batch[s]);
+      result.seqs.push_back(f.run());
+      continue;
+    }
+    for (int L = 0; L < c.num_hidden_layers; ++L) {
+      MoeLayer idle(*be, c, opt.profile, L);
+      be->moe_experts_dispatch(idle.p, L, *opt.experts);
+    }
   }
   be->synchronize();
   return result;

@@ -43,6 +43,12 @@ struct RunOptions {
   // The result is the same bits for every rank count. The communicator moves the backend's memory:
   // MPI for the CPU, NCCL for CUDA (parallel/).
   Communicator* experts = nullptr;
+  // With `experts`: the ranks split the sequences (data parallel; model/communicator.h
+  // sequence_range): each rank calls forward() with its own sequences (none allowed), and at every MoE
+  // layer the tokens' pairs travel to their experts' owners and back (moe_experts_dispatch). A rank
+  // with fewer sequences than another serves its experts for the other's remaining ones, so every
+  // sequence gets the bits of a single-device forward. CPU only.
+  bool split_sequences = false;
   // A deferrable observer (Observer::deferrable) on a device: the most host memory its reports may
   // hold while their downloads are in flight (model/late_reports.h); past it the model waits.
   size_t late_report_bytes = size_t(256) << 20;
@@ -58,6 +64,8 @@ struct ForwardResult {
   std::vector<SequenceResult> seqs;
 };
 
+// With opt.split_sequences the batch is this rank's sequences (it may be empty) and the results are
+// theirs; every rank of opt.experts must call forward() at the same point.
 // Throws InputError for empty sequences or token ids outside [0, vocab_size) (naming sequence and
 // position) and OverrideError for invalid forced decisions (naming sequence, layer and token).
 ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>& batch,

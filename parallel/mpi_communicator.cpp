@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 
@@ -67,6 +69,64 @@ class MpiCommunicator final : public Communicator {
         if (counts[size_t(r)] > 0)
           std::copy(stage.begin() + displs[size_t(r)], stage.begin() + displs[size_t(r)] + counts[size_t(r)],
                     out + offset[size_t(r)] + done);
+    }
+  }
+
+  // MPI_Alltoallv with byte counts and displacements as int: one call when every rank's whole send
+  // and receive buffers fit an int (the sizes agreed with one Allreduce), else rounds in which each
+  // pair of ranks moves at most 1 GiB through staging buffers, every rank running the same rounds.
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                    const std::vector<int64_t>& recv_bytes) override {
+    if (int(send_bytes.size()) != size_ || int(recv_bytes.size()) != size_)
+      abort(fmt::format("all_to_all_v: {} and {} sizes for {} ranks", send_bytes.size(), recv_bytes.size(), size_),
+            2);
+    int64_t local[2] = {0, 0};  // largest buffer, largest part
+    int64_t send_total = 0, recv_total = 0;
+    for (int r = 0; r < size_; ++r) {
+      send_total += send_bytes[size_t(r)];
+      recv_total += recv_bytes[size_t(r)];
+      local[1] = std::max({local[1], send_bytes[size_t(r)], recv_bytes[size_t(r)]});
+      if (r != rank_) received_ += recv_bytes[size_t(r)];
+    }
+    local[0] = std::max(send_total, recv_total);
+    int64_t global[2] = {0, 0};
+    MPI_Allreduce(local, global, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    const auto offsets = [&](const std::vector<int64_t>& b) {
+      std::vector<int64_t> at(static_cast<size_t>(size_) + 1, 0);
+      for (int r = 0; r < size_; ++r) at[size_t(r) + 1] = at[size_t(r)] + b[size_t(r)];
+      return at;
+    };
+    const std::vector<int64_t> send_at = offsets(send_bytes), recv_at = offsets(recv_bytes);
+    std::vector<int> sc(size_t(size_), 0), sd(size_t(size_), 0), rc(size_t(size_), 0), rd(size_t(size_), 0);
+    if (global[0] <= INT_MAX) {
+      for (int r = 0; r < size_; ++r) {
+        sc[size_t(r)] = int(send_bytes[size_t(r)]), sd[size_t(r)] = int(send_at[size_t(r)]);
+        rc[size_t(r)] = int(recv_bytes[size_t(r)]), rd[size_t(r)] = int(recv_at[size_t(r)]);
+      }
+      MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD);
+      return;
+    }
+    constexpr int64_t kPiece = int64_t(1) << 30;
+    const auto piece = [&](int64_t bytes, int64_t done) {
+      const int64_t left = bytes - done;
+      return int(left <= 0 ? 0 : std::min(left, kPiece));
+    };
+    for (int64_t done = 0; done < global[1]; done += kPiece) {
+      int64_t st = 0, rt = 0;
+      for (int r = 0; r < size_; ++r) {
+        sc[size_t(r)] = piece(send_bytes[size_t(r)], done), sd[size_t(r)] = int(st), st += sc[size_t(r)];
+        rc[size_t(r)] = piece(recv_bytes[size_t(r)], done), rd[size_t(r)] = int(rt), rt += rc[size_t(r)];
+      }
+      if (st > INT_MAX || rt > INT_MAX) abort("all_to_all_v: a round over 2 GiB", 2);
+      std::vector<char> out(static_cast<size_t>(st)), in(static_cast<size_t>(rt));
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(out.data() + sd[size_t(r)], static_cast<const char*>(send) + send_at[size_t(r)] + done,
+                    size_t(sc[size_t(r)]));
+      MPI_Alltoallv(out.data(), sc.data(), sd.data(), MPI_BYTE, in.data(), rc.data(), rd.data(), MPI_BYTE,
+                    MPI_COMM_WORLD);
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(static_cast<char*>(recv) + recv_at[size_t(r)] + done, in.data() + rd[size_t(r)],
+                    size_t(rc[size_t(r)]));
     }
   }
 

@@ -87,6 +87,45 @@ class NcclCommunicator final : public Communicator {
     wait_stream("all_gather_v");
   }
 
+  // One NCCL group of a send and a receive per peer on the communicator's stream; this rank's own part
+  // is a device copy.
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                    const std::vector<int64_t>& recv_bytes) override {
+    if (int(send_bytes.size()) != size_ || int(recv_bytes.size()) != size_)
+      abort(fmt::format("all_to_all_v: {} and {} sizes for {} ranks", send_bytes.size(), recv_bytes.size(), size_),
+            2);
+    check_cuda(cudaDeviceSynchronize(), "all_to_all_v: the kernels before it");
+    const auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    std::vector<int64_t> send_at(static_cast<size_t>(size_), 0), recv_at(static_cast<size_t>(size_), 0);
+    for (int r = 1; r < size_; ++r) {
+      send_at[size_t(r)] = send_at[size_t(r - 1)] + send_bytes[size_t(r - 1)];
+      recv_at[size_t(r)] = recv_at[size_t(r - 1)] + recv_bytes[size_t(r - 1)];
+    }
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) received_ += recv_bytes[size_t(r)];
+    if (recv_bytes[size_t(rank_)] != send_bytes[size_t(rank_)])
+      abort(fmt::format("all_to_all_v: {} bytes to itself but {} expected", send_bytes[size_t(rank_)],
+                        recv_bytes[size_t(rank_)]),
+            2);
+    if (send_bytes[size_t(rank_)] > 0)
+      check_cuda(cudaMemcpyAsync(out + recv_at[size_t(rank_)], in + send_at[size_t(rank_)],
+                                 size_t(send_bytes[size_t(rank_)]), cudaMemcpyDeviceToDevice, stream_),
+                 "all_to_all_v: own part");
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      if (send_bytes[size_t(r)] > 0)
+        check_nccl(ncclSend(in + send_at[size_t(r)], size_t(send_bytes[size_t(r)]), ncclChar, r, comm_, stream_),
+                   "ncclSend");
+      if (recv_bytes[size_t(r)] > 0)
+        check_nccl(ncclRecv(out + recv_at[size_t(r)], size_t(recv_bytes[size_t(r)]), ncclChar, r, comm_, stream_),
+                   "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    wait_stream("all_to_all_v");
+  }
+
   [[noreturn]] void abort(const std::string& message, int code) override {
     if (comm_) {
       ncclCommAbort(comm_);

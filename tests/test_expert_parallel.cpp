@@ -22,7 +22,10 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "test_util.h"
+#include "thread_ranks.h"
 #include "tiny_model.h"
+#include "model/collect.h"
+#include "model/expert_parallel.h"
 #include "paths.h"
 
 namespace dsv4 {
@@ -175,6 +178,88 @@ TEST(ExpertParallel, RangesPartitionTheExperts) {
     }
 }
 
+// Data parallel: each rank holds its own tokens (a rank with none among them), dispatches their pairs to
+// the experts' owners and back, and gets for every token the row the single-device moe_experts gives
+// that token in the whole batch, for 1..6 ranks (ranks as threads; test/thread_ranks.h).
+TEST(ExpertParallel, DispatchGivesEachRankTheSingleDeviceRowsOfItsTokens) {
+  for (bool concentrate : {false, true}) {
+    MoeCase c(concentrate);
+    std::vector<float> ref(size_t(c.T * c.D));
+    MoeParams whole = c.p;
+    whole.out = ref.data();
+    moe_experts(whole);
+    for (int n = 1; n <= 6; ++n) {
+      // Rank r's tokens: a block of the batch; from 3 ranks on, the last rank has none.
+      const int holders = n >= 3 ? n - 1 : n;
+      std::vector<std::vector<float>> out(static_cast<size_t>(n));
+      test::ThreadRanks::run(n, [&](Communicator& comm) {
+        const int r = comm.rank();
+        const BlockRange b = r < holders ? block_range(int(c.T), r, holders) : BlockRange{int(c.T), int(c.T)};
+        MoeParams p = c.p;
+        p.T = b.size();
+        p.x = c.x.data() + int64_t(b.first) * c.D;
+        p.ids = c.ids.data() + int64_t(b.first) * c.k;
+        p.weights = c.weights.data() + int64_t(b.first) * c.k;
+        out[size_t(r)].assign(size_t(p.T * c.D), -9.0f);
+        p.out = out[size_t(r)].data();
+        moe_experts_dispatch(p, comm);
+      });
+      std::vector<float> got;
+      for (const auto& o : out) got.insert(got.end(), o.begin(), o.end());
+      EXPECT_TRUE(bitwise_equal(got, ref)) << n << " ranks" << (concentrate ? ", idle experts" : "");
+    }
+  }
+}
+
+// The whole forward with the sequences split among 2, 3 and 4 ranks (fewer sequences than ranks at 4:
+// a rank runs none and only serves its experts): every sequence's log-probs, decisions and digests of
+// every tensor equal the one-process forward of the whole batch, on tiny (8 experts) and tiny-b (6).
+TEST(ExpertParallel, SplitSequencesForwardEqualsOneProcess) {
+  for (const char* preset : {"tiny", "tiny-b"}) {
+    const Weights& w = test::tiny_by_name(preset);
+    const int V = w.config().vocab_size;
+    const std::vector<std::vector<int32_t>> batch = {random_tokens(41, V, 1), random_tokens(9, V, 2),
+                                                     random_tokens(64, V, 3)};
+    DecisionLog ref_log;
+    RunOptions ro;
+    ro.observer = &ref_log;
+    const ForwardResult ref = forward(w, batch, ro);
+    for (int n : {2, 3, 4}) {
+      std::vector<ForwardResult> got(static_cast<size_t>(n));
+      std::vector<DecisionLog> logs(static_cast<size_t>(n));
+      test::ThreadRanks::run(n, [&](Communicator& comm) {
+        const BlockRange b = sequence_range(int(batch.size()), comm.rank(), n);
+        RunOptions o;
+        o.experts = &comm;
+        o.split_sequences = true;
+        o.threads = 1;
+        o.observer = &logs[size_t(comm.rank())];
+        got[size_t(comm.rank())] =
+            forward(w, std::vector<std::vector<int32_t>>(batch.begin() + b.first, batch.begin() + b.last), o);
+      });
+      for (int r = 0; r < n; ++r) {
+        const BlockRange b = sequence_range(int(batch.size()), r, n);
+        ASSERT_EQ(int(got[size_t(r)].seqs.size()), b.size()) << preset << ", " << n << " ranks, rank " << r;
+        for (int i = 0; i < b.size(); ++i) {
+          const int s = b.first + i;
+          const std::string what = std::string(preset) + ", " + std::to_string(n) + " ranks, sequence " +
+                                   std::to_string(s) + " on rank " + std::to_string(r);
+          EXPECT_TRUE(bitwise_equal(got[size_t(r)].seqs[size_t(i)].logprobs, ref.seqs[size_t(s)].logprobs)) << what;
+          for (int L = 0; L < w.config().num_hidden_layers; ++L) {
+            const auto& a = logs[size_t(r)].routing.at({i, L});
+            const auto& e = ref_log.routing.at({s, L});
+            EXPECT_EQ(a.ids, e.ids) << what << " layer " << L;
+            EXPECT_TRUE(bitwise_equal(a.weights, e.weights)) << what << " layer " << L;
+            const auto& m = logs[size_t(r)].mhc.at({{i, L}, Sublayer::ffn});
+            const auto& me = ref_log.mhc.at({{s, L}, Sublayer::ffn});
+            EXPECT_TRUE(bitwise_equal(m.comb, me.comb)) << what << " layer " << L;
+          }
+        }
+      }
+    }
+  }
+}
+
 // A communicator of GPU memory (NCCL's kind) given to the CPU backend is refused before any collective,
 // naming the layer and the transport. Its collectives are never reached (reaching one fails the test).
 class GpuMemoryCommunicator final : public Communicator {
@@ -182,6 +267,9 @@ class GpuMemoryCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   void all_gather_v(const void*, void*, const std::vector<int64_t>&) override {
+    ADD_FAILURE() << "a collective was reached";
+  }
+  void all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&) override {
     ADD_FAILURE() << "a collective was reached";
   }
   [[noreturn]] void abort(const std::string& message, int) override { throw std::runtime_error(message); }
