@@ -12,6 +12,8 @@ using EnvFingerprint = std::map<std::string, std::string>;
 // The key of a parallel run's layout in words ("expert parallel over 2 MPI ranks": parallel_layout in
 // model/communicator.h); a trace recorded in one process has none.
 inline constexpr char kEnvParallel[] = "parallel";
+// A rank's own trace of a run with the sequences split among the ranks (capture/joined.h): "1 of 2".
+inline constexpr char kEnvRank[] = "rank";
 // The layout a trace was recorded with: its "parallel" value, else "one process".
 inline std::string recorded_layout(const EnvFingerprint& env) {
   const auto it = env.find(kEnvParallel);

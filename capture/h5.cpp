@@ -344,6 +344,23 @@ bool exists(const Object& parent, const std::string& path) {
   return H5Oexists_by_name(parent.get(), path.c_str(), H5P_DEFAULT) > 0;
 }
 
+std::optional<ExternalLink> external_link(const Object& parent, const std::string& name) {
+  quiet();
+  ReadScope scope(parent.file, parent.child(name), "reading the link");
+  H5L_info_t info;
+  if (H5Lget_info(parent.get(), name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_EXTERNAL)
+    return std::nullopt;
+  std::vector<char> val(info.u.val_size + 1, 0);
+  if (H5Lget_val(parent.get(), name.c_str(), val.data(), val.size(), H5P_DEFAULT) < 0)
+    fail(parent.file, parent.child(name), "cannot read the external link");
+  unsigned flags = 0;
+  const char* file = nullptr;
+  const char* object = nullptr;
+  if (H5Lunpack_elink_val(val.data(), val.size(), &flags, &file, &object) < 0 || !file || !object)
+    fail(parent.file, parent.child(name), "cannot decode the external link");
+  return ExternalLink{file, object};
+}
+
 std::vector<std::string> children(const Object& group) {
   quiet();
   ReadScope scope(group.file, group.path, "listing the group");

@@ -123,6 +123,12 @@ Object create_file(const std::string& path, hid_t fapl, hsize_t user_block = 0);
 Object open_file(const std::string& path, unsigned flags, hid_t fapl);  // H5F_ACC_* flags
 void close_file(Object& f);                                             // H5Fclose with error checking
 Object open(const Object& parent, const std::string& name);             // group or dataset (H5Oopen)
+// Where the link `name` of `parent` points when it is an HDF5 external link (a joined trace's
+// sequences): the file as the link stores it and the object's path there; nullopt for other links.
+struct ExternalLink {
+  std::string file, object;
+};
+std::optional<ExternalLink> external_link(const Object& parent, const std::string& name);
 Object create_group(const Object& parent, const std::string& name);
 bool exists(const Object& parent, const std::string& path);  // every component of a relative path
 std::vector<std::string> children(const Object& group);      // link names, sorted by name

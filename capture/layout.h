@@ -48,6 +48,10 @@ inline constexpr char kWeightsPathRecorded[] = "weights_path_recorded";  // set 
 inline constexpr char kModelDigest[] = "model_digest";
 inline constexpr char kTensorNames[] = "tensor_names";
 inline constexpr char kTensorDigests[] = "tensor_digests";
+// A joined trace (capture/joined.h): the traces its steps' sequences live in, one per rank, as file
+// names relative to the joined trace's folder.
+inline constexpr char kMetaParts[] = "meta/parts";
+inline constexpr char kParts[] = "parts";
 
 // ---- /steps/NNNNNN ----------------------------------------------------------------------------
 inline constexpr char kSteps[] = "steps";

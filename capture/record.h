@@ -34,6 +34,9 @@ struct RecordOptions {
   // over. Only the rank that records calls record_step (every rank holds the same result); the others
   // run the same forward without a trace. The layout goes into the trace's env as "parallel".
   Communicator* experts = nullptr;
+  // With `experts`: the ranks split the sequences (RunOptions::split_sequences). Set by
+  // record_split_step for each rank's own trace; the env then says so and names the rank.
+  bool split_sequences = false;
 };
 
 struct RecordResult {
@@ -49,5 +52,14 @@ struct RecordResult {
 // Throws InputError for a bad profile, device or capture policy; the writer's errors otherwise.
 RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                          const std::string& out, const RecordOptions& opt);
+
+// Records `batch` as one step with the sequences split among the ranks of opt.experts (every rank calls
+// it with the whole batch): rank r runs and records its sequences (model/communicator.h
+// sequence_range) into its own trace, part_trace_path(out, r) (capture/joined.h); once every rank's step
+// is complete, rank 0 adds the step to the joined trace `out`, whose sequences link to the ranks'. A
+// rank that holds no sequence records a step of none. With opt.append every rank appends to its trace
+// and rank 0 to the joined one. Returns this rank's result; rank 0's `path` is the joined trace.
+RecordResult record_split_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                               const std::string& out, const RecordOptions& opt);
 
 }  // namespace dsv4

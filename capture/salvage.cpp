@@ -140,10 +140,23 @@ SalvageResult salvage_trace(const std::string& in, const std::string& out) {
     h5::write_attr(dst, kCreated, utc_now_iso8601());
     h5::write_attr(dst, kSalvagedFrom, in);
     copy_tree(src.file, kMeta, dst, kMeta);
+    // A joined trace's copy holds its sequences itself: no parts, and each sequence link replaced by a
+    // copy of the group it points to.
+    if (h5::exists(dst, kMetaParts) && H5Ldelete(dst.get(), kMetaParts, H5P_DEFAULT) < 0)
+      dst.fail(std::string("cannot remove ") + kMetaParts);
     {
       const h5::Object steps = h5::create_group(dst, kSteps);
-      for (size_t i = 0; i < result.copied.size(); ++i)
-        copy_tree(src.file, step_path(result.copied[i]).substr(1), steps, step_name(int(i)));
+      for (size_t i = 0; i < result.copied.size(); ++i) {
+        const std::string from = step_path(result.copied[i]).substr(1);
+        copy_tree(src.file, from, steps, step_name(int(i)));
+        const h5::Object step_src = h5::open(src.file, from), step_dst = h5::open(steps, step_name(int(i)));
+        for (const std::string& name : h5::children(step_dst)) {
+          if (!h5::external_link(step_dst, name)) continue;
+          if (H5Ldelete(step_dst.get(), name.c_str(), H5P_DEFAULT) < 0)
+            step_dst.fail(fmt::format("cannot remove the link {}", name));
+          copy_tree(step_src, name, step_dst, name);
+        }
+      }
     }
     h5::close_file(dst);
     seal_trace(tmp);

@@ -160,6 +160,10 @@ void StepLayout::write_header(const TraceHeader& h) {
     h5::write(td, h.model.digests);
     h5::Object n = h5::create_dataset(meta, kTensorNames, h5::Type::str, dims({int64_t(names.size())}));
     h5::write_strings(n, names);
+    if (!h.parts.empty()) {
+      h5::Object p = h5::create_dataset(meta, kParts, h5::Type::str, dims({int64_t(h.parts.size())}));
+      h5::write_strings(p, h.parts);
+    }
     h5::create_group(f, kSteps);
   }
   h5::close_file(f);
@@ -167,6 +171,61 @@ void StepLayout::write_header(const TraceHeader& h) {
 }
 
 // ---- step layout --------------------------------------------------------------------------------
+
+h5::Object StepLayout::create_step_group(int index, const StepSpec& s, const CapturePolicy& policy) {
+  h5::Object steps = h5::open(file, kSteps);
+  if (h5::exists(steps, step_name(index))) steps.fail(fmt::format("step {} exists already", step_name(index)));
+  h5::Object g = h5::create_group(steps, step_name(index));
+  // The file's version is the highest its steps' kinds need: a trace of prefill steps stays
+  // version 1, one with a generation step (and no training step) version 2.
+  if (step_format_version(s.kind) > h5::read_attr_int(file, kFormatVersion))
+    h5::write_attr(file, kFormatVersion, int32_t(step_format_version(s.kind)));
+  h5::write_attr(g, kKind, s.kind);
+  h5::write_attr(g, kProfile, s.profile);
+  if (!s.profile_text.empty()) {
+    h5::write_attr(g, kProfileText, s.profile_text);
+    h5::write_attr(g, kProfileDigest, profile_text_digest(s.profile_text));
+  }
+  h5::write_attr(g, kSeed, uint64_t(s.seed));
+  h5::write_attr(g, kThreads, int32_t(s.threads));
+  h5::write_attr(g, kCapture, policy.text());
+  h5::write_attr(g, kNSeqs, int32_t(s.seqs.size()));
+  h5::Object status = h5::create_dataset(g, kStatus, h5::Type::u8, {1});
+  h5::write(status, std::vector<uint8_t>{0});
+  std::vector<int32_t> lengths;
+  for (const auto& q : s.seqs) lengths.push_back(int32_t(q.size()));
+  h5::Object sl = h5::create_dataset(g, kSeqLengths, h5::Type::i32, dims({int64_t(lengths.size())}));
+  h5::write(sl, lengths);
+  return g;
+}
+
+void StepLayout::write_joined_step(int index, const StepSpec& s, const CapturePolicy& policy,
+                                   const std::vector<std::string>& parts, const std::vector<PartSeq>& where) {
+  if (where.size() != s.seqs.size())
+    throw Error(fmt::format("joined step {}: {} sequence places for {} sequences", index, where.size(), s.seqs.size()));
+  h5::Id fapl = h5::file_access(true, false);
+  file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
+  step_index = index;
+  step_group = step_path(step_index);
+  {
+    h5::Object g = create_step_group(index, s, policy);
+    for (size_t i = 0; i < where.size(); ++i) {
+      if (where[i].part < 0 || size_t(where[i].part) >= parts.size())
+        throw Error(fmt::format("joined step {}: sequence {} in part {} of {}", index, i, where[i].part, parts.size()));
+      const std::string target = step_path(index) + "/" + seq_name(where[i].seq);
+      if (H5Lcreate_external(parts[size_t(where[i].part)].c_str(), target.c_str(), g.get(), seq_name(int(i)).c_str(),
+                             H5P_DEFAULT, H5P_DEFAULT) < 0)
+        g.fail(fmt::format("cannot link {} to {}:{}", seq_name(int(i)), parts[size_t(where[i].part)], target));
+    }
+  }
+  KernelRecords none;
+  none.reason = "recorded by each rank: see the rank's trace (/meta/parts)";
+  write_kernels(file, none);
+  h5::write(h5::open(file, step_group.substr(1) + "/" + kStatus), std::vector<uint8_t>{1});
+  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) file.fail("cannot flush");
+  h5::close_file(file);
+  file = h5::Object{};
+}
 
 void StepLayout::create_step(int index, const StepSpec& s, const CapturePolicy& policy) {
   h5::Id fapl = h5::file_access(true, false);
@@ -176,30 +235,7 @@ void StepLayout::create_step(int index, const StepSpec& s, const CapturePolicy& 
   seqs.clear();
   seqs.resize(s.seqs.size());
   {
-    h5::Object steps = h5::open(file, kSteps);
-    if (h5::exists(steps, step_name(step_index)))
-      steps.fail(fmt::format("step {} exists already", step_name(step_index)));
-    h5::Object g = h5::create_group(steps, step_name(step_index));
-    // The file's version is the highest its steps' kinds need: a trace of prefill steps stays
-    // version 1, one with a generation step (and no training step) version 2.
-    if (step_format_version(s.kind) > h5::read_attr_int(file, kFormatVersion))
-      h5::write_attr(file, kFormatVersion, int32_t(step_format_version(s.kind)));
-    h5::write_attr(g, kKind, s.kind);
-    h5::write_attr(g, kProfile, s.profile);
-    if (!s.profile_text.empty()) {
-      h5::write_attr(g, kProfileText, s.profile_text);
-      h5::write_attr(g, kProfileDigest, profile_text_digest(s.profile_text));
-    }
-    h5::write_attr(g, kSeed, uint64_t(s.seed));
-    h5::write_attr(g, kThreads, int32_t(s.threads));
-    h5::write_attr(g, kCapture, policy.text());
-    h5::write_attr(g, kNSeqs, int32_t(s.seqs.size()));
-    h5::Object status = h5::create_dataset(g, kStatus, h5::Type::u8, {1});
-    h5::write(status, std::vector<uint8_t>{0});
-    std::vector<int32_t> lengths;
-    for (const auto& q : s.seqs) lengths.push_back(int32_t(q.size()));
-    h5::Object sl = h5::create_dataset(g, kSeqLengths, h5::Type::i32, dims({int64_t(lengths.size())}));
-    h5::write(sl, lengths);
+    h5::Object g = create_step_group(index, s, policy);
     for (size_t i = 0; i < s.seqs.size(); ++i) create_seq(g, int(i), s.seqs[i], policy);
   }
   // SWMR writing needs every object closed; from here on only raw data is written. A reader in

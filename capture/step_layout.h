@@ -79,6 +79,15 @@ class StepLayout {
   // Opens the file, creates step `index` (status 0) with every group and dataset it will receive and
   // switches the file to SWMR writing.
   void create_step(int index, const StepSpec& s, const CapturePolicy& policy);
+  // Where a joined trace's sequence lives: sequence `seq` of the same step of part `part`.
+  struct PartSeq {
+    int part = 0, seq = 0;
+  };
+  // A joined trace's step `index` in one go (capture/joined.h): the step's attributes as create_step
+  // writes them, its sequences as external links to `where` (one per sequence of s.seqs, into the
+  // header's parts), kernels not available (the ranks' traces hold theirs), status 1.
+  void write_joined_step(int index, const StepSpec& s, const CapturePolicy& policy,
+                         const std::vector<std::string>& parts, const std::vector<PartSeq>& where);
   // Streamed data of the open step, in the order reported. Each record is checked against the layout
   // (Error on a mismatch, after the records before it are written); the chunks of all of them are
   // encoded together on the encoder threads (h5::StagedWrites), then the calls that write them are
@@ -107,6 +116,8 @@ class StepLayout {
     h5::Type gap_type = h5::Type::u8;
   };
 
+  // The step group with its attributes, status 0 and seq_lengths, in the open file.
+  h5::Object create_step_group(int index, const StepSpec& s, const CapturePolicy& policy);
   void create_seq(const h5::Object& step, int si, const std::vector<int32_t>& tokens,
                   const CapturePolicy& policy);
   SeqLayout& seq_of(const StepRecord& m);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "capture/errors.h"
@@ -52,12 +53,12 @@ OpenedTrace open_hdf5_bounded(const std::string& path, const WriterMarks& marks,
     h5::check(H5Pset_metadata_read_attempts(fapl.get(), kSwmrReadAttempts), at,
               "cannot set the metadata read attempts");
     h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl.get())), path, "/"};
-    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}, {}};
     // A flipped flag on a closed file: read it as a closed file below.
   }
   if (!marks.write || marks.swmr) {
     h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
-    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}};
+    if (f.id.valid()) return OpenedTrace{std::move(f), false, {}, {}};
     if (!marks.write)
       h5::fail(path, "", "cannot open the file as HDF5 (damaged or truncated; `dsv4 trace validate` tells more)");
   }
@@ -71,7 +72,7 @@ OpenedTrace open_hdf5_bounded(const std::string& path, const WriterMarks& marks,
     h5::fail(path, "", "the file is marked as open for writing and this HDF5 cannot ignore the mark");
   h5::Object f{h5::Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get())), path, "/"};
   if (!f.id.valid()) h5::fail(path, "", "cannot open the file as HDF5 (damaged, or open for writing)");
-  return OpenedTrace{std::move(f), true, {}};
+  return OpenedTrace{std::move(f), true, {}, {}};
 }
 
 }  // namespace
@@ -84,6 +85,50 @@ OpenedTrace open_for_reading(const std::string& path, bool clear_flags, SealPoli
   if (!marks.hdf5) throw NotATrace(fmt::format("{}: not an HDF5 file", path));
   OpenedTrace t = open_hdf5_bounded(path, marks, clear_flags);
   t.seal = seal;
+  if (!h5::exists(t.file, kMetaParts)) return t;
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  {
+    const h5::Object list = h5::open(t.file, kMetaParts);
+    if (H5Iget_type(list.get()) != H5I_DATASET) list.fail("not a dataset");
+    names = h5::read_strings(list);
+  }  // closed: the file may be opened again below, which HDF5 does only once nothing of it is open
+  WriterMarks need = marks;
+  int rank = 0;
+  for (const std::string& name : names) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      h5::fail(path, std::string("/") + kMetaParts,
+               fmt::format("part {} is named '{}', not a file name beside the joined trace", rank, name));
+    TracePart p;
+    p.name = name;
+    p.path = (fs::path(path).parent_path() / name).string();
+    std::error_code ec;
+    if (!fs::exists(p.path, ec))
+      throw TraceError(fmt::format("{}: part {} ({}) is missing: a joined trace reads its sequences from its ranks' "
+                                   "traces, which must lie beside it",
+                                   path, rank, p.path));
+    p.seal = check_seal(p.path);
+    if (seal_policy == SealPolicy::enforce) throw_seal_problem(p.path, p.seal);
+    p.marks = writer_marks(p.path);
+    if (!p.marks.hdf5) throw NotATrace(fmt::format("{}: part {} of {}: not an HDF5 file", p.path, rank, path));
+    if (p.marks.write && !p.marks.swmr && !clear_flags)
+      throw TraceError(fmt::format(
+          "{}: part {} of {} is marked as open for writing: its writer is still running or died while creating a "
+          "step; `dsv4 trace salvage {} --out NEW.h5` copies the complete steps into a new trace",
+          p.path, rank, path, path));
+    need.write = need.write || p.marks.write;
+    need.swmr = need.swmr || p.marks.swmr;
+    t.parts.push_back(std::move(p));
+    ++rank;
+  }
+  if (need.write != marks.write || need.swmr != marks.swmr) {
+    std::vector<TracePart> parts = std::move(t.parts);
+    t.file = h5::Object{};
+    t = open_hdf5_bounded(path, need, clear_flags);
+    t.seal = seal;
+    t.writer_flag = t.writer_flag && marks.write;
+    t.parts = std::move(parts);
+  }
   return t;
 }
 

@@ -27,11 +27,20 @@ WriterMarks writer_marks(const std::string& path);
 // must not make every command stall.
 constexpr unsigned kSwmrReadAttempts = 4;
 
+// A part of a joined trace (capture/joined.h) as open_for_reading found it.
+struct TracePart {
+  std::string name;  // as /meta/parts lists it
+  std::string path;  // beside the joined trace
+  SealCheck seal;
+  WriterMarks marks;
+};
+
 // An open trace file and how it had to be opened.
 struct OpenedTrace {
   h5::Object file;
   bool writer_flag = false;  // the superblock still says "open for writing" (opened with clear_status_flags)
   SealCheck seal;            // the file's seal (capture/trace_seal.h), checked before HDF5 saw the file
+  std::vector<TracePart> parts;  // a joined trace's parts; empty for any other trace
 };
 
 // Opens a trace read-only. A file whose superblock is not marked open for writing (every closed
@@ -43,7 +52,10 @@ struct OpenedTrace {
 // "clear_status_flags" file-access property, read-only (nothing is written to the file), and
 // writer_flag says so. First of all the file's seal is checked (capture/trace_seal.h), with plain file
 // reads: under SealPolicy::enforce a file that does not match its seal is refused before HDF5 reads
-// any of it. Throws TraceError naming the file.
+// any of it. A joined trace's parts (capture/joined.h) get the same checks — each must exist beside it,
+// its seal is checked, and the joined file is opened in the mode the most-marked part needs, since HDF5
+// opens the parts through the links with the joined file's access mode. Throws TraceError naming the
+// file (the part's file for a part).
 OpenedTrace open_for_reading(const std::string& path, bool clear_flags = true,
                              SealPolicy seal = SealPolicy::report);
 

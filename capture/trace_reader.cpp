@@ -110,6 +110,7 @@ struct TraceReader::Impl {
   h5::Object file;
   SealPolicy seal_policy = SealPolicy::enforce;
   SealCheck seal;
+  std::vector<TracePart> parts;
   int version = 0;
   std::string producer;
   std::vector<TraceStepInfo> steps;
@@ -197,7 +198,8 @@ struct TraceReader::Impl {
   }
 
   // The sequence group of a complete step, and its token count.
-  h5::Object seq(int step_index, int s, int64_t* T = nullptr) const {
+  // A complete step (TraceCorrupt for a damaged one, TraceIncomplete for one with status 0).
+  const TraceStepInfo& complete_step(int step_index) const {
     const TraceStepInfo& st = step(step_index);
     if (!st.complete && !st.damage.empty())
       throw TraceCorrupt(fmt::format("{}: step {} is damaged ({}); `dsv4 trace salvage` copies the intact steps",
@@ -205,11 +207,25 @@ struct TraceReader::Impl {
     if (!st.complete)
       throw TraceIncomplete(fmt::format(
           "{}: step {} is incomplete (status 0): its recorder did not finish it", path, step_index));
+    return st;
+  }
+
+  h5::Object seq(int step_index, int s, int64_t* T = nullptr) const {
+    const TraceStepInfo& st = complete_step(step_index);
     if (s < 0 || size_t(s) >= st.seq_lengths.size())
       throw TraceError(fmt::format("{}: step {} has {} sequences, no sequence {}", path, step_index,
                                    st.seq_lengths.size(), s));
     if (T) *T = st.seq_lengths[size_t(s)];
-    return h5::open(f(), st.group.substr(1) + "/" + seq_name(s));
+    h5::Object g = h5::open(f(), st.group.substr(1) + "/" + seq_name(s));
+    // A joined trace's sequence lives in a part: errors below it name the part's file and object.
+    if (const auto link = h5::external_link(f(), st.group.substr(1) + "/" + seq_name(s))) {
+      for (const TracePart& p : parts)
+        if (p.name == link->file) {
+          g.file = p.path;
+          g.path = link->object;
+        }
+    }
+    return g;
   }
 
   // Opens dataset `rel` of `g` and checks its shape.
@@ -253,6 +269,7 @@ TraceReader TraceReader::open(const std::string& path, SealPolicy seal) {
   OpenedTrace opened = open_hdf5(path, seal);  // not an HDF5 file: NotATrace
   impl->file = std::move(opened.file);
   impl->seal = opened.seal;
+  impl->parts = std::move(opened.parts);
   const h5::Object& f = impl->file;
   const int v = trace_layout::check_trace_root(f, path, &impl->producer);
   if (v < 1) throw TraceError(fmt::format("{}: format_version {} is not a dsv4 trace version", path, v));
@@ -268,6 +285,9 @@ const std::string& TraceReader::path() const {
 }
 const SealCheck& TraceReader::seal() const {
   return impl_->seal;
+}
+const std::vector<TracePart>& TraceReader::parts() const {
+  return impl_->parts;
 }
 int TraceReader::format_version() const {
   return impl_->version;
@@ -329,6 +349,7 @@ void TraceReader::refresh() {
       OpenedTrace opened = open_hdf5(impl_->path, impl_->seal_policy);
       impl_->file = std::move(opened.file);
       impl_->seal = opened.seal;
+      impl_->parts = std::move(opened.parts);
       break;
     } catch (const TraceError&) {
       if (attempt >= 20) throw;
@@ -372,7 +393,7 @@ int64_t TraceReader::prompt_length(int step, int seq) const {
 }
 
 std::optional<GenerationRecord> TraceReader::generation(int step) const {
-  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  impl_->complete_step(step);
   const TraceStepInfo& st = impl_->step(step);
   if (st.kind != kKindGenerate) return std::nullopt;
   const h5::Object sg = h5::open(impl_->f(), st.group.substr(1));
@@ -382,7 +403,7 @@ std::optional<GenerationRecord> TraceReader::generation(int step) const {
 }
 
 std::optional<TrainingRecord> TraceReader::training(int step) const {
-  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  impl_->complete_step(step);
   const TraceStepInfo& st = impl_->step(step);
   if (st.kind != kKindTrainStep) return std::nullopt;
   const h5::Object sg = h5::open(impl_->f(), st.group.substr(1));
@@ -390,7 +411,7 @@ std::optional<TrainingRecord> TraceReader::training(int step) const {
 }
 
 KernelRecords TraceReader::kernels(int step) const {
-  impl_->seq(step, 0);  // throws for a missing or incomplete step
+  impl_->complete_step(step);
   const h5::Object sg = h5::open(impl_->f(), impl_->step(step).group.substr(1));
   KernelRecords k;
   if (!h5::exists(sg, kKernels)) {

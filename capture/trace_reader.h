@@ -15,6 +15,7 @@
 #include "capture/env.h"
 #include "capture/generation.h"
 #include "capture/layout.h"  // kTraceFormatVersion
+#include "capture/trace_open.h"
 #include "capture/trace_seal.h"
 #include "capture/training.h"
 #include "model/collect.h"
@@ -101,6 +102,9 @@ class TraceReader {
   TraceModelMeta model() const;
   ModelConfig config() const;  // parsed from the recorded config.json text
   std::vector<std::string> tensor_names() const;
+  // A joined trace's parts (capture/joined.h) in rank order, with their seals as checked at open; empty
+  // for other traces.
+  const std::vector<TracePart>& parts() const;
 
   std::vector<TraceStepInfo> steps() const;  // every step group, complete or not, in order
   void refresh();                            // re-read the step list (SWMR); drops what keep_reads kept

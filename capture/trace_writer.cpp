@@ -374,7 +374,7 @@ Observer& TraceWriter::begin_step(const StepSpec& s) {
     throw Error(fmt::format("begin_step(): step {} is still open; call end_step() first", w.next_step));
   if (!is_step_kind(s.kind))
     throw InputError(fmt::format("step kind '{}': expected {}", s.kind, step_kinds_text()));
-  if (s.seqs.empty()) throw InputError("begin_step(): the batch has no sequences");
+  if (s.seqs.empty() && !s.allow_empty) throw InputError("begin_step(): the batch has no sequences");
   for (size_t i = 0; i < s.seqs.size(); ++i)
     if (s.seqs[i].empty()) throw InputError(fmt::format("begin_step(): sequence {} is empty", i));
   // Queued, not waited for: the step's groups are laid out while the model starts computing.
@@ -483,6 +483,9 @@ const std::string& TraceWriter::writing_path() const {
 }
 int TraceWriter::steps_written() const {
   return impl_->completed;
+}
+int TraceWriter::next_step() const {
+  return impl_->next_step;
 }
 WriterStats TraceWriter::stats() const {
   std::lock_guard lk(impl_->mu);

@@ -38,6 +38,8 @@ struct TraceHeader {
   std::string config_json;
   std::string weights_path;
   ModelDigest model;
+  // A joined trace's parts (/meta/parts, capture/joined.h); empty for every other trace.
+  std::vector<std::string> parts;
 };
 TraceHeader make_trace_header(const Weights& w);  // env of this machine + the model's digests
 
@@ -54,6 +56,9 @@ struct StepSpec {
   uint64_t seed = 0;
   int threads = 0;
   std::vector<std::vector<int32_t>> seqs;  // the batch
+  // A step of no sequence is refused unless allowed: a rank's own trace of a run whose ranks split the
+  // sequences (capture/joined.h), where a rank may hold none of a step's.
+  bool allow_empty = false;
 };
 
 struct WriterStats {
@@ -107,7 +112,8 @@ class TraceWriter {
 
   const std::string& final_path() const;
   const std::string& writing_path() const;  // NAME.h5.incomplete for create(), NAME.h5 for append()
-  int steps_written() const;
+  int steps_written() const;  // steps this writer completed
+  int next_step() const;      // the index the next begin_step() gets (after the steps already in the file)
   WriterStats stats() const;
 
   struct Impl;

@@ -71,6 +71,9 @@ class Validator {
       return;
     }
     rep_.readable = true;
+    rep_.parts = t.parts;
+    for (const TracePart& part : t.parts)
+      if (!part.seal.ok()) problem("seal", fmt::format("part {}: {}", part.path, seal_problem(part.seal)));
     const h5::Object& root = t.file;
     rep_.writer_flag = t.writer_flag;
     // Past a seal that does not match, the structure is still checked (and the steps read): salvage

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/trace_open.h"
 #include "capture/trace_seal.h"
 
 namespace dsv4 {
@@ -27,6 +28,7 @@ struct ValidateReport {
   bool incomplete_file = false;  // NAME.h5.incomplete (a recorder did not close it)
   bool writer_flag = false;      // the superblock says "open for writing" (reported as a problem of "file")
   SealCheck seal;                // the file's seal (capture/trace_seal.h); not ok() is a problem of "seal"
+  std::vector<TracePart> parts;  // a joined trace's parts (capture/joined.h); a part's bad seal: "seal" too
   std::vector<StepState> steps;
   std::vector<TraceProblem> problems;
   bool ok() const { return readable && problems.empty(); }

@@ -52,8 +52,9 @@ const CLI::Validator& finite_non_negative();
 // one: an error from then on ends every rank (Communicator::abort) instead of leaving them waiting.
 struct ParallelArgs {
   int ep = 1;
+  bool dp = false;  // --dp: the ranks split the sequences (commands that take it: with_dp)
 };
-void add_parallel_options(CLI::App* cmd, ParallelArgs& p);
+void add_parallel_options(CLI::App* cmd, ParallelArgs& p, bool with_dp = false);
 Communicator* open_parallel(const ParallelArgs& p, const std::string& device);
 Communicator* active_communicator();  // nullptr when the run is not parallel
 

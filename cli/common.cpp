@@ -36,15 +36,25 @@ std::unique_ptr<Communicator>& bootstrap() {  // the MPI world under a NCCL comm
 #endif
 }  // namespace
 
-void add_parallel_options(CLI::App* cmd, ParallelArgs& p) {
+void add_parallel_options(CLI::App* cmd, ParallelArgs& p, bool with_dp) {
   cmd->add_option("--ep", p.ep,
                   "Expert parallelism over N processes: run under `mpirun -np N` (the routed experts shared "
                   "out; the same bits for every N; MPI on the CPU, NCCL with --device cuda)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  if (with_dp)
+    cmd->add_flag("--dp", p.dp,
+                  "With --ep N: the ranks split the sequences (each runs its own, the tokens travel to their "
+                  "experts' owners and back; the same bits per sequence); CPU only");
 }
 
 Communicator* open_parallel(const ParallelArgs& p, const std::string& device) {
+  if (p.dp && p.ep <= 1)
+    throw InputError("--dp splits the sequences among the --ep ranks: give --ep N with N > 1 (under mpirun -np N)");
+  if (p.dp && parse_device(device) != Device::cpu)
+    throw InputError(fmt::format("--dp runs on the CPU only (MPI); with --device {} every rank runs every sequence: "
+                                 "leave out --dp",
+                                 device));
   if (p.ep <= 1) return nullptr;
 #ifdef DSV4_HAVE_MPI
   if (parse_device(device) == Device::cpu) {

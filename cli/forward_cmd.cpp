@@ -50,10 +50,17 @@ int run_forward(const ForwardArgs& a) {
   opt.device = parse_device(a.device);
   opt.observer = &log;
   opt.temperature = a.temperature;
+  // With --dp the one sequence is rank 0's (sequence_range); the other ranks serve their experts.
+  opt.split_sequences = a.parallel.dp;
+  std::vector<std::vector<int32_t>> batch{tokens};
+  if (comm && a.parallel.dp) {
+    const BlockRange b = sequence_range(1, comm->rank(), comm->size());
+    batch.assign(batch.begin() + b.first, batch.begin() + b.last);
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  ForwardResult res = forward(w, {tokens}, opt);
+  ForwardResult res = forward(w, batch, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (comm && comm->rank() != 0) return 0;  // every rank holds the same result: rank 0 reports it
+  if (comm && comm->rank() != 0) return 0;  // rank 0 holds the sequence's result and reports it
   const std::string json = forward_to_json(res.seqs[0], log, opt.profile.name);
   if (!a.out.empty()) {
     std::ofstream f(a.out);
@@ -222,7 +229,7 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--out", fa->out, "Write the JSON result here (default: stdout)");
   f->add_option("--device", fa->device, "Where the forward runs: cpu or cuda (same bits on both)")
       ->capture_default_str();
-  add_parallel_options(f, fa->parallel);
+  add_parallel_options(f, fa->parallel, true);
   f->callback([fa] { set_action([fa] { return run_forward(*fa); }); });
 
   auto da = std::make_shared<DemoArgs>();

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/errors.h"
+#include "capture/joined.h"
 #include "capture/record.h"
 #include "capture/salvage.h"
 #include "capture/trace_reader.h"
@@ -67,6 +68,40 @@ struct RecordArgs {
   ParallelArgs parallel;
 };
 
+// record --ep N --dp: every rank records its own sequences; rank 0 joins them (capture/joined.h).
+int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                 Communicator& comm) {
+  const BlockRange mine = sequence_range(int(batch.size()), comm.rank(), comm.size());
+  Progress progress(w.config().num_hidden_layers, mine.size());
+  RecordOptions o;
+  o.experts = &comm;
+  o.split_sequences = true;
+  o.profile = a.profile;
+  o.kind = a.kind;
+  o.capture = a.capture;
+  o.seed = a.model.seed;
+  o.threads = a.threads;
+  o.device = parse_device(a.device);
+  o.append = a.append;
+  if (comm.rank() == 0) o.also = &progress;
+  o.note = [](const std::string& m) { fmt::print(stderr, "record: {}\n", m); };
+  // Fault injection for crash tests, on the rank DSV4_FAULT_RANK names (0 by default).
+  if (const char* f = std::getenv("DSV4_FAULT")) {
+    const char* r = std::getenv("DSV4_FAULT_RANK");
+    if ((r ? std::atoi(r) : 0) == comm.rank()) o.fault = f;
+  }
+  const RecordResult r = record_split_step(w, batch, a.out, o);
+  int64_t own_tokens = 0;
+  for (int s = mine.first; s < mine.last; ++s) own_tokens += int64_t(batch[size_t(s)].size());
+  fmt::print(stderr, "record: rank {} of {}: {} of {} sequences ({} tokens) in {}\n", comm.rank(), comm.size(),
+             mine.size(), batch.size(), own_tokens, part_trace_path(a.out, comm.rank()));
+  if (comm.rank() == 0)
+    fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {} joins the {} "
+               "ranks' traces\n",
+               r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path, comm.size());
+  return 0;
+}
+
 int run_record(const RecordArgs& a) {
   Communicator* const comm = open_parallel(a.parallel, a.device);
   Weights w = open_model(a.model);
@@ -77,6 +112,7 @@ int run_record(const RecordArgs& a) {
   } else {
     batch.push_back(get_tokens(a.tokens, a.random, a.token_seed, w.config()));
   }
+  if (comm && a.parallel.dp) return record_split(a, w, batch, *comm);
   if (comm && comm->rank() != 0) {  // rank 0 records; the others share the experts of the same forward
     RunOptions ro;
     ro.profile = load_profile(a.profile);
@@ -148,6 +184,8 @@ int run_info(const TraceArgs& a) {
     for (const auto& g : sizes)
       j["sizes"][g.group] = {{"stored", g.stored_bytes}, {"logical", g.logical_bytes}};
     j["file_bytes"] = r.file_bytes();
+    for (const TracePart& p : r.parts())
+      j["parts"].push_back({{"name", p.name}, {"seal", seal_state_name(p.seal.state)}});
     j["env"] = r.env();
     fmt::print("{}\n", j.dump(2));
     return 0;
@@ -155,6 +193,10 @@ int run_info(const TraceArgs& a) {
   fmt::print("trace: {} (format {}, {}, created {})\n", a.path, r.format_version(), r.producer(),
              r.created());
   fmt::print("seal: {}\n", seal_summary(r.seal()));
+  if (!r.parts().empty())
+    fmt::print("joins the traces of {} ranks (their sequences are read through links):\n", r.parts().size());
+  for (size_t i = 0; i < r.parts().size(); ++i)
+    fmt::print("  rank {}: {} (seal: {})\n", i, r.parts()[i].name, seal_summary(r.parts()[i].seal));
   fmt::print("model: {} layers, hidden {}, digest {}, weights {}\n", c.num_hidden_layers, c.hidden_size,
              m.model_digest, m.weights_path.empty() ? "(not named)" : m.weights_path);
   fmt::print("steps: {}\n", steps.size());
@@ -187,6 +229,8 @@ int run_validate(const TraceArgs& a) {
     j["readable"] = rep.readable;
     j["incomplete_file"] = rep.incomplete_file;
     j["seal"] = seal_state_name(rep.seal.state);
+    for (const TracePart& p : rep.parts)
+      j["parts"].push_back({{"name", p.name}, {"seal", seal_state_name(p.seal.state)}});
     j["ok"] = rep.ok();
     j["steps"] = nlohmann::json::array();
     for (const auto& s : rep.steps)
@@ -201,6 +245,8 @@ int run_validate(const TraceArgs& a) {
           "complete steps\n",
           a.path);
     if (rep.readable) fmt::print("seal: {}\n", seal_summary(rep.seal));
+    for (size_t i = 0; i < rep.parts.size(); ++i)
+      fmt::print("part {}: {} (seal: {})\n", i, rep.parts[i].name, seal_summary(rep.parts[i].seal));
     for (const auto& s : rep.steps)
       fmt::print("step {}: {}{}\n", s.index, s.complete ? "complete" : "INCOMPLETE",
                  s.problems ? fmt::format(", {} problems", s.problems) : "");
@@ -438,7 +484,7 @@ void register_trace_commands(CLI::App& app) {
   add_threads_option(rec, ra->threads, "CPU threads (0: all)");
   rec->add_option("--device", ra->device, "Where the forward runs: cpu or cuda (cuda also records kernels)")
       ->capture_default_str();
-  add_parallel_options(rec, ra->parallel);
+  add_parallel_options(rec, ra->parallel, true);
   rec->callback([ra] { set_action([ra] { return run_record(*ra); }); });
 
   CLI::App* trace = app.add_subcommand("trace", "Inspect, check or repair trace files");

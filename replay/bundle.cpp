@@ -76,6 +76,14 @@ void bundle_trace(const std::string& trace, const std::string& model_dir, const 
   set_trace_weights_path(trace_out.string(), "model");
 
   std::vector<fs::path> files{trace_out};
+  // A joined trace's sequences live in its ranks' traces, which go beside it (capture/joined.h).
+  for (const TracePart& p : r.parts()) {
+    const std::string& part = p.name;
+    const fs::path from = p.path;
+    fs::copy_file(from, out / part, ec);
+    if (ec) throw InputError(fmt::format("{}: cannot copy to {}: {}", from.string(), (out / part).string(), ec.message()));
+    files.push_back(out / part);
+  }
   std::vector<fs::path> model_files;
   for (const auto& e : fs::directory_iterator(model_out)) model_files.push_back(e.path());
   std::sort(model_files.begin(), model_files.end());

@@ -625,7 +625,9 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   KernelRecorder recorder;
   const bool record_kernels = recorded_kernels.available && opt.device == Device::cuda && recorder.start();
   const auto t0 = std::chrono::steady_clock::now();
-  const ForwardResult result = forward(w, batch, ro);
+  // A step of no sequence (a rank's own trace when the ranks split the sequences and it held none of
+  // this step's): nothing to run, nothing to compare.
+  const ForwardResult result = batch.empty() ? ForwardResult{} : forward(w, batch, ro);
   sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   v.finish();
   if (record_kernels)

@@ -450,6 +450,141 @@ TEST(ExpertParallelCli, TrainStepIsByteIdenticalForEveryRankCount) {
   EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
 }
 
+// --dp: the ranks split the sequences. `forward` has one sequence: rank 0 runs it, the other ranks
+// serve their experts; the JSON equals one process's bytes for 2 and 4 ranks.
+TEST(ExpertParallelCli, SplitSequencesForwardIsByteIdentical) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  for (const char* preset : {"tiny", "tiny-b"}) {
+    const std::string args = std::string("forward --preset ") + preset + " --seed 7 --random 160 --threads 1";
+    auto r = test::run_cli(args + " --out " + (d / "one.json"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (int n : {2, 4}) {
+      r = test::run_shell(mpirun(n) + args + " --ep " + std::to_string(n) + " --dp --out " + (d / "dp.json"));
+      ASSERT_EQ(r.code, 0) << preset << " --ep " << n << " --dp: " << r.out;
+      EXPECT_EQ(slurp(d / "dp.json"), slurp(d / "one.json")) << preset << " --ep " << n << " --dp";
+      std::remove((d / "dp.json").c_str());
+    }
+  }
+}
+
+// A batch of sequences (uneven lengths) on 2 and 4 ranks, split: each rank writes its own trace,
+// rank 0 the joined one; the joined trace reads as one trace (info, validate), replays in one process
+// and over 2 ranks bitwise naming the layout, equals a one-process recording in every digest (diff),
+// and travels as a bundle with its parts. At 4 ranks with 3 sequences one rank runs none.
+TEST(ExpertParallelCli, SplitSequencesRecordJoinsTheRanksTraces) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  {
+    std::ofstream f(d / "batch.jsonl");
+    f << "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]\n[30, 31, 32]\n";
+    f << "[9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29]\n";
+  }
+  const std::string rec = "record --preset tiny-b --seed 7 --threads 1 --batch " + (d / "batch.jsonl");
+  auto r = test::run_cli(rec + " --out " + (d / "one.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int n : {2, 4}) {
+    const std::string j = d / ("dp" + std::to_string(n) + ".h5");
+    r = test::run_shell(mpirun(n) + rec + " --ep " + std::to_string(n) + " --dp --out " + j);
+    ASSERT_EQ(r.code, 0) << n << " ranks: " << r.out;
+    EXPECT_NE(r.out.find("joins the " + std::to_string(n) + " ranks' traces"), std::string::npos) << r.out;
+    for (int q = 0; q < n; ++q)
+      EXPECT_TRUE(std::ifstream(d / ("dp" + std::to_string(n) + ".rank" + std::to_string(q) + ".h5")).good())
+          << "rank " << q << " of " << n;
+    r = test::run_cli("trace info --json " + j);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("\"name\": \"dp" + std::to_string(n) + ".rank" + std::to_string(n - 1) + ".h5\""),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("\"seq_lengths\": [\n        17,\n        3,\n        29\n      ]"), std::string::npos) << r.out;
+    r = test::run_cli("trace validate " + j);
+    EXPECT_EQ(r.code, 0) << r.out;
+    r = test::run_cli("replay --threads 1 " + j);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("recorded with expert parallel over " + std::to_string(n) +
+                         " MPI ranks, each running its own sequences, replayed with one process"),
+              std::string::npos)
+        << r.out;
+    r = test::run_cli("diff " + (d / "one.h5") + " " + j);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("first divergence: none (every digest agrees)"), std::string::npos) << r.out;
+    // A rank's own trace is a trace of its sequences.
+    r = test::run_cli("trace info " + (d / ("dp" + std::to_string(n) + ".rank1.h5")));
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(n == 2 ? "sequences [29]" : "sequences [3]"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank           1 of " + std::to_string(n)), std::string::npos) << r.out;
+  }
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 " + (d / "dp4.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("replayed with expert parallel over 2 MPI ranks"), std::string::npos) << r.out;
+
+  // A bundle carries the parts; it replays from another folder with the originals gone.
+  r = test::run_cli("trace bundle " + (d / "dp2.h5") + " --out " + (d / "bundle"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* f : {"dp2.h5", "dp2.rank0.h5", "dp2.rank1.h5"}) std::remove((d / f).c_str());
+  r = test::run_cli("replay --threads 1 " + (d / "bundle") + "/dp2.h5");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+
+  // A missing part, or one whose bytes changed, is named.
+  std::remove((d / "dp4.rank2.h5").c_str());
+  r = test::run_cli("trace info " + (d / "dp4.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("part 2 (" + (d / "dp4.rank2.h5") + ") is missing"), std::string::npos) << r.out;
+  {
+    std::fstream f(d / "dp4.rank1.h5", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4000);
+    f.put('\x5a');
+  }
+  r = test::run_cli("replay " + (d / "dp4.h5"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dp4.rank1.h5"), std::string::npos) << r.out;
+}
+
+// A rank killed while the ranks record a second step: every rank ends non-zero within a bounded
+// time; the joined trace still holds the first step, complete and sealed; salvage copies it into a
+// trace that holds its sequences itself (it replays with the ranks' traces gone).
+TEST(ExpertParallelCli, AKilledRankLeavesTheJoinedStepsSalvageable) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  {
+    std::ofstream f(d / "batch.jsonl");
+    f << "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]\n[30, 31, 32, 33, 34, 35, 36, 37, 38]\n";
+  }
+  const std::string rec = "record --preset tiny --seed 7 --threads 1 --ep 2 --dp --batch " + (d / "batch.jsonl") +
+                          " --out " + (d / "j.h5");
+  auto r = test::run_shell(mpirun(2) + rec);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Open MPI's ranks on this host inherit mpirun's environment.
+  r = test::run_shell("DSV4_FAULT=kill-mid-step DSV4_FAULT_RANK=1 " + mpirun(2) + rec + " --append");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(secs, 120.0) << r.out;
+  r = test::run_cli("trace info " + (d / "j.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("steps: 1\n"), std::string::npos) << r.out;
+  r = test::run_cli("trace validate " + (d / "j.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("part 1: j.rank1.h5 (seal: open"), std::string::npos) << r.out;
+  r = test::run_cli("trace salvage " + (d / "j.h5") + " --out " + (d / "s.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* f : {"j.h5", "j.rank0.h5", "j.rank1.h5"}) std::remove((d / f).c_str());
+  r = test::run_cli("replay --threads 1 " + (d / "s.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+}
+
+TEST(ExpertParallelCli, SplitSequencesNeedRanksOnTheCpu) {
+  auto r = test::run_cli("record --preset tiny --random 20 --dp --out x.h5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--dp splits the sequences among the --ep ranks: give --ep N with N > 1"), std::string::npos)
+      << r.out;
+  r = test::run_cli("forward --preset tiny --random 20 --ep 2 --dp --device cuda");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--dp runs on the CPU only (MPI)"), std::string::npos) << r.out;
+}
+
 TEST(ExpertParallelCli, LauncherMismatchesAreNamed) {
   DSV4_REQUIRE_MPI();
   auto r = test::run_cli("forward --preset tiny --random 20 --ep 2");
