@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "kernels/numerics/numerics.h"
 #include "model/error.h"
@@ -75,48 +76,22 @@ std::vector<uint8_t> storage_bytes(const TensorRecord& t) {
   return out;
 }
 
-namespace {
-
-// XXH3-64 of one weight's values in its storage dtype: BF16 as bf16 patterns; F32 and F16 as float32
-// (F16 is widened exactly on load and the model keeps no F16 copy; hashing the widened value keeps the
-// digest independent of how this code would re-narrow it); I32 and I64 as int32 (I64 is range-checked
-// to int32 on load). BF16 tensors are converted in chunks so memory stays flat for large checkpoints.
-uint64_t weight_digest(const WeightTensor& w) {
-  switch (w.dtype) {
-    case StDType::I32:
-    case StDType::I64:
-      return XXH3_64bits(w.i.data(), w.i.size() * sizeof(int32_t));
-    case StDType::BF16: {
-      XXH3_state_t* st = XXH3_createState();
-      XXH3_64bits_reset(st);
-      constexpr size_t kChunk = size_t(1) << 16;
-      std::vector<uint16_t> buf(std::min(kChunk, w.f.size()));
-      for (size_t i = 0; i < w.f.size(); i += kChunk) {
-        const size_t n = std::min(kChunk, w.f.size() - i);
-        to_bf16(w.f.data() + i, int64_t(n), buf.data());
-        XXH3_64bits_update(st, buf.data(), n * 2);
-      }
-      const uint64_t h = XXH3_64bits_digest(st);
-      XXH3_freeState(st);
-      return h;
-    }
-    default:
-      return XXH3_64bits(w.f.data(), w.f.size() * sizeof(float));
-  }
-}
-
-}  // namespace
-
 ModelDigest model_digest(const Weights& w) {
   ModelDigest d;
+  // Every tensor by name: the loaded ones hashed here, those a process left out (Weights::absent) with
+  // the digest taken when they were dropped.
+  std::map<std::string, const WeightTensor*> by_name;
+  for (const auto& [name, t] : w.tensors()) by_name.emplace(name, &t);
+  for (const auto& [name, t] : w.absent()) by_name.emplace(name, nullptr);
   std::vector<const WeightTensor*> ts;
-  for (const auto& [name, t] : w.tensors()) {  // std::map: sorted by name
+  for (const auto& [name, t] : by_name) {
     d.names.push_back(name);
-    ts.push_back(&t);
+    d.digests.push_back(t ? 0 : w.absent().at(name).digest);
+    ts.push_back(t);
   }
-  d.digests.resize(ts.size());
 #pragma omp parallel for schedule(dynamic)
-  for (size_t i = 0; i < ts.size(); ++i) d.digests[i] = weight_digest(*ts[i]);
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (ts[i]) d.digests[i] = tensor_digest(*ts[i]);
 
   std::vector<uint8_t> all;
   for (size_t i = 0; i < d.names.size(); ++i) {

@@ -34,6 +34,9 @@ struct ModelArgs {
 };
 void add_model_options(CLI::App* cmd, ModelArgs& m);
 Weights open_model(const ModelArgs& m);
+// Under expert parallelism (`experts` not null) each rank loads only its own routed experts
+// (model/weights.h only_experts); the model digest is still the whole checkpoint's.
+Weights open_model(const ModelArgs& m, const Communicator* experts);
 // --tokens LIST|@FILE or --random N (1 <= N <= the config's max_position_embeddings).
 std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, const ModelConfig& c);
 

@@ -95,9 +95,21 @@ void add_model_options(CLI::App* cmd, ModelArgs& m) {
 }
 
 Weights open_model(const ModelArgs& m) {
+  return open_model(m, nullptr);
+}
+
+Weights open_model(const ModelArgs& m, const Communicator* experts) {
   if (m.model.empty() == m.preset.empty())
     throw InputError("give exactly one of --model DIR or --preset NAME");
-  return m.model.empty() ? open_preset(m.preset, m.seed) : open_checkpoint(m.model);
+  const auto own = [experts](const ModelConfig& c) {
+    const ExpertRange r = expert_range(c.n_routed_experts, experts->rank(), experts->size());
+    return only_experts(r.first, r.last);
+  };
+  if (!m.model.empty())
+    return experts ? open_checkpoint(m.model, own(checkpoint_config(m.model))) : open_checkpoint(m.model);
+  Weights w = open_preset(m.preset, m.seed);
+  if (experts) w.keep_only(own(w.config()));
+  return w;
 }
 
 std::vector<int32_t> get_tokens(const std::string& spec, int64_t random, uint64_t seed, const ModelConfig& c) {

@@ -40,7 +40,7 @@ struct ForwardArgs {
 
 int run_forward(const ForwardArgs& a) {
   Communicator* const comm = open_parallel(a.parallel, a.device);
-  Weights w = open_model(a.model);
+  Weights w = open_model(a.model, comm);
   const std::vector<int32_t> tokens = get_tokens(a.tokens, a.random, a.token_seed, w.config());
   DecisionLog log;
   RunOptions opt;
@@ -74,10 +74,12 @@ int run_forward(const ForwardArgs& a) {
   fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}{}\n",
              tokens.size(), a.profile, secs, tokens.size() / secs,
              res.seqs[0].logprobs.empty() ? 0.0 : sum / res.seqs[0].logprobs.size(),
-             comm ? fmt::format(", experts over {} {} ranks (rank 0 received {:.1f} MB, {:.0f} bytes per token)",
-                                comm->size(), comm->transport(), double(comm->bytes_received()) / 1e6,
-                                double(comm->bytes_received()) / double(tokens.size()))
-                  : "",
+             comm ? fmt::format(", experts over {} {} ranks{} (rank 0 received {:.1f} MB, {:.0f} bytes per token; "
+                                "holds {:.1f} MB of weights)",
+                                comm->size(), comm->transport(), a.parallel.dp ? ", sequences split" : "",
+                                double(comm->bytes_received()) / 1e6,
+                                double(comm->bytes_received()) / double(tokens.size()), double(w.loaded_bytes()) / 1e6)
+                  : fmt::format(", {:.1f} MB of weights", double(w.loaded_bytes()) / 1e6),
              a.out.empty() ? "" : fmt::format(", wrote {}", a.out));
   return 0;
 }

@@ -104,7 +104,7 @@ int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::v
 
 int run_record(const RecordArgs& a) {
   Communicator* const comm = open_parallel(a.parallel, a.device);
-  Weights w = open_model(a.model);
+  Weights w = open_model(a.model, comm);
   std::vector<std::vector<int32_t>> batch;
   if (!a.batch.empty()) {
     if (!a.tokens.empty() || a.random > 0) throw InputError("give --batch or --tokens/--random, not both");

@@ -63,6 +63,9 @@ struct MoeParams {
   const int32_t* ids = nullptr;    // [T, k] ascending
   const float* weights = nullptr;  // [T, k]
   const ExpertWeights* experts = nullptr;  // [E]
+  // The routed experts whose weights are present, [loaded_first, loaded_last) (-1: all E): a rank of
+  // expert parallelism loads its own only (model/weights.h only_experts); the others are null.
+  int loaded_first = 0, loaded_last = -1;
   const ExpertWeights* shared = nullptr;   // [n_shared]
   float swiglu_limit = 10.0f;
   bool clamp_shared = false;

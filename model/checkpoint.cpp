@@ -8,7 +8,7 @@
 
 namespace dsv4 {
 
-Weights open_checkpoint(const std::string& path) {
+ModelConfig checkpoint_config(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(fmt::format("{}: no such file or directory", path));
@@ -17,8 +17,11 @@ Weights open_checkpoint(const std::string& path) {
   if (!fs::exists(cfg, ec))
     throw InputError(
         fmt::format("{}: no config.json beside the weights (looked for {})", path, cfg.string()));
-  ModelConfig c = config_from_file(cfg.string());
-  return Weights::load(c, path);
+  return config_from_file(cfg.string());
+}
+
+Weights open_checkpoint(const std::string& path, const WeightFilter& keep) {
+  return Weights::load(checkpoint_config(path), path, keep);
 }
 
 Weights open_preset(const std::string& preset_name, uint64_t seed) {

@@ -173,9 +173,24 @@ void Backend::moe_experts_backward_parallel(const MoeBwdParams& p, int layer, Co
   gather_expert_grads(*this, p, comm);
 }
 
+namespace {
+// The experts a MoE computes, [e0, e1), must be among those this process loaded (MoeParams::loaded_*).
+void require_loaded(const MoeParams& p, int e0, int e1, int layer) {
+  const int last = p.loaded_last < 0 ? p.E : p.loaded_last;
+  if (e0 < p.loaded_first || e1 > last)
+    throw InputError(fmt::format("layer {}: the MoE needs experts {}..{} but this process loaded experts {}..{} only",
+                                 layer, e0, e1 - 1, p.loaded_first, last - 1));
+}
+void require_own_loaded(const MoeParams& p, const Communicator& comm, int layer) {
+  const ExpertRange mine = expert_range(p.E, comm.rank(), comm.size());
+  require_loaded(p, mine.first, mine.last, layer);
+}
+}  // namespace
+
 void Backend::moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) {
   check_memory(*this, comm, layer);
   require(moe_check(p), "moe", layer);
+  require_own_loaded(p, comm, layer);
   dsv4::moe_experts_parallel(p, comm);
 }
 void Backend::moe_experts_dispatch(const MoeParams& p, int layer, Communicator& comm) {
@@ -185,6 +200,7 @@ void Backend::moe_experts_dispatch(const MoeParams& p, int layer, Communicator& 
                                  layer));
   check_memory(*this, comm, layer);
   require(moe_check(p), "moe", layer);
+  require_own_loaded(p, comm, layer);
   dsv4::moe_experts_dispatch(p, comm);
 }
 void Backend::hadamard_backward(float*, int64_t, int64_t, int64_t) { no_backward(*this, "hadamard_backward"); }
@@ -269,6 +285,7 @@ class CpuBackend final : public Backend {
   void router(const RouterParams& p) override { dsv4::router(p); }
   void moe_experts(const MoeParams& p, int layer) override {
     require(moe_check(p), "moe", layer);
+    require_loaded(p, 0, p.E, layer);
     dsv4::moe_experts(p);
   }
   void log_softmax_gather(const float* logits, int64_t rows, int64_t V, const int32_t* target,
@@ -604,6 +621,7 @@ class CudaBackend final : public Backend {
   void router(const RouterParams& p) override { cuda::router(p, s_); }
   void moe_experts(const MoeParams& p, int layer) override {
     require(cuda::moe_check(p), "moe", layer);
+    require_loaded(p, 0, p.E, layer);
     cuda::moe_experts(p, s_);
   }
   // As the CPU's moe_experts_parallel (model/expert_parallel.h), on the device: this rank's pairs'
@@ -612,6 +630,7 @@ class CudaBackend final : public Backend {
   void moe_experts_parallel(const MoeParams& p, int layer, Communicator& comm) override {
     check_memory(*this, comm, layer);
     require(cuda::moe_check(p), "moe", layer);
+    require_own_loaded(p, comm, layer);
     if (p.T <= 0) return;
     const std::vector<int64_t> pairs = pairs_per_rank(cuda::moe_expert_counts(p, s_), comm.size());
     std::vector<int64_t> sizes;

@@ -155,13 +155,27 @@ using IBuf = backend::Buffer<int32_t>;
 struct MoeLayer {
   std::vector<ExpertWeights> experts, shared;
   MoeParams p;
-  MoeLayer(Backend& be, const ModelConfig& c, const NumericsProfile& P, int L) {
+  MoeLayer(Backend& be, const Weights& w, const NumericsProfile& P, int L) {
+    const ModelConfig& c = w.config();
     const std::string m = layer_prefix(L) + "mlp.";
+    // The experts this process loaded (all, or a rank's own: model/weights.h only_experts); the
+    // others stay null and p.loaded_* says which are there.
+    int first = -1, last = -1;
     for (int e = 0; e < c.n_routed_experts; ++e) {
       const std::string ep = m + fmt::format("experts.{}.", e);
+      if (!w.has(ep + "gate_proj.weight")) {
+        experts.push_back(ExpertWeights{});
+        continue;
+      }
+      if (first < 0) first = e;
+      if (last >= 0 && last != e)
+        throw InputError(fmt::format("layer {}: the loaded experts are not one range (expert {} after {})", L, e, last - 1));
+      last = e + 1;
       experts.push_back(ExpertWeights{be.weight(ep + "gate_proj.weight"), be.weight(ep + "up_proj.weight"),
                                       be.weight(ep + "down_proj.weight")});
     }
+    p.loaded_first = first < 0 ? 0 : first;
+    p.loaded_last = first < 0 ? 0 : last;
     if (c.n_shared_experts > 0)
       shared.push_back(ExpertWeights{be.weight(m + "shared_experts.gate_proj.weight"),
                                      be.weight(m + "shared_experts.up_proj.weight"),
@@ -187,7 +201,8 @@ class SequenceForward {
   // positions cache->length() .. + T - 1, reading and extending the cache.
   SequenceForward(const Weights& w, const RunOptions& opt, Backend& be, int seq,
                   const std::vector<int32_t>& tokens, SequenceCache* cache = nullptr, Tape* tape = nullptr)
-      : c_(w.config()),
+      : w_(w),
+        c_(w.config()),
         opt_(opt),
         P_(opt.profile),
         be_(be),
@@ -472,6 +487,7 @@ class SequenceForward {
   FBuf attention(const FBuf& x, int layer);
   FBuf moe(const FBuf& x, int layer);
 
+  const Weights& w_;
   const ModelConfig& c_;
   const RunOptions& opt_;
   const NumericsProfile& P_;
@@ -829,7 +845,7 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   }
 
   FBuf out = be_.floats(T_ * D);
-  MoeLayer ml(be_, c_, P_, L);
+  MoeLayer ml(be_, w_, P_, L);
   MoeParams& mp = ml.p;
   mp.T = T_;
   mp.x = x.data();
@@ -1040,7 +1056,7 @@ ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>&
       continue;
     }
     for (int L = 0; L < c.num_hidden_layers; ++L) {
-      MoeLayer idle(*be, c, opt.profile, L);
+      MoeLayer idle(*be, w, opt.profile, L);
       be->moe_experts_dispatch(idle.p, L, *opt.experts);
     }
   }

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <xxhash.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -149,7 +151,7 @@ Weights Weights::init(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
-Weights Weights::load(const ModelConfig& c, const std::string& path) {
+Weights Weights::load(const ModelConfig& c, const std::string& path, const WeightFilter& keep) {
   validate(c, path);
   SafetensorsReader reader = SafetensorsReader::open(path);
   Weights w;
@@ -192,6 +194,10 @@ Weights Weights::load(const ModelConfig& c, const std::string& path) {
                           : ""));
     } else {
       t.f = reader.read_f32(spec.name);
+    }
+    if (keep && !keep(spec.name)) {
+      w.absent_.emplace(spec.name, AbsentTensor{t.shape, t.dtype, tensor_digest(t)});
+      continue;  // its values freed here: one dropped tensor in memory at a time
     }
     w.tensors_.emplace(spec.name, std::move(t));
   }
@@ -263,8 +269,61 @@ void Weights::save(const std::string& dir, int64_t max_shard_bytes) const {
 
 const WeightTensor& Weights::get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) throw WeightsError(fmt::format("weights: no tensor '{}'", name));
-  return it->second;
+  if (it != tensors_.end()) return it->second;
+  if (absent_.count(name))
+    throw WeightsError(fmt::format("weights: tensor '{}' was not loaded by this process (it holds only its own "
+                                   "experts)",
+                                   name));
+  throw WeightsError(fmt::format("weights: no tensor '{}'", name));
+}
+
+void Weights::keep_only(const WeightFilter& keep) {
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    if (keep(it->first)) {
+      ++it;
+      continue;
+    }
+    absent_.emplace(it->first, AbsentTensor{it->second.shape, it->second.dtype, tensor_digest(it->second)});
+    it = tensors_.erase(it);
+  }
+}
+
+int64_t Weights::loaded_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors_)
+    n += int64_t(t.f.size() * sizeof(float) + t.i.size() * sizeof(int32_t));
+  return n;
+}
+
+WeightFilter only_experts(int first, int last) {
+  return [first, last](const std::string& name) {
+    const ParamSite s = param_site(name);
+    return s.expert < 0 || (s.expert >= first && s.expert < last);
+  };
+}
+
+uint64_t tensor_digest(const WeightTensor& w) {
+  switch (w.dtype) {
+    case StDType::I32:
+    case StDType::I64:
+      return XXH3_64bits(w.i.data(), w.i.size() * sizeof(int32_t));
+    case StDType::BF16: {
+      XXH3_state_t* st = XXH3_createState();
+      XXH3_64bits_reset(st);
+      constexpr size_t kChunk = size_t(1) << 16;
+      std::vector<uint16_t> buf(std::min(kChunk, w.f.size()));
+      for (size_t i = 0; i < w.f.size(); i += kChunk) {
+        const size_t n = std::min(kChunk, w.f.size() - i);
+        for (size_t k = 0; k < n; ++k) buf[k] = num::bf16_bits(w.f[i + k]);
+        XXH3_64bits_update(st, buf.data(), n * 2);
+      }
+      const uint64_t h = XXH3_64bits_digest(st);
+      XXH3_freeState(st);
+      return h;
+    }
+    default:
+      return XXH3_64bits(w.f.data(), w.f.size() * sizeof(float));
+  }
 }
 
 const float* Weights::layer_f(int layer, const std::string& suffix) const {

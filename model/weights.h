@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,24 @@ struct WeightTensor {
   std::vector<int32_t> i;         // values for integer tensors
 };
 
+// XXH3-64 of a tensor's values in its storage dtype (BF16: the bf16 patterns; integer tensors: the int32
+// values; others: the fp32 values): the per-tensor digests of a model (capture/digest.h model_digest).
+uint64_t tensor_digest(const WeightTensor& t);
+
+// A tensor this process did not load (Weights::load's `keep`): its shape, dtype and digest, so the
+// model's digest stays that of the whole checkpoint.
+struct AbsentTensor {
+  std::vector<int64_t> shape;
+  StDType dtype = StDType::BF16;
+  uint64_t digest = 0;
+};
+
+// Which tensors a process loads (true: keep); the others are checked, digested and dropped.
+using WeightFilter = std::function<bool(const std::string& name)>;
+// The routed experts of every layer outside [first, last) left out; everything else kept. The weights
+// of one rank of expert parallelism (model/communicator.h expert_range).
+WeightFilter only_experts(int first, int last);
+
 class Weights {
  public:
   // Seeded initialisation (deterministic on every machine; kernels/numerics/rng.h).
@@ -42,7 +61,11 @@ class Weights {
   // shape and a compatible dtype (float tensors: BF16/F16/F32/F8_E4M3 — keep-fp32 tensors must be
   // F32 — integer tensors I32/I64); unexpected tensors are an error too. Messages name the tensor,
   // what was expected and what was found.
-  static Weights load(const ModelConfig& c, const std::string& path);
+  // With `keep`, the tensors it refuses are checked the same way, digested (tensor_digest) one at a time
+  // and dropped: absent() lists them, and get() of one throws WeightsError saying it was not loaded.
+  static Weights load(const ModelConfig& c, const std::string& path, const WeightFilter& keep = {});
+  // Drops the tensors `keep` refuses, keeping their digests (as load with `keep`).
+  void keep_only(const WeightFilter& keep);
   // A copy with the float tensors named in `values` replaced (same element counts, else WeightsError
   // naming the tensor), each value rounded as save() stores it: to bf16 (round to nearest even) for
   // tensors stored BF16 or F8_E4M3, unchanged for F32 / F16. The optimizer's master weights become the
@@ -58,12 +81,15 @@ class Weights {
   const float* layer_f(int layer, const std::string& suffix) const;
   const int32_t* layer_i(int layer, const std::string& suffix) const;
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
-  const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, WeightTensor>& tensors() const { return tensors_; }  // loaded ones
+  const std::map<std::string, AbsentTensor>& absent() const { return absent_; }   // left out by `keep`
+  int64_t loaded_bytes() const;  // the loaded tensors' values in memory
   std::string source() const { return source_; }  // path it was loaded from, or "init:seed=N"
 
  private:
   ModelConfig cfg_;
   std::map<std::string, WeightTensor> tensors_;
+  std::map<std::string, AbsentTensor> absent_;
   std::string source_;
 };
 

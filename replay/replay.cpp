@@ -737,7 +737,16 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
                                       r.model().model_digest));
   }
 
-  const Weights w = weights_for_trace(r, opt.model_dir);
+  // Expert-parallel: each rank loads its own experts, unless a training step is replayed (its update
+  // runs on every weight on every rank).
+  WeightFilter keep;
+  if (opt.experts) {
+    bool training = false;
+    for (int index : selected) training |= steps[size_t(index)].kind == trace_layout::kKindTrainStep;
+    const ExpertRange own = expert_range(r.config().n_routed_experts, opt.experts->rank(), opt.experts->size());
+    if (!training) keep = only_experts(own.first, own.last);
+  }
+  const Weights w = weights_for_trace(r, opt.model_dir, keep);
   rep.model_source = w.source();
   rep.weight_mismatches = weight_mismatches(r, w);
 

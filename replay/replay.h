@@ -134,7 +134,8 @@ std::string replay_to_json(const ReplayReport& r);
 // A relative recorded path is looked up beside the trace first, then in the working directory (a
 // bundle records "model", see bundle_trace). Throws InputError when no weights can be found, or when
 // the checkpoint's config differs from the recorded one (naming the field).
-Weights weights_for_trace(const TraceReader& r, const std::string& model_dir);
+// With `keep`, only the tensors it accepts are loaded (Weights::load).
+Weights weights_for_trace(const TraceReader& r, const std::string& model_dir, const WeightFilter& keep = {});
 // The seed of a weights source "init:seed=N" (preset weights re-created from the seed); nullopt for
 // a path.
 std::optional<uint64_t> init_seed(const std::string& source);

@@ -56,12 +56,16 @@ std::optional<uint64_t> init_seed(const std::string& source) {
   return std::stoull(num);
 }
 
-Weights weights_for_trace(const TraceReader& r, const std::string& model_dir) {
+Weights weights_for_trace(const TraceReader& r, const std::string& model_dir, const WeightFilter& keep) {
   const ModelConfig recorded = r.config();
   const TraceModelMeta meta = r.model();
   std::string path = model_dir;
   if (path.empty()) {
-    if (const auto seed = init_seed(meta.weights_path)) return Weights::init(recorded, *seed);
+    if (const auto seed = init_seed(meta.weights_path)) {
+      Weights w = Weights::init(recorded, *seed);
+      if (keep) w.keep_only(keep);
+      return w;
+    }
     if (meta.weights_path.empty())
       throw InputError(fmt::format("{}: the trace records no weights path; pass --model DIR", r.path()));
     path = resolve_recorded_path(r, meta.weights_path);
@@ -71,7 +75,7 @@ Weights weights_for_trace(const TraceReader& r, const std::string& model_dir) {
                       "the working directory); pass --model DIR",
                       r.path(), meta.weights_path));
   }
-  Weights w = open_checkpoint(path);
+  Weights w = open_checkpoint(path, keep);
   const std::string field = first_config_difference(recorded, w.config());
   if (!field.empty())
     throw InputError(

@@ -14,6 +14,8 @@
 #include "capture/policy.h"
 #include "model/config.h"
 #include "model/error.h"
+#include "model/forward.h"
+#include "model/tokens.h"
 #include "model/weights.h"
 #include "test_util.h"
 
@@ -337,6 +339,56 @@ TEST(ModelDigest, SameAfterSaveAndLoad) {
   EXPECT_EQ(a.names, b.names);
   EXPECT_EQ(a.digests, b.digests);
   EXPECT_EQ(a.whole, b.whole);
+}
+
+// A rank of expert parallelism loads its own experts only (model/weights.h only_experts): from a
+// checkpoint (each left-out tensor checked, digested and dropped) and from a preset (keep_only), the
+// model digest and every per-tensor digest stay the whole model's; the left-out tensors are named when
+// asked for, and a single-device MoE refuses weights that lack experts, naming the layer.
+TEST(ModelDigest, OwnExpertsOnlyKeepTheWholeModelsDigest) {
+  const ModelConfig c = preset("tiny-b");
+  const Weights w = Weights::init(c, 7);
+  const auto dir = std::filesystem::temp_directory_path() / ("dsv4_own_" + std::to_string(::getpid()));
+  w.save(dir.string());
+  const ModelDigest whole = model_digest(w);
+  const WeightFilter own = only_experts(2, 4);
+  Weights preset_part = Weights::init(c, 7);
+  preset_part.keep_only(own);
+  const Weights loaded_part = Weights::load(c, dir.string(), own);
+  std::filesystem::remove_all(dir);
+  for (const Weights* part : std::vector<const Weights*>{&preset_part, &loaded_part}) {
+    const ModelDigest d = model_digest(*part);
+    EXPECT_EQ(d.names, whole.names);
+    EXPECT_EQ(d.digests, whole.digests);
+    EXPECT_EQ(d.whole, whole.whole);
+    EXPECT_LT(part->loaded_bytes(), w.loaded_bytes());
+    int kept = 0;
+    for (const auto& [name, t] : w.tensors()) {
+      const ParamSite s = param_site(name);
+      const bool mine = s.expert < 0 || (s.expert >= 2 && s.expert < 4);
+      EXPECT_EQ(part->has(name), mine) << name;
+      EXPECT_EQ(part->absent().count(name) == 1, !mine) << name;
+      kept += mine;
+    }
+    EXPECT_EQ(int(part->tensors().size()), kept);
+    try {
+      part->get("model.layers.0.mlp.experts.5.down_proj.weight");
+      ADD_FAILURE() << "a left-out expert was returned";
+    } catch (const WeightsError& e) {
+      EXPECT_NE(std::string(e.what()).find("'model.layers.0.mlp.experts.5.down_proj.weight' was not loaded by this "
+                                           "process"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    forward(loaded_part, {random_tokens(12, c.vocab_size, 1)}, RunOptions{});
+    ADD_FAILURE() << "a forward ran without every expert";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0: the MoE needs experts 0..5 but this process loaded experts 2..3 only"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ModelDigest, OneUlpChangesOneTensor) {

@@ -575,6 +575,45 @@ TEST(ExpertParallelCli, AKilledRankLeavesTheJoinedStepsSalvageable) {
   EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
 }
 
+// Each rank loads only its own routed experts from the checkpoint: the forward's bytes are the one-process
+// bytes, the weights a rank holds shrink with the rank count, and a recording made so replays over 2
+// ranks (each loading its own) and in one process; the trace's model digest is the whole checkpoint's.
+TEST(ExpertParallelCli, EachRankLoadsOnlyItsOwnExperts) {
+  DSV4_REQUIRE_MPI();
+  test::TempDir d;
+  auto r = test::run_cli("model init --preset tiny-b --seed 5 --out " + (d / "m"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string args = "forward --model " + (d / "m") + " --random 120 --threads 1 --out ";
+  r = test::run_cli(args + (d / "one.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto held = [](const std::string& out) {  // "... holds 22.0 MB of weights" / "31.5 MB of weights"
+    const size_t at = out.find(" MB of weights");
+    if (at == std::string::npos) return -1.0;
+    const size_t from = out.rfind(' ', at - 1);
+    return std::stod(out.substr(from + 1, at - from - 1));
+  };
+  const double one = held(r.out);
+  ASSERT_GT(one, 0) << r.out;
+  double last = one;
+  for (int n : {2, 4}) {
+    r = test::run_shell(mpirun(n) + args + (d / "ep.json") + " --ep " + std::to_string(n));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(slurp(d / "ep.json"), slurp(d / "one.json")) << "--ep " << n;
+    EXPECT_LT(held(r.out), last) << "--ep " << n << ": " << r.out;
+    last = held(r.out);
+  }
+  r = test::run_shell(mpirun(2) + "record --model " + (d / "m") + " --random 90 --threads 1 --ep 2 --out " +
+                      (d / "ep.h5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_shell(mpirun(2) + "replay --threads 1 --ep 2 " + (d / "ep.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+  r = test::run_cli("replay --threads 1 " + (d / "ep.h5"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("WEIGHTS DIFFER"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+}
+
 TEST(ExpertParallelCli, SplitSequencesNeedRanksOnTheCpu) {
   auto r = test::run_cli("record --preset tiny --random 20 --dp --out x.h5");
   EXPECT_EQ(r.code, 2) << r.out;

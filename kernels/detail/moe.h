@@ -94,7 +94,9 @@ inline const char* moe_check_pointers(const MoeParams& p) {
 }
 // The weights of every routed and shared expert (T > 0).
 inline const char* moe_check_expert_weights(const MoeParams& p) {
-  for (int e = 0; e < p.E; ++e)
+  const int last = p.loaded_last < 0 ? p.E : p.loaded_last;
+  if (p.loaded_first < 0 || p.loaded_first > last || last > p.E) return "moe: the loaded experts are not a range of E";
+  for (int e = p.loaded_first; e < last; ++e)
     if (!p.experts[e].w1 || !p.experts[e].w3 || !p.experts[e].w2) return "moe: null expert weights";
   for (int e = 0; e < p.n_shared; ++e)
     if (!p.shared[e].w1 || !p.shared[e].w3 || !p.shared[e].w2) return "moe: null shared expert weights";
