@@ -68,6 +68,14 @@ struct RecordArgs {
   ParallelArgs parallel;
 };
 
+// What expert parallelism cost rank 0: the bytes it received from the other ranks and the weights it holds.
+void print_parallel_costs(const Communicator& comm, const Weights& w, int64_t tokens) {
+  fmt::print(stderr, "record: experts over {} {} ranks: rank 0 received {:.1f} MB ({:.0f} bytes per token), holds "
+             "{:.1f} MB of weights\n",
+             comm.size(), comm.transport(), double(comm.bytes_received()) / 1e6,
+             double(comm.bytes_received()) / double(std::max<int64_t>(tokens, 1)), double(w.loaded_bytes()) / 1e6);
+}
+
 // record --ep N --dp: every rank records its own sequences; rank 0 joins them (capture/joined.h).
 int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                  Communicator& comm) {
@@ -99,6 +107,7 @@ int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::v
     fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {} joins the {} "
                "ranks' traces\n",
                r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path, comm.size());
+  if (comm.rank() == 0) print_parallel_costs(comm, w, r.tokens);
   return 0;
 }
 
@@ -142,6 +151,7 @@ int run_record(const RecordArgs& a) {
   fmt::print(stderr,
              "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
              r.stats.bytes_queued / 1e6, r.stats.seconds_blocked, r.stats.seconds_writing);
+  if (comm) print_parallel_costs(*comm, w, r.tokens);
   return 0;
 }
 

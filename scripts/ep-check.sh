@@ -3,7 +3,10 @@
 # --ep 1, 2 and 4 under mpirun (oversubscribed where there are fewer cores), each result compared
 # byte for byte with the single-process one, and a table of time and bytes gathered per token; then a
 # training step (4 samples of tokens/4 tokens each) at --ep 1, 2 and 4, its checkpoint and optimizer
-# state compared byte for byte, and its time.
+# state compared byte for byte, and its time; then a batch of 8 sequences recorded with every rank
+# running every sequence and with the sequences split among the ranks (--dp), each trace compared with
+# the one-process recording (dsv4 diff: every digest), with its time, the bytes rank 0 received per
+# token and the weights it holds (each rank loads its own experts).
 # Usage: scripts/ep-check.sh [--preset tiny] [--tokens 2000] [--dsv4 build/cli/dsv4]
 set -euo pipefail
 preset=tiny tokens=2000 bin=build/cli/dsv4
@@ -55,5 +58,32 @@ for n in 1 2 4; do
     rc=1
   fi
   printf '%-4s %-10.2f %s\n' "$n" "$secs" "$res"
+done
+
+for s in 0 1 2 3 4 5 6 7; do
+  echo "[$(seq -s, $((s * 5 + 1)) $((s * 5 + tokens / 8)) | awk -F, -v OFS=, '{ for (i = 1; i <= NF; i++) $i = $i % 500 } 1')]"
+done >"$work/batch.jsonl"
+"$bin" record --preset "$preset" --seed 7 --batch "$work/batch.jsonl" --threads 1 --out "$work/r1.h5" 2>"$work/r1.log"
+printf '\n%-4s %-22s %-10s %-12s %-12s %s\n' ep layout "record s" bytes/token "weights MB" result
+printf '%-4s %-22s %-10s %-12s %-12s %s\n' 1 "one process" \
+  "$(sed -nE 's/^record: step .* in ([0-9.]+) s;.*/\1/p' "$work/r1.log")" 0 \
+  "$("$bin" forward --preset "$preset" --seed 7 --random 2 --out /dev/null 2>&1 | sed -nE 's/.*, ([0-9.]+) MB of weights.*/\1/p')" -
+for n in 2 4; do
+  for dp in "" --dp; do
+    out=$work/r$n${dp:+dp}.h5
+    mpirun -np "$n" "$bin" record --preset "$preset" --seed 7 --batch "$work/batch.jsonl" --threads 1 --ep "$n" $dp \
+      --out "$out" 2>"$out.log"
+    secs=$(sed -nE 's/^record: step .* in ([0-9.]+) s;.*/\1/p' "$out.log")
+    bpt=$(sed -nE 's/.*\(([0-9]+) bytes per token\).*/\1/p' "$out.log")
+    mb=$(sed -nE 's/.*holds ([0-9.]+) MB of weights.*/\1/p' "$out.log")
+    if "$bin" diff "$work/r1.h5" "$out" | grep -q "first divergence: none (every digest agrees)"; then
+      res="every digest equal to one process"
+    else
+      res="DIFFERS"
+      rc=1
+    fi
+    printf '%-4s %-22s %-10s %-12s %-12s %s\n' "$n" "${dp:+sequences split}${dp:-every rank every seq}" "$secs" \
+      "$bpt" "$mb" "$res"
+  done
 done
 exit $rc
