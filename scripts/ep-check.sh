@@ -82,8 +82,9 @@ for n in 2 4; do
       res="DIFFERS"
       rc=1
     fi
-    printf '%-4s %-22s %-10s %-12s %-12s %s\n' "$n" "${dp:+sequences split}${dp:-every rank every seq}" "$secs" \
-      "$bpt" "$mb" "$res"
+    layout="every rank every seq"
+    [[ -n $dp ]] && layout="sequences split (--dp)"
+    printf '%-4s %-22s %-10s %-12s %-12s %s\n' "$n" "$layout" "$secs" "$bpt" "$mb" "$res"
   done
 done
 exit $rc
