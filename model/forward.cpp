@@ -1029,6 +1029,9 @@ ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>&
   const ModelConfig& c = w.config();
   if (opt.split_sequences && !opt.experts)
     throw InputError("forward: sequences split among ranks need a communicator (RunOptions::experts)");
+  if (opt.split_sequences && opt.device != Device::cpu)  // before the first collective
+    throw InputError("forward: sequences split among the ranks (--dp) run on the CPU only; on GPUs every rank runs "
+                     "every sequence");
   if (batch.empty() && !opt.split_sequences) throw InputError("forward: the batch holds no sequence");
   for (size_t s = 0; s < batch.size(); ++s) {
     if (batch[s].empty()) throw InputError(fmt::format("forward: sequence {} is empty", s));

@@ -9,7 +9,9 @@
 # Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
 #   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), BENCH_FILTER (default Cuda),
 #   DSV4_XXHASH_INCLUDE (default .carry/xxhash when it holds xxhash.h: the GPU machine has no
-#   libxxhash dev files); .carry/isal likewise stands in for libisal-dev (see below)
+#   libxxhash dev files); .carry/isal likewise stands in for libisal-dev (see below);
+#   EXTRA_TESTS: more GPU test binaries to build and run after the recording tests (e.g.
+#   "test_gpu_model test_gpu_train"), each with its own log and summary line
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
@@ -42,7 +44,7 @@ status() { printf '%-40s %s\n' "$1" "$2" >>"$logs/summary.txt"; }
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
   ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure.log" 2>&1 &&
-  ninja -C "$build" -j "$jobs" dsv4 test_gpu_record bench_capture >"$logs/build.log" 2>&1
+  ninja -C "$build" -j "$jobs" dsv4 test_gpu_record bench_capture ${EXTRA_TESTS:-} >"$logs/build.log" 2>&1
 if [[ $? -ne 0 ]]; then
   status build "FAILED (see build.log)"
   tail -30 "$logs/build.log"
@@ -69,6 +71,16 @@ if [[ $tests == 1 ]]; then
     fi
   fi
 fi
+
+for t in ${EXTRA_TESTS:-}; do
+  if timeout 300 "$build/tests/gpu/$t" >"$logs/$t.log" 2>&1; then
+    status "$t" "$(grep -E '^\[  PASSED  \]' "$logs/$t.log")"
+  else
+    status "$t" "FAILED or timed out (see $t.log)"
+    grep -E "FAILED|Failure" "$logs/$t.log" | head -20
+    rc=1
+  fi
+done
 
 if [[ $bench == 1 ]]; then
   timeout 420 "$build/bench/bench_capture" --benchmark_filter="${BENCH_FILTER:-Cuda}" >"$logs/bench_capture.log" 2>&1 ||

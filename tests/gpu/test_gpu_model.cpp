@@ -2,6 +2,7 @@
 // log-probabilities must be bitwise equal, for both profiles, the tiny and tiny-b presets and several
 // lengths; the GPU must also be bitwise equal run to run, follow Overrides like the CPU, and report
 // decisions to an observer that wants no tensors.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -193,6 +194,52 @@ TEST_F(GpuModelSeams, NcclOneRankIsTheLocalForward) {
     ADD_FAILURE() << "a NCCL communicator was taken by the CPU backend";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("layer 0: expert parallelism over NCCL moves GPU memory"), std::string::npos)
+        << e.what();
+  }
+}
+
+// NCCL's all_to_all_v over device memory (one rank: its own part, a device copy); the limits of the
+// GPU path, named: sequences split among the ranks (--dp) are refused on the GPU, and a single-device
+// forward over weights that lack experts (a rank's own only) is refused, naming the layer.
+TEST_F(GpuModelSeams, NcclOneRankAllToAllAndWhatTheGpuRefuses) {
+  const std::unique_ptr<Communicator> comm = nccl_world(nullptr);
+  std::vector<float> host(1000);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = float(i) * 0.5f;
+  float *send = nullptr, *recv = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), host.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&recv), host.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(send, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<int64_t> bytes{int64_t(host.size() * sizeof(float))};
+  comm->all_to_all_v(send, bytes, recv, bytes);
+  std::vector<float> back(host.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), recv, back.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  cudaFree(send);
+  cudaFree(recv);
+
+  const Weights& w = test::tiny();
+  RunOptions o;
+  o.device = Device::cuda;
+  o.experts = comm.get();
+  o.split_sequences = true;
+  try {
+    forward(w, {random_tokens(9, 512, 3)}, o);
+    ADD_FAILURE() << "split sequences ran on the GPU";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("forward: sequences split among the ranks (--dp) run on the CPU only"),
+              std::string::npos)
+        << e.what();
+  }
+  Weights part = w;
+  part.keep_only(only_experts(0, 4));
+  RunOptions local;
+  local.device = Device::cuda;
+  try {
+    forward(part, {random_tokens(9, 512, 3)}, local);
+    ADD_FAILURE() << "a forward without every expert ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0: the MoE needs experts 0..7 but this process loaded experts 0..3 only"),
+              std::string::npos)
         << e.what();
   }
 }
