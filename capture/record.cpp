@@ -38,18 +38,26 @@ class MidStepKill : public Observer {
   std::function<void()> before_;
 };
 
-}  // namespace
-
-RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
-                         const std::string& out, const RecordOptions& opt) {
-  const CapturePolicy policy = CapturePolicy::parse(opt.capture);
-  const NumericsProfile profile = load_profile(opt.profile);  // both checked before the file exists
+// The step a recording writes: its kind ("rollout" for the rollout profile, else "train", unless
+// opt.kind says), profile, seed, threads and batch.
+StepSpec step_spec(const NumericsProfile& profile, const std::vector<std::vector<int32_t>>& batch,
+                   const RecordOptions& opt) {
   StepSpec step;
   step.set_profile(profile);
   step.kind = opt.kind.empty() ? (profile.name == "rollout" ? "rollout" : "train") : opt.kind;
   step.seed = opt.seed;
   step.threads = opt.threads;
   step.seqs = batch;
+  return step;
+}
+
+}  // namespace
+
+RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
+                         const std::string& out, const RecordOptions& opt) {
+  const CapturePolicy policy = CapturePolicy::parse(opt.capture);
+  const NumericsProfile profile = load_profile(opt.profile);  // both checked before the file exists
+  StepSpec step = step_spec(profile, batch, opt);
   step.allow_empty = opt.split_sequences;
 
   TraceWriter::Options wo;
@@ -130,13 +138,7 @@ RecordResult record_split_step(const Weights& w, const std::vector<std::vector<i
                  2);
   if (me != 0) return r;
 
-  const NumericsProfile profile = load_profile(opt.profile);
-  StepSpec step;
-  step.set_profile(profile);
-  step.kind = opt.kind.empty() ? (profile.name == "rollout" ? "rollout" : "train") : opt.kind;
-  step.seed = opt.seed;
-  step.threads = opt.threads;
-  step.seqs = batch;
+  const StepSpec step = step_spec(load_profile(opt.profile), batch, opt);
   TraceHeader header = make_trace_header(w);
   header.env[kEnvParallel] = parallel_layout(comm, true);
   std::vector<StepLayout::PartSeq> where;

@@ -68,6 +68,26 @@ struct RecordArgs {
   ParallelArgs parallel;
 };
 
+// The recording's options from the command line.
+RecordOptions record_options(const RecordArgs& a, Communicator* comm) {
+  RecordOptions o;
+  o.experts = comm;
+  o.profile = a.profile;
+  o.kind = a.kind;
+  o.capture = a.capture;
+  o.seed = a.model.seed;
+  o.threads = a.threads;
+  o.device = parse_device(a.device);
+  o.append = a.append;
+  o.note = [](const std::string& m) { fmt::print(stderr, "record: {}\n", m); };
+  // Fault injection for crash tests (RecordOptions::fault), on the rank DSV4_FAULT_RANK names (0 by
+  // default); nothing else reads these variables.
+  const char* f = std::getenv("DSV4_FAULT");
+  const char* r = std::getenv("DSV4_FAULT_RANK");
+  if (f && (r ? std::atoi(r) : 0) == (comm ? comm->rank() : 0)) o.fault = f;
+  return o;
+}
+
 // What expert parallelism cost rank 0: the bytes it received from the other ranks and the weights it holds.
 void print_parallel_costs(const Communicator& comm, const Weights& w, int64_t tokens) {
   fmt::print(stderr, "record: experts over {} {} ranks: rank 0 received {:.1f} MB ({:.0f} bytes per token), holds "
@@ -81,23 +101,9 @@ int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::v
                  Communicator& comm) {
   const BlockRange mine = sequence_range(int(batch.size()), comm.rank(), comm.size());
   Progress progress(w.config().num_hidden_layers, mine.size());
-  RecordOptions o;
-  o.experts = &comm;
+  RecordOptions o = record_options(a, &comm);
   o.split_sequences = true;
-  o.profile = a.profile;
-  o.kind = a.kind;
-  o.capture = a.capture;
-  o.seed = a.model.seed;
-  o.threads = a.threads;
-  o.device = parse_device(a.device);
-  o.append = a.append;
   if (comm.rank() == 0) o.also = &progress;
-  o.note = [](const std::string& m) { fmt::print(stderr, "record: {}\n", m); };
-  // Fault injection for crash tests, on the rank DSV4_FAULT_RANK names (0 by default).
-  if (const char* f = std::getenv("DSV4_FAULT")) {
-    const char* r = std::getenv("DSV4_FAULT_RANK");
-    if ((r ? std::atoi(r) : 0) == comm.rank()) o.fault = f;
-  }
   const RecordResult r = record_split_step(w, batch, a.out, o);
   int64_t own_tokens = 0;
   for (int s = mine.first; s < mine.last; ++s) own_tokens += int64_t(batch[size_t(s)].size());
@@ -132,19 +138,8 @@ int run_record(const RecordArgs& a) {
     return 0;
   }
   Progress progress(w.config().num_hidden_layers, int(batch.size()));
-  RecordOptions o;
-  o.experts = comm;
-  o.profile = a.profile;
-  o.kind = a.kind;
-  o.capture = a.capture;
-  o.seed = a.model.seed;
-  o.threads = a.threads;
-  o.device = parse_device(a.device);
-  o.append = a.append;
+  RecordOptions o = record_options(a, comm);
   o.also = &progress;
-  o.note = [](const std::string& m) { fmt::print(stderr, "record: {}\n", m); };
-  // Fault injection for crash tests (RecordOptions::fault); nothing else reads this variable.
-  if (const char* f = std::getenv("DSV4_FAULT")) o.fault = f;
   const RecordResult r = record_step(w, batch, a.out, o);
   fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {}\n",
              r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path);
