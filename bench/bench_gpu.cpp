@@ -9,9 +9,10 @@
 // program (CUDA events around the ops; wall clock around whole forwards), so it needs no benchmark
 // library. Lines starting with "RESULT" are meant for scripts (scripts/gpu-check.sh).
 //
-// Usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR]
+// Usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] [--layers-only]
 //   --quick     small sizes (a smoke run)      --cpu-long  also time the CPU at T = 16384
 //   --no-flash  skip the Flash-shaped layer    --flash-T N run the Flash-shaped layer at T = N
+//   --layers-only  the roofline references and the per-op tables only (no GEMM table, no whole model)
 //                                                          (a multiple of 4; default 8192, 1024 quick)
 //   --dump DIR  after the Flash-shaped layer, write its attention-path tensors to DIR (see Dumper;
 //               bench/torch_layer.py reads them). Sizes at T = 8192 add up to several GiB.
@@ -544,7 +545,7 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, cpu_long = false, flash = true;
+  bool quick = false, cpu_long = false, flash = true, layers_only = false;
   int64_t flash_T = 0;
   std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
@@ -563,9 +564,12 @@ int main(int argc, char** argv) {
       cpu_long = true;
     else if (a == "--no-flash")
       flash = false;
+    else if (a == "--layers-only")
+      layers_only = true;
     else {
       std::fprintf(stderr,
-                   "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR]\n");
+                   "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
+                   "[--layers-only]\n");
       return 2;
     }
   }
@@ -591,7 +595,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("bf16 tensor-core GEMM: not measured (built without cuBLAS)\n");
     }
-    print_gemm_table(quick);
+    if (!layers_only) print_gemm_table(quick);
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
                          128,   ReduceOrder{}};
@@ -615,7 +619,8 @@ int main(int argc, char** argv) {
                           ReduceOrder{}};
       print_op_table(fl, bench_layer(fl, dump_dir), rf);
     }
-    bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
+    if (!layers_only)
+      bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu: %s\n", e.what());
     return 1;

@@ -74,6 +74,9 @@ __device__ __forceinline__ float chain8(int64_t n, int block, int lane, unsigned
   for (int64_t cs = 0; cs < n; cs += len) {
     const int64_t ce = cs + len < n ? cs + len : n;
     float acc = 0.0f;
+    // Unrolled so that several loads are in flight ahead of the chain (the loads do not depend on
+    // acc); the fma order is the loop's.
+#pragma unroll 8
     for (int64_t i = cs + lane; i < ce; i += 8) acc = step(i, acc);
     const float c = combine8(acc, mask);
     s = cs == 0 ? c : s + c;
@@ -109,6 +112,7 @@ __device__ __forceinline__ void multi_dot8(const float* a, int64_t lda, int na, 
     float acc[NH];
 #pragma unroll
     for (int h = 0; h < NH; ++h) acc[h] = 0.0f;
+#pragma unroll 2
     for (int64_t i = cs + lane; i < ce; i += 8) {
       const float bv = b[i];
 #pragma unroll

@@ -8,10 +8,11 @@
 // g * ratio) and Hadamard kernels run on the G output rows in place. compressor_pool() is that second
 // half on projections kept by a decoding engine (absolute groups g0 .. g0 + G - 1).
 //
-// hadamard_kernel: one block per row, the row in shared memory; each butterfly stage h pairs
-// (j, j + h) disjointly, the block's threads sharing the pairs of common::hadamard_stage, with a
-// barrier between stages, so every value sees exactly the CPU's sequence of additions; then
-// v = bf16(v * (1 / sqrt(n))).
+// hadamard_warp_kernel (rows of 32 .. 1024): a warp per row, in registers and shuffles.
+// hadamard_kernel (other lengths): a row in shared memory per min(256, n / 2) threads (several rows
+// per block when they are short); each butterfly stage h pairs (j, j + h) disjointly, a row's threads sharing the
+// pairs of common::hadamard_stage, with a barrier between stages, so every value sees exactly the
+// CPU's sequence of additions; then v = bf16(v * (1 / sqrt(n))).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grad.h"
 #include "kernels/detail/compressor.h"
@@ -31,23 +32,68 @@ __global__ void __launch_bounds__(kThreads)
     out[e] = common::compressor_pool(a, g0 + e / a.d, e % a.d);
 }
 
-// Grid: one block per row (grid-stride); dynamic shared memory n floats. kRound: the forward's bf16
+// Grid-stride over groups of `per_block` rows (a group per block at a time); dynamic shared memory
+// per_block * n floats. Each row has threads_per_row = min(blockDim, n / 2) threads, so short rows
+// (the indexer's 128) share a block instead of leaving most of it idle. kRound: the forward's bf16
 // output (hadamard_out); else the gradient's fp32 v * scale (hadamard_backward).
 template <bool kRound>
 __global__ void __launch_bounds__(kThreads)
-    hadamard_kernel(float* x, int64_t rows, int64_t n, int64_t ld, float scale) {
-  extern __shared__ float v[];
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    hadamard_kernel(float* x, int64_t rows, int64_t n, int64_t ld, float scale, int per_block) {
+  extern __shared__ float sh[];
+  const int threads_per_row = int(blockDim.x) / per_block;
+  const int sub = int(threadIdx.x) / threads_per_row, lane = int(threadIdx.x) % threads_per_row;
+  float* v = sh + int64_t(sub) * n;
+  for (int64_t first = int64_t(blockIdx.x) * per_block; first < rows; first += int64_t(gridDim.x) * per_block) {
+    const int64_t row = first + sub;
+    const bool mine = sub < per_block && row < rows;  // barriers below are reached by every thread
     float* xr = x + row * ld;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i];
+    if (mine)
+      for (int64_t i = lane; i < n; i += threads_per_row) v[i] = xr[i];
     __syncthreads();
     for (int64_t h = 1; h < n; h *= 2) {
-      common::hadamard_stage(v, n, h, threadIdx.x, blockDim.x);
+      if (mine) common::hadamard_stage(v, n, h, lane, threads_per_row);
       __syncthreads();
     }
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      xr[i] = kRound ? common::hadamard_out(v[i], scale) : v[i] * scale;
+    if (mine)
+      for (int64_t i = lane; i < n; i += threads_per_row)
+        xr[i] = kRound ? common::hadamard_out(v[i], scale) : v[i] * scale;
     __syncthreads();
+  }
+}
+
+// Rows of 32 K elements (K = 1 .. 32): one warp per row, lane l holding v[32 k + l] in registers. A
+// butterfly stage h pairs the same (j, j + h) as common::hadamard_stage and forms the same a + b and
+// a - b (a = v[j], b = v[j + h]): for h < 32 the partner is the lane l ^ h (a shuffle), for h >= 32
+// the register k + h / 32 of the same lane. No shared memory and no barriers.
+template <int K, bool kRound>
+__global__ void __launch_bounds__(kThreads) hadamard_warp_kernel(float* x, int64_t rows, int64_t ld, float scale) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    float* xr = x + row * ld;
+    float v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = xr[32 * k + lane];
+#pragma unroll
+    for (int h = 1; h < 32 && h < 32 * K; h *= 2) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[k], h);
+        v[k] = (lane & h) == 0 ? v[k] + other : other - v[k];
+      }
+    }
+#pragma unroll
+    for (int hk = 1; hk < K; hk *= 2) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if ((k & hk) != 0) continue;
+        const float a = v[k], b = v[k + hk];
+        v[k] = a + b;
+        v[k + hk] = a - b;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) xr[32 * k + lane] = kRound ? common::hadamard_out(v[k], scale) : v[k] * scale;
   }
 }
 
@@ -67,8 +113,24 @@ void hadamard_rows(float* x, int64_t rows, int64_t n, int64_t ld, cudaStream_t s
   if (!x) require("x", op);
   if (n > 12 * 1024) require("n is too large for one block", op);
   const float scale = common::hadamard_scale(n);
-  hadamard_kernel<kRound><<<detail::grid_for(rows, 1, 65535), kThreads, size_t(n) * sizeof(float), stream>>>(
-      x, rows, n, ld, scale);
+  const unsigned warp_grid = detail::grid_for(rows, kThreads / 32, 65535);
+  switch (n) {  // rows of 32 .. 1024 elements: a warp each, in registers
+    case 32: hadamard_warp_kernel<1, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    case 64: hadamard_warp_kernel<2, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    case 128: hadamard_warp_kernel<4, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    case 256: hadamard_warp_kernel<8, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    case 512: hadamard_warp_kernel<16, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    case 1024: hadamard_warp_kernel<32, kRound><<<warp_grid, kThreads, 0, stream>>>(x, rows, ld, scale); break;
+    default: break;
+  }
+  if (n >= 32 && n <= 1024) {
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  const int per_block = n / 2 >= kThreads ? 1 : int(kThreads / (n / 2 > 0 ? n / 2 : 1));
+  hadamard_kernel<kRound><<<detail::grid_for(rows, per_block, 65535), kThreads,
+                            size_t(per_block) * size_t(n) * sizeof(float), stream>>>(x, rows, n, ld, scale,
+                                                                                    per_block);
   DSV4_LAUNCH_CHECK();
 }
 }  // namespace

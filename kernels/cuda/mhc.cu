@@ -6,7 +6,7 @@
 //     hc * D values (dot8), then lane 0 forms the mixing weights (and, for hc_pre, post and the
 //     Sinkhorn-normalised comb) with the CPU's functions of kernels/detail/mhc.h;
 //   - mix_kernel, one thread per (t, d): y = bf16(fma chain over j of w_j * X[t, j, d]).
-// hc_post: one thread per output element (t, k, d) with the CPU's fma chain over j.
+// hc_post: one thread per (t, d), each of its hc outputs (t, k, d) with the CPU's fma chain over j.
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/mhc.h"
 
@@ -60,27 +60,46 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt)
   }
 }
 
+// Index: int where every (t, d) fits one (the integer division and remainder of the element index are
+// then 32-bit), else int64_t.
 // One thread per (t, d): y = bf16(fma chain over j of wt[t, j] * X[t, j, d]).
+template <typename Index>
 __global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* wt) {
   const int hc = a.hc;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < a.T * a.D;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / a.D, d = e % a.D;
-    a.y[e] = common::mix_streams_at(a.X + t * hc * a.D, wt + t * hc, hc, a.D, d);
+  const Index D = Index(a.D), total = Index(a.T) * D;
+  for (Index e = Index(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += Index(gridDim.x) * blockDim.x) {
+    const Index t = e / D, d = e - t * D;
+    a.y[e] = common::mix_streams_at(a.X + int64_t(t) * hc * a.D, wt + int64_t(t) * hc, hc, a.D, d);
   }
 }
 
-// One thread per (t, k, d).
+// The token's R[j, d] for every j, loaded once (common::hc_post_of's R_at).
+struct LoadedColumn {
+  const float* r;
+  __device__ float operator()(int j) const { return r[j]; }
+};
+
+// One thread per (t, d), writing the hc outputs (t, k, d): R[t, j, d] and f[t, d] are read once for
+// all k.
+template <typename Index>
 __global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
   const int hc = p.hc;
-  const int64_t D = p.D, total = p.T * hc * D;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / (hc * D), d = e % D;
-    const int k = int((e / D) % hc);
-    p.out[e] =
-        common::hc_post_at(p.f + t * D, p.R + t * hc * D, p.post + t * hc, p.comb + t * hc * hc, hc, D, k, d);
+  const Index D = Index(p.D), total = Index(p.T) * D;
+  for (Index e = Index(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += Index(gridDim.x) * blockDim.x) {
+    const Index t = e / D, d = e - t * D;
+    const float* R = p.R + int64_t(t) * hc * p.D + d;
+    float r[kMaxHc];
+    for (int j = 0; j < hc; ++j) r[j] = R[int64_t(j) * p.D];
+    const float f_d = p.f[e];
+    const float* post = p.post + int64_t(t) * hc;
+    const float* comb = p.comb + int64_t(t) * hc * hc;
+    float* out = p.out + int64_t(t) * hc * p.D + d;
+    for (int k = 0; k < hc; ++k) out[int64_t(k) * p.D] = common::hc_post_of(f_d, LoadedColumn{r}, post, comb, hc, k);
   }
+}
+
+bool fits_int(int64_t n) {
+  return n < (int64_t(1) << 31) - (int64_t(65535) * kThreads);  // room for the grid stride
 }
 
 // raw[t, i] = dot(fn_i, X[t]) for all tokens (fp32, canonical order): the CPU's fn_products.
@@ -94,7 +113,10 @@ void launch_mix(const MixArgs& a, float* wt, cudaStream_t stream) {
   if (a.hc > kMaxHc) throw Error("cuda hc_pre/hc_head cannot run: hc is larger than 16");
   weights_kernel<<<detail::grid_for(a.T, kThreads / 8, 65535), kThreads, 0, stream>>>(a, wt);
   DSV4_LAUNCH_CHECK();
-  mix_kernel<<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
+  if (fits_int(a.T * a.D))
+    mix_kernel<int><<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
+  else
+    mix_kernel<int64_t><<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
   DSV4_LAUNCH_CHECK();
 }
 
@@ -117,6 +139,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
 const char* hc_post_check(const HcPostParams& p) {
   if (p.T < 0) return "hc_post: T < 0";
   if (p.hc < 1) return "hc_post: hc < 1";
+  if (p.hc > kMaxHc) return "hc_post: hc > 16 (the GPU kernel keeps a token's hc streams in registers)";
   if (p.D < 1) return "hc_post: D < 1";
   if (p.T > 0 && (!p.f || !p.R || !p.post || !p.comb || !p.out)) return "hc_post: null pointer";
   if (p.T > 0 && p.out == p.R) return "hc_post: out must not alias R";
@@ -126,7 +149,10 @@ const char* hc_post_check(const HcPostParams& p) {
 void hc_post(const HcPostParams& p, cudaStream_t stream) {
   require(cuda::hc_post_check(p), "hc_post");
   if (p.T <= 0) return;
-  hc_post_kernel<<<detail::grid_for(p.T * p.hc * p.D, kThreads), kThreads, 0, stream>>>(p);
+  if (fits_int(p.T * p.D))
+    hc_post_kernel<int><<<detail::grid_for(p.T * p.D, kThreads), kThreads, 0, stream>>>(p);
+  else
+    hc_post_kernel<int64_t><<<detail::grid_for(p.T * p.D, kThreads), kThreads, 0, stream>>>(p);
   DSV4_LAUNCH_CHECK();
 }
 

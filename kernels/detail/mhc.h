@@ -83,11 +83,21 @@ DSV4_HD float mix_streams_at(const float* X, const float* wt, int hc, int64_t D,
 
 // hc_post of one element: bf16(post[k] * f[d] + sum_j comb[j][k] * R[j, d]) as acc = post[k] * f[d],
 // then acc = fma(comb[j][k], R[j, d], acc) for j from 0 (f [D], R [hc, D], comb [hc, hc] of one token).
+// R_at(j) gives R[j, d]: the CPU reads it in place, the GPU from registers it loaded once for every k.
+template <class RAt>
+DSV4_HD float hc_post_of(float f_d, RAt R_at, const float* post, const float* comb, int hc, int k) {
+  float acc = post[k] * f_d;
+  for (int j = 0; j < hc; ++j) acc = std::fma(comb[j * hc + k], R_at(j), acc);
+  return num::bf16_round(acc);
+}
+struct StridedColumn {  // R[j * D + d]
+  const float* R;
+  int64_t D, d;
+  DSV4_HD float operator()(int j) const { return R[j * D + d]; }
+};
 DSV4_HD float hc_post_at(const float* f, const float* R, const float* post, const float* comb, int hc,
                          int64_t D, int k, int64_t d) {
-  float acc = post[k] * f[d];
-  for (int j = 0; j < hc; ++j) acc = std::fma(comb[j * hc + k], R[j * D + d], acc);
-  return num::bf16_round(acc);
+  return hc_post_of(f[d], StridedColumn{R, D, d}, post, comb, hc, k);
 }
 
 }  // namespace dsv4::common

@@ -23,13 +23,12 @@ DSV4_HD float rms_scale_bf16(float s, int64_t n, float eps) {
 
 // y[i] = bf16((x[i] * rs) * w[i]), or bf16(x[i] * rs) when w is null, for i = begin, begin + step, ...
 // below n. Element i is read right before y[i] is written, so y == x is safe.
+DSV4_HD float rmsnorm_value(float x, float rs, const float* w, int64_t i) {
+  return w ? num::bf16_round((x * rs) * w[i]) : num::bf16_round(x * rs);
+}
 DSV4_HD void rmsnorm_apply(const float* x, float* y, const float* w, float rs, int64_t begin, int64_t n,
                            int64_t step) {
-  if (w) {
-    for (int64_t i = begin; i < n; i += step) y[i] = num::bf16_round((x[i] * rs) * w[i]);
-  } else {
-    for (int64_t i = begin; i < n; i += step) y[i] = num::bf16_round(x[i] * rs);
-  }
+  for (int64_t i = begin; i < n; i += step) y[i] = rmsnorm_value(x[i], rs, w, i);
 }
 
 }  // namespace dsv4::common

@@ -813,6 +813,12 @@ void register_other_cases() {
   hadamard_case(7, 128, 128);
   hadamard_case(3, 512, 600);
   hadamard_case(2, 1, 1);
+  // Each kernel shape: rows in registers of a warp (32 .. 1024), several short rows a block, one long
+  // row a block; row counts that leave a block or a warp part-filled.
+  hadamard_case(33, 32, 40);
+  hadamard_case(9, 1024, 1024);
+  hadamard_case(37, 16, 16);
+  hadamard_case(3, 2048, 2048);
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
     indexer_case(300, 3, 64, 8, "randn", o);
     indexer_case(300, 3, 64, 8, "ties", o);
