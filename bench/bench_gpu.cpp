@@ -51,6 +51,12 @@ namespace {
 
 using namespace dsv4;
 
+std::string fmt_speedup(double x) {
+  char b[48];
+  std::snprintf(b, sizeof b, "   (x%.2f)", x);
+  return b;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -146,29 +152,32 @@ struct Roofline {
 
 // GFLOP/s of a cuBLAS bf16 GEMM (inputs bf16, fp32 compute and output) at m = n = k: the card's
 // tensor-core rate, the ceiling for the GEMMs of a non-exact implementation.
-double bf16_gemm_gflops(int64_t m) {
+// With n and k: y [m, n] = x [m, k] . w [n, k]^T, the layout of cuda::gemm.
+double bf16_gemm_gflops(int64_t m, int64_t n = 0, int64_t k = 0) {
+  if (n <= 0) n = m;
+  if (k <= 0) k = m;
 #if defined(DSV4_HAVE_CUBLAS)
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
   void *a = nullptr, *b = nullptr, *c = nullptr;
-  CUDA_CHECK(cudaMalloc(&a, size_t(m * m) * 2));
-  CUDA_CHECK(cudaMalloc(&b, size_t(m * m) * 2));
-  CUDA_CHECK(cudaMalloc(&c, size_t(m * m) * 4));
-  CUDA_CHECK(cudaMemset(a, 0x3c, size_t(m * m) * 2));  // bf16 0x3c3c ~ 0.0115: finite, no denormals
-  CUDA_CHECK(cudaMemset(b, 0x3c, size_t(m * m) * 2));
+  CUDA_CHECK(cudaMalloc(&a, size_t(n * k) * 2));
+  CUDA_CHECK(cudaMalloc(&b, size_t(m * k) * 2));
+  CUDA_CHECK(cudaMalloc(&c, size_t(m * n) * 4));
+  CUDA_CHECK(cudaMemset(a, 0x3c, size_t(n * k) * 2));  // bf16 0x3c3c ~ 0.0115: finite, no denormals
+  CUDA_CHECK(cudaMemset(b, 0x3c, size_t(m * k) * 2));
   const float one = 1.0f, zero = 0.0f;
-  const int n = int(m);
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  // Column-major: C^T [n, m] = W [n, k] . X^T, i.e. op(A) = A^T of the k x n array w.
   const double ms = time_ms([&] {
-    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
-                      c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, a, CUDA_R_16BF, int(k), b,
+                      CUDA_R_16BF, int(k), &zero, c, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
   cublasDestroy(h);
   if (st != CUBLAS_STATUS_SUCCESS) return 0;
-  return 2.0 * double(m) * double(m) * double(m) / (ms * 1e6);
+  return 2.0 * double(m) * double(n) * double(k) / (ms * 1e6);
 #else
   (void)m;
   return 0;
@@ -220,6 +229,32 @@ void print_gemm_table(bool quick) {
   }
 }
 
+// The tensor_core order (fast numerics) against cuBLAS's bf16 GEMM at the same shapes, same run. Our
+// kernel reads fp32 x and w (the model's buffers) and rounds them to bf16 as it stages them; cuBLAS
+// reads bf16 arrays, half the bytes.
+void print_fast_gemm_table(bool quick) {
+  const int64_t m = quick ? 1024 : 8192;
+  std::printf("\nFast GEMM (tensor_core order), GFLOP/s (m=%ld), against cuBLAS bf16 at the same shape\n", long(m));
+  std::printf("%-18s %12s %12s %8s %12s %8s\n", "n x k", "tensor_core", "cuBLAS", "ratio", "exact", "speedup");
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {1024, 4096}, {32768, 1024}, {4096, 8192}, {8192, 8192}, {2048, 4096}, {4096, 2048}}) {
+    Dev d;
+    GemmParams g;
+    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.order = ReduceOrder{.block = 0, .tensor_core = true};
+    g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
+    const double flop = 2.0 * double(m) * double(n) * double(k);
+    const double fast = flop / (time_ms([&] { cuda::gemm(g, nullptr); }) * 1e6);
+    g.order = ReduceOrder{};
+    const double exact = flop / (time_ms([&] { cuda::gemm(g, nullptr); }, 1) * 1e6);
+    const double cublas = bf16_gemm_gflops(m, n, k);
+    const std::string shape = std::to_string(n) + " x " + std::to_string(k);
+    std::printf("%-18s %12.0f %12.0f %8.2f %12.0f %8.1f\n", shape.c_str(), fast, cublas,
+                cublas > 0 ? fast / cublas : 0.0, exact, fast / exact);
+    std::printf("RESULT fast_gemm %s %.1f cublas %.1f\n", shape.c_str(), fast, cublas);
+    std::fflush(stdout);
+  }
+}
+
 // ---- one layer, op by op -------------------------------------------------------------------------
 struct LayerShape {
   std::string name;
@@ -227,6 +262,8 @@ struct LayerShape {
   int H, Hi, topk, W, E, k, groups;
   int64_t R;
   ReduceOrder order;
+  bool fast = false;  // the GEMMs and experts in the tensor_core order (fast numerics)
+  ReduceOrder gemm_order() const { return fast ? ReduceOrder{.block = 0, .tensor_core = true} : order; }
 };
 
 struct OpTime {
@@ -237,7 +274,8 @@ struct OpTime {
 
 void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const Roofline& rf) {
   const bool hw = rf.bf16_gflops > 0;
-  std::printf("\nPer-op times, %s layer at T=%ld (exact mode, %s order)\n", s.name.c_str(), long(s.T),
+  std::printf("\nPer-op times, %s layer at T=%ld (%s, %s order)\n", s.name.c_str(), long(s.T),
+              s.fast ? "fast numerics: GEMMs and experts on tensor cores" : "exact mode",
               s.order.block ? "blocked" : "chain");
   std::printf("roofline ms = max(bytes / copy bandwidth, FLOPs / exact GEMM rate)%s\n",
               hw ? "; hw ms = the same with the bf16 tensor-core GEMM rate" : "");
@@ -254,7 +292,8 @@ void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const R
       std::printf(" %10.3f %8.1f\n", hw_roof, hw_roof > 0 ? o.ms / hw_roof : 0.0);
     else
       std::printf("\n");
-    std::printf("RESULT op %s %s T=%ld %.4f ms\n", s.name.c_str(), o.op.c_str(), long(s.T), o.ms);
+    std::printf("RESULT op %s%s %s T=%ld %.4f ms\n", s.name.c_str(), s.fast ? "-fast" : "", o.op.c_str(),
+                long(s.T), o.ms);
     if (!o.in_total) continue;
     total += o.ms;
     total_roof += roof;
@@ -280,7 +319,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   };
   auto gemm_op = [&](const std::string& op, int64_t m, int64_t n, int64_t k, OutRound r) {
     GemmParams g;
-    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.order;
+    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.gemm_order();
     g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
     add(op, 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n), [=] { cuda::gemm(g, nullptr); });
     return g;
@@ -378,7 +417,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   float* wo_a_out = d.floats(T * s.groups * s.R);
   {
     GemmParams g;
-    g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.order;
+    g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.gemm_order();
     float* w = wo_a;
     float* u = wo_a_out;
     add("gemm wo_a (groups)", 2.0 * T * s.R * gw * s.groups, 4.0 * (T * s.H * s.Dh + s.groups * s.R * gw),
@@ -411,7 +450,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     for (auto& e : ex) e = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
     sh[0] = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
     MoeParams p;
-    p.T = T, p.D = D, p.I = s.I, p.I_shared = s.I, p.E = s.E, p.k = s.k, p.n_shared = 1, p.order = s.order;
+    p.T = T, p.D = D, p.I = s.I, p.I_shared = s.I, p.E = s.E, p.k = s.k, p.n_shared = 1, p.order = s.gemm_order();
     p.x = x, p.ids = ids, p.weights = wts, p.out = d.floats(T * D);
     add("moe_experts", 2.0 * 3 * T * (s.k + 1) * s.I * D, 4.0 * 3 * (s.E + 1) * s.I * D, [=] {
       MoeParams q = p;
@@ -498,7 +537,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     // wo_a_out, then attn_out = bf16(wo_a_out wo_b^T), the attention sublayer's output.
     {
       GemmParams g;
-      g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.order;
+      g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.gemm_order();
       for (int gi = 0; gi < s.groups; ++gi) {
         g.x = o + gi * gw, g.w = wo_a + gi * s.R * gw, g.y = wo_a_out + gi * s.R;
         cuda::gemm(g, nullptr);
@@ -515,6 +554,32 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
                 dump_dir.c_str());
   }
   return out;
+}
+
+// Whole model, mid preset: exact against fast numerics on the GPU, same run.
+void bench_model_fast(int64_t T) {
+  std::printf("\nWhole model, preset mid (train profile) on CUDA, T=%ld: exact vs fast numerics\n", long(T));
+  const Weights w = Weights::init(preset("mid"), 7);
+  const auto toks = random_tokens(T, w.config().vocab_size, 1);
+  std::printf("%-8s %12s %12s\n", "numerics", "seconds", "tokens/s");
+  double exact_s = 0;
+  for (Numerics n : {Numerics::exact, Numerics::fast}) {
+    RunOptions o;
+    o.device = Device::cuda;
+    o.profile = with_numerics(profile_train(), n);
+    forward(w, {toks}, o);  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      const double t0 = now_s();
+      forward(w, {toks}, o);
+      best = std::min(best, now_s() - t0);
+    }
+    if (n == Numerics::exact) exact_s = best;
+    std::printf("%-8s %12.4f %12.1f%s\n", to_string(n), best, double(T) / best,
+                n == Numerics::fast ? fmt_speedup(exact_s / best).c_str() : "");
+    std::printf("RESULT tokens_per_s cuda-%s mid T=%ld %.1f\n", to_string(n), long(T), double(T) / best);
+    std::fflush(stdout);
+  }
 }
 
 void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick) {
@@ -545,7 +610,7 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, cpu_long = false, flash = true, layers_only = false;
+  bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false;
   int64_t flash_T = 0;
   std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
@@ -566,10 +631,14 @@ int main(int argc, char** argv) {
       flash = false;
     else if (a == "--layers-only")
       layers_only = true;
+    else if (a == "--fast")
+      fast = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
-                   "[--layers-only]\n");
+                   "[--layers-only] [--fast]\n"
+                   "  --fast: also the fast numerics (tensor-core GEMMs and experts): GEMMs against cuBLAS, the\n"
+                   "          layers with fast GEMMs, and the whole mid model, exact against fast\n");
       return 2;
     }
   }
@@ -596,6 +665,7 @@ int main(int argc, char** argv) {
       std::printf("bf16 tensor-core GEMM: not measured (built without cuBLAS)\n");
     }
     if (!layers_only) print_gemm_table(quick);
+    if (fast) print_fast_gemm_table(quick);
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
                          128,   ReduceOrder{}};
@@ -618,7 +688,13 @@ int main(int argc, char** argv) {
                           1024,
                           ReduceOrder{}};
       print_op_table(fl, bench_layer(fl, dump_dir), rf);
+      if (fast) {
+        LayerShape ff = fl;
+        ff.fast = true;
+        print_op_table(ff, bench_layer(ff), rf);
+      }
     }
+    if (fast) bench_model_fast(quick ? 1024 : 4096);
     if (!layers_only)
       bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);
   } catch (const std::exception& e) {

@@ -73,6 +73,18 @@ void gpu_fields([[maybe_unused]] EnvFingerprint& e) {
 
 }  // namespace
 
+std::string gpu_arch() {
+#if defined(DSV4_HAVE_CUPTI)
+  int n = 0, dev = 0;
+  cudaDeviceProp p{};
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
+                  cudaGetDeviceProperties(&p, dev) == cudaSuccess;
+  cudaGetLastError();
+  if (ok) return "sm_" + std::to_string(p.major) + std::to_string(p.minor);
+#endif
+  return "none";
+}
+
 EnvFingerprint environment_fingerprint() {
   EnvFingerprint e;
   char host[256] = {};
@@ -95,6 +107,7 @@ EnvFingerprint environment_fingerprint() {
   // "none" unless this build has CUDA and a device is usable (then the device and library versions).
   for (const char* k : {"gpu", "gpu_driver", "cuda", "cupti", "nccl"}) e[k] = "none";
   gpu_fields(e);
+  e[kEnvGpuArch] = gpu_arch();
   e["threads"] = std::to_string(omp_get_max_threads());
   return e;
 }

@@ -19,6 +19,10 @@ inline std::string recorded_layout(const EnvFingerprint& env) {
   const auto it = env.find(kEnvParallel);
   return it == env.end() ? "one process" : it->second;
 }
+// The architecture of the GPU that would run a forward ("sm_90"), "none" without one: what makes a
+// step in fast numerics reproducible (model/profile.h Numerics).
+inline constexpr char kEnvGpuArch[] = "gpu_arch";
+std::string gpu_arch();
 EnvFingerprint environment_fingerprint();
 // The instruction set this build was compiled for: "x86-64-v3" (AVX2 and FMA), "x86-64" (the
 // baseline, DSV4_X86_64_V3=OFF), "aarch64", or the compiler's name for another target. The env key

@@ -44,7 +44,7 @@ StepSpec step_spec(const NumericsProfile& profile, const std::vector<std::vector
                    const RecordOptions& opt) {
   StepSpec step;
   step.set_profile(profile);
-  step.kind = opt.kind.empty() ? (profile.name == "rollout" ? "rollout" : "train") : opt.kind;
+  step.kind = opt.kind.empty() ? (numerics_base_name(profile) == "rollout" ? "rollout" : "train") : opt.kind;
   step.seed = opt.seed;
   step.threads = opt.threads;
   step.seqs = batch;
@@ -56,7 +56,8 @@ StepSpec step_spec(const NumericsProfile& profile, const std::vector<std::vector
 RecordResult record_step(const Weights& w, const std::vector<std::vector<int32_t>>& batch,
                          const std::string& out, const RecordOptions& opt) {
   const CapturePolicy policy = CapturePolicy::parse(opt.capture);
-  const NumericsProfile profile = load_profile(opt.profile);  // both checked before the file exists
+  const NumericsProfile profile = load_profile(opt.profile, opt.numerics);  // both checked before the file exists
+  require_profile_runs_on(profile, opt.device, "record");
   StepSpec step = step_spec(profile, batch, opt);
   step.allow_empty = opt.split_sequences;
 
@@ -138,7 +139,7 @@ RecordResult record_split_step(const Weights& w, const std::vector<std::vector<i
                  2);
   if (me != 0) return r;
 
-  const StepSpec step = step_spec(load_profile(opt.profile), batch, opt);
+  const StepSpec step = step_spec(load_profile(opt.profile, opt.numerics), batch, opt);
   TraceHeader header = make_trace_header(w);
   header.env[kEnvParallel] = parallel_layout(comm, true);
   std::vector<StepLayout::PartSeq> where;

@@ -18,6 +18,7 @@ namespace dsv4 {
 
 struct RecordOptions {
   std::string profile = "train";  // numerics profile name
+  Numerics numerics = Numerics::exact;  // the profile in these numerics (model/profile.h with_numerics)
   std::string kind;  // "train" | "rollout"; empty: "rollout" for the rollout profile, else "train"
   std::string capture = "decisions";  // capture policy (capture/policy.h)
   uint64_t seed = 0;                  // the model seed the step records

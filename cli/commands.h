@@ -61,6 +61,10 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& p, bool with_dp = false);
 Communicator* open_parallel(const ParallelArgs& p, const std::string& device);
 Communicator* active_communicator();  // nullptr when the run is not parallel
 
+// --numerics exact|fast (model/profile.h Numerics; docs/NUMERICS.md "Fast numerics"), for the commands
+// that run a forward pass; `numerics` keeps the text (default "exact").
+CLI::Option* add_numerics_option(CLI::App* cmd, std::string& numerics);
+
 // The help of every --profile option.
 inline constexpr char kProfileHelp[] =
     "Numerics profile: a built-in's name (train, rollout, deepseek-inference, ...; dsv4 profile list) or a "

@@ -48,6 +48,15 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& p, bool with_dp) {
                   "experts' owners and back; the same bits per sequence); CPU only");
 }
 
+CLI::Option* add_numerics_option(CLI::App* cmd, std::string& numerics) {
+  return cmd
+      ->add_option("--numerics", numerics,
+                   "exact: the CPU's bits on every device; fast: GEMMs and experts on bf16 tensor cores "
+                   "(--device cuda only; bitwise on one GPU architecture; the profile becomes NAME.fast)")
+      ->check(CLI::IsMember({"exact", "fast"}))
+      ->capture_default_str();
+}
+
 Communicator* open_parallel(const ParallelArgs& p, const std::string& device) {
   if (p.dp && p.ep <= 1)
     throw InputError("--dp splits the sequences among the --ep ranks: give --ep N with N > 1 (under mpirun -np N)");

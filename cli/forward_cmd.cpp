@@ -31,6 +31,7 @@ struct ForwardArgs {
   int64_t random = 0;
   uint64_t token_seed = 1;
   std::string profile = "train";
+  std::string numerics = "exact";
   int threads = 0;
   float temperature = 1.0f;
   std::string out;
@@ -45,7 +46,7 @@ int run_forward(const ForwardArgs& a) {
   DecisionLog log;
   RunOptions opt;
   opt.experts = comm;
-  opt.profile = load_profile(a.profile);
+  opt.profile = load_profile(a.profile, parse_numerics(a.numerics));
   opt.threads = a.threads;
   opt.device = parse_device(a.device);
   opt.observer = &log;
@@ -72,7 +73,7 @@ int run_forward(const ForwardArgs& a) {
   double sum = 0;
   for (float v : res.seqs[0].logprobs) sum += v;
   fmt::print(stderr, "forward: {} tokens, profile {}, {:.3f} s ({:.0f} tokens/s), mean log-prob {:.6f}{}{}\n",
-             tokens.size(), a.profile, secs, tokens.size() / secs,
+             tokens.size(), opt.profile.name, secs, tokens.size() / secs,
              res.seqs[0].logprobs.empty() ? 0.0 : sum / res.seqs[0].logprobs.size(),
              comm ? fmt::format(", experts over {} {} ranks{} (rank 0 received {:.1f} MB, {:.0f} bytes per token; "
                                 "holds {:.1f} MB of weights)",
@@ -225,6 +226,7 @@ void register_forward_commands(CLI::App& app) {
   f->add_option("--token-seed", fa->token_seed, "Seed of --random")->capture_default_str()->check(CLI::NonNegativeNumber);
   f->add_option("--profile", fa->profile, kProfileHelp)
       ->capture_default_str();
+  add_numerics_option(f, fa->numerics);
   add_threads_option(f, fa->threads, "CPU threads (0: all); results do not depend on it");
   f->add_option("--temperature", fa->temperature, "Divide logits by this before log_softmax")
       ->capture_default_str();

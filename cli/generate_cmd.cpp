@@ -25,6 +25,7 @@ struct GenerateArgs {
   rollout::GenerateDefaults defaults;
   std::string stop;
   std::string profile = "rollout";
+  std::string numerics = "exact";
   std::string decode_attention = "exact";
   std::string device = "cpu";
   int threads = 0;
@@ -83,7 +84,7 @@ int run_generate(GenerateArgs& a) {
     a.defaults.stop_ids = {c.eos_token_id};
   const std::vector<rollout::PromptRequest> reqs = rollout::read_prompts(a.prompts, c, a.defaults);
 
-  a.engine.profile = load_profile(a.profile);
+  a.engine.profile = load_profile(a.profile, parse_numerics(a.numerics));
   a.engine.profile.decode_attention_splits = parse_decode_attention(a.decode_attention);
   a.engine.device = parse_device(a.device);
   a.engine.threads = a.threads;
@@ -173,6 +174,7 @@ void register_generate_command(CLI::App& app) {
   g->add_option("--stop", ga->stop, "Stop token ids, comma-separated (default: the config's eos_token_id)");
   g->add_option("--profile", ga->profile, kProfileHelp)
       ->capture_default_str();
+  add_numerics_option(g, ga->numerics);
   g->add_option("--decode-attention", ga->decode_attention,
                 "Decode-step attention order: exact (decode = prefill bit for bit) or split:N (an inference "
                 "engine's split-KV reduction over N parts)")

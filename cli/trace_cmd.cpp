@@ -59,6 +59,7 @@ struct RecordArgs {
   int64_t random = 0;
   uint64_t token_seed = 1;
   std::string profile = "train";
+  std::string numerics = "exact";
   std::string kind;
   std::string capture = "decisions";
   std::string out;
@@ -73,6 +74,7 @@ RecordOptions record_options(const RecordArgs& a, Communicator* comm) {
   RecordOptions o;
   o.experts = comm;
   o.profile = a.profile;
+  o.numerics = parse_numerics(a.numerics);
   o.kind = a.kind;
   o.capture = a.capture;
   o.seed = a.model.seed;
@@ -110,9 +112,9 @@ int record_split(const RecordArgs& a, const Weights& w, const std::vector<std::v
   fmt::print(stderr, "record: rank {} of {}: {} of {} sequences ({} tokens) in {}\n", comm.rank(), comm.size(),
              mine.size(), batch.size(), own_tokens, part_trace_path(a.out, comm.rank()));
   if (comm.rank() == 0)
-    fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {} joins the {} "
-               "ranks' traces\n",
-               r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path, comm.size());
+    fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, {} numerics, capture {}) in {:.2f} s; {} joins "
+               "the {} ranks' traces\n",
+               r.step, batch.size(), r.tokens, a.profile, a.numerics, r.capture, r.seconds, r.path, comm.size());
   if (comm.rank() == 0) print_parallel_costs(comm, w, r.tokens);
   return 0;
 }
@@ -130,7 +132,7 @@ int run_record(const RecordArgs& a) {
   if (comm && a.parallel.dp) return record_split(a, w, batch, *comm);
   if (comm && comm->rank() != 0) {  // rank 0 records; the others share the experts of the same forward
     RunOptions ro;
-    ro.profile = load_profile(a.profile);
+    ro.profile = load_profile(a.profile, parse_numerics(a.numerics));
     ro.threads = a.threads;
     ro.device = parse_device(a.device);
     ro.experts = comm;
@@ -141,8 +143,8 @@ int run_record(const RecordArgs& a) {
   RecordOptions o = record_options(a, comm);
   o.also = &progress;
   const RecordResult r = record_step(w, batch, a.out, o);
-  fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, capture {}) in {:.2f} s; {}\n",
-             r.step, batch.size(), r.tokens, a.profile, r.capture, r.seconds, r.path);
+  fmt::print(stderr, "record: step {} ({} sequences, {} tokens, profile {}, {} numerics, capture {}) in {:.2f} s; {}\n",
+             r.step, batch.size(), r.tokens, a.profile, a.numerics, r.capture, r.seconds, r.path);
   fmt::print(stderr,
              "record: {:.1f} MB queued to the writer, compute blocked {:.3f} s, writer busy {:.3f} s\n",
              r.stats.bytes_queued / 1e6, r.stats.seconds_blocked, r.stats.seconds_writing);
@@ -479,6 +481,7 @@ void register_trace_commands(CLI::App& app) {
                   "(prompt + response)");
   rec->add_option("--profile", ra->profile, kProfileHelp)
       ->capture_default_str();
+  add_numerics_option(rec, ra->numerics);
   rec->add_option("--kind", ra->kind, "Step kind recorded in the trace (default: the profile's)")
       ->check(CLI::IsMember({"train", "rollout"}));
   rec->add_option("--capture", ra->capture,

@@ -13,6 +13,11 @@
 //
 // The train profile uses block 0, the rollout profile a different fixed block (see model/profile.h):
 // the two profiles are each deterministic, and differ from each other like two real engines do.
+//
+// Order `tensor_core` (GEMM and expert sites only; the fast numerics of docs/NUMERICS.md): bf16 inputs,
+// tensor-core products and fp32 accumulation in the order of kernels/cuda/linear_tc.cu, fixed for one
+// GPU architecture. It is not defined here and the CPU does not compute it: dot() is never called with
+// it (the CPU GEMM and experts refuse it; model/profile.h uses_tensor_cores).
 #pragma once
 
 #include <cmath>
@@ -24,8 +29,17 @@ namespace dsv4 {
 
 struct ReduceOrder {
   int block = 0;  // 0: one chain over the whole range; else block length (multiple of 8)
+  bool tensor_core = false;  // the GPU's tensor-core order (above); block is then 0 and unused
   friend bool operator==(const ReduceOrder&, const ReduceOrder&) = default;
 };
+
+// nullptr, or why the CPU cannot compute in order `o`: the CPU ops that take an order from a GEMM or
+// expert site refuse the tensor_core order with it.
+inline const char* cpu_order_check(ReduceOrder o) {
+  return o.tensor_core ? "the tensor_core order (fast numerics) is a GPU's tensor-core order; the CPU does not "
+                         "compute it (run on --device cuda)"
+                       : nullptr;
+}
 
 namespace detail {
 DSV4_HD float combine_lanes8(const float acc[8]) {

@@ -3,6 +3,7 @@
 #include "model/device.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
@@ -48,6 +49,24 @@ bool cuda_device_available() {
 #else
   return false;
 #endif
+}
+
+void require_profile_runs_on(const NumericsProfile& p, Device d, const char* what) {
+  const std::vector<std::string> tc = tensor_core_sites(p);
+  if (!tc.empty() && d != Device::cuda)
+    throw InputError(fmt::format(
+        "{}: profile '{}' is in fast numerics ({} = tensor_core): a GPU's tensor-core order, which the {} does "
+        "not compute; run it with --device cuda, or use exact numerics",
+        what, p.name, fmt::join(tc, ", "), to_string(d)));
+}
+
+void require_exact_numerics(const NumericsProfile& p, const char* what) {
+  const std::vector<std::string> tc = tensor_core_sites(p);
+  if (!tc.empty())
+    throw InputError(fmt::format(
+        "{}: profile '{}' is in fast numerics ({} = tensor_core), which is for forward passes only: the "
+        "backward has no tensor-core order; use exact numerics",
+        what, p.name, fmt::join(tc, ", ")));
 }
 
 namespace backend {

@@ -41,6 +41,12 @@ Device parse_device(const std::string& name);
 // Whether this dsv4 was built with the CUDA backend, and whether a CUDA device is usable now.
 bool cuda_built();
 bool cuda_device_available();
+// Throws InputError when profile `p` cannot run on `d` in `what` ("forward", "generate", ...): fast
+// numerics (model/profile.h tensor_core_sites) run on CUDA only.
+void require_profile_runs_on(const NumericsProfile& p, Device d, const char* what);
+// Throws InputError when `p` is in fast numerics: `what` (the training step, its replay) has no
+// tensor-core order for its backward.
+void require_exact_numerics(const NumericsProfile& p, const char* what);
 
 namespace backend {
 

@@ -998,6 +998,7 @@ SequenceResult forward_chunk(backend::Backend& be, const Weights& w, int seq,
                              const RunOptions& opt) {
   const ModelConfig& c = w.config();
   const int64_t p0 = cache.length();
+  require_profile_runs_on(opt.profile, be.device(), "forward");
   if (tokens.empty()) throw InputError(fmt::format("forward: sequence {}: a chunk holds no token", seq));
   for (size_t t = 0; t < tokens.size(); ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
@@ -1032,6 +1033,7 @@ ForwardResult forward(const Weights& w, const std::vector<std::vector<int32_t>>&
   if (opt.split_sequences && opt.device != Device::cpu)  // before the first collective
     throw InputError("forward: sequences split among the ranks (--dp) run on the CPU only; on GPUs every rank runs "
                      "every sequence");
+  require_profile_runs_on(opt.profile, opt.device, "forward");
   if (batch.empty() && !opt.split_sequences) throw InputError("forward: the batch holds no sequence");
   for (size_t s = 0; s < batch.size(); ++s) {
     if (batch[s].empty()) throw InputError(fmt::format("forward: sequence {} is empty", s));

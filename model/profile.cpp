@@ -66,32 +66,46 @@ bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
 }
 
 constexpr int64_t kMaxBlock = 65536;
+constexpr const char* kTensorCore = "tensor_core";
 
 // ---- the site table -----------------------------------------------------------------------------
 
 // A reduce.* site: the ReduceOrder member `m` of NumericsProfile::reduce. The table's entries are
 // plain function pointers, so each member is bound through a template argument.
-template <ReduceOrder ReduceSites::*M>
+template <ReduceOrder ReduceSites::*M, bool TensorCore = false>
 ProfileSite reduce_site_of(const char* key, const char* choice) {
-  return {key, choice, "0 (one chain) or a positive multiple of 8 (kernels/reduce.h)",
-          [](const NumericsProfile& p) { return std::to_string((p.reduce.*M).block); },
+  return {key, choice,
+          TensorCore ? "0 (one chain), a positive multiple of 8, or tensor_core (a GPU's bf16 tensor cores; "
+                       "CUDA only; kernels/reduce.h)"
+                     : "0 (one chain) or a positive multiple of 8 (kernels/reduce.h)",
+          [](const NumericsProfile& p) {
+            const ReduceOrder& o = p.reduce.*M;
+            return o.tensor_core ? std::string(kTensorCore) : std::to_string(o.block);
+          },
           [](NumericsProfile& p, const std::string& v) -> const char* {
+            if (v == kTensorCore) {
+              if (!TensorCore)
+                return "the tensor_core order is for the GEMM sites only (reduce.gemm, reduce.moe)";
+              p.reduce.*M = ReduceOrder{.block = 0, .tensor_core = true};
+              return nullptr;
+            }
             int64_t b = 0;
-            if (!parse_int(v, 0, kMaxBlock, b)) return "expected an integer in 0..65536";
+            if (!parse_int(v, 0, kMaxBlock, b))
+              return TensorCore ? "expected an integer in 0..65536 or tensor_core" : "expected an integer in 0..65536";
             if (b % 8 != 0) return "the block must be 0 or a positive multiple of 8";
-            (p.reduce.*M).block = int(b);
+            p.reduce.*M = ReduceOrder{.block = int(b)};
             return nullptr;
           }};
 }
 
 const std::vector<ProfileSite> kSites = {
-    reduce_site_of<&ReduceSites::gemm>("reduce.gemm", "blocking of the dense linears' dot products (k-tiles)"),
+    reduce_site_of<&ReduceSites::gemm, true>("reduce.gemm", "blocking of the dense linears' dot products (k-tiles)"),
     reduce_site_of<&ReduceSites::norm>("reduce.norm", "blocking of the RMSNorms' sums of squares"),
     reduce_site_of<&ReduceSites::compressor>("reduce.compressor", "blocking of the compressor's pooled-row norm"),
     reduce_site_of<&ReduceSites::mhc>("reduce.mhc", "blocking of the mHC reductions (fn . x, row norms)"),
     reduce_site_of<&ReduceSites::indexer>("reduce.indexer", "blocking of the indexer's q.k dot products"),
     reduce_site_of<&ReduceSites::attention>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
-    reduce_site_of<&ReduceSites::moe>("reduce.moe", "blocking of the experts' GEMMs"),
+    reduce_site_of<&ReduceSites::moe, true>("reduce.moe", "blocking of the experts' GEMMs"),
     {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
      [](const NumericsProfile& p) { return spelling_of(kArith, p.q_norm); },
      [](NumericsProfile& p, const std::string& v) {
@@ -392,6 +406,52 @@ NumericsProfile profile_train() {
 
 NumericsProfile profile_rollout() {
   return profile_by_name("rollout");
+}
+
+const char* to_string(Numerics n) {
+  return n == Numerics::fast ? "fast" : "exact";
+}
+
+Numerics parse_numerics(const std::string& s) {
+  if (s == "exact") return Numerics::exact;
+  if (s == "fast") return Numerics::fast;
+  throw InputError(fmt::format("unknown numerics '{}' (accepted: exact, fast)", s));
+}
+
+namespace {
+constexpr const char* kFastSuffix = ".fast";
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+std::vector<std::string> tensor_core_sites(const NumericsProfile& p) {
+  std::vector<std::string> sites;
+  for (const auto& s : kSites)
+    if (s.get(p) == kTensorCore) sites.emplace_back(s.key);
+  return sites;
+}
+
+NumericsProfile with_numerics(const NumericsProfile& p, Numerics n) {
+  if (n == Numerics::exact || numerics_of(p) == Numerics::fast) return p;
+  NumericsProfile f = p;
+  f.reduce.gemm = ReduceOrder{.block = 0, .tensor_core = true};
+  f.reduce.moe = ReduceOrder{.block = 0, .tensor_core = true};
+  f.name = p.name + kFastSuffix;
+  if (f.name.size() > 64) throw InputError(fmt::format("profile name '{}' is too long for its fast numerics' name", p.name));
+  f.description = (p.description.empty() ? p.name : p.description) +
+                  "; fast numerics: GEMMs and experts on bf16 tensor cores (CUDA only)";
+  return f;
+}
+
+std::string numerics_base_name(const NumericsProfile& p) {
+  if (numerics_of(p) == Numerics::fast && ends_with(p.name, kFastSuffix))
+    return p.name.substr(0, p.name.size() - std::string(kFastSuffix).size());
+  return p.name;
+}
+
+NumericsProfile load_profile(const std::string& name_or_file, Numerics n) {
+  return with_numerics(load_profile(name_or_file), n);
 }
 
 std::vector<ProfileSiteDiff> profile_diff(const NumericsProfile& a, const NumericsProfile& b) {

@@ -151,6 +151,29 @@ NumericsProfile load_profile(const std::string& name_or_file);
 NumericsProfile profile_train();
 NumericsProfile profile_rollout();
 
+// ---- numerics modes (docs/NUMERICS.md "Fast numerics") -----------------------------------------
+// exact: every site in a canonical order of kernels/reduce.h, the CPU's bits on every device.
+// fast: the GEMM and expert sites (reduce.gemm, reduce.moe) in the tensor_core order: bf16 tensor-core
+// GEMMs, bitwise reproducible on one GPU architecture (run to run, any batch composition), CUDA only,
+// forward passes only. A profile is fast when any site is in the tensor_core order.
+enum class Numerics { exact, fast };
+const char* to_string(Numerics n);
+// "exact" or "fast"; anything else throws InputError naming the accepted values.
+Numerics parse_numerics(const std::string& s);
+// The sites of `p` in the tensor_core order, in site order; empty for exact numerics.
+std::vector<std::string> tensor_core_sites(const NumericsProfile& p);
+inline Numerics numerics_of(const NumericsProfile& p) {
+  return tensor_core_sites(p).empty() ? Numerics::exact : Numerics::fast;
+}
+// `p` in numerics `n`: for fast, the GEMM and expert sites in the tensor_core order and the name
+// "NAME.fast" (a profile of its own: a built-in's name always means the built-in's sites); exact
+// returns `p` as it is. A profile that is fast already stays as it is.
+NumericsProfile with_numerics(const NumericsProfile& p, Numerics n);
+// The name of the profile `p` was made from by with_numerics ("rollout" for "rollout.fast").
+std::string numerics_base_name(const NumericsProfile& p);
+// load_profile, then with_numerics.
+NumericsProfile load_profile(const std::string& name_or_file, Numerics n);
+
 // One site where two profiles differ.
 struct ProfileSiteDiff {
   std::string key, a, b;

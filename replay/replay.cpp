@@ -324,7 +324,7 @@ int env_rank(const std::string& key) {
   // divergence across ISAs points at the one place where it does not (an intrinsic, a contraction).
   static const std::map<std::string, int> ranks = {
       {"isa", 0},      {"machine", 0},    {"compile_flags", 1}, {"compiler", 2},   {"cpu_flags", 3},
-      {"build_id", 4}, {"threads", 5},    {"parallel", 5},      {"gpu", 6},        {"gpu_driver", 6},
+      {"build_id", 4}, {"threads", 5},    {"parallel", 5},      {"gpu", 6},        {"gpu_arch", 6},   {"gpu_driver", 6},
       {"cuda", 6},     {"cupti", 6},      {"nccl", 6},          {"hdf5", 7},       {"deflate", 7},
       {"os", 7},       {"cpu_model", 7},  {"host", 9},
   };
@@ -354,6 +354,26 @@ bool same_decision_shape(const ModelConfig& a, const ModelConfig& b) {
          a.index_topk == b.index_topk && a.n_routed_experts == b.n_routed_experts &&
          a.num_experts_per_tok == b.num_experts_per_tok && a.num_hash_layers == b.num_hash_layers &&
          a.vocab_size == b.vocab_size;
+}
+
+
+// A step in fast numerics (model/profile.h Numerics) is reproducible only by a GPU of the architecture
+// that recorded it (its tensor-core order is the hardware's): anywhere else the replay is refused
+// before it runs, with where it was recorded and where it would run.
+void require_replayable_numerics(const NumericsProfile& p, const TraceReader& r, int step, Device d) {
+  const std::vector<std::string> tc = tensor_core_sites(p);
+  if (tc.empty()) return;
+  const EnvFingerprint env = r.env();
+  const auto it = env.find(kEnvGpuArch);
+  const std::string recorded = it == env.end() ? "(not recorded)" : it->second;
+  const std::string here = d == Device::cuda ? gpu_arch() : "none";
+  if (d == Device::cuda && here == recorded) return;
+  throw InputError(fmt::format(
+      "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on a GPU of architecture {}; its "
+      "bits are reproducible only by a GPU of that architecture, and this replay would run on {}: replay it with "
+      "--device cuda on a {} GPU",
+      r.path(), step, p.name, fmt::join(tc, ", "), recorded,
+      d == Device::cuda ? "a GPU of architecture " + here : std::string("the ") + to_string(d), recorded));
 }
 
 }  // namespace
@@ -461,6 +481,7 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   std::vector<std::vector<int32_t>>& toks = rec.tokens;
   std::vector<SeqDecisions>& recorded = rec.decisions;
   rollout::EngineOptions eo = recorded_engine_options(g, recorded_profile(info, r.path()));
+  require_replayable_numerics(eo.profile, r, index, opt.device);
   eo.device = opt.device;
   eo.threads = sr.threads;
   const auto t0 = std::chrono::steady_clock::now();
@@ -615,6 +636,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   Verifier v(r, index, std::move(tables), sr);
   RunOptions ro;
   ro.profile = recorded_profile(info, r.path());
+  require_replayable_numerics(ro.profile, r, index, opt.device);
   ro.threads = sr.threads;
   ro.observer = &v;
   ro.overrides = ov.empty() ? nullptr : &ov;

@@ -71,6 +71,7 @@ struct Engine::Impl {
     if (opt.token_budget < 0)
       throw InputError(
           fmt::format("token budget must be 0 (no limit) or positive, got {}", opt.token_budget));
+    require_profile_runs_on(opt.profile, opt.device, "generate");
     be = backend::make_backend(opt.device, w);
     store = std::make_unique<CacheStore>(*be, w.config(), opt.profile, opt.page_size);
   }

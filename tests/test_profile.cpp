@@ -3,6 +3,7 @@
 // and the bisect.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -11,7 +12,9 @@
 #include "capture/trace_reader.h"
 #include "cli_util.h"
 #include "h5_edit.h"
+#include "kernels/linear.h"
 #include "model/collect.h"
+#include "model/device.h"
 #include "model/error.h"
 #include "model/forward.h"
 #include "model/profile.h"
@@ -150,6 +153,9 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       {"dsv4-profile = 1\nname = x\nbase = nowhere\n", "base 'nowhere'", 3},
       {"dsv4-profile = 1\nname = x y\n", "name 'x y'", 2},
       {"dsv4-profile = 1\nname = x\njust words\n", "expected 'key = value'", 3},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.norm = tensor_core\n", "GEMM sites only", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.attention = tensor_core\n", "GEMM sites only", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.gemm = tensorcore\n", "or tensor_core", 4},
   };
   test::TempDir d;
   for (const auto& c : cases) {
@@ -169,6 +175,87 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
   EXPECT_NE(missing.find("sites not set: reduce.gemm, reduce.norm"), std::string::npos) << missing;
   EXPECT_NE(error_of([&] { load_profile("no-such-profile"); }).find("neither a built-in"), std::string::npos);
   EXPECT_NE(error_of([&] { profile_by_name("no-such"); }).find("known: train, rollout"), std::string::npos);
+}
+
+// ---- fast numerics ------------------------------------------------------------------------------
+
+// with_numerics: the GEMM and expert sites in the tensor_core order, its own name, the round trip of
+// the text, and nothing else changed.
+TEST(FastNumerics, TheProfileOfFastNumerics) {
+  for (const std::string& name : profile_names()) {
+    SCOPED_TRACE(name);
+    const NumericsProfile exact = profile_by_name(name), fast = with_numerics(exact, Numerics::fast);
+    EXPECT_EQ(numerics_of(exact), Numerics::exact);
+    EXPECT_TRUE(tensor_core_sites(exact).empty());
+    EXPECT_EQ(numerics_of(fast), Numerics::fast);
+    EXPECT_EQ(tensor_core_sites(fast), (std::vector<std::string>{"reduce.gemm", "reduce.moe"}));
+    EXPECT_EQ(fast.name, name + ".fast");
+    EXPECT_EQ(numerics_base_name(fast), name);
+    EXPECT_EQ(numerics_base_name(exact), name);
+    std::set<std::string> differ;
+    for (const auto& d : profile_diff(exact, fast)) differ.insert(d.key);
+    EXPECT_EQ(differ, (std::set<std::string>{"reduce.gemm", "reduce.moe"}));
+    EXPECT_EQ(profile_text(parse_profile(profile_text(fast), "round trip")), profile_text(fast));
+    EXPECT_NE(profile_text(fast).find("reduce.gemm = tensor_core"), std::string::npos);
+    EXPECT_EQ(profile_text(with_numerics(fast, Numerics::fast)), profile_text(fast));  // fast stays fast
+    EXPECT_EQ(profile_text(with_numerics(exact, Numerics::exact)), profile_text(exact));
+    EXPECT_EQ(profile_text(load_profile(name, Numerics::fast)), profile_text(fast));
+  }
+  EXPECT_EQ(parse_numerics("fast"), Numerics::fast);
+  EXPECT_EQ(parse_numerics("exact"), Numerics::exact);
+  EXPECT_NE(error_of([] { parse_numerics("quick"); }).find("accepted: exact, fast"), std::string::npos);
+  // A profile file may set the order itself; it is then fast under any name of its own.
+  test::TempDir d;
+  const NumericsProfile own = load_profile(
+      write_file(d, "tc.profile", "dsv4-profile = 1\nname = mine\nbase = rollout\nreduce.moe = tensor_core\n"));
+  EXPECT_EQ(tensor_core_sites(own), std::vector<std::string>{"reduce.moe"});
+  EXPECT_EQ(numerics_base_name(own), "mine");
+}
+
+// Fast numerics run on CUDA only and in forward passes only: the CPU forward, the generation engine's
+// CPU backend, the CPU kernels and the training step each refuse them with a message that says why and
+// what to do, before anything runs.
+TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
+  const Weights& w = test::tiny();
+  const NumericsProfile fast = with_numerics(profile_train(), Numerics::fast);
+  RunOptions o;
+  o.profile = fast;
+  const std::string msg = error_of([&] { forward(w, {{1, 2, 3}}, o); });
+  EXPECT_NE(msg.find("forward: profile 'train.fast' is in fast numerics (reduce.gemm, reduce.moe = tensor_core)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+  EXPECT_NO_THROW(require_profile_runs_on(fast, Device::cuda, "forward"));
+  EXPECT_NO_THROW(require_profile_runs_on(profile_train(), Device::cpu, "forward"));
+  const std::string train = error_of([&] { require_exact_numerics(fast, "train-step"); });
+  EXPECT_NE(train.find("train-step: profile 'train.fast' is in fast numerics"), std::string::npos) << train;
+  EXPECT_NE(train.find("forward passes only"), std::string::npos) << train;
+  EXPECT_NO_THROW(require_exact_numerics(profile_rollout(), "train-step"));
+  // The CPU kernels refuse the order too (a caller that skipped the checks above).
+  std::vector<float> x(8, 1.0f), y(1);
+  GemmParams g = linear_params(1, 1, 8, x.data(), x.data(), y.data(), OutRound::f32,
+                               ReduceOrder{.block = 0, .tensor_core = true});
+  try {
+    gemm(g);
+    ADD_FAILURE() << "the CPU GEMM ran the tensor_core order";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm: the tensor_core order"), std::string::npos) << e.what();
+  }
+}
+
+// The CLI: --numerics fast on the CPU exits 2 with the sentence; an unknown value is refused by name.
+TEST(FastNumerics, CliRefusesFastOnTheCpu) {
+  const auto r = test::run_cli("forward --preset tiny --random 8 --numerics fast");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("fast numerics"), std::string::npos) << r.out;
+  const auto bad = test::run_cli("forward --preset tiny --random 8 --numerics quick");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--numerics"), std::string::npos) << bad.out;
+  test::TempDir d;
+  const auto rec = test::run_cli("record --preset tiny --random 8 --numerics fast --out " + (d / "t.h5"));
+  EXPECT_EQ(rec.code, 2) << rec.out;
+  EXPECT_NE(rec.out.find("record: profile 'train.fast' is in fast numerics"), std::string::npos) << rec.out;
+  EXPECT_FALSE(std::filesystem::exists(d / "t.h5"));
 }
 
 // ---- the sites in a forward ---------------------------------------------------------------------

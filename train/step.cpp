@@ -219,6 +219,7 @@ TrainStepResult train_step(const Weights& w, const std::vector<TrainSample>& sam
   bo.indexer_kl.row_weight = float(o.indexer_kl_coeff / double(n_rows));
   std::vector<double> kl_per_sample(samples.size(), 0.0);
 
+  require_exact_numerics(o.profile, "train-step");
   const OmpThreadScope threads(o.threads);
   std::unique_ptr<backend::Backend> be = backend::make_backend(o.device, w);
   GradTree tree;

@@ -10,6 +10,7 @@
 // any thread count, tiling and batch composition.
 #include <algorithm>
 #include <array>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #endif
 
 #include "kernels/detail/linear.h"
+#include "kernels/error.h"
 #include "kernels/linear.h"
 
 namespace dsv4 {
@@ -221,6 +223,7 @@ void gemm_reference(const GemmParams& p) {
 }
 
 void gemm(const GemmParams& p) {
+  if (const char* why = cpu_order_check(p.order)) throw Error(std::string("gemm: ") + why);
   if (p.m <= 0 || p.n <= 0) return;
   const int64_t tm = (p.m + MB - 1) / MB, tn = (p.n + NB - 1) / NB;
   // Small problems run on the calling thread: a parallel region would cost more than the work.

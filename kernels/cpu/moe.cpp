@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/detail/moe.h"
+#include "kernels/error.h"
 #include "kernels/indexer.h"
 #include "kernels/linear.h"
 
@@ -110,6 +112,7 @@ void finish_sum(const MoeParams& p, std::vector<float>& acc, float* gu, float* y
 }  // namespace
 
 void moe_experts(const MoeParams& p) {
+  if (const char* why = cpu_order_check(p.order)) throw Error(std::string("moe_experts: ") + why);
   if (p.T <= 0) return;
   const int64_t T = p.T, D = p.D, I = p.I, k = p.k, TK = T * k;
   const int E = p.E;

@@ -193,6 +193,10 @@ struct GemmShape {
 // Launches `count` problems of one shape; `problems` is a host array (copied to the device when
 // count > 1). Problems with m == 0 are allowed.
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
+// gemm_group in the tensor_core order (kernels/cuda/linear_tc.cu; s.order.tensor_core), mmax the
+// largest m. Throws Error on a device below compute capability 8.0.
+void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
+                            cudaStream_t stream);
 
 // RoPE over rows whose position is pos[r] (pos != nullptr) or pos_base + r * pos_step.
 void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream, int64_t pos_base = 0);

@@ -5,7 +5,11 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -164,6 +168,102 @@ TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
   EXPECT_EQ(gpu->log.indexer.size(), 2u);
   expect_same_run(*cpu, *gpu);
 }
+
+
+// ---- fast numerics (the GEMM and expert sites in the tensor_core order) ------------------------------
+
+// rel-L2 of b against a (0 for two empty vectors).
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(a[i]) * double(a[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+class GpuFast : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
+};
+
+// Fast numerics are deterministic: the same bytes run to run, and a sequence's every tensor, decision
+// and log-probability do not depend on the other sequences of the batch or its place in it.
+TEST_P(GpuFast, RunToRunAndBatchInvariant) {
+  const NumericsProfile fast = with_numerics(profile_by_name(GetParam()), Numerics::fast);
+  for (const char* name : {"tiny", "tiny-b"}) {
+    SCOPED_TRACE(name);
+    const Weights& w = test::tiny_by_name(name);
+    const auto a = random_tokens(300, w.config().vocab_size, 31), b = random_tokens(130, w.config().vocab_size, 32);
+    auto one = run(w, a, fast, Device::cuda), again = run(w, a, fast, Device::cuda);
+    expect_same_run(*one, *again);
+    DecisionLog log(false);
+    RunOptions o;
+    o.profile = fast;
+    o.device = Device::cuda;
+    o.observer = &log;
+    const ForwardResult batch = forward(w, {b, a, b}, o);
+    EXPECT_TRUE(test::same_floats(one->result.logprobs, batch.seqs[1].logprobs, "logprobs of a in {b, a, b}"));
+    for (const auto& [key, rec] : one->log.indexer)
+      EXPECT_EQ(rec.ids, log.indexer.at({1, key.second}).ids) << "indexer layer " << key.second;
+    for (const auto& [key, rec] : one->log.routing)
+      EXPECT_EQ(rec.ids, log.routing.at({1, key.second}).ids) << "routing layer " << key.second;
+  }
+}
+
+// Fast against exact numerics (both on the GPU): every reported tensor within rel-L2 1e-2 and the
+// log-probabilities within 1e-2, at least 90% of the decision rows equal; and fast numerics really run
+// the tensor-core order (some GEMM output differs in its bits). The per-tensor table is printed for
+// docs/NUMERICS.md.
+TEST_P(GpuFast, CloseToExact) {
+  const NumericsProfile exact = profile_by_name(GetParam()), fast = with_numerics(exact, Numerics::fast);
+  for (const char* name : {"tiny", "tiny-b"}) {
+    SCOPED_TRACE(name);
+    const Weights& w = test::tiny_by_name(name);
+    const auto toks = random_tokens(300, w.config().vocab_size, 41);
+    auto e = run(w, toks, exact, Device::cuda), f = run(w, toks, fast, Device::cuda);
+    ASSERT_EQ(e->log.tensor_order, f->log.tensor_order);
+    int64_t differing = 0;
+    std::map<std::string, double> worst;  // tensor name -> worst rel-L2 over the layers
+    for (const auto& key : e->log.tensor_order) {
+      const TensorCopy& te = e->log.tensors.at(key);
+      const TensorCopy& tf = f->log.tensors.at(key);
+      if (te.f.empty()) continue;
+      for (size_t i = 0; i < te.f.size(); ++i) differing += std::memcmp(&te.f[i], &tf.f[i], 4) != 0;
+      const double r = rel_l2(te.f, tf.f);
+      worst[key.second] = std::max(worst[key.second], r);
+      EXPECT_LE(r, 1e-2) << key.second << " layer " << key.first.second;
+    }
+    EXPECT_GT(differing, 0) << "fast numerics gave the exact bits everywhere: are the tensor cores used?";
+    const double lp = rel_l2(e->result.logprobs, f->result.logprobs);
+    EXPECT_LE(lp, 1e-2);
+    int64_t rows = 0, same = 0;
+    for (const auto& [key, rec] : e->log.indexer) {
+      const IndexerRecord& o = f->log.indexer.at(key);
+      const int64_t k = rec.k;
+      for (int64_t t = 0; k > 0 && t < int64_t(rec.ids.size()) / k; ++t, ++rows)
+        same += std::is_permutation(rec.ids.begin() + t * k, rec.ids.begin() + (t + 1) * k, o.ids.begin() + t * k);
+    }
+    const int64_t indexer_rows = rows, indexer_same = same;
+    for (const auto& [key, rec] : e->log.routing) {
+      const RoutingRecord& o = f->log.routing.at(key);
+      const int64_t k = rec.k;
+      for (int64_t t = 0; k > 0 && t < int64_t(rec.ids.size()) / k; ++t, ++rows)
+        same += std::is_permutation(rec.ids.begin() + t * k, rec.ids.begin() + (t + 1) * k, o.ids.begin() + t * k);
+    }
+    ASSERT_GT(rows, 0);
+    EXPECT_GE(double(same) / double(rows), 0.9);
+    std::printf("[fast vs exact] %s %s: log-probs rel-L2 %.3e; indexer rows equal %ld/%ld, routing rows equal "
+                "%ld/%ld; elements with other bits %ld\n",
+                name, GetParam().c_str(), lp, long(indexer_same), long(indexer_rows), long(same - indexer_same),
+                long(rows - indexer_rows), long(differing));
+    for (const auto& [tensor, r] : worst) std::printf("[fast vs exact]   %-24s rel-L2 %.3e\n", tensor.c_str(), r);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Profiles, GpuFast, ::testing::Values("train", "rollout"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 #ifdef DSV4_HAVE_NCCL
 // Expert parallelism on the GPU with one NCCL rank (two GPUs: scripts/gpu-check.sh --ep 2): the CUDA

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -70,6 +71,43 @@ TEST(GpuRecord, ReplayOnGpuComparesKernels) {
   r = test::run_cli("replay " + t + " --device cuda --json " + t + ".json");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("GPU kernels: the same"), std::string::npos) << r.out;
+}
+
+// Fast numerics through the CLI: a step recorded with --numerics fast on the GPU (the profile stored
+// as train.fast, the GPU architecture in the env) replays bit for bit on the GPU, kernels included,
+// and the CPU refuses its replay before running, naming the architecture. A rollout-profile generation
+// in fast numerics replays on the GPU too.
+TEST(GpuRecord, FastNumericsReplayOnTheSameArchitectureOnly) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const std::string t = temp_trace("fast.h5");
+  auto r = test::run_cli("record --preset tiny --seed 7 --random 200 --device cuda --numerics fast --out " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const TraceReader tr = TraceReader::open(t);
+  EXPECT_EQ(tr.steps().at(0).profile, "train.fast");
+  EXPECT_EQ(tr.steps().at(0).kind, "train");
+  EXPECT_EQ(tr.env().at("gpu_arch").rfind("sm_", 0), 0u) << tr.env().at("gpu_arch");
+  r = test::run_cli("replay " + t + " --device cuda");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GPU kernels: the same"), std::string::npos) << r.out;
+  r = test::run_cli("replay " + t + " --device cpu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("recorded in fast numerics (profile 'train.fast': reduce.gemm, reduce.moe = tensor_core) "
+                       "on a GPU of architecture sm_"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("this replay would run on the cpu"), std::string::npos) << r.out;
+  const std::string g = temp_trace("fast_gen.h5");
+  const std::string prompts = temp_trace("prompts.jsonl");
+  {
+    std::ofstream f(prompts);
+    f << "{\"id\": \"a\", \"prompt\": [1, 2, 3, 4, 5], \"max_new_tokens\": 6}\n"
+      << "{\"id\": \"b\", \"prompt\": [9, 8, 7], \"max_new_tokens\": 4}\n";
+  }
+  r = test::run_cli("generate --preset tiny --seed 7 --prompts " + prompts + " --device cuda --numerics fast --record " +
+                    g + " --out " + g + ".jsonl");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("replay " + g + " --device cuda");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 // Keeps the row digests of every reported tensor, in order; optionally checks the device digests
