@@ -18,7 +18,10 @@ PTX is what the audit refuses:
   - div, sqrt, rcp, fma without .rn (IEEE round-to-nearest-even is what the CPU does);
   - an fma whose source line (PTX compiled with -lineinfo) does not call fma: a contraction by the
     compiler, a*b+c computed with one rounding where the CPU rounds twice;
-  - tensor-core instructions (mma, wmma, wgmma): their accumulation order is not the CPU's.
+  - tensor-core instructions (mma, wmma, wgmma): their accumulation order is not the CPU's. The one
+    exception is a function whose (mangled) name contains "tensor_core": the kernels of the
+    tensor_core reduction order (fast numerics, kernels/cuda/linear_tc.cu), which the CPU never
+    computes (it refuses that order); every other rule applies to them too.
 The SASS audit checks the other end: no MUFU approximation other than the reciprocal and reciprocal
 square root that start ptxas's exact division and square-root sequences (IEEE div.rn, sqrt.rn and
 rcp.rn, and integer div and rem; allowed only in functions whose PTX has one), no tensor-core
@@ -62,11 +65,16 @@ def demangle(names):
         return {n: n for n in names}
 
 
-def ptx_problems(op):
+TENSOR_CORE_FUNCTION = "tensor_core"  # in a function's name: its tensor-core instructions are its order
+
+
+def ptx_problems(op, func=""):
     """Why the PTX instruction `op` (e.g. 'add.rn.f32') may differ from the CPU: a list, empty if it may not."""
     parts = op.split(".")
     base, mods = parts[0], set(parts[1:])
     if base in TENSOR_CORE:
+        if TENSOR_CORE_FUNCTION in func:
+            return []
         return ["tensor-core accumulation (its order is not the CPU's)"]
     floating = bool(mods & FLOAT_TYPES)
     why = []
@@ -127,7 +135,7 @@ def audit_ptx(path):
         floating = bool(set(parts[1:]) & FLOAT_TYPES)
         if parts[0] in ("div", "rem") or (parts[0] in ("sqrt", "rcp") and floating):
             exact_seq.add(func)  # ptxas seeds these exact sequences (integer ones too) with MUFU.RCP/RSQ
-        why = ptx_problems(op)
+        why = ptx_problems(op, func)
         if parts[0] in ("fma", "mad") and floating:
             src = source_line(*loc) if loc else None
             if loc is None:
@@ -172,7 +180,7 @@ def audit_sass(path, exact_seq):
                     why = "hardware approximation MUFU." + kind
                 elif func not in exact_seq:
                     why = "MUFU." + kind + " in a function whose PTX has no division, remainder, sqrt or rcp"
-            elif parts[0].startswith(SASS_TENSOR):
+            elif parts[0].startswith(SASS_TENSOR) and TENSOR_CORE_FUNCTION not in func:
                 why = "tensor-core instruction"
             if why:
                 problems.append((path, lineno, f"{func} [{arch}]", op, why))
