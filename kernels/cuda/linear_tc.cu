@@ -21,7 +21,10 @@
 
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/linear.h"
 
 namespace dsv4::cuda::detail {
 namespace {
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.f;
 
-  const int64_t tiles = ceil_div(s.k, kBK);
+  const int64_t tiles = (s.k + kBK - 1) / kBK;
   load(0);
   stage(0);
   __syncthreads();
