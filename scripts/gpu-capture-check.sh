@@ -14,7 +14,6 @@
 #   "test_gpu_model test_gpu_train"), each with its own log and summary line
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
 tests=1 bench=1
 for a in "$@"; do
   case "$a" in
@@ -26,20 +25,7 @@ for a in "$@"; do
       ;;
   esac
 done
-build=${BUILD_DIR:-build-gpu}
-logs=${OUT:-$build/logs}
-mkdir -p "$logs"
-jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-xx=${DSV4_XXHASH_INCLUDE:-}
-[[ -z $xx && -f .carry/xxhash/xxhash.h ]] && xx=$PWD/.carry/xxhash
-# Without libisal-dev the trace chunks are deflated with zlib, about 7 times slower: a copy of ISA-L's
-# headers, library and pkg-config file in .carry/isal (prefix=${pcfiledir}/../..) is used instead.
-if ! pkg-config --exists libisal 2>/dev/null && [[ -f .carry/isal/lib/pkgconfig/libisal.pc ]]; then
-  export PKG_CONFIG_PATH=$PWD/.carry/isal/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
-rc=0
-status() { printf '%-40s %s\n' "$1" "$2" >>"$logs/summary.txt"; }
-: >"$logs/summary.txt"
+source scripts/gpu-env.sh
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \

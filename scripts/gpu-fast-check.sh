@@ -13,7 +13,6 @@
 #   .carry/xxhash when it holds xxhash.h), .carry/isal for libisal-dev (as scripts/gpu-capture-check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
 tests=1 bench=1
 for a in "$@"; do
   case "$a" in
@@ -22,18 +21,7 @@ for a in "$@"; do
     *) echo "usage: scripts/gpu-fast-check.sh [--no-tests] [--no-bench]" >&2; exit 2 ;;
   esac
 done
-build=${BUILD_DIR:-build-gpu}
-logs=${OUT:-$build/logs}
-mkdir -p "$logs"
-jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-xx=${DSV4_XXHASH_INCLUDE:-}
-[[ -z $xx && -f .carry/xxhash/xxhash.h ]] && xx=$PWD/.carry/xxhash
-if ! pkg-config --exists libisal 2>/dev/null && [[ -f .carry/isal/lib/pkgconfig/libisal.pc ]]; then
-  export PKG_CONFIG_PATH=$PWD/.carry/isal/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
-rc=0
-status() { printf '%-44s %s\n' "$1" "$2" >>"$logs/summary.txt"; }
-: >"$logs/summary.txt"
+source scripts/gpu-env.sh
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
