@@ -172,15 +172,25 @@ TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
 
 // ---- fast numerics (the GEMM and expert sites in the tensor_core order) ------------------------------
 
-// rel-L2 of b against a (0 for two empty vectors).
+// rel-L2 of b against a over the elements where both are finite (masked scores hold -inf); the
+// non-finite elements must sit at the same places with the same values (checked by the caller with
+// same_nonfinite).
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
     const double d = double(a[i]) - double(b[i]);
     num += d * d;
     den += double(a[i]) * double(a[i]);
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+bool same_nonfinite(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if ((!std::isfinite(a[i]) || !std::isfinite(b[i])) && !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))))
+      return false;
+  return true;
 }
 
 class GpuFast : public ::testing::TestWithParam<std::string> {
@@ -239,6 +249,7 @@ TEST_P(GpuFast, CloseToExact) {
       const double r = rel_l2(te.f, tf.f);
       worst[key.second] = std::max(worst[key.second], r);
       EXPECT_LE(r, 5e-2) << key.second << " layer " << key.first.second;
+      EXPECT_TRUE(same_nonfinite(te.f, tf.f)) << key.second << " layer " << key.first.second;
     }
     EXPECT_GT(differing, 0) << "fast numerics gave the exact bits everywhere: are the tensor cores used?";
     const double lp = rel_l2(e->result.logprobs, forced->result.logprobs);
