@@ -431,11 +431,13 @@ TEST(Env, EveryKeyOfTheFormat) {
   const EnvFingerprint e = environment_fingerprint();
   for (const char* key :
        {"host", "os", "machine", "isa", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
-        "gpu", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
+        "gpu", "gpu_arch", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
     ASSERT_TRUE(e.count(key)) << key;
     EXPECT_FALSE(e.at(key).empty()) << key;
   }
-  EXPECT_EQ(e.size(), 17u);
+  EXPECT_EQ(e.size(), 18u);
+  EXPECT_TRUE(e.at("gpu_arch") == "none" || e.at("gpu_arch").rfind("sm_", 0) == 0) << e.at("gpu_arch");
+  EXPECT_EQ(e.at("gpu_arch"), gpu_arch());
   // The build's instruction set, as the compiler targets it (the default build is x86-64-v3).
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__BMI2__)
   EXPECT_EQ(e.at("isa"), "x86-64-v3");
