@@ -262,8 +262,9 @@ struct LayerShape {
   int H, Hi, topk, W, E, k, groups;
   int64_t R;
   ReduceOrder order;
-  bool fast = false;  // the GEMMs and experts in the tensor_core order (fast numerics)
+  bool fast = false;  // the GEMMs, experts and attention in the tensor_core order (fast numerics)
   ReduceOrder gemm_order() const { return fast ? ReduceOrder{.block = 0, .tensor_core = true} : order; }
+  ReduceOrder attention_order() const { return gemm_order(); }
 };
 
 struct OpTime {
@@ -275,7 +276,7 @@ struct OpTime {
 void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const Roofline& rf) {
   const bool hw = rf.bf16_gflops > 0;
   std::printf("\nPer-op times, %s layer at T=%ld (%s, %s order)\n", s.name.c_str(), long(s.T),
-              s.fast ? "fast numerics: GEMMs and experts on tensor cores" : "exact mode",
+              s.fast ? "fast numerics: GEMMs, experts and attention on tensor cores" : "exact mode",
               s.order.block ? "blocked" : "chain");
   std::printf("roofline ms = max(bytes / copy bandwidth, FLOPs / exact GEMM rate)%s\n",
               hw ? "; hw ms = the same with the bf16 tensor-core GEMM rate" : "");
@@ -406,7 +407,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   SparseAttnParams attn;
   {
     SparseAttnParams& p = attn;
-    p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.order;
+    p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.attention_order();
     p.q = q, p.kv = d.floats((T + G) * s.Dh), p.idx = idx, p.sink = d.floats(s.H), p.o = o,
     p.lse = d.floats(T * s.H);
     add("sparse_attention", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),

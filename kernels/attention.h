@@ -54,6 +54,12 @@ namespace dsv4 {
 // then l = l + exp_f(sink[h] - m); o[t,h,d] = bf16(acc[d] / l); lse[t,h] = m + log_f(l). The
 // probabilities enter P·V unnormalised and bf16-rounded; the division comes last. An empty row gives
 // o = 0 and lse = sink[h] exactly.
+//
+// order.tensor_core (CUDA only, the fast numerics of docs/NUMERICS.md) replaces all of the above by
+// the tensor_core order of kernels/cuda/attention_tc.cu: q, kv and the probabilities in bf16,
+// tensor-core products with fp32 accumulation, an online softmax over blocks of 64 valid slots;
+// splits and online_block are not used (a decode step's row equals the prefill's). The CPU refuses it
+// (cpu_order_check).
 struct SparseAttnParams {
   int64_t T = 0;
   int H = 0;

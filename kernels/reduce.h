@@ -14,10 +14,11 @@
 // The train profile uses block 0, the rollout profile a different fixed block (see model/profile.h):
 // the two profiles are each deterministic, and differ from each other like two real engines do.
 //
-// Order `tensor_core` (GEMM and expert sites only; the fast numerics of docs/NUMERICS.md): bf16 inputs,
-// tensor-core products and fp32 accumulation in the order of kernels/cuda/linear_tc.cu, fixed for one
-// GPU architecture. It is not defined here and the CPU does not compute it: dot() is never called with
-// it (the CPU GEMM and experts refuse it; model/profile.h uses_tensor_cores).
+// Order `tensor_core` (GEMM, expert and attention sites only; the fast numerics of docs/NUMERICS.md):
+// bf16 inputs, tensor-core products and fp32 accumulation in the order of kernels/cuda/linear_tc.cu
+// (GEMMs, experts) and kernels/cuda/attention_tc.cu (sparse attention), fixed for one GPU
+// architecture. It is not defined here and the CPU does not compute it: dot() is never called with it
+// (the CPU GEMM, experts and attention refuse it with cpu_order_check).
 #pragma once
 
 #include <cmath>
@@ -33,8 +34,8 @@ struct ReduceOrder {
   friend bool operator==(const ReduceOrder&, const ReduceOrder&) = default;
 };
 
-// nullptr, or why the CPU cannot compute in order `o`: the CPU ops that take an order from a GEMM or
-// expert site refuse the tensor_core order with it.
+// nullptr, or why the CPU cannot compute in order `o`: the CPU ops that take an order from a GEMM,
+// expert or attention site refuse the tensor_core order with it.
 inline const char* cpu_order_check(ReduceOrder o) {
   return o.tensor_core ? "the tensor_core order (fast numerics) is a GPU's tensor-core order; the CPU does not "
                          "compute it (run on --device cuda)"

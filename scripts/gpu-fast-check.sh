@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One call on the GPU machine for the fast numerics (GEMMs and experts in the tensor_core order): builds
-# what it needs (Hopper only), runs the tensor-core GEMM's tests (float64 bound, run-to-run, batch
-# invariance, alignment), the whole-model fast tests (run-to-run, batch composition, fast against exact
+# One call on the GPU machine for the fast numerics (GEMMs, experts and attention in the tensor_core
+# order): builds what it needs (Hopper only), runs the tensor-core GEMM's and attention's tests (float64
+# bounds, run-to-run, batch, head and padding invariance, alignment), the whole-model fast tests (run-to-run, batch composition, fast against exact
 # with the per-tensor rel-L2 table), the CLI record/replay of a fast trace (GPU bitwise, the CPU
-# refusing), compute-sanitizer memcheck and racecheck over the GEMM tests, then `bench_gpu --fast
+# refusing), compute-sanitizer memcheck and racecheck over the GEMM and attention tests, then `bench_gpu --fast
 # --layers-only` (the fast GEMM against cuBLAS bf16 at the same shapes, the Flash-shaped layer exact and
 # fast, the mid model exact against fast), and prints a summary table. Logs under $OUT (or
 # build-gpu/logs).
@@ -49,7 +49,7 @@ run() {
 }
 if [[ $tests == 1 ]]; then
   t=$build/tests/gpu
-  run "test_gpu_fast (tensor-core GEMM)" test_gpu_fast.log "$t/test_gpu_fast"
+  run "test_gpu_fast (tensor-core GEMM, attention)" test_gpu_fast.log "$t/test_gpu_fast"
   run "test_gpu_model GpuFast (whole model)" test_gpu_model_fast.log "$t/test_gpu_model" --gtest_filter='*GpuFast*'
   run "test_gpu_record Fast (CLI record/replay)" test_gpu_record_fast.log "$t/test_gpu_record" \
     --gtest_filter='*FastNumerics*'
@@ -57,9 +57,9 @@ if [[ $tests == 1 ]]; then
     for tool in memcheck racecheck; do
       if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$t/test_gpu_fast" \
           --gtest_filter='*RunToRun*:*Alignment*:*Empty*' >"$logs/$tool.log" 2>&1; then
-        status "compute-sanitizer $tool (fast GEMM)" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1)"
+        status "compute-sanitizer $tool (fast GEMM, attention)" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$tool.log" | tail -1)"
       else
-        status "compute-sanitizer $tool (fast GEMM)" "FAILED or timed out (see $tool.log)"
+        status "compute-sanitizer $tool (fast GEMM, attention)" "FAILED or timed out (see $tool.log)"
         tail -5 "$logs/$tool.log"
         rc=1
       fi

@@ -12,6 +12,7 @@
 #include "capture/trace_reader.h"
 #include "cli_util.h"
 #include "h5_edit.h"
+#include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "model/collect.h"
 #include "model/device.h"
@@ -153,8 +154,8 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       {"dsv4-profile = 1\nname = x\nbase = nowhere\n", "base 'nowhere'", 3},
       {"dsv4-profile = 1\nname = x y\n", "name 'x y'", 2},
       {"dsv4-profile = 1\nname = x\njust words\n", "expected 'key = value'", 3},
-      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.norm = tensor_core\n", "GEMM sites only", 4},
-      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.attention = tensor_core\n", "GEMM sites only", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.norm = tensor_core\n", "attention sites only", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.indexer = tensor_core\n", "attention sites only", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nreduce.gemm = tensorcore\n", "or tensor_core", 4},
   };
   test::TempDir d;
@@ -179,7 +180,7 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
 
 // ---- fast numerics ------------------------------------------------------------------------------
 
-// with_numerics: the GEMM and expert sites in the tensor_core order, its own name, the round trip of
+// with_numerics: the GEMM, expert and attention sites in the tensor_core order, its own name, the round trip of
 // the text, and nothing else changed.
 TEST(FastNumerics, TheProfileOfFastNumerics) {
   for (const std::string& name : profile_names()) {
@@ -188,13 +189,13 @@ TEST(FastNumerics, TheProfileOfFastNumerics) {
     EXPECT_EQ(numerics_of(exact), Numerics::exact);
     EXPECT_TRUE(tensor_core_sites(exact).empty());
     EXPECT_EQ(numerics_of(fast), Numerics::fast);
-    EXPECT_EQ(tensor_core_sites(fast), (std::vector<std::string>{"reduce.gemm", "reduce.moe"}));
+    EXPECT_EQ(tensor_core_sites(fast), (std::vector<std::string>{"reduce.gemm", "reduce.attention", "reduce.moe"}));
     EXPECT_EQ(fast.name, name + ".fast");
     EXPECT_EQ(numerics_base_name(fast), name);
     EXPECT_EQ(numerics_base_name(exact), name);
     std::set<std::string> differ;
     for (const auto& d : profile_diff(exact, fast)) differ.insert(d.key);
-    EXPECT_EQ(differ, (std::set<std::string>{"reduce.gemm", "reduce.moe"}));
+    EXPECT_EQ(differ, (std::set<std::string>{"reduce.gemm", "reduce.attention", "reduce.moe"}));
     EXPECT_EQ(profile_text(parse_profile(profile_text(fast), "round trip")), profile_text(fast));
     EXPECT_NE(profile_text(fast).find("reduce.gemm = tensor_core"), std::string::npos);
     EXPECT_EQ(profile_text(with_numerics(fast, Numerics::fast)), profile_text(fast));  // fast stays fast
@@ -221,7 +222,8 @@ TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
   RunOptions o;
   o.profile = fast;
   const std::string msg = error_of([&] { forward(w, {{1, 2, 3}}, o); });
-  EXPECT_NE(msg.find("forward: profile 'train.fast' is in fast numerics (reduce.gemm, reduce.moe = tensor_core)"),
+  EXPECT_NE(msg.find("forward: profile 'train.fast' is in fast numerics (reduce.gemm, reduce.attention, reduce.moe = "
+                     "tensor_core)"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
@@ -240,6 +242,18 @@ TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
     ADD_FAILURE() << "the CPU GEMM ran the tensor_core order";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gemm: the tensor_core order"), std::string::npos) << e.what();
+  }
+  std::vector<int32_t> idx{0};
+  SparseAttnParams a;
+  a.T = 1, a.H = 1, a.Dh = 8, a.N = 1, a.K = 1, a.q = x.data(), a.kv = x.data(), a.idx = idx.data(),
+  a.sink = x.data(), a.scale = 1.0f, a.o = x.data(), a.order = ReduceOrder{.block = 0, .tensor_core = true};
+  EXPECT_NE(std::string(sparse_attention_check(a) ? sparse_attention_check(a) : "").find("tensor_core order"),
+            std::string::npos);
+  try {
+    sparse_attention(a);
+    ADD_FAILURE() << "the CPU attention ran the tensor_core order";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sparse_attention: the tensor_core order"), std::string::npos) << e.what();
   }
 }
 

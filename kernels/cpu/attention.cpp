@@ -3,9 +3,11 @@
 #include "kernels/attention.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/detail/attention.h"
+#include "kernels/error.h"
 
 namespace dsv4 {
 
@@ -18,6 +20,7 @@ constexpr int64_t kParallelWork = int64_t(1) << 15;
 const char* sparse_attention_check(const SparseAttnParams& p) {
   if (const char* why = common::sparse_attention_check_dims(p)) return why;
   if (const char* why = common::sparse_attention_check_pointers(p)) return why;
+  if (const char* why = cpu_order_check(p.order)) return why;
   for (int64_t i = 0; i < p.T * p.K; ++i)
     if (p.idx[i] < -1 || p.idx[i] >= p.N) return "idx";
   return nullptr;
@@ -108,6 +111,7 @@ void sparse_attention_online(const SparseAttnParams& p) {
 // One (t, h) per iteration. Masked (-1) slots are never loaded (no address is formed from them), so
 // garbage can never reach the sums; each iteration writes only its own o[t,h] and lse[t,h].
 void sparse_attention(const SparseAttnParams& p) {
+  if (const char* why = cpu_order_check(p.order)) throw Error(std::string("sparse_attention: ") + why);
   if (p.splits > 0) {
     sparse_attention_split(p);
     return;

@@ -43,21 +43,6 @@ namespace {
 constexpr int kThreads = 256, kGroups = kThreads / 8, kMaxHeadTile = 8;
 constexpr size_t kMaxShared = 200 * 1024;
 
-// Step 1, all threads of the block: the valid slots of idx [K] (not -1, inside [0, N)) compacted in
-// slot order into slots; returns their count nv (the same in every thread).
-__device__ int compact_valid_slots(const int32_t* idx, int64_t K, int64_t N, int tid, int32_t* slots,
-                                   int* red) {
-  const int64_t chunk = (K + kThreads - 1) / kThreads, lo = tid * chunk, hi = lo + chunk < K ? lo + chunk : K;
-  int mine = 0;
-  for (int64_t j = lo; j < hi; ++j) mine += idx[j] >= 0 && idx[j] < N;
-  int nv = 0;
-  int pos = detail::block_exclusive_scan(mine, red, &nv);
-  for (int64_t j = lo; j < hi; ++j)
-    if (idx[j] >= 0 && idx[j] < N) slots[pos++] = idx[j];
-  __syncthreads();
-  return nv;
-}
-
 // Only the sink (nv == 0): o = 0 and lse = sink for the nh heads from h0 of row t.
 __device__ void write_empty_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int tid) {
   for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
@@ -91,7 +76,7 @@ __device__ void tile_scores(const SparseAttnParams& p, int64_t t, int h0, int nh
 // written (o = 0, lse = sink), and the block is past a barrier.
 __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, int tid, float* zs, float* qs,
                           int32_t* slots, int* red) {
-  const int nv = compact_valid_slots(p.idx + t * p.K, p.K, p.N, tid, slots, red);
+  const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, red);
   if (nv == 0) {
     write_empty_rows(p, t, h0, nh, tid);
     __syncthreads();
@@ -275,6 +260,10 @@ int head_tile(const SparseAttnParams& p) {
 const char* sparse_attention_check(const SparseAttnParams& p) {
   if (const char* why = common::sparse_attention_check_dims(p)) return why;
   if (p.N > INT32_MAX) return "N";
+  if (p.order.tensor_core) {
+    if (const char* why = detail::sparse_attention_tensor_core_check(p)) return why;
+    return common::sparse_attention_check_pointers(p);
+  }
   if (size_t(p.K) * 8 + size_t(p.Dh) * 4 + size_t(split_slots(p) + online_per_head(p)) * 4 >
       kMaxShared)
     return "K or Dh (too large for one block)";
@@ -284,6 +273,7 @@ const char* sparse_attention_check(const SparseAttnParams& p) {
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   require(cuda::sparse_attention_check(p), "sparse_attention");
   if (p.T <= 0) return;
+  if (p.order.tensor_core) return detail::sparse_attention_tensor_core(p, stream);
   const int ht = head_tile(p);
   const int64_t np = split_slots(p);
   const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np + online_per_head(p)) +

@@ -170,6 +170,23 @@ __device__ T block_exclusive_scan(T v, T* red, T* total) {
   return before + inc - v;
 }
 
+// The valid slots of an attention row idx [K] (not -1 and inside [0, N): nothing else is ever
+// loaded) compacted in slot order into slots, by the Threads threads of the block: contiguous chunks
+// of slots per thread, placed by a block prefix sum. Returns their count nv (the same in every
+// thread), after a barrier.
+template <int Threads>
+__device__ int compact_valid_slots(const int32_t* idx, int64_t K, int64_t N, int tid, int32_t* slots, int* red) {
+  const int64_t chunk = (K + Threads - 1) / Threads, lo = tid * chunk, hi = lo + chunk < K ? lo + chunk : K;
+  int mine = 0;
+  for (int64_t j = lo; j < hi; ++j) mine += idx[j] >= 0 && idx[j] < N;
+  int nv = 0;
+  int pos = block_exclusive_scan(mine, red, &nv);
+  for (int64_t j = lo; j < hi; ++j)
+    if (idx[j] >= 0 && idx[j] < N) slots[pos++] = idx[j];
+  __syncthreads();
+  return nv;
+}
+
 // ---- internal launchers (defined in the op's .cu file) ----------------------------------------------
 
 // One GEMM of a group: y[yrow(r)] = round(x[xrow(r)] . w^T) for r < m; row maps are optional device
@@ -193,10 +210,18 @@ struct GemmShape {
 // Launches `count` problems of one shape; `problems` is a host array (copied to the device when
 // count > 1). Problems with m == 0 are allowed.
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
+// Throws unless the current device has bf16 tensor cores (compute capability 8.0 or newer), which
+// every kernel of the tensor_core order needs (kernels/cuda/linear_tc.cu).
+void require_tensor_core_device();
 // gemm_group in the tensor_core order (kernels/cuda/linear_tc.cu; s.order.tensor_core), mmax the
 // largest m. Throws Error on a device below compute capability 8.0.
 void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
                             cudaStream_t stream);
+
+// Sparse attention in the tensor_core order (kernels/cuda/attention_tc.cu; p.order.tensor_core):
+// the check of its own limits (nullptr or the offending field), and the launch.
+const char* sparse_attention_tensor_core_check(const SparseAttnParams& p);
+void sparse_attention_tensor_core(const SparseAttnParams& p, cudaStream_t stream);
 
 // RoPE over rows whose position is pos[r] (pos != nullptr) or pos_base + r * pos_step.
 void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream, int64_t pos_base = 0);

@@ -19,11 +19,10 @@
 // tile is loaded into registers (fp32, float4 where aligned) while the current one is consumed.
 // Functions named *tensor_core* are the only ones scripts/kernel-audit.py lets use tensor cores.
 
-#include <cuda_bf16.h>
-
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/detail/linear.h"
 
 namespace dsv4::cuda::detail {
@@ -43,30 +42,6 @@ __device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t K) 
 #pragma unroll
   for (int j = 0; j < 4; ++j) v[j] = k + j < K ? row[k + j] : 0.f;
   return make_float4(v[0], v[1], v[2], v[3]);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // lo at the lower address
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// d = a . b + d: m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 template <bool VEC>
@@ -139,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        for (int ni = 0; ni < 4; ++ni) mma_bf16_tensor_core(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
     }
     if (t + 1 < tiles) stage(buf ^ 1);
     __syncthreads();
@@ -171,8 +146,7 @@ bool aligned16(const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
-void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
-                            cudaStream_t stream) {
+void require_tensor_core_device() {
   int dev = 0, major = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -180,6 +154,11 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
     throw Error(
         "the tensor_core reduction order (fast numerics) needs a GPU of compute capability 8.0 or newer "
         "(bf16 mma.sync); this device is " + std::to_string(major) + ".x");
+}
+
+void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
+                            cudaStream_t stream) {
+  require_tensor_core_device();
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
   bool vec = true;
   for (int i = 0; i < count; ++i)

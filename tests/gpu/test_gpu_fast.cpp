@@ -1,11 +1,14 @@
-// The tensor_core reduction order of the GEMM (fast numerics, kernels/cuda/linear_tc.cu): against a
-// float64 reference within its documented bound, and the properties that make it replayable — the same
-// bytes run to run, for any batch composition (a row's result alone, in any sub-batch or at any offset
-// equals its result in the whole batch), for any input alignment, with inputs taken as bf16 and the
-// output rounded once. Shapes include odd m, n and k (tails of every tile dimension).
+// The tensor_core order (fast numerics) of the GEMM (kernels/cuda/linear_tc.cu) and of the sparse
+// attention (kernels/cuda/attention_tc.cu): against float64 references within their documented bounds,
+// and the properties that make them replayable — the same bytes run to run, for any batch composition
+// (a row's result alone, in any sub-batch or at any offset equals its result in the whole batch), for
+// any input alignment, with inputs taken as bf16 and the output rounded once; for the attention also
+// each head alone (odd head counts 1, 3, 43, 61 and two head tiles), wherever -1 padding sits, and the
+// empty row. Shapes include odd m, n, k, Dh, K and partial slot blocks.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/attention.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/linear.h"
 #include "kernels/numerics/numerics.h"
@@ -164,6 +168,241 @@ TEST_F(FastGemm, EmptyShapes) {
   for (float v : y) EXPECT_EQ(v, 0.0f);
   const auto none = gemm_tc(random_bf16(8, 1, 1.f), 8, {}, 8, 1, 0, 8, OutRound::f32);
   EXPECT_TRUE(none.empty());
+}
+
+// ---- sparse attention in the tensor_core order ---------------------------------------------------
+
+// One attention problem on the host: q [T, H, Dh], kv [N, Dh], idx [T, K], sink [H].
+struct AttnCase {
+  int64_t T = 0, Dh = 0, N = 0, K = 0;
+  int H = 0;
+  std::vector<float> q, kv, sink;
+  std::vector<int32_t> idx;
+  float scale = 0;
+};
+
+// Row t of idx holds nv[t % nv.size()] valid slots (distinct kv rows, in a random order) with -1
+// holes spread among them; q and kv are bf16 values.
+AttnCase make_attn(int64_t T, int H, int64_t Dh, int64_t N, int64_t K, const std::vector<int64_t>& nv,
+                   uint32_t seed) {
+  AttnCase c;
+  c.T = T, c.H = H, c.Dh = Dh, c.N = N, c.K = K, c.scale = float(1.0 / std::sqrt(double(Dh)));
+  c.q = random_bf16(size_t(T * H * Dh), seed, 1.0f);
+  c.kv = random_bf16(size_t(N * Dh), seed + 1, 1.0f);
+  c.sink = random_bf16(size_t(H), seed + 2, 1.0f);
+  std::mt19937 g(seed + 3);
+  c.idx.assign(size_t(T * K), -1);
+  std::vector<int32_t> rows(static_cast<size_t>(N));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = std::min(nv[size_t(t) % nv.size()], std::min(K, N));
+    for (int64_t i = 0; i < N; ++i) rows[size_t(i)] = int32_t(i);
+    std::shuffle(rows.begin(), rows.end(), g);
+    std::vector<int64_t> at(static_cast<size_t>(K));
+    for (int64_t j = 0; j < K; ++j) at[size_t(j)] = j;
+    std::shuffle(at.begin(), at.end(), g);
+    at.resize(size_t(n));
+    std::sort(at.begin(), at.end());
+    for (int64_t j = 0; j < n; ++j) c.idx[size_t(t * K + at[size_t(j)])] = rows[size_t(j)];
+  }
+  return c;
+}
+
+struct AttnOut {
+  std::vector<float> o, lse;
+};
+
+AttnOut attn_tc(const AttnCase& c) {
+  test::DeviceBuffers d;
+  SparseAttnParams p;
+  p.T = c.T, p.H = c.H, p.Dh = c.Dh, p.N = c.N, p.K = c.K, p.scale = c.scale, p.order = kTensorCore;
+  p.q = d.upload(c.q, "q");
+  p.kv = d.upload(c.kv, "kv");
+  p.idx = d.upload(c.idx, "idx");
+  p.sink = d.upload(c.sink, "sink");
+  std::vector<float> o0(size_t(c.T * c.H * c.Dh), -7.0f), l0(size_t(c.T * c.H), -7.0f);
+  p.o = d.upload(o0, "o");
+  p.lse = d.upload(l0, "lse");
+  cuda::sparse_attention(p, nullptr);
+  EXPECT_TRUE(d.guards_intact());
+  return {d.download(p.o, o0.size()), d.download(p.lse, l0.size())};
+}
+
+// Rows [t0, t0 + n) of c as a problem of their own (the same kv).
+AttnCase rows_of(const AttnCase& c, int64_t t0, int64_t n) {
+  AttnCase r = c;
+  r.T = n;
+  r.q.assign(c.q.begin() + t0 * c.H * c.Dh, c.q.begin() + (t0 + n) * c.H * c.Dh);
+  r.idx.assign(c.idx.begin() + t0 * c.K, c.idx.begin() + (t0 + n) * c.K);
+  return r;
+}
+
+// Head h of c as a one-head problem.
+AttnCase head_of(const AttnCase& c, int h) {
+  AttnCase r = c;
+  r.H = 1;
+  r.sink = {c.sink[size_t(h)]};
+  r.q.clear();
+  for (int64_t t = 0; t < c.T; ++t)
+    r.q.insert(r.q.end(), c.q.begin() + (t * c.H + h) * c.Dh, c.q.begin() + (t * c.H + h + 1) * c.Dh);
+  return r;
+}
+
+class FastAttention : public ::testing::Test {
+ protected:
+  void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
+};
+
+// Against softmax attention with the sink in float64, written here: per element
+// |o - ref| <= 2^-7 (|ref| + sum_j P_j |kv_j[d]|) + 1e-6 — the unnormalised probabilities enter P.V
+// rounded to bf16 (2^-9 relative each), o is rounded to bf16 once (2^-9), the fp32 scores and exp_f
+// add a few 1e-6; the bound leaves a factor 4. |lse - ref| <= 1e-4 (the sums are fp32). Head counts
+// 1, 3, 43, 61 and 67 (two tiles), Dh 32 .. 512 (every padded width), rows of 0 .. 200 valid slots
+// (partial 16- and 64-slot blocks).
+TEST_F(FastAttention, MatchesFloat64WithinItsBound) {
+  struct S {
+    int64_t T;
+    int H;
+    int64_t Dh, N, K;
+  };
+  const std::vector<S> shapes = {{5, 1, 32, 300, 210},  {7, 3, 96, 300, 210},   {4, 43, 200, 300, 210},
+                                 {3, 61, 512, 300, 210}, {2, 67, 128, 300, 210}, {6, 64, 256, 90, 80}};
+  const std::vector<int64_t> nv = {200, 0, 1, 15, 16, 17, 63, 64, 65, 128, 129};
+  for (const S& s : shapes) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) + " Dh=" + std::to_string(s.Dh));
+    const AttnCase c = make_attn(s.T, s.H, s.Dh, s.N, s.K, nv, uint32_t(s.Dh + s.H));
+    const AttnOut r = attn_tc(c);
+    int64_t bad = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int h = 0; h < c.H; ++h) {
+        const float* q = &c.q[size_t((t * c.H + h) * c.Dh)];
+        std::vector<double> z;
+        std::vector<const float*> rows;
+        for (int64_t j = 0; j < c.K; ++j) {
+          const int32_t i = c.idx[size_t(t * c.K + j)];
+          if (i < 0) continue;
+          const float* kv = &c.kv[size_t(i) * size_t(c.Dh)];
+          double dot = 0;
+          for (int64_t e = 0; e < c.Dh; ++e) dot += double(q[e]) * double(kv[e]);
+          z.push_back(double(c.scale) * dot);
+          rows.push_back(kv);
+        }
+        double M = c.sink[size_t(h)];
+        for (double v : z) M = std::max(M, v);
+        double Z = std::exp(double(c.sink[size_t(h)]) - M);
+        for (double v : z) Z += std::exp(v - M);
+        const double lse = M + std::log(Z);
+        const float got_lse = r.lse[size_t(t * c.H + h)];
+        if (std::fabs(got_lse - lse) > 1e-4 && bad++ < 5)
+          ADD_FAILURE() << "lse t=" << t << " h=" << h << ": " << got_lse << " vs " << lse;
+        for (int64_t e = 0; e < c.Dh; ++e) {
+          double o = 0, mag = 0;
+          for (size_t j = 0; j < z.size(); ++j) {
+            const double P = std::exp(z[j] - M) / Z;
+            o += P * rows[j][e];
+            mag += P * std::fabs(rows[j][e]);
+          }
+          const float got = r.o[size_t((t * c.H + h) * c.Dh + e)];
+          if (z.empty()) {
+            if (got != 0.0f && bad++ < 5) ADD_FAILURE() << "empty row t=" << t << " h=" << h << ": o = " << got;
+          } else if (std::fabs(got - o) > std::ldexp(1.0, -7) * (std::fabs(o) + mag) + 1e-6 && bad++ < 5) {
+            ADD_FAILURE() << "o t=" << t << " h=" << h << " d=" << e << ": " << got << " vs " << o;
+          }
+        }
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// The same bytes run to run; a row alone, the rows reversed and a sub-batch at another offset give
+// each row's bytes of the whole batch (alone, a row reads its kv rows in fp32; the batch reads the bf16
+// copy of kv: both round alike); each head alone gives its head's bytes; -1 padding moved around the
+// valid slots (their order kept) and a wider idx change nothing. The empty row is o = 0, lse = sink.
+TEST_F(FastAttention, RunToRunBatchHeadAndPaddingInvariant) {
+  for (const int H : {1, 3, 43, 61, 67}) {
+    SCOPED_TRACE("H=" + std::to_string(H));
+    const int64_t T = 9, Dh = 160, N = 700, K = 150;
+    const AttnCase c = make_attn(T, H, Dh, N, K, {150, 0, 77, 64, 1, 129}, uint32_t(H));
+    const AttnOut all = attn_tc(c);
+    const AttnOut again = attn_tc(c);
+    EXPECT_TRUE(same_bytes(all.o, again.o));
+    EXPECT_TRUE(same_bytes(all.lse, again.lse));
+    const int64_t row = H * Dh;
+    for (int64_t t = 0; t < T; ++t) {
+      const AttnOut one = attn_tc(rows_of(c, t, 1));
+      EXPECT_TRUE(same_bytes(one.o, std::vector<float>(all.o.begin() + t * row, all.o.begin() + (t + 1) * row)))
+          << "row " << t;
+      EXPECT_TRUE(same_bytes(one.lse, std::vector<float>(all.lse.begin() + t * H, all.lse.begin() + (t + 1) * H)));
+    }
+    const AttnOut sub = attn_tc(rows_of(c, 3, 4));
+    EXPECT_TRUE(same_bytes(sub.o, std::vector<float>(all.o.begin() + 3 * row, all.o.begin() + 7 * row)));
+    AttnCase rev = c;
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(c.q.begin() + t * row, c.q.begin() + (t + 1) * row, rev.q.begin() + (T - 1 - t) * row);
+      std::copy(c.idx.begin() + t * K, c.idx.begin() + (t + 1) * K, rev.idx.begin() + (T - 1 - t) * K);
+    }
+    const AttnOut r = attn_tc(rev);
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_TRUE(std::equal(r.o.begin() + (T - 1 - t) * row, r.o.begin() + (T - t) * row, all.o.begin() + t * row,
+                             [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }))
+          << "reversed row " << t;
+    for (int h = 0; h < H; h += (H > 8 ? 7 : 1)) {
+      const AttnOut one = attn_tc(head_of(c, h));
+      for (int64_t t = 0; t < T; ++t) {
+        const float* want = &all.o[size_t((t * H + h) * Dh)];
+        EXPECT_EQ(std::memcmp(&one.o[size_t(t * Dh)], want, size_t(Dh) * sizeof(float)), 0) << "head " << h << " row " << t;
+        EXPECT_EQ(std::memcmp(&one.lse[size_t(t)], &all.lse[size_t(t * H + h)], sizeof(float)), 0);
+      }
+    }
+    // Padding: the valid slots packed at the end of a wider idx, in their order.
+    AttnCase packed = c;
+    packed.K = K + 37;
+    packed.idx.assign(size_t(T * packed.K), -1);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> valid;
+      for (int64_t j = 0; j < K; ++j)
+        if (c.idx[size_t(t * K + j)] >= 0) valid.push_back(c.idx[size_t(t * K + j)]);
+      std::copy(valid.begin(), valid.end(), packed.idx.begin() + (t + 1) * packed.K - int64_t(valid.size()));
+    }
+    const AttnOut pk = attn_tc(packed);
+    EXPECT_TRUE(same_bytes(pk.o, all.o));
+    EXPECT_TRUE(same_bytes(pk.lse, all.lse));
+    // Row 1 is empty: only the sink.
+    for (int h = 0; h < H; ++h) {
+      EXPECT_EQ(all.lse[size_t(H + h)], c.sink[size_t(h)]);
+      for (int64_t e = 0; e < Dh; ++e) ASSERT_EQ(all.o[size_t((H + h) * Dh + e)], 0.0f);
+    }
+  }
+}
+
+// q and kv are taken as bf16: unrounded inputs give the bytes of their bf16 roundings.
+TEST_F(FastAttention, InputsAreBf16) {
+  AttnCase c = make_attn(4, 8, 64, 200, 100, {100, 37}, 5);
+  std::mt19937 g(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  AttnCase raw = c;
+  for (float& v : raw.q) v = dist(g);
+  for (float& v : raw.kv) v = dist(g);
+  AttnCase rounded = raw;
+  for (float& v : rounded.q) v = num::bf16_round(v);
+  for (float& v : rounded.kv) v = num::bf16_round(v);
+  const AttnOut a = attn_tc(raw), b = attn_tc(rounded);
+  EXPECT_TRUE(same_bytes(a.o, b.o));
+  EXPECT_TRUE(same_bytes(a.lse, b.lse));
+}
+
+// Limits of the order are refused by name before anything runs; T = 0 is nothing to do.
+TEST_F(FastAttention, LimitsAreRefused) {
+  SparseAttnParams p;
+  p.T = 1, p.H = 1, p.Dh = 513, p.N = 1, p.K = 1, p.order = kTensorCore;
+  const char* why = cuda::sparse_attention_check(p);
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("Dh"), std::string::npos) << why;
+  p.Dh = 512, p.K = 100000;
+  why = cuda::sparse_attention_check(p);
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("K"), std::string::npos) << why;
+  const AttnOut none = attn_tc(make_attn(0, 4, 64, 10, 8, {8}, 1));
+  EXPECT_TRUE(none.o.empty());
 }
 
 }  // namespace

@@ -1,0 +1,352 @@
+// Sparse attention with an attention sink in the `tensor_core` order (the fast numerics of
+// docs/NUMERICS.md; kernels/attention.h "tensor_core order"): the scores and P·V as bf16 tensor-core
+// products with fp32 accumulation, an online softmax over blocks of 64 valid slots.
+//
+// The order, for one row t and head h, with the nv valid slots of idx[t] (not -1, inside [0, N)) in
+// slot order v = 0 .. nv-1:
+//   q and the kv rows are rounded to bf16; Dh is zero-padded to DP (64, 128, 256 or 512: the smallest
+//   that holds it).
+//   The valid slots are cut into blocks of 64 from v = 0: [64b, min(64b + 64, nv)). For each block b
+//   in order, with m = -inf and l = 0 before the first:
+//     s_v  = q . kv_v: DP / 16 mma.sync.m16n8k16 steps (k = 0..15, 16..31, ...) into one fp32
+//            accumulator from 0; z_v = scale * s_v (one fp32 multiply)
+//     mb   = max over the block's z (`z > m` scans: a NaN never becomes the maximum);
+//            mn = max(m, mb); alpha = exp_f(m - mn) (0 for the first block)
+//     p_v  = exp_f(z_v - mn); the block's sum s = (sum over its first 32 slots) + (sum over its last
+//            32), each half summed per row in the fixed order of the kernel's fragments (a thread's
+//            eight values in order, then the four threads of a row by xor-1 then xor-2 butterflies)
+//     l    = l * alpha + s
+//     acc  = acc * alpha, then acc += bf16(p_v) . kv_v by mma over the block's slots in steps of 16
+//            (a step past nv is skipped; the slots of a partial step past nv enter as 0 · 0)
+//     m    = mn
+//   then l = l + exp_f(sink[h] - m); o[t,h,d] = bf16(acc[d] / l); lse[t,h] = m + log_f(l).
+//   An empty row gives o = 0 and lse = sink[h] exactly.
+// What one mma does inside is the hardware's, fixed per architecture (sm_80 and newer). A row's
+// result depends only on q[t,h], sink[h], scale and the values of its valid kv rows in slot order:
+// not on T, the other rows or heads, where -1 padding sits, the grid or the number of SMs (no split
+// over slots, no atomics), so run to run, batch composition and a decode step (a row of a prefill)
+// give the same bytes on one architecture. It is not the exact orders' arithmetic: the CPU cannot
+// compute it (kernels/cpu refuses the order).
+//
+// Kernel (sparse_attention_tensor_core_kernel): one block of 256 threads (8 warps) per (row t, tile of
+// 64 heads), grid-stride over those pairs. Shared memory holds the tile's q (bf16, [64][DP + 8]), one
+// or two kv blocks ([64][DP + 8], double-buffered when the device has the room), the block's bf16 P
+// ([64][72]), the compacted slot list and the row statistics of the two slot halves.
+//   1. The valid slots are compacted in slot order (common.cuh compact_valid_slots); q is staged.
+//   2. kv block b + 1 is requested (cp.async from a bf16 copy of kv made once per call, when the call
+//      touches at least half of kv's rows; otherwise read directly from the fp32 rows and converted)
+//      while block b is consumed.
+//   3. Warp w computes the scores of heads 16 (w % 4) .. +15 against the block's slot half w / 4
+//      (4 n-tiles of 8), masks slots past nv with -inf and publishes its per-row maxima; every warp
+//      then forms mn and alpha for its rows, writes bf16(p) to shared memory and publishes its
+//      per-row sums.
+//   4. Warp w accumulates P·V for heads 16 (w % 4) .. +15 and output columns (w / 4) DP/2 .. +DP/2
+//      (128 fp32 accumulators per thread at DP = 512) from P and the kv block (ldmatrix .trans).
+//   5. After the last block every warp divides and stores its outputs; warps 0-3 store the lse.
+// Functions named *tensor_core* are the only ones scripts/kernel-audit.py lets use tensor cores.
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/detail/attention.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kRows = 64;      // heads per block (zero rows past H)
+constexpr int kSlots = 64;     // valid slots per kv block
+constexpr int kLdp = kSlots + 8;  // bf16 per row of P in shared memory
+constexpr int kMaxDp = 512;
+
+// Shared-memory layout of a block, in bytes, for padded head dimension DP and `bufs` kv buffers.
+struct TcLayout {
+  int64_t ld;  // bf16 per staged q / kv row: DP + 8 (the eight rows an ldmatrix phase reads fall in
+               // distinct banks)
+  size_t kv, p, red, slots;
+  size_t bytes(int64_t K) const { return slots + sizeof(int32_t) * size_t(K); }
+};
+__host__ __device__ inline TcLayout tc_layout(int dp, int bufs) {
+  TcLayout L{};
+  L.ld = dp + 8;
+  L.kv = sizeof(__nv_bfloat16) * size_t(kRows) * size_t(L.ld);  // q first, at 0
+  L.p = L.kv + sizeof(__nv_bfloat16) * size_t(bufs) * size_t(kSlots) * size_t(L.ld);
+  L.red = L.p + sizeof(__nv_bfloat16) * size_t(kRows) * kLdp;
+  L.slots = L.red + sizeof(float) * 4 * kRows;  // max and sum of the two slot halves
+  return L;
+}
+
+int padded_dh(int64_t Dh) {
+  return Dh <= 64 ? 64 : Dh <= 128 ? 128 : Dh <= 256 ? 256 : 512;
+}
+
+// kv [N, Dh] fp32 -> out [N, DP] bf16 (round to nearest even), zeros past Dh.
+__global__ void kv_to_bf16_kernel(const float* kv, int64_t N, int64_t Dh, int dp, __nv_bfloat16* out) {
+  const int64_t pairs = N * dp / 2;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / (dp / 2), d = (e % (dp / 2)) * 2;
+    const float lo = d < Dh ? kv[r * Dh + d] : 0.0f, hi = d + 1 < Dh ? kv[r * Dh + d + 1] : 0.0f;
+    reinterpret_cast<uint32_t*>(out)[e] = detail::pack_bf16(lo, hi);
+  }
+}
+
+template <int DP, bool BF16KV>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_attention_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, int bufs) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
+  using detail::ldmatrix_x4;
+  using detail::mma_bf16_tensor_core;
+  using detail::pack_bf16;
+  constexpr int kHalf = DP / 2, kNt = kHalf / 8;  // output columns of a warp, in n-tiles of 8
+  const TcLayout L = tc_layout(DP, bufs);
+  const int64_t ld = L.ld;
+  extern __shared__ __align__(16) unsigned char sh[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(sh);           // [kRows][ld]
+  __nv_bfloat16* kvs = reinterpret_cast<__nv_bfloat16*>(sh + L.kv);   // [bufs][kSlots][ld]
+  __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(sh + L.p);     // [kRows][kLdp]
+  float* red_max = reinterpret_cast<float*>(sh + L.red);              // [2 halves][kRows]
+  float* red_sum = red_max + 2 * kRows;                               // [2 halves][kRows]
+  int32_t* slots = reinterpret_cast<int32_t*>(sh + L.slots);          // [K] valid kv rows, slot order
+  __shared__ int scan_red[32];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int wr = (warp % 4) * 16;  // the warp's 16 heads of the tile
+  const int half = warp / 4;       // its slot half of a kv block (scores) and column half (output)
+  const int tiles = (p.H + kRows - 1) / kRows;
+  const float neg_inf = num::f32_from_bits(0xff800000u);
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * kRows;
+    const int nh = p.H - h0 < kRows ? p.H - h0 : kRows;
+
+    // 1. valid slots in slot order; q of the tile as bf16
+    const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, scan_red);
+    if (nv == 0) {  // only the sink: o = 0, lse = sink
+      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
+      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
+      continue;
+    }
+    for (int e = tid; e < kRows * (DP / 2); e += kThreads) {
+      const int r = e / (DP / 2), d = (e % (DP / 2)) * 2;
+      const float* qr = p.q + (t * p.H + h0 + r) * p.Dh;
+      const float lo = r < nh && d < p.Dh ? qr[d] : 0.0f, hi = r < nh && d + 1 < p.Dh ? qr[d + 1] : 0.0f;
+      *reinterpret_cast<uint32_t*>(&qs[r * ld + d]) = pack_bf16(lo, hi);
+    }
+
+    // 2. kv block b (valid slots [64b, 64b + 64)) into buffer buf; rows past nv are zeros
+    auto load_kv = [&](int b, int buf) {
+      __nv_bfloat16* dst = kvs + int64_t(buf) * kSlots * ld;
+      const int v0 = b * kSlots;
+      if constexpr (BF16KV) {
+        constexpr int kChunks = DP / 8;  // 16-byte chunks of a bf16 row
+        for (int e = tid; e < kSlots * kChunks; e += kThreads) {
+          const int r = e / kChunks, ch = e % kChunks;
+          const bool ok = v0 + r < nv;
+          detail::cp_async16(dst + r * ld + ch * 8, kvb + (ok ? int64_t(slots[v0 + r]) * DP + ch * 8 : 0),
+                             ok ? 16 : 0);
+        }
+        detail::cp_async_commit();
+      } else {
+        for (int e = tid; e < kSlots * (DP / 2); e += kThreads) {
+          const int r = e / (DP / 2), d = (e % (DP / 2)) * 2;
+          const bool ok = v0 + r < nv;
+          const float* kr = ok ? p.kv + int64_t(slots[v0 + r]) * p.Dh : nullptr;
+          const float lo = ok && d < p.Dh ? kr[d] : 0.0f, hi = ok && d + 1 < p.Dh ? kr[d + 1] : 0.0f;
+          *reinterpret_cast<uint32_t*>(&dst[r * ld + d]) = pack_bf16(lo, hi);
+        }
+      }
+    };
+
+    float acc[kNt][4];
+#pragma unroll
+    for (int j = 0; j < kNt; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};  // rows wr + g and wr + g + 8
+    const int nb = (nv + kSlots - 1) / kSlots;
+    const bool prefetch = bufs > 1;
+    if (prefetch) load_kv(0, 0);
+    for (int b = 0; b < nb; ++b) {
+      const int buf = prefetch ? (b & 1) : 0;
+      if (!prefetch) {
+        load_kv(b, 0);
+        if constexpr (BF16KV) detail::cp_async_wait<0>();
+      } else if (b + 1 < nb) {
+        load_kv(b + 1, buf ^ 1);
+        if constexpr (BF16KV) detail::cp_async_wait<1>();
+      } else if constexpr (BF16KV) {
+        detail::cp_async_wait<0>();
+      }
+      __syncthreads();  // (A) block b's kv (and, for b = 0, q) visible to every warp
+      const __nv_bfloat16* kvt = kvs + int64_t(buf) * kSlots * ld;
+      const int vb = b * kSlots, nvb = nv - vb < kSlots ? nv - vb : kSlots;
+
+      // 3. scores of the warp's heads against its slot half: s[j] is n-tile j (slots 8j .. 8j+7)
+      float s[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+      if (half * 32 < nvb) {
+#pragma unroll 4
+        for (int k0 = 0; k0 < DP; k0 += 16) {
+          uint32_t a[4];
+          ldmatrix_x4(a, &qs[(wr + lane % 16) * ld + k0 + (lane / 16) * 8]);
+#pragma unroll
+          for (int nj = 0; nj < 2; ++nj) {
+            uint32_t r[4];
+            ldmatrix_x4(r, &kvt[(half * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8]);
+            mma_bf16_tensor_core(s[2 * nj], a, r[0], r[1]);
+            mma_bf16_tensor_core(s[2 * nj + 1], a, r[2], r[3]);
+          }
+        }
+      }
+      // z = scale * s (slots past nv: -inf) and the half's maximum per row
+      float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int v = vb + half * 32 + j * 8 + 2 * c + (e & 1);
+          s[j][e] = v < nv ? p.scale * s[j][e] : neg_inf;
+          if (s[j][e] > mx[e / 2]) mx[e / 2] = s[j][e];
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          const float x = __shfl_xor_sync(0xffffffffu, mx[i], o);
+          if (x > mx[i]) mx[i] = x;
+        }
+      if (c == 0) red_max[half * kRows + wr + g] = mx[0], red_max[half * kRows + wr + g + 8] = mx[1];
+      __syncthreads();  // (B)
+      float alpha[2], mn[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = wr + g + 8 * i;
+        float mb = red_max[r];
+        if (red_max[kRows + r] > mb) mb = red_max[kRows + r];
+        mn[i] = mb > m[i] ? mb : m[i];
+        alpha[i] = num::exp_f(m[i] - mn[i]);  // the first block: exp_f(-inf) = 0
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int v = vb + half * 32 + j * 8 + 2 * c;
+          const float p0 = v < nv ? num::exp_f(s[j][2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_f(s[j][2 * i + 1] - mn[i]) : 0.0f;
+          sum[i] = sum[i] + p0;
+          sum[i] = sum[i] + p1;
+          *reinterpret_cast<uint32_t*>(&ps[(wr + g + 8 * i) * kLdp + half * 32 + j * 8 + 2 * c]) = pack_bf16(p0, p1);
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        sum[i] = sum[i] + __shfl_xor_sync(0xffffffffu, sum[i], 1);
+        sum[i] = sum[i] + __shfl_xor_sync(0xffffffffu, sum[i], 2);
+      }
+      if (c == 0) red_sum[half * kRows + wr + g] = sum[0], red_sum[half * kRows + wr + g + 8] = sum[1];
+      __syncthreads();  // (C) P and both halves' sums visible
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = wr + g + 8 * i;
+        l[i] = l[i] * alpha[i] + (red_sum[r] + red_sum[kRows + r]);
+        m[i] = mn[i];
+      }
+
+      // 4. acc = acc * alpha + P . kv over the block's 16-slot steps up to nv
+#pragma unroll
+      for (int j = 0; j < kNt; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = acc[j][e] * alpha[e / 2];
+      const int steps = (nvb + 15) / 16;
+      for (int kk = 0; kk < steps; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, &ps[(wr + lane % 16) * kLdp + kk * 16 + (lane / 16) * 8]);
+#pragma unroll
+        for (int nj = 0; nj < kNt / 2; ++nj) {
+          uint32_t r[4];
+          detail::ldmatrix_x4_trans(
+              r, &kvt[(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ld + half * kHalf + nj * 16 + (lane / 16) * 8]);
+          mma_bf16_tensor_core(acc[2 * nj], a, r[0], r[1]);
+          mma_bf16_tensor_core(acc[2 * nj + 1], a, r[2], r[3]);
+        }
+      }
+      __syncthreads();  // (D) kv buffer, P and the statistics free for the next block
+    }
+
+    // 5. the sink, the division and the stores
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = wr + g + 8 * i;
+      if (r >= nh) continue;
+      const float lf = l[i] + num::exp_f(p.sink[h0 + r] - m[i]);
+      float* orow = p.o + (t * p.H + h0 + r) * p.Dh;
+#pragma unroll
+      for (int j = 0; j < kNt; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t col = half * kHalf + j * 8 + 2 * c + e;
+          if (col < p.Dh) orow[col] = num::bf16_round(acc[j][2 * i + e] / lf);
+        }
+      if (p.lse && half == 0 && c == 0) p.lse[t * p.H + h0 + r] = m[i] + num::log_f(lf);
+    }
+  }
+#else
+  __trap();  // the host refuses devices below compute capability 8.0 before launching
+#endif
+}
+
+template <int DP>
+void launch_tc(const SparseAttnParams& p, cudaStream_t stream) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int bufs = tc_layout(DP, 2).bytes(p.K) <= size_t(optin) ? 2 : 1;
+  const size_t shmem = tc_layout(DP, bufs).bytes(p.K);
+  if (shmem > size_t(optin))
+    throw Error("sparse_attention (tensor_core order): K = " + std::to_string(p.K) + " slots with Dh = " +
+                std::to_string(p.Dh) + " need " + std::to_string(shmem) +
+                " bytes of shared memory per block; this device allows " + std::to_string(optin));
+  // A call that touches at least half of kv's rows reads a bf16 copy of kv made once (cp.async);
+  // a decode step (few rows, a long cache) converts the rows it reads. Both round alike.
+  const bool bf16kv = p.N <= 2 * p.T * p.K;
+  detail::Scratch<__nv_bfloat16> kvb(bf16kv ? p.N * DP : 0, stream);
+  if (bf16kv && p.N > 0) {
+    kv_to_bf16_kernel<<<detail::grid_for(p.N * DP / 2, 256), 256, 0, stream>>>(p.kv, p.N, p.Dh, DP, kvb.get());
+    DSV4_LAUNCH_CHECK();
+  }
+  auto kernel = bf16kv ? sparse_attention_tensor_core_kernel<DP, true> : sparse_attention_tensor_core_kernel<DP, false>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+  const int64_t items = p.T * ((p.H + kRows - 1) / kRows);
+  kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, kvb.get(), bufs);
+  DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+namespace detail {
+
+const char* sparse_attention_tensor_core_check(const SparseAttnParams& p) {
+  if (p.Dh > kMaxDp) return "Dh (the tensor_core order takes at most 512)";
+  // one kv buffer must fit the largest shared memory of a block of any sm_80+ device (227 KiB)
+  if (tc_layout(padded_dh(p.Dh), 1).bytes(p.K) > size_t(227) * 1024) return "K (too large for one block)";
+  return nullptr;
+}
+
+void sparse_attention_tensor_core(const SparseAttnParams& p, cudaStream_t stream) {
+  require_tensor_core_device();
+  switch (padded_dh(p.Dh)) {
+    case 64: return launch_tc<64>(p, stream);
+    case 128: return launch_tc<128>(p, stream);
+    case 256: return launch_tc<256>(p, stream);
+    default: return launch_tc<512>(p, stream);
+  }
+}
+
+}  // namespace detail
+}  // namespace dsv4::cuda

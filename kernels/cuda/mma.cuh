@@ -1,0 +1,65 @@
+// Tensor-core building blocks of the fast numerics' kernels (the `tensor_core` order of
+// kernels/reduce.h): bf16 packing, shared-memory addresses, ldmatrix, cp.async and the
+// mma.sync.m16n8k16 bf16 step with fp32 accumulators. Functions that issue mma are named
+// *tensor_core* (scripts/kernel-audit.py lets only those use tensor cores). Included by .cu files only.
+//
+// Fragment layouts of m16n8k16 (g = lane / 4, c = lane % 4), which the kernels rely on:
+//   A (16 x 16, row-major): a0 = (row g, cols 2c, 2c+1), a1 = (row g+8, same cols),
+//                           a2 = (row g, cols 2c+8, 2c+9), a3 = (row g+8, cols 2c+8, 2c+9)
+//   B (16 x 8, k x n):      b0 = (k 2c, 2c+1; col g), b1 = (k 2c+8, 2c+9; col g)
+//   C (16 x 8, fp32):       c0, c1 = (row g, cols 2c, 2c+1), c2, c3 = (row g+8, cols 2c, 2c+1)
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda::detail {
+
+// Two floats rounded to bf16 (to nearest even), lo at the lower address.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, register i holds it.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// The same, each matrix transposed on the way (a k-major tile read as B fragments).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// 16 bytes global -> shared, asynchronous; bytes = 0 fills the 16 bytes with zeros instead.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// d = a . b + d: m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_tensor_core(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                     uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace dsv4::cuda::detail
