@@ -26,6 +26,7 @@
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/errors.h"
+#include "kernels/logits.h"
 #include "model/collect.h"
 #include "model/decision_sets.h"
 #include "model/forward.h"
@@ -136,14 +137,20 @@ class Verifier : public Observer {
       ++bad;
       if (first_bad < 0) first_bad = i;
     }
+    // Compared within tolerance: the values are judged, a digest difference is expected.
+    if (judge_) judge_->record(t, bad == 0);
     if (bad == 0) return;
     ++out_.records_differing;
     out_.rows_differing += bad;
-    if (!out_.first) out_.first = divergence(t, first_bad, "digest differs", true);
+    if (!judge_ && !out_.first) out_.first = divergence(t, first_bad, "digest differs", true);
   }
   void on_indexer(const IndexerDecision& d) override { log.on_indexer(d); }
   void on_routing(const RoutingDecision& d) override { log.on_routing(d); }
   bool wants_tensors() const override { return true; }
+
+  // A step compared within tolerance (replay/tolerance.h): every aligned record goes to `j`, and only
+  // a record order that differs is a divergence.
+  void judge_by_value(ToleranceJudge* j) { judge_ = j; }
 
   // After the forward: a sequence whose replay ended before its recorded records did is a divergence.
   void finish() {
@@ -218,6 +225,53 @@ class Verifier : public Observer {
   int step_;
   StepReplay& out_;
   std::vector<SeqState> seqs_;
+  ToleranceJudge* judge_ = nullptr;
+};
+
+// A generation step re-executed as one prefill of its sequences at temperature 1: the trace holds their
+// raw logits, as the engine computes them, and their log-probs at each request's temperature τ
+// (capture/generation.h). This computes the latter from the logits rows the way the recorder does
+// (each row divided by τ, then log_softmax_gather) and reports them in place of the forward's
+// temperature-1 log-probs.
+class TemperatureLogprobs : public Observer {
+ public:
+  TemperatureLogprobs(Observer& inner, const std::vector<std::vector<int32_t>>& tokens,
+                      const std::vector<float>& temperature)
+      : inner_(inner), tokens_(tokens), temperature_(temperature), logprobs(tokens.size()) {}
+
+  void on_tensor(const TensorRecord& t) override {
+    const size_t q = size_t(t.seq);
+    if (t.layer != -1 || q >= temperature_.size() || temperature_[q] == 1.0f) return inner_.on_tensor(t);
+    if (t.name == "logits") {
+      const int64_t T = t.rows(), V = t.row_elems();
+      const auto* v = static_cast<const float*>(t.data());
+      std::vector<float> row(static_cast<size_t>(V));
+      logprobs[q].assign(size_t(std::max<int64_t>(T - 1, 0)), 0.0f);
+      for (int64_t p = 0; p + 1 < T && p + 1 < int64_t(tokens_[q].size()); ++p) {
+        for (int64_t j = 0; j < V; ++j) row[size_t(j)] = v[p * V + j] / temperature_[q];
+        log_softmax_gather(row.data(), 1, V, &tokens_[q][size_t(p + 1)], &logprobs[q][size_t(p)]);
+      }
+    } else if (t.name == "logprobs") {
+      TensorRecord u = t;
+      u.host = logprobs[q].data();
+      u.fetch = nullptr;
+      u.row_digests = nullptr;
+      return inner_.on_tensor(u);
+    }
+    inner_.on_tensor(t);
+  }
+  void on_indexer(const IndexerDecision& d) override { inner_.on_indexer(d); }
+  void on_routing(const RoutingDecision& d) override { inner_.on_routing(d); }
+  void on_mhc(const MhcDecision& d) override { inner_.on_mhc(d); }
+  bool wants_tensors() const override { return inner_.wants_tensors(); }
+
+ private:
+  Observer& inner_;
+  const std::vector<std::vector<int32_t>>& tokens_;
+  const std::vector<float>& temperature_;
+
+ public:
+  std::vector<std::vector<float>> logprobs;  // per sequence at its temperature (empty at temperature 1)
 };
 
 // ---- decisions -------------------------------------------------------------------------------------
@@ -358,22 +412,36 @@ bool same_decision_shape(const ModelConfig& a, const ModelConfig& b) {
 
 
 // A step in fast numerics (model/profile.h Numerics) is reproducible only by a GPU of the architecture
-// that recorded it (its tensor-core order is the hardware's): anywhere else the replay is refused
-// before it runs, with where it was recorded and where it would run.
-void require_replayable_numerics(const NumericsProfile& p, const TraceReader& r, int step, Device d) {
+// that recorded it (its tensor-core order is the hardware's). Where a step in `p` would be replayed
+// (device `d`) when that is not such a GPU; nullopt when it can be replayed bit for bit here.
+struct FastElsewhere {
+  std::string sites;     // "reduce.gemm, reduce.moe"
+  std::string recorded;  // the recorded gpu_arch
+  std::string here;      // "the cpu", "a GPU of architecture sm_80"
+};
+std::optional<FastElsewhere> fast_elsewhere(const NumericsProfile& p, const TraceReader& r, Device d) {
   const std::vector<std::string> tc = tensor_core_sites(p);
-  if (tc.empty()) return;
+  if (tc.empty()) return std::nullopt;
   const EnvFingerprint env = r.env();
   const auto it = env.find(kEnvGpuArch);
   const std::string recorded = it == env.end() ? "(not recorded)" : it->second;
   const std::string here = d == Device::cuda ? gpu_arch() : "none";
-  if (d == Device::cuda && here == recorded) return;
+  if (d == Device::cuda && here == recorded) return std::nullopt;
+  return FastElsewhere{fmt::format("{}", fmt::join(tc, ", ")), recorded,
+                       d == Device::cuda ? "a GPU of architecture " + here : std::string("the ") + to_string(d)};
+}
+
+// Without --tolerance, a fast step that cannot be replayed bit for bit here is refused before it runs,
+// with where it was recorded, where it would run and the two ways out.
+void require_replayable_numerics(const NumericsProfile& p, const TraceReader& r, int step, Device d) {
+  const std::optional<FastElsewhere> f = fast_elsewhere(p, r, d);
+  if (!f) return;
   throw InputError(fmt::format(
       "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on a GPU of architecture {}; its "
       "bits are reproducible only by a GPU of that architecture, and this replay would run on {}: replay it with "
-      "--device cuda on a {} GPU",
-      r.path(), step, p.name, fmt::join(tc, ", "), recorded,
-      d == Device::cuda ? "a GPU of architecture " + here : std::string("the ") + to_string(d), recorded));
+      "--device cuda on a {} GPU, or give --tolerance to re-execute it in exact numerics with its recorded "
+      "decisions and compare it within documented tolerances (docs/NUMERICS.md \"Fast numerics\")",
+      r.path(), step, p.name, f->sites, f->recorded, f->here, f->recorded));
 }
 
 }  // namespace
@@ -384,6 +452,13 @@ bool ReplayReport::identical() const {
   if (!weight_mismatches.empty()) return false;
   for (const auto& s : steps)
     if (!s.identical) return false;
+  return true;
+}
+
+bool ReplayReport::passed() const {
+  if (!weight_mismatches.empty()) return false;
+  for (const auto& s : steps)
+    if (!s.passed()) return false;
   return true;
 }
 
@@ -538,6 +613,106 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   return sr;
 }
 
+// A fast step that cannot be replayed bit for bit here, under --tolerance (replay/tolerance.h): re-executed
+// in exact numerics with the recorded decisions forced (indexer selections, the experts of learned
+// layers), so that the numerics alone differ, every record aligned with the trace as in a bitwise replay
+// and judged by value where the trace holds the full tensor, the log-probs compared; then once more with
+// the decisions free, for their agreement with the recorded ones. A generation step is re-executed as a
+// prefill of its recorded tokens (prompt + response), which is how the trace lays it out: exact numerics
+// give a decode row the bits of its prefill row, and the recorded tokens are fed instead of sampled; its
+// log-probs are taken at each request's temperature from the logits rows (TemperatureLogprobs).
+static StepReplay replay_step_within_tolerance(const TraceReader& r, int index, const TraceStepInfo& info,
+                                               const Weights& w, const ReplayOptions& opt,
+                                               const NumericsProfile& recorded_profile_, const FastElsewhere& where) {
+  StepReplay sr;
+  sr.step = index;
+  sr.threads = replay_threads(opt, info);
+  sr.numerics = to_string(Numerics::fast);
+  const int n_seqs = int(info.seq_lengths.size());
+  RecordedStep rec = read_recorded_step(r, index, n_seqs);
+  ToleranceReplay& tol = sr.tolerance.emplace();
+  tol.bounds = *opt.tolerance;
+  tol.why_not_bitwise =
+      fmt::format("recorded in fast numerics ({} = tensor_core) on a GPU of architecture {}, replayed on {}", where.sites,
+                  where.recorded, where.here);
+  tol.recorded_profile = recorded_profile_.name;
+  const ExactReplayProfile exact = exact_replay_profile(recorded_profile_);
+  tol.replay_profile = exact.profile.name;
+  tol.profile_note = exact.note;
+
+  // Each sequence's log-prob temperature: 1 in a prefill step; a generation's request's (1 for greedy).
+  std::vector<float> temperature(static_cast<size_t>(n_seqs), 1.0f);
+  if (info.kind == trace_layout::kKindGenerate) {
+    const GenerationRecord g = *r.generation(index);
+    if (int(g.requests.size()) != n_seqs)
+      throw TraceCorrupt(fmt::format("{}: step {} holds {} sequences and {} generation requests", r.path(), index,
+                                     n_seqs, g.requests.size()));
+    for (int s = 0; s < n_seqs; ++s) {
+      const float tau = g.requests[size_t(s)].temperature;
+      temperature[size_t(s)] = tau > 0 ? tau : 1.0f;
+    }
+    tol.notes.push_back(
+        "a generation step: each request's recorded tokens (prompt + response) were fed as one prefill, the way the "
+        "trace lays them out (in exact numerics a decode row has the bits of its prefill row); the sampling was not "
+        "run again, so the generated tokens and the generator counters are the recorded ones, and the generated "
+        "tokens' log-probs are compared among the log-probs");
+    if (g.decode_attention != "exact" || recorded_profile_.decode_attention_splits > 0)
+      tol.notes.push_back(fmt::format(
+          "the recording decoded with split-KV attention ({}); the prefill re-execution uses the prefill order, so "
+          "that difference is part of the comparison too",
+          g.decode_attention != "exact" ? g.decode_attention : decode_attention_name(recorded_profile_)));
+  }
+
+  // The recorded decisions, keyed (sequence, layer), for the free run's agreement.
+  std::map<std::pair<int, int>, IndexerRecord> rec_indexer;
+  std::map<std::pair<int, int>, RoutingRecord> rec_routing;
+  for (int s = 0; s < n_seqs; ++s) {
+    for (const auto& [layer, x] : rec.decisions[size_t(s)].indexer) rec_indexer[{s, layer}] = x;
+    for (const auto& [layer, x] : rec.decisions[size_t(s)].routing) rec_routing[{s, layer}] = x;
+  }
+
+  Verifier v(r, index, std::move(rec.tables), sr);
+  ToleranceJudge judge(r, index, tol);
+  v.judge_by_value(&judge);
+  TemperatureLogprobs at_temperature(v, rec.tokens, temperature);
+  Overrides forced;
+  add_overrides(rec.decisions, rec.tokens, true, true, forced);
+  RunOptions ro;
+  ro.profile = exact.profile;
+  ro.threads = sr.threads;
+  ro.observer = &at_temperature;
+  ro.overrides = forced.empty() ? nullptr : &forced;
+  ro.device = opt.device;
+  ro.experts = opt.experts;
+  const auto t0 = std::chrono::steady_clock::now();
+  const ForwardResult result = n_seqs == 0 ? ForwardResult{} : forward(w, rec.tokens, ro);
+  std::vector<std::vector<float>> logprobs(static_cast<size_t>(n_seqs));
+  for (int s = 0; s < n_seqs; ++s)
+    logprobs[size_t(s)] = temperature[size_t(s)] == 1.0f ? result.seqs[size_t(s)].logprobs
+                                                         : std::move(at_temperature.logprobs[size_t(s)]);
+  sr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  v.finish();
+  sr.decision_changes = compare_decisions_with(v.log, rec.decisions);
+  for (int s = 0; s < n_seqs; ++s) judge.logprobs(s, r.logprobs(index, s), logprobs[size_t(s)]);
+  judge.finish();
+
+  // The decisions left free.
+  if (n_seqs > 0) {
+    DecisionLog free(false);
+    RunOptions ro;
+    ro.profile = exact.profile;
+    ro.threads = sr.threads;
+    ro.observer = &free;
+    ro.device = opt.device;
+    ro.experts = opt.experts;
+    forward(w, rec.tokens, ro);
+    tol.free = free_decision_agreement(rec_indexer, rec_routing, free, tie_factor(recorded_profile_, exact.profile));
+  }
+  sr.kernels_note = "not compared: the step was re-executed in exact numerics, whose kernels are not the recorded ones";
+  sr.identical = false;  // compared within tolerance, not bit for bit
+  return sr;
+}
+
 // One step of replay_trace (the loop body): re-executes step `index` and appends its StepReplay.
 static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo& info, const Weights& w,
                             const ReplayOptions& opt, const std::optional<TraceReader>& source,
@@ -548,17 +723,36 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
         "{}: step {} is of kind '{}'; an expert-parallel replay (--ep) re-executes prefill and training steps "
         "only: replay it in one process, or choose another step with --step",
         trace, index, info.kind));
+  if (info.kind == trace_layout::kKindGenerate && (source || opt.force_indexer || opt.force_routing))
+    throw InputError(
+        fmt::format("{}: step {} is a generation; it replays as recorded (forced decisions and "
+                    "counterfactuals apply to prefill steps)",
+                    trace, index));
+  // A fast step that cannot be replayed bit for bit here: refused, or under --tolerance compared within
+  // tolerance. (A training step is never fast: its recording refuses fast numerics.)
+  Numerics numerics = Numerics::exact;
+  if (info.kind != trace_layout::kKindTrainStep) {
+    const NumericsProfile p = recorded_profile(info, r.path());
+    numerics = numerics_of(p);
+    if (const std::optional<FastElsewhere> f = fast_elsewhere(p, r, opt.device)) {
+      if (!opt.tolerance) require_replayable_numerics(p, r, index, opt.device);  // throws
+      if (source)
+        throw InputError(fmt::format(
+            "{}: step {} is in fast numerics and cannot be replayed bit for bit here; --tolerance re-executes it "
+            "with its own recorded decisions, so it does not combine with --take-decisions-from",
+            trace, index));
+      rep.steps.push_back(replay_step_within_tolerance(r, index, info, w, opt, p, *f));
+      return;
+    }
+  }
   if (info.kind == trace_layout::kKindGenerate) {
-    if (source || opt.force_indexer || opt.force_routing)
-      throw InputError(
-          fmt::format("{}: step {} is a generation; it replays as recorded (forced decisions and "
-                      "counterfactuals apply to prefill steps)",
-                      trace, index));
     rep.steps.push_back(replay_generation_step(r, index, info, w, opt));
+    rep.steps.back().numerics = to_string(numerics);
     return;
   }
   StepReplay sr;
   sr.step = index;
+  sr.numerics = to_string(numerics);
   sr.threads = replay_threads(opt, info);
   const int n_seqs = int(info.seq_lengths.size());
   RecordedStep rec = read_recorded_step(r, index, n_seqs);
@@ -787,6 +981,23 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   }
   std::sort(rep.skipped.begin(), rep.skipped.end(),
             [](const ReplayReport::SkippedStep& a, const ReplayReport::SkippedStep& b) { return a.step < b.step; });
+  // --tolerance applies where a bitwise replay is impossible: say which steps were replayed bit for bit.
+  if (opt.tolerance) {
+    std::vector<int> exact, fast;
+    for (const StepReplay& s : rep.steps)
+      if (!s.tolerance) (s.numerics == to_string(Numerics::fast) ? fast : exact).push_back(s.step);
+    const auto steps_named = [](const std::vector<int>& v) {
+      return fmt::format("step{} {}", v.size() == 1 ? "" : "s", fmt::join(v, ", "));
+    };
+    if (!exact.empty())
+      rep.notes.push_back(fmt::format("--tolerance: {} in exact numerics, replayed bit for bit as usual (a tolerance "
+                                      "applies only to a fast-numerics step that cannot be replayed bit for bit here)",
+                                      steps_named(exact)));
+    if (!fast.empty())
+      rep.notes.push_back(fmt::format("--tolerance: {} in fast numerics, replayed bit for bit as usual on a GPU of the "
+                                      "architecture that recorded {} ({})",
+                                      steps_named(fast), fast.size() == 1 ? "it" : "them", gpu_arch()));
+  }
 
   // The thread count this replay ran with
   // The thread count this replay ran with stands in for "threads" of this machine; it is listed when it

@@ -1,6 +1,6 @@
 // Replay: re-execute recorded steps and compare every recomputed digest with the recorded one, in
-// execution order (DESIGN.md §6). Exit semantics for the CLI: 0 bit-identical, 1 divergence,
-// 2 bad input.
+// execution order (DESIGN.md §6). Exit semantics for the CLI: 0 bit-identical (or, under --tolerance,
+// within tolerance), 1 divergence (or outside tolerance), 2 bad input.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "model/communicator.h"
 #include "model/device.h"
 #include "model/weights.h"
+#include "replay/tolerance.h"
 
 namespace dsv4 {
 
@@ -34,6 +35,11 @@ struct ReplayOptions {
   // Expert parallelism of the replay (model/communicator.h; nullptr: one process). Prefill steps
   // only: a generation or training step under it is an InputError naming the step.
   Communicator* experts = nullptr;
+  // `--tolerance`: a step in fast numerics that cannot be replayed bit for bit here (another GPU
+  // architecture, the CPU) is re-executed in exact numerics with its recorded decisions forced and
+  // compared within these bounds (replay/tolerance.h; StepReplay::tolerance). nullopt: such a step is
+  // refused (InputError naming where it was recorded). Every other step is replayed bit for bit as usual.
+  std::optional<ToleranceBounds> tolerance;
 };
 
 // Where two computations first differ.
@@ -70,7 +76,9 @@ struct EnvDifference {
 struct StepReplay {
   int step = 0;
   int threads = 0;  // OpenMP threads the replay ran with (0: the OpenMP default)
-  // No digest differs and no recomputed decision differs from the recorded one.
+  std::string numerics = "exact";  // of the recorded profile: "exact" or "fast" (model/profile.h Numerics)
+  // Replayed bit for bit: no digest differs and no recomputed decision differs from the recorded one.
+  // false for a step compared within tolerance (below), whatever its values.
   bool identical = true;
   int64_t records_compared = 0, rows_compared = 0;
   int64_t records_differing = 0, rows_differing = 0;
@@ -100,6 +108,16 @@ struct StepReplay {
   int64_t kernels_replayed = 0;          // by this replay (0 when it recorded none)
   int64_t kernel_first_difference = -1;  // launch index of the first difference (-1: none)
   std::string kernels_note;              // the first difference, or why nothing was compared
+  // A fast step compared within tolerance, not bit for bit (ReplayOptions::tolerance): the bounds, the
+  // worst tensor, the log-probs, the digest-only records. `first` then holds only a structural
+  // divergence (the replay's records do not follow the recorded ones), and decision_changes the forced
+  // decisions that did not take. nullopt for a step replayed bit for bit.
+  std::optional<ToleranceReplay> tolerance;
+  // Bit-identical, or compared within tolerance with every value within its bound and nothing else
+  // differing.
+  bool passed() const {
+    return tolerance ? tolerance->within() && !first && decision_changes.empty() : identical;
+  }
 };
 
 struct ReplayReport {
@@ -119,10 +137,13 @@ struct ReplayReport {
   std::string layout_note;         // how a parallel recording was laid out ("" for one process)
   // Where the trace was recorded and where it was replayed (machine_summary, capture/env.h).
   std::string recorded_on, replayed_on;
-  // Every replayed step identical and the weights equal to the recorded ones.
+  // Every replayed step bit-identical and the weights equal to the recorded ones.
   bool identical() const;
-  // identical() and no step skipped: every step of the trace (or the one asked for) was verified.
-  bool verified_all() const { return identical() && skipped.empty(); }
+  // Every replayed step passed (bit-identical, or within tolerance under --tolerance) and the weights
+  // equal to the recorded ones; identical() when no step was compared within tolerance.
+  bool passed() const;
+  // passed() and no step skipped: every step of the trace (or the one asked for) was verified.
+  bool verified_all() const { return passed() && skipped.empty(); }
 };
 
 // Throws InputError for bad input (unreadable trace, missing weights, step out of range, a

@@ -1,15 +1,82 @@
 // The reports' text forms: the replay report as JSON.
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "replay/replay.h"
 
 namespace dsv4 {
+
+namespace {
+
+// A number that may be +inf (a rel-L2 of non-finite values at other places): JSON has no infinity, so
+// it is written as the string "inf".
+nlohmann::json number(double x) {
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (std::isnan(x)) return "nan";
+  return x;
+}
+
+nlohmann::json tensor_json(const std::optional<ToleranceTensor>& t) {
+  if (!t) return nullptr;
+  return {{"seq", t->seq},
+          {"layer", t->layer},
+          {"tensor", t->tensor},
+          {"rel_l2", number(t->rel_l2)},
+          {"max_abs", number(t->max_abs)},
+          {"nonfinite_mismatches", t->nonfinite_mismatches}};
+}
+
+nlohmann::json free_kind_json(const FreeDecisionKind& k) {
+  return {{"rows", k.rows},
+          {"same", k.same},
+          {"tie_flips", k.tie_flips},
+          {"confident_flips", k.confident_flips},
+          {"largest_flip_margin", k.largest_flip_margin}};
+}
+
+// A step compared within tolerance (replay/tolerance.h ToleranceReplay).
+nlohmann::json tolerance_json(const ToleranceReplay& t) {
+  nlohmann::json j{{"compared", "within tolerance, not bitwise"},
+                   {"within", t.within()},
+                   {"why_not_bitwise", t.why_not_bitwise},
+                   {"recorded_profile", t.recorded_profile},
+                   {"replay_profile", t.replay_profile},
+                   {"profile_note", t.profile_note},
+                   {"decisions_forced", true},
+                   {"bounds", {{"tensor_rel_l2", t.bounds.tensor_rel_l2}, {"logprob_rel_l2", t.bounds.logprob_rel_l2}}},
+                   {"tensors",
+                    {{"compared", t.tensors_compared},
+                     {"over_bound", t.tensors_over},
+                     {"within", t.tensors_within()},
+                     {"worst", tensor_json(t.worst)},
+                     {"first_over", tensor_json(t.first_over)}}},
+                   {"digest_only", {{"records", t.digest_only}, {"bitwise_equal", t.digest_only_equal}}},
+                   {"records_bitwise_equal", t.records_bitwise_equal},
+                   {"logprobs",
+                    {{"count", t.logprobs},
+                     {"rel_l2", number(t.logprob_rel_l2)},
+                     {"max_abs", number(t.logprob_max_abs)},
+                     {"nonfinite_mismatches", t.logprob_nonfinite_mismatches},
+                     {"within", t.logprobs_within()}}},
+                   {"notes", t.notes}};
+  if (t.free)
+    j["free_decisions"] = {{"indexer", free_kind_json(t.free->indexer)},
+                           {"routing", free_kind_json(t.free->routing)},
+                           {"tie_factor", t.free->tie_factor}};
+  else
+    j["free_decisions"] = nullptr;
+  return j;
+}
+
+}  // namespace
 
 std::string replay_to_json(const ReplayReport& r) {
   nlohmann::json j;
   j["trace"] = r.trace;
   j["model"] = r.model_source;
   j["identical"] = r.identical();
+  j["passed"] = r.passed();
   j["verified_all"] = r.verified_all();
   j["skipped"] = nlohmann::json::array();
   for (const auto& k : r.skipped) j["skipped"].push_back({{"step", k.step}, {"reason", k.reason}});
@@ -22,7 +89,9 @@ std::string replay_to_json(const ReplayReport& r) {
         {{"key", e.key}, {"recorded", e.recorded}, {"here", e.here}, {"rank", e.rank}});
   for (const auto& s : r.steps) {
     nlohmann::json js{{"step", s.step},
+                      {"numerics", s.numerics},
                       {"identical", s.identical},
+                      {"passed", s.passed()},
                       {"records_compared", s.records_compared},
                       {"rows_compared", s.rows_compared},
                       {"seconds", s.seconds}};
@@ -59,6 +128,7 @@ std::string replay_to_json(const ReplayReport& r) {
                               {"mean_logprob_forced", num(s.mean_logprob_forced)},
                               {"decisions_equal", s.counterfactual_decisions_equal.value_or(false)}};
     }
+    if (s.tolerance) js["tolerance"] = tolerance_json(*s.tolerance);
     j["steps"].push_back(js);
   }
   return j.dump(2);
