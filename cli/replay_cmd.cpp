@@ -20,6 +20,8 @@ namespace {
 
 struct ReplayArgs {
   std::string trace, model, json_out, force, take_from, optimizer_state;
+  bool tolerance_given = false;  // --tolerance, with or without a value
+  std::string tolerance;         // its value ("" without one)
   int step = -1;
   bool all = false;
   int threads = 0;
@@ -33,11 +35,73 @@ std::string row_preview(const std::vector<float>& v) {
   return fmt::format("[{}{}]", fmt::join(s, ", "), v.size() > 8 ? ", ..." : "");
 }
 
-// The exit code of a replay: a divergence (1) outranks steps that could not be verified (2: the trace
-// is not whole); 0 only when every step was verified bit-identical.
+// The exit code of a replay: a divergence or a step outside tolerance (1) outranks steps that could not
+// be verified (2: the trace is not whole); 0 only when every step was verified bit-identical (or, under
+// --tolerance, within tolerance).
 int replay_exit_code(const ReplayReport& r) {
-  if (!r.identical()) return 1;
+  if (!r.passed()) return 1;
   return r.skipped.empty() ? 0 : 2;
+}
+
+std::string number(double x) {
+  return std::isinf(x) ? (x > 0 ? "inf" : "-inf") : fmt::format("{:.3e}", x);
+}
+
+std::string tensor_at(const ToleranceTensor& t) {
+  std::string s = fmt::format("{} {} sequence {}: rel-L2 {} (max abs {})", t.tensor,
+                              t.layer < 0 ? std::string("(model)") : fmt::format("layer {}", t.layer), t.seq,
+                              number(t.rel_l2), number(t.max_abs));
+  if (t.nonfinite_mismatches > 0)
+    s += fmt::format(", {} non-finite values at other places", t.nonfinite_mismatches);
+  return s;
+}
+
+std::string free_kind(const char* what, const FreeDecisionKind& k) {
+  const int64_t flips = k.rows - k.same;
+  std::string s = fmt::format("{} rows with the recorded set {}/{}", what, k.same, k.rows);
+  if (flips > 0)
+    s += fmt::format(" ({} flip{}: {} tie, {} confident; largest recorded margin of a flip {:.3g})", flips,
+                     flips == 1 ? "" : "s", k.tie_flips, k.confident_flips, k.largest_flip_margin);
+  return s;
+}
+
+// A step compared within tolerance (replay/tolerance.h): what was compared, against which bounds, and
+// what could not be.
+void print_tolerance_step(const StepReplay& s) {
+  const ToleranceReplay& t = *s.tolerance;
+  fmt::print("step {}: {}, not bitwise: {}; re-executed in exact numerics (profile '{}') with the recorded decisions "
+             "forced ({:.2f} s)\n",
+             s.step, s.passed() ? "WITHIN TOLERANCE" : "OUTSIDE TOLERANCE", t.why_not_bitwise, t.replay_profile,
+             s.seconds);
+  fmt::print("  exact profile: {}\n", t.profile_note);
+  if (t.tensors_compared == 0)
+    fmt::print("  tensors: the trace holds no full tensor of this step (record with --capture full to compare "
+               "tensors by value)\n");
+  else if (t.worst->rel_l2 == 0)
+    fmt::print("  tensors: {} recorded full tensors compared by value, {} over the bound (rel-L2 <= {:g}); every one "
+               "equal (rel-L2 0)\n",
+               t.tensors_compared, t.tensors_over, t.bounds.tensor_rel_l2);
+  else
+    fmt::print("  tensors: {} recorded full tensors compared by value, {} over the bound (rel-L2 <= {:g}); worst {}\n",
+               t.tensors_compared, t.tensors_over, t.bounds.tensor_rel_l2, tensor_at(*t.worst));
+  if (t.first_over) fmt::print("  first over the bound: {}\n", tensor_at(*t.first_over));
+  fmt::print("  log-probs: rel-L2 {} (bound {:g}){}, max abs {} over {} log-probs{}\n", number(t.logprob_rel_l2),
+             t.bounds.logprob_rel_l2, t.logprobs_within() ? "" : " OVER THE BOUND", number(t.logprob_max_abs),
+             t.logprobs,
+             t.logprob_nonfinite_mismatches > 0
+                 ? fmt::format(", {} non-finite values at other places", t.logprob_nonfinite_mismatches)
+                 : std::string());
+  if (t.digest_only == 0)
+    fmt::print("  digest-only records: 0 (the trace holds the full tensor of every record)\n");
+  else
+    fmt::print("  digest-only records: {} (the trace holds only their row digests: they cannot be compared within a "
+               "tolerance and are not counted as passed; {} of them equal bit for bit anyway)\n",
+               t.digest_only, t.digest_only_equal);
+  fmt::print("  records equal bit for bit: {} of {}\n", t.records_bitwise_equal, s.records_compared);
+  if (t.free)
+    fmt::print("  free decisions (a second exact run, nothing forced): {}; {}\n",
+               free_kind("indexer", t.free->indexer), free_kind("routing", t.free->routing));
+  for (const std::string& n : t.notes) fmt::print("  note: {}\n", n);
 }
 
 int run_replay(const ReplayArgs& a) {
@@ -68,6 +132,7 @@ int run_replay(const ReplayArgs& a) {
       throw InputError(fmt::format("--force-decisions: unknown kind '{}' (expected indexer, routing)", f));
   }
   o.take_decisions_from = a.take_from;
+  if (a.tolerance_given) o.tolerance = parse_tolerance(a.tolerance);
   const ReplayReport r = replay_trace(a.trace, o);
   // Every rank verified the same outputs (the expert outputs are gathered to all): rank 0 reports,
   // and every rank exits with the verdict.
@@ -83,7 +148,14 @@ int run_replay(const ReplayArgs& a) {
   if (!r.weight_mismatches.empty())
     fmt::print("WEIGHTS DIFFER from the recorded model: {}\n", fmt::join(r.weight_mismatches, ", "));
   for (const auto& s : r.steps) {
-    if (s.identical) {
+    if (s.tolerance) {
+      print_tolerance_step(s);
+      if (s.first) {  // a structural divergence: the replay's records do not follow the recorded ones
+        const Divergence& d = *s.first;
+        fmt::print("  DIVERGES at sequence {} layer {} tensor {} row {}\n", d.seq, d.layer, d.tensor, d.row);
+        if (!d.reason.empty()) fmt::print("  {}\n", d.reason);
+      }
+    } else if (s.identical) {
       fmt::print("step {}: bit-identical ({} tensors, {} rows compared, {:.2f} s)\n", s.step,
                  s.records_compared, s.rows_compared, s.seconds);
     } else if (s.first) {
@@ -121,15 +193,31 @@ int run_replay(const ReplayArgs& a) {
   }
   for (const auto& k : r.skipped) fmt::print("step {}: NOT VERIFIED: {}\n", k.step, k.reason);
   for (const auto& n : r.notes) fmt::print("note: {}\n", n);
-  if (!r.identical() && !r.env_differences.empty()) {
+  if (!r.passed() && !r.env_differences.empty()) {
     fmt::print("environment differences (likely culprit first):\n");
     for (const auto& e : r.env_differences)
       fmt::print("  {:<14} recorded '{}'  here '{}'\n", e.key, e.recorded.substr(0, 80),
                  e.here.substr(0, 80));
   }
   const int code = replay_exit_code(r);
-  fmt::print("recorded on {}, replayed on {}: {}\n", r.recorded_on, r.replayed_on,
-             code == 0 ? "bit-identical" : r.identical() ? "not every step verified" : "DIFFERENT (above)");
+  // Steps compared within tolerance that passed; whether every failure is a tolerance step's value
+  // outside its bounds (rather than a divergence of the bits, the record order or the weights).
+  int64_t within = 0;
+  bool only_outside_tolerance = r.weight_mismatches.empty();
+  for (const auto& s : r.steps) {
+    if (s.tolerance && s.passed()) ++within;
+    if (!s.passed() && !(s.tolerance && !s.first && s.decision_changes.empty())) only_outside_tolerance = false;
+  }
+  std::string verdict = "bit-identical";
+  if (code == 2)
+    verdict = "not every step verified";
+  else if (code == 1)
+    verdict = only_outside_tolerance ? "OUTSIDE TOLERANCE (above)" : "DIFFERENT (above)";
+  else if (within > 0)
+    verdict = fmt::format("within tolerance, not bitwise ({} step{} compared within tolerance{})", within,
+                          within == 1 ? "" : "s",
+                          int64_t(r.steps.size()) == within ? "" : ", the others bit-identical");
+  fmt::print("recorded on {}, replayed on {}: {}\n", r.recorded_on, r.replayed_on, verdict);
   if (code == 2)
     fmt::print(stderr,
                "dsv4: error: {}: {} of {} step{} not verified (listed above); `dsv4 trace validate` tells more, "
@@ -196,9 +284,22 @@ void register_replay_commands(CLI::App& app) {
   rp->add_option("--optimizer-state", ra->optimizer_state,
                  "Training steps: the optimizer state the step started from, when it is no longer at the "
                  "recorded path");
+  CLI::Option* tolerance =
+      rp->add_option("--tolerance", ra->tolerance,
+                     fmt::format("A step in fast numerics that cannot be replayed bit for bit here (another GPU "
+                                 "architecture, the CPU): re-execute it in exact numerics with its recorded decisions "
+                                 "and compare it within tolerances instead of refusing it: every recorded full tensor "
+                                 "within rel-L2 X (default {:g}), the log-probs within rel-L2 {:g} (docs/NUMERICS.md "
+                                 "\"Fast numerics\"); exit 0 within, 1 outside. Other steps replay bit for bit",
+                                 kDefaultTensorRelL2, kDefaultLogprobRelL2))
+          ->expected(0, 1)
+          ->type_name("[X]");
   rp->add_option("--json", ra->json_out, "Also write the report as JSON to this file");
   add_parallel_options(rp, ra->parallel);
-  rp->callback([ra] { set_action([ra] { return run_replay(*ra); }); });
+  rp->callback([ra, tolerance] {
+    ra->tolerance_given = tolerance->count() > 0;
+    set_action([ra] { return run_replay(*ra); });
+  });
 
   auto da = std::make_shared<DiffArgs>();
   CLI::App* df =
