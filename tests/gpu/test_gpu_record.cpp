@@ -8,8 +8,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
@@ -23,6 +25,7 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
+#include "replay/tolerance.h"
 
 namespace dsv4 {
 namespace {
@@ -108,6 +111,78 @@ TEST(GpuRecord, FastNumericsReplayOnTheSameArchitectureOnly) {
   ASSERT_EQ(r.code, 0) << r.out;
   r = test::run_cli("replay " + g + " --device cuda");
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Fast numerics elsewhere (`replay --tolerance`, replay/tolerance.h): a step recorded on the GPU in fast
+// numerics with every tensor captured is re-executed on the CPU in exact numerics with its recorded
+// decisions forced; every tensor and the log-probs are within the documented bounds, some tensor differs
+// (the tensor-core order really ran), and the report says it was compared within tolerance, not bitwise.
+// On the GPU of its architecture the same step replays bit for bit even with --tolerance (a note says
+// so). A fast generation (rollout profile, FP8 caches) replays within tolerance on the CPU too. The
+// measured values are printed for docs/GPU_RESULTS.md.
+TEST(GpuRecord, FastNumericsReplayWithinToleranceOnTheCpu) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const auto tolerance_of = [](const std::string& json_path) {
+    std::ifstream f(json_path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_FALSE(j.at("identical").get<bool>());
+    EXPECT_TRUE(j.at("passed").get<bool>());
+    const nlohmann::json& s = j.at("steps").at(0);
+    EXPECT_EQ(s.at("numerics"), "fast");
+    const nlohmann::json& tol = s.at("tolerance");
+    EXPECT_EQ(tol.at("compared"), "within tolerance, not bitwise");
+    EXPECT_TRUE(tol.at("within").get<bool>()) << tol.dump(2);
+    EXPECT_EQ(tol.at("digest_only").at("records").get<int64_t>(), 0);  // --capture full
+    EXPECT_EQ(tol.at("tensors").at("compared"), s.at("records_compared"));
+    EXPECT_EQ(tol.at("tensors").at("over_bound").get<int64_t>(), 0) << tol.at("tensors").dump(2);
+    const nlohmann::json& worst = tol.at("tensors").at("worst");
+    EXPECT_GT(worst.at("rel_l2").get<double>(), 0.0) << "fast numerics gave the exact bits everywhere";
+    EXPECT_LE(worst.at("rel_l2").get<double>(), kDefaultTensorRelL2);
+    EXPECT_LE(tol.at("logprobs").at("rel_l2").get<double>(), kDefaultLogprobRelL2);
+    EXPECT_LT(tol.at("records_bitwise_equal").get<int64_t>(), s.at("records_compared").get<int64_t>());
+    const nlohmann::json& fd = tol.at("free_decisions");
+    std::printf("[fast replayed on the cpu within tolerance] %s: worst tensor %s layer %d rel-L2 %.3e; log-probs rel-L2 "
+                "%.3e, max abs %.3e; free decisions: indexer rows equal %ld/%ld, routing rows equal %ld/%ld\n",
+                tol.at("recorded_profile").get<std::string>().c_str(), worst.at("tensor").get<std::string>().c_str(),
+                worst.at("layer").get<int>(), worst.at("rel_l2").get<double>(),
+                tol.at("logprobs").at("rel_l2").get<double>(), tol.at("logprobs").at("max_abs").get<double>(),
+                long(fd.at("indexer").at("same").get<int64_t>()), long(fd.at("indexer").at("rows").get<int64_t>()),
+                long(fd.at("routing").at("same").get<int64_t>()), long(fd.at("routing").at("rows").get<int64_t>()));
+  };
+
+  const std::string t = temp_trace("fast_full.h5");
+  auto r = test::run_cli("record --preset tiny --seed 7 --random 200 --device cuda --numerics fast --capture full --out " +
+                         t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("replay " + t + " --device cpu --tolerance --json " + t + ".json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: WITHIN TOLERANCE, not bitwise: recorded in fast numerics"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("re-executed in exact numerics (profile 'train') with the recorded decisions forced"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(": within tolerance, not bitwise (1 step compared within tolerance)"), std::string::npos)
+      << r.out;
+  tolerance_of(t + ".json");
+  r = test::run_cli("replay " + t + " --device cuda --tolerance");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: bit-identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("note: --tolerance: step 0 in fast numerics, replayed bit for bit as usual"), std::string::npos)
+      << r.out;
+
+  const std::string g = temp_trace("fast_gen_full.h5");
+  const std::string prompts = temp_trace("prompts_tolerance.jsonl");
+  {
+    std::ofstream f(prompts);
+    f << "{\"id\": \"a\", \"prompt\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], \"max_new_tokens\": 24}\n"
+      << "{\"id\": \"b\", \"prompt\": [9, 8, 7], \"max_new_tokens\": 12, \"temperature\": 0.7, \"seed\": 3}\n";
+  }
+  r = test::run_cli("generate --preset tiny --seed 7 --prompts " + prompts +
+                    " --device cuda --numerics fast --capture full --record " + g + " --out " + g + ".jsonl");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_cli("replay " + g + " --device cpu --tolerance --json " + g + ".json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: a generation step"), std::string::npos) << r.out;
+  tolerance_of(g + ".json");
 }
 
 // Keeps the row digests of every reported tensor, in order; optionally checks the device digests
