@@ -262,9 +262,9 @@ struct LayerShape {
   int H, Hi, topk, W, E, k, groups;
   int64_t R;
   ReduceOrder order;
-  bool fast = false;  // the GEMMs, experts and attention in the tensor_core order (fast numerics)
-  ReduceOrder gemm_order() const { return fast ? ReduceOrder{.block = 0, .tensor_core = true} : order; }
-  ReduceOrder attention_order() const { return gemm_order(); }
+  bool fast = false;  // the GEMMs, experts, indexer and attention in the tensor_core order (fast numerics)
+  // The order of a site that fast numerics puts on tensor cores (GEMMs, experts, indexer, attention).
+  ReduceOrder tc_site_order() const { return fast ? ReduceOrder{.block = 0, .tensor_core = true} : order; }
 };
 
 struct OpTime {
@@ -276,7 +276,7 @@ struct OpTime {
 void print_op_table(const LayerShape& s, const std::vector<OpTime>& ops, const Roofline& rf) {
   const bool hw = rf.bf16_gflops > 0;
   std::printf("\nPer-op times, %s layer at T=%ld (%s, %s order)\n", s.name.c_str(), long(s.T),
-              s.fast ? "fast numerics: GEMMs, experts and attention on tensor cores" : "exact mode",
+              s.fast ? "fast numerics: GEMMs, experts, indexer and attention on tensor cores" : "exact mode",
               s.order.block ? "blocked" : "chain");
   std::printf("roofline ms = max(bytes / copy bandwidth, FLOPs / exact GEMM rate)%s\n",
               hw ? "; hw ms = the same with the bf16 tensor-core GEMM rate" : "");
@@ -320,7 +320,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   };
   auto gemm_op = [&](const std::string& op, int64_t m, int64_t n, int64_t k, OutRound r) {
     GemmParams g;
-    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.gemm_order();
+    g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.tc_site_order();
     g.x = d.floats(m * k), g.w = d.floats(n * k, 0.02f), g.y = d.floats(m * n);
     add(op, 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n), [=] { cuda::gemm(g, nullptr); });
     return g;
@@ -386,7 +386,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   int32_t* sel = nullptr;
   {
     IndexerParams p;
-    p.T = T, p.Hi = s.Hi, p.Di = s.Di, p.G = G, p.k = int(k4), p.ratio = 4, p.order = s.order;
+    p.T = T, p.Hi = s.Hi, p.Di = s.Di, p.G = G, p.k = int(k4), p.ratio = 4, p.order = s.tc_site_order();
     p.qi = qi, p.ki = ki, p.wt = d.floats(T * s.Hi, 0.05f);
     p.ids = d.upload(std::vector<int32_t>(size_t(T * k4))), p.margin = d.floats(T),
     p.score = d.floats(T * k4);
@@ -407,7 +407,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   SparseAttnParams attn;
   {
     SparseAttnParams& p = attn;
-    p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.attention_order();
+    p.T = T, p.H = s.H, p.Dh = s.Dh, p.N = T + G, p.K = K, p.scale = 0.0625f, p.order = s.tc_site_order();
     p.q = q, p.kv = d.floats((T + G) * s.Dh), p.idx = idx, p.sink = d.floats(s.H), p.o = o,
     p.lse = d.floats(T * s.H);
     add("sparse_attention", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
@@ -418,7 +418,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   float* wo_a_out = d.floats(T * s.groups * s.R);
   {
     GemmParams g;
-    g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.gemm_order();
+    g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.tc_site_order();
     float* w = wo_a;
     float* u = wo_a_out;
     add("gemm wo_a (groups)", 2.0 * T * s.R * gw * s.groups, 4.0 * (T * s.H * s.Dh + s.groups * s.R * gw),
@@ -451,7 +451,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     for (auto& e : ex) e = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
     sh[0] = {d.floats(s.I * D, 0.02f), d.floats(s.I * D, 0.02f), d.floats(D * s.I, 0.02f)};
     MoeParams p;
-    p.T = T, p.D = D, p.I = s.I, p.I_shared = s.I, p.E = s.E, p.k = s.k, p.n_shared = 1, p.order = s.gemm_order();
+    p.T = T, p.D = D, p.I = s.I, p.I_shared = s.I, p.E = s.E, p.k = s.k, p.n_shared = 1, p.order = s.tc_site_order();
     p.x = x, p.ids = ids, p.weights = wts, p.out = d.floats(T * D);
     add("moe_experts", 2.0 * 3 * T * (s.k + 1) * s.I * D, 4.0 * 3 * (s.E + 1) * s.I * D, [=] {
       MoeParams q = p;
@@ -538,7 +538,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     // wo_a_out, then attn_out = bf16(wo_a_out wo_b^T), the attention sublayer's output.
     {
       GemmParams g;
-      g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.gemm_order();
+      g.m = T, g.n = s.R, g.k = gw, g.ldx = s.H * s.Dh, g.ldw = gw, g.ldy = s.groups * s.R, g.order = s.tc_site_order();
       for (int gi = 0; gi < s.groups; ++gi) {
         g.x = o + gi * gw, g.w = wo_a + gi * s.R * gw, g.y = wo_a_out + gi * s.R;
         cuda::gemm(g, nullptr);
@@ -638,8 +638,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
                    "[--layers-only] [--fast]\n"
-                   "  --fast: also the fast numerics (tensor-core GEMMs and experts): GEMMs against cuBLAS, the\n"
-                   "          layers with fast GEMMs, and the whole mid model, exact against fast\n");
+                   "  --fast: also the fast numerics (GEMMs, experts, indexer and attention on tensor cores): GEMMs\n"
+                   "          against cuBLAS, the Flash-shaped layer in fast numerics, the mid model exact against fast\n");
       return 2;
     }
   }

@@ -14,11 +14,12 @@
 // The train profile uses block 0, the rollout profile a different fixed block (see model/profile.h):
 // the two profiles are each deterministic, and differ from each other like two real engines do.
 //
-// Order `tensor_core` (GEMM, expert and attention sites only; the fast numerics of docs/NUMERICS.md):
-// bf16 inputs, tensor-core products and fp32 accumulation in the order of kernels/cuda/linear_tc.cu
-// (GEMMs, experts) and kernels/cuda/attention_tc.cu (sparse attention), fixed for one GPU
-// architecture. It is not defined here and the CPU does not compute it: dot() is never called with it
-// (the CPU GEMM, experts and attention refuse it with cpu_order_check).
+// Order `tensor_core` (GEMM, expert, indexer and attention sites only; the fast numerics of
+// docs/NUMERICS.md): bf16 inputs, tensor-core products and fp32 accumulation in the order of
+// kernels/cuda/linear_tc.cu (GEMMs, experts), kernels/cuda/indexer.cu (the indexer's dots) and
+// kernels/cuda/attention_tc.cu (sparse attention), fixed for one GPU architecture. It is not defined
+// here and the CPU does not compute it: dot() is never called with it (the CPU GEMM, experts, indexer
+// and attention refuse it with cpu_order_check).
 #pragma once
 
 #include <cmath>
@@ -35,7 +36,7 @@ struct ReduceOrder {
 };
 
 // nullptr, or why the CPU cannot compute in order `o`: the CPU ops that take an order from a GEMM,
-// expert or attention site refuse the tensor_core order with it.
+// expert, indexer or attention site refuse the tensor_core order with it.
 inline const char* cpu_order_check(ReduceOrder o) {
   return o.tensor_core ? "the tensor_core order (fast numerics) is a GPU's tensor-core order; the CPU does not "
                          "compute it (run on --device cuda)"

@@ -85,8 +85,8 @@ ProfileSite reduce_site_of(const char* key, const char* choice) {
           [](NumericsProfile& p, const std::string& v) -> const char* {
             if (v == kTensorCore) {
               if (!TensorCore)
-                return "the tensor_core order is for the GEMM, expert and attention sites only (reduce.gemm, reduce.moe, "
-                       "reduce.attention)";
+                return "the tensor_core order is for the GEMM, expert, indexer and attention sites only "
+                       "(reduce.gemm, reduce.moe, reduce.indexer, reduce.attention)";
               p.reduce.*M = ReduceOrder{.block = 0, .tensor_core = true};
               return nullptr;
             }
@@ -104,7 +104,7 @@ const std::vector<ProfileSite> kSites = {
     reduce_site_of<&ReduceSites::norm>("reduce.norm", "blocking of the RMSNorms' sums of squares"),
     reduce_site_of<&ReduceSites::compressor>("reduce.compressor", "blocking of the compressor's pooled-row norm"),
     reduce_site_of<&ReduceSites::mhc>("reduce.mhc", "blocking of the mHC reductions (fn . x, row norms)"),
-    reduce_site_of<&ReduceSites::indexer>("reduce.indexer", "blocking of the indexer's q.k dot products"),
+    reduce_site_of<&ReduceSites::indexer, true>("reduce.indexer", "blocking of the indexer's q.k dot products"),
     reduce_site_of<&ReduceSites::attention, true>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
     reduce_site_of<&ReduceSites::moe, true>("reduce.moe", "blocking of the experts' GEMMs"),
     {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
@@ -439,10 +439,11 @@ NumericsProfile with_numerics(const NumericsProfile& p, Numerics n) {
   f.reduce.gemm = ReduceOrder{.block = 0, .tensor_core = true};
   f.reduce.moe = ReduceOrder{.block = 0, .tensor_core = true};
   f.reduce.attention = ReduceOrder{.block = 0, .tensor_core = true};
+  f.reduce.indexer = ReduceOrder{.block = 0, .tensor_core = true};
   f.name = p.name + kFastSuffix;
   if (f.name.size() > 64) throw InputError(fmt::format("profile name '{}' is too long for its fast numerics' name", p.name));
   f.description = (p.description.empty() ? p.name : p.description) +
-                  "; fast numerics: GEMMs, experts and attention on bf16 tensor cores (CUDA only)";
+                  "; fast numerics: GEMMs, experts, indexer and attention on bf16 tensor cores (CUDA only)";
   return f;
 }
 

@@ -153,8 +153,9 @@ NumericsProfile profile_rollout();
 
 // ---- numerics modes (docs/NUMERICS.md "Fast numerics") -----------------------------------------
 // exact: every site in a canonical order of kernels/reduce.h, the CPU's bits on every device.
-// fast: the GEMM, expert and attention sites (reduce.gemm, reduce.moe, reduce.attention) in the
-// tensor_core order: bf16 tensor-core GEMMs and sparse attention, bitwise reproducible on one GPU architecture (run to run, any batch composition), CUDA only,
+// fast: the GEMM, expert, indexer and attention sites (reduce.gemm, reduce.moe, reduce.indexer,
+// reduce.attention) in the tensor_core order: bf16 tensor-core GEMMs, indexer and sparse attention,
+// bitwise reproducible on one GPU architecture (run to run, any batch composition), CUDA only,
 // forward passes only. A profile is fast when any site is in the tensor_core order.
 enum class Numerics { exact, fast };
 const char* to_string(Numerics n);
@@ -165,7 +166,7 @@ std::vector<std::string> tensor_core_sites(const NumericsProfile& p);
 inline Numerics numerics_of(const NumericsProfile& p) {
   return tensor_core_sites(p).empty() ? Numerics::exact : Numerics::fast;
 }
-// `p` in numerics `n`: for fast, the GEMM, expert and attention sites in the tensor_core order and the name
+// `p` in numerics `n`: for fast, the GEMM, expert, indexer and attention sites in the tensor_core order and the name
 // "NAME.fast" (a profile of its own: a built-in's name always means the built-in's sites); exact
 // returns `p` as it is. A profile that is fast already stays as it is.
 NumericsProfile with_numerics(const NumericsProfile& p, Numerics n);

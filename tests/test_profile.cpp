@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -13,6 +14,7 @@
 #include "cli_util.h"
 #include "h5_edit.h"
 #include "kernels/attention.h"
+#include "kernels/indexer.h"
 #include "kernels/linear.h"
 #include "model/collect.h"
 #include "model/device.h"
@@ -155,7 +157,7 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
       {"dsv4-profile = 1\nname = x y\n", "name 'x y'", 2},
       {"dsv4-profile = 1\nname = x\njust words\n", "expected 'key = value'", 3},
       {"dsv4-profile = 1\nname = x\nbase = train\nreduce.norm = tensor_core\n", "attention sites only", 4},
-      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.indexer = tensor_core\n", "attention sites only", 4},
+      {"dsv4-profile = 1\nname = x\nbase = train\nreduce.mhc = tensor_core\n", "attention sites only", 4},
       {"dsv4-profile = 1\nname = x\nbase = train\nreduce.gemm = tensorcore\n", "or tensor_core", 4},
   };
   test::TempDir d;
@@ -180,7 +182,7 @@ TEST(ProfileFormat, BadInputNamesTheFileTheLineAndTheSite) {
 
 // ---- fast numerics ------------------------------------------------------------------------------
 
-// with_numerics: the GEMM, expert and attention sites in the tensor_core order, its own name, the round trip of
+// with_numerics: the GEMM, expert, indexer and attention sites in the tensor_core order, its own name, the round trip of
 // the text, and nothing else changed.
 TEST(FastNumerics, TheProfileOfFastNumerics) {
   for (const std::string& name : profile_names()) {
@@ -189,13 +191,13 @@ TEST(FastNumerics, TheProfileOfFastNumerics) {
     EXPECT_EQ(numerics_of(exact), Numerics::exact);
     EXPECT_TRUE(tensor_core_sites(exact).empty());
     EXPECT_EQ(numerics_of(fast), Numerics::fast);
-    EXPECT_EQ(tensor_core_sites(fast), (std::vector<std::string>{"reduce.gemm", "reduce.attention", "reduce.moe"}));
+    EXPECT_EQ(tensor_core_sites(fast), (std::vector<std::string>{"reduce.gemm", "reduce.indexer", "reduce.attention", "reduce.moe"}));
     EXPECT_EQ(fast.name, name + ".fast");
     EXPECT_EQ(numerics_base_name(fast), name);
     EXPECT_EQ(numerics_base_name(exact), name);
     std::set<std::string> differ;
     for (const auto& d : profile_diff(exact, fast)) differ.insert(d.key);
-    EXPECT_EQ(differ, (std::set<std::string>{"reduce.gemm", "reduce.attention", "reduce.moe"}));
+    EXPECT_EQ(differ, (std::set<std::string>{"reduce.gemm", "reduce.indexer", "reduce.attention", "reduce.moe"}));
     EXPECT_EQ(profile_text(parse_profile(profile_text(fast), "round trip")), profile_text(fast));
     EXPECT_NE(profile_text(fast).find("reduce.gemm = tensor_core"), std::string::npos);
     EXPECT_EQ(profile_text(with_numerics(fast, Numerics::fast)), profile_text(fast));  // fast stays fast
@@ -222,8 +224,8 @@ TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
   RunOptions o;
   o.profile = fast;
   const std::string msg = error_of([&] { forward(w, {{1, 2, 3}}, o); });
-  EXPECT_NE(msg.find("forward: profile 'train.fast' is in fast numerics (reduce.gemm, reduce.attention, reduce.moe = "
-                     "tensor_core)"),
+  EXPECT_NE(msg.find("forward: profile 'train.fast' is in fast numerics (reduce.gemm, reduce.indexer, reduce.attention, "
+                     "reduce.moe = tensor_core)"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
@@ -234,7 +236,7 @@ TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
   EXPECT_NE(train.find("forward passes only"), std::string::npos) << train;
   EXPECT_NO_THROW(require_exact_numerics(profile_rollout(), "train-step"));
   // The CPU kernels refuse the order too (a caller that skipped the checks above).
-  std::vector<float> x(8, 1.0f), y(1);
+  std::vector<float> x(8, 1.0f), y(4);
   GemmParams g = linear_params(1, 1, 8, x.data(), x.data(), y.data(), OutRound::f32,
                                ReduceOrder{.block = 0, .tensor_core = true});
   try {
@@ -254,6 +256,20 @@ TEST(FastNumerics, TheCpuAndTheTrainingStepRefuseThem) {
     ADD_FAILURE() << "the CPU attention ran the tensor_core order";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sparse_attention: the tensor_core order"), std::string::npos) << e.what();
+  }
+  std::vector<int32_t> ids(1);
+  IndexerParams ip;
+  ip.T = 4, ip.Hi = 1, ip.Di = 2, ip.G = 1, ip.k = 1, ip.qi = x.data(), ip.ki = x.data(), ip.wt = x.data(),
+  ip.ids = ids.data(), ip.order = ReduceOrder{.block = 0, .tensor_core = true};
+  for (const auto& run : std::vector<std::function<void()>>{[&] { indexer_topk(ip); },
+                                                            [&] { indexer_score_ids(ip, ids.data(), y.data()); }}) {
+    try {
+      run();
+      ADD_FAILURE() << "the CPU indexer ran the tensor_core order";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("indexer_"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the tensor_core order"), std::string::npos) << e.what();
+    }
   }
 }
 

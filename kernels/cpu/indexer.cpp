@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/detail/indexer.h"
+#include "kernels/error.h"
 #include "kernels/linear.h"
 
 namespace dsv4 {
@@ -79,6 +81,7 @@ const char* indexer_check(const IndexerParams& p) {
 // Memory: one D buffer of at most kDotFloats floats plus a score row and scratch per thread.
 void indexer_topk(const IndexerParams& p) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (const char* why = cpu_order_check(p.order)) throw Error(std::string("indexer_topk: ") + why);
   if (p.T <= 0) return;
   constexpr int64_t kDotFloats = int64_t(4) << 20;  // 16 MiB of dot products per chunk
   const int64_t nmax = common::row_candidates(p, p.T - 1);
@@ -123,6 +126,7 @@ void indexer_topk(const IndexerParams& p) {
 
 void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (const char* why = cpu_order_check(p.order)) throw Error(std::string("indexer_score_ids: ") + why);
 #pragma omp parallel for schedule(static) if (p.T * p.k * p.Hi * p.Di >= kParallelWork)
   for (int64_t t = 0; t < p.T; ++t) {
     for (int j = 0; j < p.k; ++j) {

@@ -82,19 +82,19 @@ int padded_dh(int64_t Dh) {
   return Dh <= 64 ? 64 : Dh <= 128 ? 128 : Dh <= 256 ? 256 : 512;
 }
 
-// kv [N, Dh] fp32 -> out [N, DP] bf16 (round to nearest even), zeros past Dh.
-__global__ void kv_to_bf16_kernel(const float* kv, int64_t N, int64_t Dh, int dp, __nv_bfloat16* out) {
-  const int64_t pairs = N * dp / 2;
+// x [rows, cols] fp32 -> out [rows, width] bf16 (round to nearest even), zeros past cols.
+__global__ void rows_to_bf16_kernel(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out) {
+  const int64_t pairs = rows * width / 2;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = e / (dp / 2), d = (e % (dp / 2)) * 2;
-    const float lo = d < Dh ? kv[r * Dh + d] : 0.0f, hi = d + 1 < Dh ? kv[r * Dh + d + 1] : 0.0f;
+    const int64_t r = e / (width / 2), d = (e % (width / 2)) * 2;
+    const float lo = d < cols ? x[r * cols + d] : 0.0f, hi = d + 1 < cols ? x[r * cols + d + 1] : 0.0f;
     reinterpret_cast<uint32_t*>(out)[e] = detail::pack_bf16(lo, hi);
   }
 }
 
 template <int DP, bool BF16KV>
 __global__ void __launch_bounds__(kThreads, 1)
-    sparse_attention_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, int bufs) {
+    sparse_attention_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, int bufs, bool vec) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
   using detail::ldmatrix_x4;
   using detail::mma_bf16_tensor_core;
@@ -130,12 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
       continue;
     }
-    for (int e = tid; e < kRows * (DP / 2); e += kThreads) {
-      const int r = e / (DP / 2), d = (e % (DP / 2)) * 2;
-      const float* qr = p.q + (t * p.H + h0 + r) * p.Dh;
-      const float lo = r < nh && d < p.Dh ? qr[d] : 0.0f, hi = r < nh && d + 1 < p.Dh ? qr[d + 1] : 0.0f;
-      *reinterpret_cast<uint32_t*>(&qs[r * ld + d]) = pack_bf16(lo, hi);
-    }
+    const float* q0 = p.q + (t * p.H + h0) * p.Dh;
+    detail::stage_rows_bf16<kRows, DP, kThreads>(qs, ld, p.Dh, vec, [&](int r) { return r < nh ? q0 + r * p.Dh : nullptr; }, tid);
 
     // 2. kv block b (valid slots [64b, 64b + 64)) into buffer buf; rows past nv are zeros
     auto load_kv = [&](int b, int buf) {
@@ -151,13 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         detail::cp_async_commit();
       } else {
-        for (int e = tid; e < kSlots * (DP / 2); e += kThreads) {
-          const int r = e / (DP / 2), d = (e % (DP / 2)) * 2;
-          const bool ok = v0 + r < nv;
-          const float* kr = ok ? p.kv + int64_t(slots[v0 + r]) * p.Dh : nullptr;
-          const float lo = ok && d < p.Dh ? kr[d] : 0.0f, hi = ok && d + 1 < p.Dh ? kr[d + 1] : 0.0f;
-          *reinterpret_cast<uint32_t*>(&dst[r * ld + d]) = pack_bf16(lo, hi);
-        }
+        detail::stage_rows_bf16<kSlots, DP, kThreads>(dst, ld, p.Dh, vec,
+                       [&](int r) { return v0 + r < nv ? p.kv + int64_t(slots[v0 + r]) * p.Dh : nullptr; }, tid);
       }
     };
 
@@ -316,20 +307,25 @@ void launch_tc(const SparseAttnParams& p, cudaStream_t stream) {
   // a decode step (few rows, a long cache) converts the rows it reads. Both round alike.
   const bool bf16kv = p.N <= 2 * p.T * p.K;
   detail::Scratch<__nv_bfloat16> kvb(bf16kv ? p.N * DP : 0, stream);
-  if (bf16kv && p.N > 0) {
-    kv_to_bf16_kernel<<<detail::grid_for(p.N * DP / 2, 256), 256, 0, stream>>>(p.kv, p.N, p.Dh, DP, kvb.get());
-    DSV4_LAUNCH_CHECK();
-  }
+  if (bf16kv) detail::rows_to_bf16(p.kv, p.N, p.Dh, DP, kvb.get(), stream);
   auto kernel = bf16kv ? sparse_attention_tensor_core_kernel<DP, true> : sparse_attention_tensor_core_kernel<DP, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
   const int64_t items = p.T * ((p.H + kRows - 1) / kRows);
-  kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, kvb.get(), bufs);
+  const bool vec = p.Dh % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.kv) % 16 == 0;
+  kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, kvb.get(), bufs, vec);
   DSV4_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 namespace detail {
+
+void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
+  if (rows <= 0) return;
+  rows_to_bf16_kernel<<<grid_for(rows * width / 2, 256), 256, 0, stream>>>(x, rows, cols, width, out);
+  DSV4_LAUNCH_CHECK();
+}
 
 const char* sparse_attention_tensor_core_check(const SparseAttnParams& p) {
   if (p.Dh > kMaxDp) return "Dh (the tensor_core order takes at most 512)";

@@ -41,7 +41,26 @@
 //   block prefix sum over contiguous index chunks.
 // indexer_score_ids_kernel: one group of 8 threads per (t, j), the same score formula.
 // build_index_kernel: one thread per index entry (t, m).
+//
+// The tensor_core order (p.order.tensor_core; fast numerics, docs/NUMERICS.md): the same score chain
+// over heads, top-k rule and outputs, with every dot(qi[t, h], ki[g]) a tensor-core product: qi and ki
+// rounded to bf16, Di zero-padded to DI (64 or 128), DI / 16 mma.sync.m16n8k16 steps (k = 0..15,
+// 16..31, ...) into one fp32 accumulator from 0. What one mma does inside is the hardware's, fixed per
+// architecture (sm_80 and newer); a row's ids, margin and scores depend only on its qi, wt and the keys
+// it sees. indexer_topk_tensor_core_kernel fuses the three steps, one block of 256 threads (8 warps)
+// per query row t (grid-stride; at most 64 heads and Di <= 128, the model's 64 x 128):
+//   1. qi[t] (bf16, [64][DI + 8]) and wt[t] are staged in shared memory.
+//   2. For each tile of 256 keys (from a bf16 copy of ki made once per call, cp.async; keys past the
+//      row's candidates are zeros): warp w forms the dots of heads 16 (w % 4) .. +15 against keys
+//      128 (w / 4) .. +127 of the tile and stores them ([64][260] fp32); thread j then runs the chain
+//      over heads in increasing h for key j of the tile (index_score_step) into the row's score row
+//      (shared memory, or global scratch for very long rows) while the next tile loads.
+//   3. select_row, as above. For indexer_score_ids every key is scored (no causal mask) and the given
+//      ids' scores are written instead.
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/detail/indexer.h"
 
 namespace dsv4::cuda {
@@ -272,6 +291,164 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- the tensor_core order (header above) --------------------------------------------------------
+
+constexpr int kTcHeads = 64;   // heads per block (zero rows past Hi)
+constexpr int kTcKeys = 256;   // keys per tile (one per thread in the chain)
+constexpr int kTcLdd = kTcKeys + 4;  // floats per row of the dots tile
+constexpr int kTcMaxDi = 128;  // a tile of 256 keys of 256 dims would not fit beside the dots
+
+int tc_padded_di(int64_t Di) {
+  return Di <= 64 ? 64 : 128;
+}
+
+// Shared memory of the tensor_core kernel, in bytes: q [64][DI + 8] bf16, keys [256][DI + 8] bf16, dots
+// [64][260] fp32, head weights [64] fp32, then the score row (sc_len floats, 0 when it lives in global
+// scratch).
+struct IdxTcLayout {
+  int64_t ld;
+  size_t keys, dots, ws, sc;
+  size_t bytes(int64_t sc_len) const { return sc + sizeof(float) * size_t(sc_len); }
+};
+__host__ __device__ inline IdxTcLayout idx_tc_layout(int di) {
+  IdxTcLayout L{};
+  L.ld = di + 8;
+  L.keys = sizeof(__nv_bfloat16) * size_t(kTcHeads) * size_t(L.ld);
+  L.dots = L.keys + sizeof(__nv_bfloat16) * size_t(kTcKeys) * size_t(L.ld);
+  L.ws = L.dots + sizeof(float) * size_t(kTcHeads) * kTcLdd;
+  L.sc = L.ws + sizeof(float) * kTcHeads;
+  return L;
+}
+
+// forced == nullptr: top-k of the visible keys (indexer_topk). Else indexer_score_ids: every key g < G
+// is scored and out[t k + j] = score of forced[t k + j] (NaN for -1 and ids outside [0, G)).
+template <int DI>
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_topk_tensor_core_kernel(IndexerParams p, const __nv_bfloat16* kib, bool vec, const int32_t* forced,
+                                    float* out, float* scratch, int64_t sc_len) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
+  const IdxTcLayout L = idx_tc_layout(DI);
+  const int64_t ld = L.ld;
+  extern __shared__ __align__(16) unsigned char tc_sh[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(tc_sh);
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(tc_sh + L.keys);
+  float* dots = reinterpret_cast<float*>(tc_sh + L.dots);
+  float* ws = reinterpret_cast<float*>(tc_sh + L.ws);
+  float* sc = sc_len > 0 ? reinterpret_cast<float*>(tc_sh + L.sc) : scratch + int64_t(blockIdx.x) * p.G;
+  __shared__ int red_i[32];
+  __shared__ uint32_t red_u[32];
+  __shared__ int32_t tie_at[2];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, c = lane % 4;
+  const int wr = (warp % 4) * 16, wk = (warp / 4) * 128;  // the warp's heads and keys of a tile
+  const float qnan = __int_as_float(0x7fc00000);
+
+  for (int64_t t = blockIdx.x; t < p.T; t += gridDim.x) {
+    const int64_t n = forced ? p.G : common::row_candidates(p, t);
+    const float* q0 = p.qi + t * p.Hi * p.Di;
+    detail::stage_rows_bf16<kTcHeads, DI, kThreads>(
+        qs, ld, p.Di, vec, [&](int r) { return r < p.Hi ? q0 + r * p.Di : nullptr; }, tid);
+    if (tid < kTcHeads) ws[tid] = tid < p.Hi ? p.wt[t * p.Hi + tid] : 0.0f;
+    auto load_keys = [&](int64_t g0) {
+      constexpr int kChunks = DI / 8;  // 16-byte chunks of a bf16 key
+      for (int e = tid; e < kTcKeys * kChunks; e += kThreads) {
+        const int r = e / kChunks, ch = e % kChunks;
+        const bool ok = g0 + r < n;
+        detail::cp_async16(ks + r * ld + ch * 8, kib + (ok ? (g0 + r) * DI + ch * 8 : 0), ok ? 16 : 0);
+      }
+      detail::cp_async_commit();
+    };
+    const int64_t tiles = (n + kTcKeys - 1) / kTcKeys;
+    if (tiles > 0) load_keys(0);
+    for (int64_t i = 0; i < tiles; ++i) {
+      detail::cp_async_wait<0>();
+      __syncthreads();  // (A) the tile's keys (and q, wt) visible; the previous chain is done with dots
+      float acc[16][4];
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+      if (i * kTcKeys + wk < n) {
+#pragma unroll
+        for (int k0 = 0; k0 < DI; k0 += 16) {
+          uint32_t a[4];
+          detail::ldmatrix_x4(a, &qs[(wr + lane % 16) * ld + k0 + (lane / 16) * 8]);
+#pragma unroll
+          for (int nj = 0; nj < 8; ++nj) {
+            uint32_t r[4];
+            detail::ldmatrix_x4(r, &ks[(wk + nj * 16 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8]);
+            detail::mma_bf16_tensor_core(acc[2 * nj], a, r[0], r[1]);
+            detail::mma_bf16_tensor_core(acc[2 * nj + 1], a, r[2], r[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(&dots[(wr + g8 + 8 * h) * kTcLdd + wk + j * 8 + 2 * c]) =
+              make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+      __syncthreads();  // (B) the dots are complete; the key buffer is free
+      if (i + 1 < tiles) load_keys((i + 1) * kTcKeys);
+      const int64_t g = i * kTcKeys + tid;
+      if (g < n) {
+        float s = 0.0f;
+        for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, ws[h], dots[h * kTcLdd + tid], p.bf16_scores);
+        sc[g] = common::index_score_final(s, p.bf16_scores);
+      }
+    }
+    __syncthreads();  // the score row is complete
+    if (forced) {
+      for (int j = tid; j < p.k; j += kThreads) {
+        const int32_t id = forced[t * p.k + j];
+        out[t * p.k + j] = id >= 0 && id < p.G ? sc[id] : qnan;
+      }
+      __syncthreads();  // sc, qs and ws are reused by the next row
+    } else {
+      select_row(p, t, n, sc, red_i, red_u, tie_at);  // ends with a barrier
+    }
+  }
+#else
+  __trap();  // the host refuses devices below compute capability 8.0 before launching
+#endif
+}
+
+template <int DI>
+void launch_indexer_tc(const IndexerParams& p, const int32_t* forced, float* out, cudaStream_t stream) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const IdxTcLayout L = idx_tc_layout(DI);
+  const int64_t nmax = forced ? p.G : common::row_candidates(p, p.T - 1);
+  const bool in_shared = L.bytes(nmax) <= size_t(optin);
+  const size_t shmem = L.bytes(in_shared ? nmax : 0);
+  if (shmem > size_t(optin))
+    throw Error("indexer_topk (tensor_core order): Di = " + std::to_string(p.Di) + " needs " + std::to_string(shmem) +
+                " bytes of shared memory per block; this device allows " + std::to_string(optin));
+  const unsigned blocks = unsigned(p.T < 4096 ? p.T : 4096);
+  detail::Scratch<float> scratch(in_shared ? 0 : int64_t(blocks) * p.G, stream);
+  detail::Scratch<__nv_bfloat16> kib(p.G * DI, stream);
+  detail::rows_to_bf16(p.ki, p.G, p.Di, DI, kib.get(), stream);
+  const bool vec = p.Di % 4 == 0 && reinterpret_cast<uintptr_t>(p.qi) % 16 == 0;
+  auto kernel = indexer_topk_tensor_core_kernel<DI>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+  kernel<<<blocks, kThreads, shmem, stream>>>(p, kib.get(), vec, forced, out, scratch.get(), in_shared ? nmax : 0);
+  DSV4_LAUNCH_CHECK();
+}
+
+void indexer_tensor_core(const IndexerParams& p, const int32_t* forced, float* out, cudaStream_t stream) {
+  detail::require_tensor_core_device();
+  if (tc_padded_di(p.Di) == 64) return launch_indexer_tc<64>(p, forced, out, stream);
+  launch_indexer_tc<128>(p, forced, out, stream);
+}
+
+// The limits of the tensor_core order, or nullptr.
+const char* indexer_tensor_core_check(const IndexerParams& p) {
+  if (!p.order.tensor_core) return nullptr;
+  if (p.Hi > kTcHeads) return "Hi (the tensor_core order takes at most 64 heads)";
+  if (p.Di > kTcMaxDi) return "Di (the tensor_core order takes at most 128)";
+  return nullptr;
+}
+
 // Shared memory of the top-k kernels: (row per block) q and the head weights, plus the score row when it
 // fits.
 constexpr size_t kMaxShared = 200 * 1024;
@@ -287,7 +464,9 @@ constexpr int64_t kSelectBlocks = 2048;              // blocks of the selection 
 
 void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   require(dsv4::indexer_check(p), "indexer_topk");
+  require(indexer_tensor_core_check(p), "indexer_topk");
   if (p.T <= 0) return;
+  if (p.order.tensor_core) return indexer_tensor_core(p, nullptr, nullptr, stream);
   if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk");
   // The most keys any row sees (visible_groups grows with t); the D buffer has this many columns.
   const int64_t nmax = common::row_candidates(p, p.T - 1);
@@ -345,7 +524,9 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
 
 void indexer_topk_row_per_block(const IndexerParams& p, cudaStream_t stream) {
   require(dsv4::indexer_check(p), "indexer_topk_row_per_block");
+  require(indexer_tensor_core_check(p), "indexer_topk_row_per_block");
   if (p.T <= 0) return;
+  if (p.order.tensor_core) return indexer_tensor_core(p, nullptr, nullptr, stream);  // one kernel per order
   if (p.G > INT32_MAX / 2) require("G is too large", "indexer_topk_row_per_block");
   const size_t qbytes = sizeof(float) * size_t(p.Hi * p.Di + p.Hi);
   if (qbytes > kMaxShared / 2)
@@ -372,8 +553,10 @@ void indexer_score_ids(const IndexerParams& p, const int32_t* ids, float* score,
   IndexerParams c = p;  // the ids come as an argument here, not in p
   c.ids = const_cast<int32_t*>(ids);
   require(dsv4::indexer_check(c), "indexer_score_ids");
+  require(indexer_tensor_core_check(p), "indexer_score_ids");
   if (p.T <= 0 || p.k <= 0) return;
   if (!score) require("score is null", "indexer_score_ids");
+  if (p.order.tensor_core) return indexer_tensor_core(p, ids, score, stream);
   indexer_score_ids_kernel<<<detail::grid_for(p.T * p.k * 8, kThreads), kThreads, 0, stream>>>(p, ids, score);
   DSV4_LAUNCH_CHECK();
 }

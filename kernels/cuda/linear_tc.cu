@@ -10,16 +10,22 @@
 // SMs or the run (no split-K, no atomics). It is not the CPU's order, and the CPU cannot reproduce it:
 // a site with this order runs on CUDA only (model/profile.h uses_tensor_cores).
 //
-// Inputs are rounded to bf16 (round to nearest even) as they are staged: the model's activations and
-// weights are bf16 values already, so for them this changes nothing.
+// Inputs are rounded to bf16 (round to nearest even): the model's activations and weights are bf16
+// values already, so for them this changes nothing.
 //
-// Kernel: block tile 128 x 128 outputs, 256 threads (8 warps, 2 x 4, each 64 x 32 outputs, i.e. 4 x 4
-// mma tiles of 16 x 8), k staged 32 at a time in shared memory as bf16 (rows padded to 40 elements, so
-// the eight 16-byte rows an ldmatrix phase reads fall in distinct banks), double-buffered: the next
-// tile is loaded into registers (fp32, float4 where aligned) while the current one is consumed.
-// Functions named *tensor_core* are the only ones scripts/kernel-audit.py lets use tensor cores.
+// Two kernels per group of problems:
+//   1. gemm_bf16_rows_kernel: every problem's x rows (through its row gather) and w rows become bf16
+//      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
+//      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
+//   2. gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256 threads (8 warps, 2 x 4, each 64 x 32
+//      outputs, i.e. 4 x 4 mma tiles of 16 x 8); k tiles of 32 arrive in shared memory by cp.async in a
+//      pipeline of kStages buffers (rows padded to 40 elements, so the eight 16-byte rows an ldmatrix
+//      phase reads fall in distinct banks), kStages - 1 tiles in flight while one is consumed.
+// How the work is cut never changes a bit of the result. Functions named *tensor_core* are the only
+// ones scripts/kernel-audit.py lets use tensor cores.
 
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -28,57 +34,64 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kThreads = 256;
+constexpr int kBM = 128, kBN = 128, kBK = 32, kThreads = 256, kStages = 4;
 constexpr int kLds = kBK + 8;  // bf16 elements per staged row
-constexpr int kRowsPerPass = kThreads / (kBK / 4);  // 32 rows staged per pass of float4 loads
-constexpr int kPasses = kBM / kRowsPerPass;          // 4
+constexpr int kChunksPerRow = kBK / 8;                                   // 16-byte chunks of a staged row
+constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;         // 2 per operand and tile
+constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * (kBM + kBN) * kLds;  // one x and one w tile
 static_assert(kBM == kBN, "x and w tiles are staged alike");
 
-template <bool VEC>
-__device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t K) {
-  if (row == nullptr) return make_float4(0.f, 0.f, 0.f, 0.f);
-  if (VEC && k + 4 <= K) return *reinterpret_cast<const float4*>(row + k);
-  float v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = k + j < K ? row[k + j] : 0.f;
-  return make_float4(v[0], v[1], v[2], v[3]);
+// One operand of one problem for gemm_bf16_rows_kernel: rows r < rows of src (row map[r] when map is
+// set, stride ld) become dst rows [r * kp, +kp) in bf16.
+struct Bf16Job {
+  const float* src = nullptr;
+  int64_t ld = 0;
+  const int32_t* map = nullptr;
+  int64_t rows = 0;
+  __nv_bfloat16* dst = nullptr;
+};
+
+// A problem of the GEMM kernel: a [m, kp] and b [n, kp] bf16, y rows scattered through yrow.
+struct Bf16Problem {
+  const __nv_bfloat16* a = nullptr;
+  const __nv_bfloat16* b = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const int32_t* yrow = nullptr;
+  int64_t m = 0;
+};
+
+__global__ void gemm_bf16_rows_kernel(const Bf16Job* jobs, int64_t k, int64_t kp) {
+  const Bf16Job J = jobs[blockIdx.y];
+  const int64_t pairs = J.rows * (kp / 2);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / (kp / 2), d = (e % (kp / 2)) * 2;
+    const float* row = J.src + (J.map ? int64_t(J.map[r]) : r) * J.ld;
+    const float lo = d < k ? row[d] : 0.0f, hi = d + 1 < k ? row[d + 1] : 0.0f;
+    reinterpret_cast<uint32_t*>(J.dst)[e] = pack_bf16(lo, hi);
+  }
 }
 
-template <bool VEC>
 __global__ void __launch_bounds__(kThreads, 2)
-    gemm_tensor_core_kernel(GemmShape s, GemmProblem one, const GemmProblem* many) {
+    gemm_tensor_core_kernel(GemmShape s, int64_t kp, Bf16Problem one, const Bf16Problem* many) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
-  const GemmProblem& P = many ? many[blockIdx.z] : one;
+  const Bf16Problem& P = many ? many[blockIdx.z] : one;
   const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
   if (m0 >= P.m) return;
-  __shared__ __align__(16) __nv_bfloat16 xs[2][kBM * kLds];
-  __shared__ __align__(16) __nv_bfloat16 ws[2][kBN * kLds];
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  auto xs = [&](int st) { return reinterpret_cast<__nv_bfloat16*>(tc_smem + st * kStageBytes); };
+  auto ws = [&](int st) { return reinterpret_cast<__nv_bfloat16*>(tc_smem + st * kStageBytes) + kBM * kLds; };
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  // Staging: thread tid loads k columns [4 (tid % 8), +4) of tile rows tid / 8 + 32 i.
-  const int srow = tid / (kBK / 4), scol = (tid % (kBK / 4)) * 4;
-  const float* xrow[kPasses];
-  const float* wrow[kPasses];
+  // k tile t into stage st: thread tid copies chunks tid and tid + 256 of each operand (row c / 4,
+  // 8 k values from 8 (c % 4)); rows past m or n are zeros.
+  auto load = [&](int64_t t, int st) {
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int64_t r = m0 + srow + kRowsPerPass * i, c = n0 + srow + kRowsPerPass * i;
-    xrow[i] = r < P.m ? P.x + (P.xrow ? int64_t(P.xrow[r]) : r) * P.ldx : nullptr;
-    wrow[i] = c < s.n ? P.w + c * P.ldw : nullptr;
-  }
-  float4 xa[kPasses], wa[kPasses];
-  auto load = [&](int64_t k0) {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      xa[i] = load4<VEC>(xrow[i], k0 + scol, s.k);
-      wa[i] = load4<VEC>(wrow[i], k0 + scol, s.k);
-    }
-  };
-  auto stage = [&](int buf) {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int at = (srow + kRowsPerPass * i) * kLds + scol;
-      *reinterpret_cast<uint2*>(&xs[buf][at]) = make_uint2(pack_bf16(xa[i].x, xa[i].y), pack_bf16(xa[i].z, xa[i].w));
-      *reinterpret_cast<uint2*>(&ws[buf][at]) = make_uint2(pack_bf16(wa[i].x, wa[i].y), pack_bf16(wa[i].z, wa[i].w));
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int c = tid + i * kThreads, row = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
+      const int64_t r = m0 + row, col = n0 + row, k0 = t * kBK + kc;
+      cp_async16(xs(st) + row * kLds + kc, P.a + (r < P.m ? r * kp + k0 : 0), r < P.m ? 16 : 0);
+      cp_async16(ws(st) + row * kLds + kc, P.b + (col < s.n ? col * kp + k0 : 0), col < s.n ? 16 : 0);
     }
   };
 
@@ -92,23 +105,30 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.f;
 
-  const int64_t tiles = (s.k + kBK - 1) / kBK;
-  load(0);
-  stage(0);
-  __syncthreads();
+  const int64_t tiles = kp / kBK;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {  // the pipeline's first tiles (empty groups past the end)
+    if (st < tiles) load(st, st);
+    cp_async_commit();
+  }
   for (int64_t t = 0; t < tiles; ++t) {
-    const int buf = int(t & 1);
-    if (t + 1 < tiles) load((t + 1) * kBK);
+    cp_async_wait<kStages - 2>();  // tile t has landed (this thread's copies) ...
+    __syncthreads();               // ... for every thread; and every warp is done with tile t - 1
+    if (t + kStages - 1 < tiles) load(t + kStages - 1, int((t + kStages - 1) % kStages));
+    cp_async_commit();
+    const int st = int(t % kStages);
+    const __nv_bfloat16* xt = xs(st);
+    const __nv_bfloat16* wt = ws(st);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
       uint32_t a[4][4], b[4][2];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)  // rows lane % 16, k half lane / 16
-        ldmatrix_x4(a[mi], &xs[buf][(wm * 64 + mi * 16 + lane % 16) * kLds + kk + (lane / 16) * 8]);
+        ldmatrix_x4(a[mi], &xt[(wm * 64 + mi * 16 + lane % 16) * kLds + kk + (lane / 16) * 8]);
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {  // n rows lane % 8 (+8 for lanes 16..31), k half (lane / 8) % 2
         uint32_t r[4];
-        ldmatrix_x4(r, &ws[buf][(wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * kLds + kk + ((lane / 8) % 2) * 8]);
+        ldmatrix_x4(r, &wt[(wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * kLds + kk + ((lane / 8) % 2) * 8]);
         b[2 * nj][0] = r[0], b[2 * nj][1] = r[1], b[2 * nj + 1][0] = r[2], b[2 * nj + 1][1] = r[3];
       }
 #pragma unroll
@@ -116,9 +136,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) mma_bf16_tensor_core(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
     }
-    if (t + 1 < tiles) stage(buf ^ 1);
-    __syncthreads();
   }
+  cp_async_wait<0>();  // no copy outlives the block
 
   // Accumulator c of tile (mi, ni): row group + 8 (c / 2), column 2 (lane % 4) + c % 2.
   const int group = lane / 4, pair = (lane % 4) * 2;
@@ -142,8 +161,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
-bool aligned16(const void* p, int64_t ld) { return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0; }
-
 }  // namespace
 
 void require_tensor_core_device() {
@@ -156,26 +173,78 @@ void require_tensor_core_device() {
         "(bf16 mma.sync); this device is " + std::to_string(major) + ".x");
 }
 
+namespace {
+
+// Problems [0, count) of a group, their bf16 copies in one scratch buffer of `total` elements.
+void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* problems, int count, int64_t total,
+                           cudaStream_t stream) {
+  int64_t mmax = 0;
+  for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
+  if (mmax <= 0) return;
+  Scratch<__nv_bfloat16> copies(total, stream);
+  std::vector<Bf16Job> jobs;
+  std::vector<Bf16Problem> bp(static_cast<size_t>(count));
+  int64_t at = 0, rows_max = 0;
+  for (int i = 0; i < count; ++i) {
+    const GemmProblem& g = problems[i];
+    Bf16Problem& b = bp[size_t(i)];
+    b.y = g.y, b.ldy = g.ldy, b.yrow = g.yrow, b.m = g.m;
+    if (g.m <= 0) continue;
+    b.a = copies.get() + at;
+    jobs.push_back(Bf16Job{g.x, g.ldx, g.xrow, g.m, copies.get() + at});
+    at += g.m * kp;
+    b.b = copies.get() + at;
+    jobs.push_back(Bf16Job{g.w, g.ldw, nullptr, s.n, copies.get() + at});
+    at += s.n * kp;
+    rows_max = g.m > rows_max ? g.m : rows_max;
+    rows_max = s.n > rows_max ? s.n : rows_max;
+  }
+  if (jobs.size() > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
+  Scratch<Bf16Job> dev_jobs(int64_t(jobs.size()), stream);
+  CUDA_CHECK(cudaMemcpyAsync(dev_jobs.get(), jobs.data(), sizeof(Bf16Job) * jobs.size(), cudaMemcpyHostToDevice,
+                             stream));
+  const dim3 cgrid(grid_for(rows_max * (kp / 2), 256, 4096), unsigned(jobs.size()));
+  gemm_bf16_rows_kernel<<<cgrid, 256, 0, stream>>>(dev_jobs.get(), s.k, kp);
+  DSV4_LAUNCH_CHECK();
+
+  const size_t shmem = kStages * kStageBytes;
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_tensor_core_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+  const dim3 grid(unsigned(ceil_div(s.n, kBN)), unsigned(ceil_div(mmax, kBM)), unsigned(count));
+  if (count == 1) {
+    gemm_tensor_core_kernel<<<grid, kThreads, shmem, stream>>>(s, kp, bp[0], nullptr);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  Scratch<Bf16Problem> dev_problems(count, stream);
+  CUDA_CHECK(cudaMemcpyAsync(dev_problems.get(), bp.data(), sizeof(Bf16Problem) * size_t(count),
+                             cudaMemcpyHostToDevice, stream));
+  gemm_tensor_core_kernel<<<grid, kThreads, shmem, stream>>>(s, kp, Bf16Problem{}, dev_problems.get());
+  DSV4_LAUNCH_CHECK();
+}
+
+// Elements of bf16 copies one launch of the group may hold (1 GiB): larger groups run in chunks of
+// problems, which changes no value.
+constexpr int64_t kCopyBudget = int64_t(1) << 29;
+
+}  // namespace
+
 void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
                             cudaStream_t stream) {
   require_tensor_core_device();
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
-  bool vec = true;
-  for (int i = 0; i < count; ++i)
-    vec = vec && (problems[i].m <= 0 || (aligned16(problems[i].x, problems[i].ldx) &&
-                                         aligned16(problems[i].w, problems[i].ldw)));
-  const dim3 grid(unsigned(ceil_div(s.n, kBN)), unsigned(ceil_div(mmax, kBM)), unsigned(count));
-  auto kernel = vec ? gemm_tensor_core_kernel<true> : gemm_tensor_core_kernel<false>;
-  if (count == 1) {
-    kernel<<<grid, kThreads, 0, stream>>>(s, problems[0], nullptr);
-    DSV4_LAUNCH_CHECK();
-    return;
+  const int64_t kp = ceil_div(s.k > 0 ? s.k : 1, kBK) * kBK;
+  // The bf16 copies: each problem's x rows, then its w rows; a chunk holds at least one problem.
+  int i0 = 0;
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    const int64_t need = (problems[i].m > 0 ? problems[i].m + s.n : 0) * kp;
+    if (i > i0 && total + need > kCopyBudget) {
+      run_tensor_core_chunk(s, kp, problems + i0, i - i0, total, stream);
+      i0 = i, total = 0;
+    }
+    total += need;
   }
-  Scratch<GemmProblem> dev_problems(count, stream);
-  CUDA_CHECK(cudaMemcpyAsync(dev_problems.get(), problems, sizeof(GemmProblem) * size_t(count),
-                             cudaMemcpyHostToDevice, stream));
-  kernel<<<grid, kThreads, 0, stream>>>(s, GemmProblem{}, dev_problems.get());
-  DSV4_LAUNCH_CHECK();
+  run_tensor_core_chunk(s, kp, problems + i0, count - i0, total, stream);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -11,10 +11,16 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace dsv4::cuda::detail {
+
+// x [rows, cols] fp32 (row-major, cols apart) -> out [rows, width] bf16, round to nearest even, zeros
+// past cols (width even, >= cols): the bf16 copy a kernel of the tensor_core order reads with cp.async
+// (kernels/cuda/attention_tc.cu).
+void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream);
 
 // Two floats rounded to bf16 (to nearest even), lo at the lower address.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -60,6 +66,42 @@ __device__ __forceinline__ void mma_bf16_tensor_core(float (&d)[4], const uint32
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ROWS rows of fp32 (row r at row(r), nullptr for a row of zeros; `cols` values each, cols <= COLS)
+// into bf16 dst [ROWS][ld] (round to nearest even), zeros past cols, by the THREADS threads of the
+// block. With vec (cols a multiple of 4, rows 16-byte aligned) each thread issues its float4 loads in
+// batches of 8 before converting them, so a batch costs one memory latency, not eight.
+template <int ROWS, int COLS, int THREADS, typename Row>
+__device__ __forceinline__ void stage_rows_bf16(__nv_bfloat16* dst, int64_t ld, int64_t cols, bool vec, Row row,
+                                                int tid) {
+  static_assert(COLS % 4 == 0 && (ROWS * (COLS / 4)) % THREADS == 0, "whole float4 passes");
+  if (vec) {
+    constexpr int kPer = ROWS * (COLS / 4) / THREADS, kBatch = kPer < 8 ? kPer : 8;
+    static_assert(kPer % kBatch == 0, "whole batches");
+#pragma unroll 1
+    for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = tid + (b0 + u) * THREADS, r = e / (COLS / 4), d = (e % (COLS / 4)) * 4;
+        const float* src = row(r);
+        v[u] = src && d < cols ? *reinterpret_cast<const float4*>(src + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = tid + (b0 + u) * THREADS, r = e / (COLS / 4), d = (e % (COLS / 4)) * 4;
+        *reinterpret_cast<uint2*>(&dst[r * ld + d]) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+      }
+    }
+    return;
+  }
+  for (int e = tid; e < ROWS * (COLS / 2); e += THREADS) {
+    const int r = e / (COLS / 2), d = (e % (COLS / 2)) * 2;
+    const float* src = row(r);
+    const float lo = src && d < cols ? src[d] : 0.0f, hi = src && d + 1 < cols ? src[d + 1] : 0.0f;
+    *reinterpret_cast<uint32_t*>(&dst[r * ld + d]) = pack_bf16(lo, hi);
+  }
 }
 
 }  // namespace dsv4::cuda::detail

@@ -1,5 +1,5 @@
-// The tensor_core order (fast numerics) of the GEMM (kernels/cuda/linear_tc.cu) and of the sparse
-// attention (kernels/cuda/attention_tc.cu): against float64 references within their documented bounds,
+// The tensor_core order (fast numerics) of the GEMM (kernels/cuda/linear_tc.cu), the indexer
+// (kernels/cuda/indexer.cu) and the sparse attention (kernels/cuda/attention_tc.cu): against float64 references within their documented bounds,
 // and the properties that make them replayable — the same bytes run to run, for any batch composition
 // (a row's result alone, in any sub-batch or at any offset equals its result in the whole batch), for
 // any input alignment, with inputs taken as bf16 and the output rounded once; for the attention also
@@ -19,6 +19,7 @@
 #include "gpu_test_util.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/indexer.h"
 #include "kernels/linear.h"
 #include "kernels/numerics/numerics.h"
 
@@ -211,12 +212,16 @@ struct AttnOut {
   std::vector<float> o, lse;
 };
 
-AttnOut attn_tc(const AttnCase& c) {
+// shift > 0 places q and kv `shift` floats past a 16-byte boundary (the kernel's scalar staging).
+AttnOut attn_tc(const AttnCase& c, int shift = 0) {
   test::DeviceBuffers d;
   SparseAttnParams p;
   p.T = c.T, p.H = c.H, p.Dh = c.Dh, p.N = c.N, p.K = c.K, p.scale = c.scale, p.order = kTensorCore;
-  p.q = d.upload(c.q, "q");
-  p.kv = d.upload(c.kv, "kv");
+  std::vector<float> q(size_t(shift), 0.0f), kv(size_t(shift), 0.0f);
+  q.insert(q.end(), c.q.begin(), c.q.end());
+  kv.insert(kv.end(), c.kv.begin(), c.kv.end());
+  p.q = d.upload(q, "q") + shift;
+  p.kv = d.upload(kv, "kv") + shift;
   p.idx = d.upload(c.idx, "idx");
   p.sink = d.upload(c.sink, "sink");
   std::vector<float> o0(size_t(c.T * c.H * c.Dh), -7.0f), l0(size_t(c.T * c.H), -7.0f);
@@ -264,8 +269,9 @@ TEST_F(FastAttention, MatchesFloat64WithinItsBound) {
     int H;
     int64_t Dh, N, K;
   };
-  const std::vector<S> shapes = {{5, 1, 32, 300, 210},  {7, 3, 96, 300, 210},   {4, 43, 200, 300, 210},
-                                 {3, 61, 512, 300, 210}, {2, 67, 128, 300, 210}, {6, 64, 256, 90, 80}};
+  const std::vector<S> shapes = {{5, 1, 32, 300, 210},   {7, 3, 96, 300, 210},   {4, 43, 200, 300, 210},
+                                 {3, 61, 512, 300, 210},  {2, 67, 128, 300, 210}, {6, 64, 256, 90, 80},
+                                 {3, 5, 50, 300, 210}};
   const std::vector<int64_t> nv = {200, 0, 1, 15, 16, 17, 63, 64, 65, 128, 129};
   for (const S& s : shapes) {
     SCOPED_TRACE("T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) + " Dh=" + std::to_string(s.Dh));
@@ -374,9 +380,10 @@ TEST_F(FastAttention, RunToRunBatchHeadAndPaddingInvariant) {
   }
 }
 
-// q and kv are taken as bf16: unrounded inputs give the bytes of their bf16 roundings.
+// q and kv are taken as bf16: unrounded inputs give the bytes of their bf16 roundings; unaligned
+// inputs (the scalar staging) give the aligned ones' bytes.
 TEST_F(FastAttention, InputsAreBf16) {
-  AttnCase c = make_attn(4, 8, 64, 200, 100, {100, 37}, 5);
+  AttnCase c = make_attn(4, 8, 64, 300, 100, {100, 37}, 5);
   std::mt19937 g(9);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   AttnCase raw = c;
@@ -388,6 +395,12 @@ TEST_F(FastAttention, InputsAreBf16) {
   const AttnOut a = attn_tc(raw), b = attn_tc(rounded);
   EXPECT_TRUE(same_bytes(a.o, b.o));
   EXPECT_TRUE(same_bytes(a.lse, b.lse));
+  for (const int shift : {1, 2}) {
+    const AttnOut u = attn_tc(raw, shift), one = attn_tc(rows_of(raw, 1, 1), shift);
+    EXPECT_TRUE(same_bytes(u.o, a.o)) << "shift " << shift;
+    EXPECT_TRUE(same_bytes(u.lse, a.lse)) << "shift " << shift;
+    EXPECT_TRUE(same_bytes(one.o, std::vector<float>(a.o.begin() + 8 * 64, a.o.begin() + 16 * 64))) << "shift " << shift;
+  }
 }
 
 // Limits of the order are refused by name before anything runs; T = 0 is nothing to do.
@@ -403,6 +416,230 @@ TEST_F(FastAttention, LimitsAreRefused) {
   EXPECT_NE(std::string(why).find("K"), std::string::npos) << why;
   const AttnOut none = attn_tc(make_attn(0, 4, 64, 10, 8, {8}, 1));
   EXPECT_TRUE(none.o.empty());
+}
+
+// ---- the indexer in the tensor_core order ---------------------------------------------------------
+
+struct IdxCase {
+  int64_t T = 0, pos0 = 0, Di = 0, G = 0;
+  int Hi = 0, k = 0, ratio = 4;
+  bool bf16_scores = false;
+  std::vector<float> qi, ki, wt;
+};
+
+IdxCase make_idx(int64_t T, int64_t pos0, int Hi, int64_t Di, int64_t G, int k, uint32_t seed) {
+  IdxCase c;
+  c.T = T, c.pos0 = pos0, c.Hi = Hi, c.Di = Di, c.G = G, c.k = k;
+  c.qi = random_bf16(size_t(T * Hi * Di), seed, 1.0f);
+  c.ki = random_bf16(size_t(G * Di), seed + 1, 1.0f);
+  c.wt = random_bf16(size_t(T * Hi), seed + 2, 0.1f);
+  return c;
+}
+
+struct IdxOut {
+  std::vector<int32_t> ids;
+  std::vector<float> margin, score;
+};
+
+IdxOut indexer_tc(const IdxCase& c) {
+  test::DeviceBuffers d;
+  IndexerParams p;
+  p.T = c.T, p.pos0 = c.pos0, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
+  p.order = kTensorCore, p.bf16_scores = c.bf16_scores;
+  p.qi = d.upload(c.qi, "qi");
+  p.ki = d.upload(c.ki, "ki");
+  p.wt = d.upload(c.wt, "wt");
+  p.ids = d.upload(std::vector<int32_t>(size_t(c.T * c.k), -7), "ids");
+  p.margin = d.upload(std::vector<float>(size_t(c.T), -7.0f), "margin");
+  p.score = d.upload(std::vector<float>(size_t(c.T * c.k), -7.0f), "score");
+  cuda::indexer_topk(p, nullptr);
+  EXPECT_TRUE(d.guards_intact());
+  return {d.download(p.ids, size_t(c.T * c.k)), d.download(p.margin, size_t(c.T)),
+          d.download(p.score, size_t(c.T * c.k))};
+}
+
+// indexer_score_ids in the tensor_core order: the scores of the given ids.
+std::vector<float> indexer_tc_scores(const IdxCase& c, const std::vector<int32_t>& ids) {
+  test::DeviceBuffers d;
+  IndexerParams p;
+  p.T = c.T, p.pos0 = c.pos0, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
+  p.order = kTensorCore, p.bf16_scores = c.bf16_scores;
+  p.qi = d.upload(c.qi, "qi");
+  p.ki = d.upload(c.ki, "ki");
+  p.wt = d.upload(c.wt, "wt");
+  const int32_t* dids = d.upload(ids, "ids");
+  float* score = d.upload(std::vector<float>(ids.size(), -7.0f), "score");
+  cuda::indexer_score_ids(p, dids, score, nullptr);
+  EXPECT_TRUE(d.guards_intact());
+  return d.download(score, ids.size());
+}
+
+class FastIndexer : public ::testing::Test {
+ protected:
+  void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
+};
+
+// Against scores in float64 written here (qi, ki are bf16 values, so the products are exact): every
+// reported score within 2^-22 (Di/16 + 1) sum_h |w_h| sum_i |q_i k_i| + 2^-22 Hi sum_h |w_h relu(dot_h)| of
+// the float64 score (the tensor-core dots' fp32 accumulation, then the fp32 chain over heads); the
+// chosen set is the top-k up to that bound (no unchosen key beats a chosen one by more than twice
+// it), ascending, min(k, visible) ids then -1; the margin is >= 0 and at most the spread the bound
+// allows. Head counts 1, 3, 43, 61, 64; Di 32, 100 (the scalar staging), 128; rows with 0 .. all
+// keys visible.
+TEST_F(FastIndexer, MatchesFloat64WithinItsBound) {
+  struct S {
+    int64_t T;
+    int Hi;
+    int64_t Di, G;
+    int k;
+  };
+  for (const S& s : std::vector<S>{{40, 1, 32, 10, 4}, {60, 3, 100, 15, 8}, {300, 43, 128, 75, 32},
+                                   {90, 61, 128, 22, 16}, {1100, 64, 128, 275, 64}}) {
+    SCOPED_TRACE("Hi=" + std::to_string(s.Hi) + " Di=" + std::to_string(s.Di) + " G=" + std::to_string(s.G));
+    const IdxCase c = make_idx(s.T, 0, s.Hi, s.Di, s.G, s.k, uint32_t(s.Hi * 7 + s.Di));
+    const IdxOut r = indexer_tc(c);
+    int64_t bad = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t n = std::min<int64_t>(c.G, (t + 1) / c.ratio), kk = std::min<int64_t>(c.k, n);
+      std::vector<double> ref(static_cast<size_t>(n)), bound(static_cast<size_t>(n));
+      for (int64_t g = 0; g < n; ++g) {
+        double sc = 0, b1 = 0, b2 = 0;
+        for (int h = 0; h < c.Hi; ++h) {
+          double dot = 0, mag = 0;
+          for (int64_t i = 0; i < c.Di; ++i) {
+            const double pr = double(c.qi[size_t((t * c.Hi + h) * c.Di + i)]) * double(c.ki[size_t(g * c.Di + i)]);
+            dot += pr, mag += std::fabs(pr);
+          }
+          const double w = c.wt[size_t(t * c.Hi + h)];
+          sc += w * std::max(dot, 0.0);
+          b1 += std::fabs(w) * mag;
+          b2 += std::fabs(w * std::max(dot, 0.0));
+        }
+        ref[size_t(g)] = sc;
+        bound[size_t(g)] = std::ldexp(1.0, -22) * (double((c.Di + 15) / 16 + 1) * b1 + c.Hi * b2);
+      }
+      std::vector<char> chosen(static_cast<size_t>(n), 0);
+      double worst = 1e300;
+      for (int j = 0; j < c.k; ++j) {
+        const int32_t id = r.ids[size_t(t * c.k + j)];
+        if (j >= kk) {
+          if (id != -1 && bad++ < 5) ADD_FAILURE() << "row " << t << " slot " << j << " holds " << id;
+          continue;
+        }
+        if ((id < 0 || id >= n || (j > 0 && id <= r.ids[size_t(t * c.k + j - 1)])) && bad++ < 5) {
+          ADD_FAILURE() << "row " << t << " slot " << j << ": id " << id << " (not ascending or not visible)";
+          continue;
+        }
+        chosen[size_t(id)] = 1;
+        const float got = r.score[size_t(t * c.k + j)];
+        if (std::fabs(got - ref[size_t(id)]) > bound[size_t(id)] && bad++ < 5)
+          ADD_FAILURE() << "row " << t << " id " << id << ": score " << got << " vs " << ref[size_t(id)];
+        worst = std::min(worst, ref[size_t(id)] + 2 * bound[size_t(id)]);
+      }
+      for (int64_t g = 0; g < n; ++g)
+        if (!chosen[size_t(g)] && ref[size_t(g)] - 2 * bound[size_t(g)] > worst && bad++ < 5)
+          ADD_FAILURE() << "row " << t << ": unchosen key " << g << " (score " << ref[size_t(g)] << ") beats a chosen one";
+      const float m = r.margin[size_t(t)];
+      if (n > kk && kk > 0 && !(m >= 0.0f) && bad++ < 5) ADD_FAILURE() << "row " << t << ": margin " << m;
+      if ((n <= kk || kk == 0) && !std::isinf(m) && bad++ < 5) ADD_FAILURE() << "row " << t << ": margin " << m << " (inf expected)";
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// The same bytes run to run; a row alone (at its position, pos0) gives its bytes of the batch;
+// indexer_score_ids gives the bytes of the reported scores (one rule for both); fp32 and bf16 score
+// chains.
+TEST_F(FastIndexer, RunToRunBatchInvariantAndOneScoreRule) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 scores" : "fp32 scores");
+    IdxCase c = make_idx(300, 0, 64, 128, 75, 32, 3);
+    c.bf16_scores = bf16;
+    const IdxOut all = indexer_tc(c), again = indexer_tc(c);
+    EXPECT_EQ(all.ids, again.ids);
+    EXPECT_TRUE(same_bytes(all.margin, again.margin));
+    EXPECT_TRUE(same_bytes(all.score, again.score));
+    for (const int64_t t : {0, 3, 4, 150, 299}) {
+      IdxCase one = c;
+      one.T = 1, one.pos0 = t;
+      one.qi.assign(c.qi.begin() + t * c.Hi * c.Di, c.qi.begin() + (t + 1) * c.Hi * c.Di);
+      one.wt.assign(c.wt.begin() + t * c.Hi, c.wt.begin() + (t + 1) * c.Hi);
+      const IdxOut r = indexer_tc(one);
+      EXPECT_EQ(r.ids, std::vector<int32_t>(all.ids.begin() + t * c.k, all.ids.begin() + (t + 1) * c.k)) << "row " << t;
+      EXPECT_EQ(std::memcmp(&r.margin[0], &all.margin[size_t(t)], sizeof(float)), 0) << "row " << t;
+      EXPECT_TRUE(same_bytes(r.score, std::vector<float>(all.score.begin() + t * c.k, all.score.begin() + (t + 1) * c.k)));
+    }
+    const std::vector<float> again_scores = indexer_tc_scores(c, all.ids);
+    for (size_t i = 0; i < all.ids.size(); ++i)
+      if (all.ids[i] >= 0) {
+        ASSERT_EQ(std::memcmp(&again_scores[i], &all.score[i], sizeof(float)), 0) << "slot " << i;
+      } else {
+        ASSERT_TRUE(std::isnan(again_scores[i])) << "slot " << i;
+      }
+  }
+}
+
+// Long rows: with ratio 1 the last of 40000 rows sees 40000 keys, whose scores do not fit in shared
+// memory beside the tiles: the batch keeps every row's scores in global scratch. Early rows alone keep
+// theirs in shared memory: the same bytes.
+TEST_F(FastIndexer, LongRowsKeepTheirBytes) {
+  IdxCase wide = make_idx(40000, 0, 1, 64, 40000, 16, 4);
+  wide.ratio = 1;
+  const IdxOut all = indexer_tc(wide);
+  for (const int64_t t : {0, 15, 16, 1000}) {
+    IdxCase one = wide;
+    one.T = 1, one.pos0 = t;
+    one.qi.assign(wide.qi.begin() + t * 64, wide.qi.begin() + (t + 1) * 64);
+    one.wt.assign(wide.wt.begin() + t, wide.wt.begin() + t + 1);
+    const IdxOut r = indexer_tc(one);
+    EXPECT_EQ(r.ids, std::vector<int32_t>(all.ids.begin() + t * 16, all.ids.begin() + (t + 1) * 16)) << "row " << t;
+    EXPECT_TRUE(same_bytes(r.score, std::vector<float>(all.score.begin() + t * 16, all.score.begin() + (t + 1) * 16)));
+    EXPECT_EQ(std::memcmp(&r.margin[0], &all.margin[size_t(t)], sizeof(float)), 0) << "row " << t;
+  }
+}
+
+// The order is its own: the exact order's scores of the same ids (kernels/cuda/indexer.cu's canonical
+// dots) differ in some bits, and by no more than the bound above allows twice.
+TEST_F(FastIndexer, IsNotTheExactOrder) {
+  const IdxCase c = make_idx(200, 0, 64, 128, 50, 16, 9);
+  const IdxOut r = indexer_tc(c);
+  test::DeviceBuffers d;
+  IndexerParams p;
+  p.T = c.T, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
+  p.qi = d.upload(c.qi, "qi"), p.ki = d.upload(c.ki, "ki"), p.wt = d.upload(c.wt, "wt");
+  const int32_t* ids = d.upload(r.ids, "ids");
+  float* score = d.upload(std::vector<float>(r.ids.size()), "score");
+  cuda::indexer_score_ids(p, ids, score, nullptr);
+  const std::vector<float> exact = d.download(score, r.ids.size());
+  int64_t other_bits = 0, compared = 0;
+  for (size_t i = 0; i < r.ids.size(); ++i) {
+    if (r.ids[i] < 0) continue;
+    ++compared;
+    other_bits += std::memcmp(&exact[i], &r.score[i], sizeof(float)) != 0;
+    EXPECT_NEAR(exact[i], r.score[i], 1e-4 * (1.0 + std::fabs(exact[i]))) << "slot " << i;
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(other_bits, 0) << "the tensor_core indexer gave the exact order's bits everywhere";
+}
+
+// Limits of the order are refused by name: more than 64 heads, Di above 128.
+TEST_F(FastIndexer, LimitsAreRefused) {
+  IdxCase c = make_idx(4, 0, 65, 32, 4, 2, 1);
+  std::string msg;
+  try {
+    indexer_tc(c);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("Hi"), std::string::npos) << msg;
+  c = make_idx(4, 0, 4, 136, 4, 2, 1);
+  msg.clear();
+  try {
+    indexer_tc(c);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("Di"), std::string::npos) << msg;
 }
 
 }  // namespace

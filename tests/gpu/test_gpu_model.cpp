@@ -170,7 +170,7 @@ TEST_F(GpuModelSeams, DecisionsWithoutTensors) {
 }
 
 
-// ---- fast numerics (the GEMM and expert sites in the tensor_core order) ------------------------------
+// ---- fast numerics (the GEMM, expert, indexer and attention sites in the tensor_core order) ------------------------------
 
 // rel-L2 of b against a over the elements where both are finite (masked scores hold -inf); the
 // non-finite elements must sit at the same places with the same values (checked by the caller with
