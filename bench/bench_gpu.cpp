@@ -371,8 +371,29 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     p.x = x, p.wkv = d.floats(2 * dd * D, 0.02f), p.wgate = d.floats(2 * dd * D, 0.02f),
     p.ape = d.floats(4 * 2 * dd);
     p.norm = d.floats(dd), p.freq = dfreq, p.out = d.floats(G * dd);
-    add(op, 2.0 * 2 * (G * 4) * (2 * dd) * D, 4.0 * (T * D + 2 * 2 * dd * D),
-        [=] { cuda::compressor(p, nullptr); });
+    if (!s.fast) {
+      add(op, 2.0 * 2 * (G * 4) * (2 * dd) * D, 4.0 * (T * D + 2 * 2 * dd * D),
+          [=] { cuda::compressor(p, nullptr); });
+      return p.out;
+    }
+    // Fast numerics, as the model runs it: the two projections are GEMMs of the gemm site (tensor
+    // cores), the pooling keeps the compressor site's exact order.
+    const int64_t cw = 2 * dd;
+    GemmParams g;
+    g.m = T, g.n = cw, g.k = D, g.ldx = D, g.ldw = D, g.ldy = cw, g.round = OutRound::f32, g.order = s.tc_site_order();
+    g.x = x;
+    float* kvp = d.floats(T * cw);
+    float* sc = d.floats(T * cw);
+    CompressorPoolParams q;
+    q.g0 = 0, q.G = G, q.row0 = 0, q.rows = T, q.ratio = 4, q.d = dd, q.rd = int(rd), q.kvp = kvp, q.sc = sc;
+    q.ape = p.ape, q.norm = p.norm, q.freq = dfreq, q.hadamard = had, q.order = s.order, q.out = p.out;
+    add(op, 2.0 * 2 * T * cw * D, 4.0 * (T * D + 2 * cw * D + 2 * T * cw), [=]() mutable {
+      g.w = p.wkv, g.y = kvp;
+      cuda::gemm(g, nullptr);
+      g.w = p.wgate, g.y = sc;
+      cuda::gemm(g, nullptr);
+      cuda::compressor_pool(q, nullptr);
+    });
     return p.out;
   };
   float* comp = compressor_op("compressor (C4 kv)", s.Dh, false);

@@ -18,9 +18,10 @@
 //      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
 //      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
 //   2. gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256 threads (8 warps, 2 x 4, each 64 x 32
-//      outputs, i.e. 4 x 4 mma tiles of 16 x 8); k tiles of 32 arrive in shared memory by cp.async in a
-//      pipeline of kStages buffers (rows padded to 40 elements, so the eight 16-byte rows an ldmatrix
-//      phase reads fall in distinct banks), kStages - 1 tiles in flight while one is consumed.
+//      outputs, i.e. 4 x 4 mma tiles of 16 x 8); k arrives 64 at a time (two of the order's tiles; the
+//      second skipped past kp) in shared memory by cp.async in a pipeline of kStages buffers (rows
+//      padded to 72 elements, so the eight 16-byte rows an ldmatrix phase reads fall in distinct
+//      banks), kStages - 1 stages in flight while one is consumed.
 // How the work is cut never changes a bit of the result. Functions named *tensor_core* are the only
 // ones scripts/kernel-audit.py lets use tensor cores.
 
@@ -34,10 +35,12 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kThreads = 256, kStages = 4;
+constexpr int kBM = 128, kBN = 128, kThreads = 256, kStages = 3;
+constexpr int kKStep = 32;  // the order's k tiles (kp, the padded k, is a multiple of it)
+constexpr int kBK = 64;     // k staged per pipeline stage: two of the order's tiles
 constexpr int kLds = kBK + 8;  // bf16 elements per staged row
 constexpr int kChunksPerRow = kBK / 8;                                   // 16-byte chunks of a staged row
-constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;         // 2 per operand and tile
+constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;         // 4 per operand and stage
 constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * (kBM + kBN) * kLds;  // one x and one w tile
 static_assert(kBM == kBN, "x and w tiles are staged alike");
 
@@ -83,15 +86,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto ws = [&](int st) { return reinterpret_cast<__nv_bfloat16*>(tc_smem + st * kStageBytes) + kBM * kLds; };
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  // k tile t into stage st: thread tid copies chunks tid and tid + 256 of each operand (row c / 4,
-  // 8 k values from 8 (c % 4)); rows past m or n are zeros.
+  // k stage t into buffer st: thread tid copies chunks tid + 256 i of each operand (row c / 8, 8 k
+  // values from 8 (c % 8)); rows past m or n and k past kp are zeros.
   auto load = [&](int64_t t, int st) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int c = tid + i * kThreads, row = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
       const int64_t r = m0 + row, col = n0 + row, k0 = t * kBK + kc;
-      cp_async16(xs(st) + row * kLds + kc, P.a + (r < P.m ? r * kp + k0 : 0), r < P.m ? 16 : 0);
-      cp_async16(ws(st) + row * kLds + kc, P.b + (col < s.n ? col * kp + k0 : 0), col < s.n ? 16 : 0);
+      const bool xk = r < P.m && k0 < kp, wk = col < s.n && k0 < kp;
+      cp_async16(xs(st) + row * kLds + kc, P.a + (xk ? r * kp + k0 : 0), xk ? 16 : 0);
+      cp_async16(ws(st) + row * kLds + kc, P.b + (wk ? col * kp + k0 : 0), wk ? 16 : 0);
     }
   };
 
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.f;
 
-  const int64_t tiles = kp / kBK;
+  const int64_t tiles = (kp + kBK - 1) / kBK;
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {  // the pipeline's first tiles (empty groups past the end)
     if (st < tiles) load(st, st);
@@ -119,8 +123,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int st = int(t % kStages);
     const __nv_bfloat16* xt = xs(st);
     const __nv_bfloat16* wt = ws(st);
+    const int kend = kp - t * kBK < kBK ? int(kp - t * kBK) : kBK;  // a whole number of the order's tiles
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
+      if (kk >= kend) break;
       uint32_t a[4][4], b[4][2];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)  // rows lane % 16, k half lane / 16
@@ -232,7 +238,7 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
                             cudaStream_t stream) {
   require_tensor_core_device();
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
-  const int64_t kp = ceil_div(s.k > 0 ? s.k : 1, kBK) * kBK;
+  const int64_t kp = ceil_div(s.k > 0 ? s.k : 1, kKStep) * kKStep;
   // The bf16 copies: each problem's x rows, then its w rows; a chunk holds at least one problem.
   int i0 = 0;
   int64_t total = 0;
