@@ -24,15 +24,16 @@ class TraceReader;
 struct TensorRecord;
 
 // ---- the bounds (written once: the CLI's default and help, the report and docs/NUMERICS.md) -------
-// Measured on the H200 with the GEMM and expert sites in the tensor_core order, fast against exact
-// numerics with the decisions forced (docs/GPU_RESULTS.md "Fast numerics"): per-tensor rel-L2 5e-3 ..
-// 1.3e-2 in the train profile and up to 2.7e-2 in the rollout profile (its FP8-simulated KV and
-// indexer inputs turn a one-ulp bf16 change of a GEMM output into a whole FP8 step); log-prob rel-L2
-// 3e-4 .. 8e-4. The tensor bound is the one GpuFast.CloseToExact holds on the GPU, about 2x the largest
-// measured value; the log-prob bound leaves about 6x, for models deeper than the tiny presets measured
-// (the rounding adds up over the layers), and stays below the log-prob rel-L2 that free decisions
-// already cause (1.8e-3 .. 5.2e-3). Beyond them a difference is not the tensor-core order's rounding.
-inline constexpr double kDefaultTensorRelL2 = 5e-2;   // every recorded full tensor
+// Measured on the H200 with the GEMM, expert, indexer and attention sites in the tensor_core order,
+// fast against exact numerics with the decisions forced (docs/GPU_RESULTS.md "Fast numerics"):
+// per-tensor rel-L2 5e-3 .. 1.6e-2 in the train profile and up to 3.5e-2 (GPU against GPU) and 4.5e-2
+// (GPU against the CPU's replay) in the rollout profile, whose FP8-simulated KV and indexer inputs
+// turn a one-ulp bf16 change of a GEMM output into a whole FP8 step; log-prob rel-L2 4.5e-4 .. 1.2e-3.
+// The tensor bound, which GpuFast.CloseToExact holds on the GPU too, is about 2x the largest measured
+// value; the log-prob bound leaves about 4x, for models deeper than the tiny presets measured (the
+// rounding adds up over the layers), and stays at the log-prob rel-L2 that free decisions already
+// cause (2.9e-3 .. 7.0e-3). Beyond them a difference is not the tensor-core order's rounding.
+inline constexpr double kDefaultTensorRelL2 = 1e-1;   // every recorded full tensor
 inline constexpr double kDefaultLogprobRelL2 = 5e-3;  // the log-probs of all sequences of the step
 
 struct ToleranceBounds {
