@@ -6,6 +6,9 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -104,5 +107,26 @@ class H5Edit {
   std::filesystem::path path_;
   hid_t f_ = -1;
 };
+
+// A doctored routing decision: in routing row `row` of sequence 0, step 0, at `layer`, the first expert
+// id is replaced by the smallest expert (of n_experts) not in the row, and the row is kept ascending,
+// as recorded.
+inline void doctor_routing_row(const std::filesystem::path& trace, int layer, int64_t row, int n_experts) {
+  H5Edit e(trace);
+  char ds[96];
+  std::snprintf(ds, sizeof ds, "/steps/000000/seq_000/decisions/layer_%03d/experts", layer);
+  std::vector<hsize_t> dims;
+  auto v = e.read<int32_t>(ds, H5T_NATIVE_INT32, &dims);
+  if (dims.size() != 2 || int64_t(dims[0]) <= row) throw std::runtime_error(std::string(ds) + ": no such row");
+  const int64_t k = int64_t(dims[1]);
+  int32_t* r = v.data() + row * k;
+  for (int32_t id = 0; id < n_experts; ++id) {
+    if (std::find(r, r + k, id) != r + k) continue;
+    r[0] = id;
+    break;
+  }
+  std::sort(r, r + k);
+  e.write(ds, H5T_NATIVE_INT32, v);
+}
 
 }  // namespace dsv4::test

@@ -254,23 +254,8 @@ TEST(Replay, ChangedExpertIsADecisionChangeAndForcedItDivergesThere) {
   const std::vector<StepIn> steps{{{random_tokens(33, 512, 9)}}};
   const fs::path trace = record(dir / "t.h5", steps);
   const fs::path bad = copy_of(trace, "expert.h5");
-  {
-    H5Edit e(bad);
-    const std::string ds = "/steps/000000/seq_000/decisions/layer_003/experts";
-    std::vector<hsize_t> dims;
-    auto v = e.read<int32_t>(ds, H5T_NATIVE_INT32, &dims);
-    ASSERT_EQ(dims.size(), 2u);
-    const int k = int(dims[1]);
-    int32_t* row = v.data() + 5 * k;
-    // Replace the first id by an expert not in the row; keep the row ascending, as recorded.
-    for (int32_t id = 0; id < tiny().config().n_routed_experts; ++id) {
-      if (std::find(row, row + k, id) != row + k) continue;
-      row[0] = id;
-      break;
-    }
-    std::sort(row, row + k);
-    e.write(ds, H5T_NATIVE_INT32, v);
-  }
+  // Layer 3, token 5: the first id replaced by an expert not in the row, the row kept ascending.
+  test::doctor_routing_row(bad, 3, 5, tiny().config().n_routed_experts);
 
   // Free replay: the model's own choice differs from the (doctored) record at layer 3 token 5; the
   // digests do not cover decisions and still match.

@@ -320,22 +320,7 @@ TEST(ReplayTolerance, DigestOnlyRecordsAreCountedNotPassed) {
 TEST(ReplayTolerance, FreeDecisionsCountTheRowsThatKeepTheirSet) {
   test::TempDir d;
   const std::string t = fast_trace(d, "fast.h5");
-  {
-    H5Edit e(t);
-    const std::string ds = "/steps/000000/seq_000/decisions/layer_003/experts";
-    std::vector<hsize_t> dims;
-    auto v = e.read<int32_t>(ds, H5T_NATIVE_INT32, &dims);
-    ASSERT_EQ(dims.size(), 2u);
-    const int k = int(dims[1]);
-    int32_t* row = v.data() + 5 * k;
-    for (int32_t id = 0; id < test::tiny().config().n_routed_experts; ++id) {
-      if (std::find(row, row + k, id) != row + k) continue;
-      row[0] = id;
-      break;
-    }
-    std::sort(row, row + k);
-    e.write(ds, H5T_NATIVE_INT32, v);
-  }
+  test::doctor_routing_row(t, 3, 5, test::tiny().config().n_routed_experts);
   ReplayOptions o;
   o.tolerance = ToleranceBounds{};
   const ReplayReport rep = replay_trace(t, o);

@@ -25,14 +25,23 @@ def _force_kinds(force):
 
 
 def replay(trace, step=None, model=None, threads=0, force=(), take_decisions_from=None, take_step=-1,
-           optimizer_state=None):
+           optimizer_state=None, tolerance=None):
     """Re-execute the trace's steps (or one `step`) and compare with the recording; the report
-    `dsv4 replay --json` writes. force: "indexer", "routing" or both (the recorded decisions fed back)."""
+    `dsv4 replay --json` writes. force: "indexer", "routing" or both (the recorded decisions fed back).
+    tolerance (`dsv4 replay --tolerance`): None refuses a fast-numerics step that cannot be replayed bit
+    for bit here; True compares it within the default bounds (docs/NUMERICS.md "Replay within
+    tolerance"); a number is the per-tensor rel-L2 bound."""
     force_indexer, force_routing = _force_kinds(force)
+    if tolerance is None or tolerance is False:
+        tol = None
+    elif tolerance is True:
+        tol = ""
+    else:
+        tol = repr(float(tolerance))
     text = _dsv4.replay_json(os.fspath(trace), step, "" if model is None else os.fspath(model), int(threads),
                              force_indexer, force_routing,
                              "" if take_decisions_from is None else os.fspath(take_decisions_from),
-                             int(take_step), "" if optimizer_state is None else os.fspath(optimizer_state))
+                             int(take_step), "" if optimizer_state is None else os.fspath(optimizer_state), tol)
     return json.loads(text)
 
 

@@ -12,6 +12,7 @@
 #include "python/src/bindings.h"
 #include "replay/diff.h"
 #include "replay/replay.h"
+#include "replay/tolerance.h"
 
 namespace dsv4::python {
 
@@ -39,9 +40,10 @@ void bind_run(py::module_& m) {
       "replay_json",
       [](const std::string& trace, std::optional<int> step, const std::string& model_dir, int threads,
          bool force_indexer, bool force_routing, const std::string& take_decisions_from, int take_step,
-         const std::string& optimizer_state) {
+         const std::string& optimizer_state, const std::optional<std::string>& tolerance) {
         py::gil_scoped_release unlocked;
         ReplayOptions o;
+        if (tolerance) o.tolerance = parse_tolerance(*tolerance);
         o.step = step;
         o.model_dir = model_dir;
         o.threads = threads;
@@ -53,7 +55,8 @@ void bind_run(py::module_& m) {
         return replay_to_json(replay_trace(trace, o));
       },
       py::arg("trace"), py::arg("step"), py::arg("model_dir"), py::arg("threads"), py::arg("force_indexer"),
-      py::arg("force_routing"), py::arg("take_decisions_from"), py::arg("take_step"), py::arg("optimizer_state"));
+      py::arg("force_routing"), py::arg("take_decisions_from"), py::arg("take_step"), py::arg("optimizer_state"),
+      py::arg("tolerance"));
 
   m.def(
       "diff_json",

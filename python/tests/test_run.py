@@ -47,6 +47,21 @@ def test_replay_equals_the_cli(work, train_trace):
     assert forced["identical"]
 
 
+def test_replay_tolerance_equals_the_cli(work, train_trace):
+    """An exact step replays bit for bit with or without a tolerance (the report says the bound did not
+    apply); the report equals `dsv4 replay --tolerance X --json`; a bad bound is an InputError."""
+    for arg, value in (([], True), (["0.2"], 0.2)):
+        mine = dsv4.replay(train_trace, tolerance=value)
+        out = work / "replay-tolerance.json"
+        assert cli("replay", train_trace, "--tolerance", *arg, "--json", out).returncode == 0
+        assert without_seconds(mine) == without_seconds(json.loads(out.read_text()))
+        assert mine["identical"] and mine["passed"]
+    with pytest.raises(dsv4.InputError, match="--tolerance"):
+        dsv4.replay(train_trace, tolerance=-1)
+    with pytest.raises(dsv4.InputError, match="--tolerance"):
+        dsv4.replay(train_trace, tolerance=float("nan"))
+
+
 def test_diff_equals_the_cli(work, train_trace, rollout_trace):
     mine = dsv4.diff(train_trace, rollout_trace)
     out = work / "diff.json"

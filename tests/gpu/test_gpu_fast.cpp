@@ -441,14 +441,20 @@ struct IdxOut {
   std::vector<float> margin, score;
 };
 
-IdxOut indexer_tc(const IdxCase& c) {
-  test::DeviceBuffers d;
+// c's shape and inputs on the device, in the tensor_core order (no outputs set).
+IndexerParams indexer_inputs(test::DeviceBuffers& d, const IdxCase& c) {
   IndexerParams p;
   p.T = c.T, p.pos0 = c.pos0, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
   p.order = kTensorCore, p.bf16_scores = c.bf16_scores;
   p.qi = d.upload(c.qi, "qi");
   p.ki = d.upload(c.ki, "ki");
   p.wt = d.upload(c.wt, "wt");
+  return p;
+}
+
+IdxOut indexer_tc(const IdxCase& c) {
+  test::DeviceBuffers d;
+  IndexerParams p = indexer_inputs(d, c);
   p.ids = d.upload(std::vector<int32_t>(size_t(c.T * c.k), -7), "ids");
   p.margin = d.upload(std::vector<float>(size_t(c.T), -7.0f), "margin");
   p.score = d.upload(std::vector<float>(size_t(c.T * c.k), -7.0f), "score");
@@ -461,12 +467,7 @@ IdxOut indexer_tc(const IdxCase& c) {
 // indexer_score_ids in the tensor_core order: the scores of the given ids.
 std::vector<float> indexer_tc_scores(const IdxCase& c, const std::vector<int32_t>& ids) {
   test::DeviceBuffers d;
-  IndexerParams p;
-  p.T = c.T, p.pos0 = c.pos0, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
-  p.order = kTensorCore, p.bf16_scores = c.bf16_scores;
-  p.qi = d.upload(c.qi, "qi");
-  p.ki = d.upload(c.ki, "ki");
-  p.wt = d.upload(c.wt, "wt");
+  const IndexerParams p = indexer_inputs(d, c);
   const int32_t* dids = d.upload(ids, "ids");
   float* score = d.upload(std::vector<float>(ids.size(), -7.0f), "score");
   cuda::indexer_score_ids(p, dids, score, nullptr);
@@ -604,9 +605,8 @@ TEST_F(FastIndexer, IsNotTheExactOrder) {
   const IdxCase c = make_idx(200, 0, 64, 128, 50, 16, 9);
   const IdxOut r = indexer_tc(c);
   test::DeviceBuffers d;
-  IndexerParams p;
-  p.T = c.T, p.Hi = c.Hi, p.Di = c.Di, p.G = c.G, p.k = c.k, p.ratio = c.ratio;
-  p.qi = d.upload(c.qi, "qi"), p.ki = d.upload(c.ki, "ki"), p.wt = d.upload(c.wt, "wt");
+  IndexerParams p = indexer_inputs(d, c);
+  p.order = ReduceOrder{};  // the exact order (block 0)
   const int32_t* ids = d.upload(r.ids, "ids");
   float* score = d.upload(std::vector<float>(r.ids.size()), "score");
   cuda::indexer_score_ids(p, ids, score, nullptr);
