@@ -11,7 +11,6 @@
 #   DSV4_XXHASH_INCLUDE (default .carry/xxhash when it holds xxhash.h)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PATH=/usr/local/cuda/bin:$PATH
 tests=1
 for a in "$@"; do
   case "$a" in
@@ -22,15 +21,7 @@ for a in "$@"; do
       ;;
   esac
 done
-build=${BUILD_DIR:-build-gpu}
-logs=${OUT:-$build/logs}
-mkdir -p "$logs"
-jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-xx=${DSV4_XXHASH_INCLUDE:-}
-[[ -z $xx && -f .carry/xxhash/xxhash.h ]] && xx=$PWD/.carry/xxhash
-rc=0
-: >"$logs/summary.txt"
-status() { printf '%-28s %s\n' "$1" "$2" >>"$logs/summary.txt"; }
+source scripts/gpu-env.sh
 
 # build SRC DIR TARGETS...: configure and build in DIR from the tree SRC.
 build_tree() {
