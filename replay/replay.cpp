@@ -431,17 +431,15 @@ std::optional<FastElsewhere> fast_elsewhere(const NumericsProfile& p, const Trac
                        d == Device::cuda ? "a GPU of architecture " + here : std::string("the ") + to_string(d)};
 }
 
-// Without --tolerance, a fast step that cannot be replayed bit for bit here is refused before it runs,
-// with where it was recorded, where it would run and the two ways out.
-void require_replayable_numerics(const NumericsProfile& p, const TraceReader& r, int step, Device d) {
-  const std::optional<FastElsewhere> f = fast_elsewhere(p, r, d);
-  if (!f) return;
+// Without --tolerance, a fast step that cannot be replayed bit for bit here (fast_elsewhere) is refused
+// before it runs, with where it was recorded, where it would run and the two ways out.
+[[noreturn]] void refuse_fast_step(const NumericsProfile& p, const TraceReader& r, int step, const FastElsewhere& f) {
   throw InputError(fmt::format(
       "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on a GPU of architecture {}; its "
       "bits are reproducible only by a GPU of that architecture, and this replay would run on {}: replay it with "
       "--device cuda on a {} GPU, or give --tolerance to re-execute it in exact numerics with its recorded "
       "decisions and compare it within documented tolerances (docs/NUMERICS.md \"Fast numerics\")",
-      r.path(), step, p.name, f->sites, f->recorded, f->here, f->recorded));
+      r.path(), step, p.name, f.sites, f.recorded, f.here, f.recorded));
 }
 
 }  // namespace
@@ -556,7 +554,6 @@ static StepReplay replay_generation_step(const TraceReader& r, int index, const 
   std::vector<std::vector<int32_t>>& toks = rec.tokens;
   std::vector<SeqDecisions>& recorded = rec.decisions;
   rollout::EngineOptions eo = recorded_engine_options(g, recorded_profile(info, r.path()));
-  require_replayable_numerics(eo.profile, r, index, opt.device);
   eo.device = opt.device;
   eo.threads = sr.threads;
   const auto t0 = std::chrono::steady_clock::now();
@@ -735,7 +732,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
     const NumericsProfile p = recorded_profile(info, r.path());
     numerics = numerics_of(p);
     if (const std::optional<FastElsewhere> f = fast_elsewhere(p, r, opt.device)) {
-      if (!opt.tolerance) require_replayable_numerics(p, r, index, opt.device);  // throws
+      if (!opt.tolerance) refuse_fast_step(p, r, index, *f);
       if (source)
         throw InputError(fmt::format(
             "{}: step {} is in fast numerics and cannot be replayed bit for bit here; --tolerance re-executes it "
@@ -830,7 +827,6 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   Verifier v(r, index, std::move(tables), sr);
   RunOptions ro;
   ro.profile = recorded_profile(info, r.path());
-  require_replayable_numerics(ro.profile, r, index, opt.device);
   ro.threads = sr.threads;
   ro.observer = &v;
   ro.overrides = ov.empty() ? nullptr : &ov;
