@@ -70,9 +70,19 @@ constexpr const char* kTensorCore = "tensor_core";
 
 // ---- the site table -----------------------------------------------------------------------------
 
+// The sites fast numerics puts in the tensor_core order (with_numerics), and the only ones that take it.
+constexpr ReduceOrder ReduceSites::*kTensorCoreSites[] = {&ReduceSites::gemm, &ReduceSites::indexer,
+                                                         &ReduceSites::attention, &ReduceSites::moe};
+template <ReduceOrder ReduceSites::*M>
+constexpr bool takes_tensor_core() {
+  for (auto m : kTensorCoreSites)
+    if (m == M) return true;
+  return false;
+}
+
 // A reduce.* site: the ReduceOrder member `m` of NumericsProfile::reduce. The table's entries are
 // plain function pointers, so each member is bound through a template argument.
-template <ReduceOrder ReduceSites::*M, bool TensorCore = false>
+template <ReduceOrder ReduceSites::*M, bool TensorCore = takes_tensor_core<M>()>
 ProfileSite reduce_site_of(const char* key, const char* choice) {
   return {key, choice,
           TensorCore ? "0 (one chain), a positive multiple of 8, or tensor_core (a GPU's bf16 tensor cores; "
@@ -100,13 +110,13 @@ ProfileSite reduce_site_of(const char* key, const char* choice) {
 }
 
 const std::vector<ProfileSite> kSites = {
-    reduce_site_of<&ReduceSites::gemm, true>("reduce.gemm", "blocking of the dense linears' dot products (k-tiles)"),
+    reduce_site_of<&ReduceSites::gemm>("reduce.gemm", "blocking of the dense linears' dot products (k-tiles)"),
     reduce_site_of<&ReduceSites::norm>("reduce.norm", "blocking of the RMSNorms' sums of squares"),
     reduce_site_of<&ReduceSites::compressor>("reduce.compressor", "blocking of the compressor's pooled-row norm"),
     reduce_site_of<&ReduceSites::mhc>("reduce.mhc", "blocking of the mHC reductions (fn . x, row norms)"),
-    reduce_site_of<&ReduceSites::indexer, true>("reduce.indexer", "blocking of the indexer's q.k dot products"),
-    reduce_site_of<&ReduceSites::attention, true>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
-    reduce_site_of<&ReduceSites::moe, true>("reduce.moe", "blocking of the experts' GEMMs"),
+    reduce_site_of<&ReduceSites::indexer>("reduce.indexer", "blocking of the indexer's q.k dot products"),
+    reduce_site_of<&ReduceSites::attention>("reduce.attention", "blocking of the sparse attention's q.kv dot products"),
+    reduce_site_of<&ReduceSites::moe>("reduce.moe", "blocking of the experts' GEMMs"),
     {"attention.q_norm", "arithmetic of the per-head q RMSNorm", "fp32, bf16",
      [](const NumericsProfile& p) { return spelling_of(kArith, p.q_norm); },
      [](NumericsProfile& p, const std::string& v) {
@@ -436,10 +446,7 @@ std::vector<std::string> tensor_core_sites(const NumericsProfile& p) {
 NumericsProfile with_numerics(const NumericsProfile& p, Numerics n) {
   if (n == Numerics::exact || numerics_of(p) == Numerics::fast) return p;
   NumericsProfile f = p;
-  f.reduce.gemm = ReduceOrder{.block = 0, .tensor_core = true};
-  f.reduce.moe = ReduceOrder{.block = 0, .tensor_core = true};
-  f.reduce.attention = ReduceOrder{.block = 0, .tensor_core = true};
-  f.reduce.indexer = ReduceOrder{.block = 0, .tensor_core = true};
+  for (auto m : kTensorCoreSites) f.reduce.*m = ReduceOrder{.block = 0, .tensor_core = true};
   f.name = p.name + kFastSuffix;
   if (f.name.size() > 64) throw InputError(fmt::format("profile name '{}' is too long for its fast numerics' name", p.name));
   f.description = (p.description.empty() ? p.name : p.description) +
