@@ -17,6 +17,7 @@
 #include "capture/trace_reader.h"
 #include "kernels/numerics/numerics.h"
 #include "model/decision_sets.h"
+#include "replay/rel_l2.h"
 
 namespace dsv4 {
 
@@ -305,13 +306,7 @@ LayerOutputs diff_tensors(const Steps& st, DiffReport& rep) {
     TensorDiff& td = rep.tensors[i];
     const auto& fe = full_everywhere[{td.layer, td.name}];
     td.full = !fe.empty() && std::all_of(fe.begin(), fe.end(), [](bool f) { return f; });
-    const Norms& nm = norms[i];
-    if (nm.sum_sq_d == 0)
-      td.rel_l2 = 0;
-    else if (nm.sum_sq_a == 0)
-      td.rel_l2 = std::numeric_limits<double>::infinity();
-    else
-      td.rel_l2 = std::sqrt(nm.sum_sq_d) / std::sqrt(nm.sum_sq_a);
+    td.rel_l2 = rel_l2_of(norms[i].sum_sq_d, norms[i].sum_sq_a);
   }
 
   return out;

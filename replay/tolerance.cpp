@@ -16,6 +16,7 @@
 #include "model/decision_sets.h"
 #include "model/error.h"
 #include "model/observer.h"
+#include "replay/rel_l2.h"
 
 namespace dsv4 {
 
@@ -57,8 +58,7 @@ void RelL2::add(const float* a, const float* b, int64_t n) {
 
 double RelL2::rel_l2() const {
   if (nonfinite_mismatches_ > 0) return std::numeric_limits<double>::infinity();
-  if (num_ == 0) return 0;
-  return den_ > 0 ? std::sqrt(num_ / den_) : std::numeric_limits<double>::infinity();
+  return rel_l2_of(num_, den_);
 }
 
 // ---- the exact profile ---------------------------------------------------------------------------------

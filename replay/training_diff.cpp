@@ -14,6 +14,7 @@
 #include "capture/training.h"
 #include "model/error.h"
 #include "model/weights.h"
+#include "replay/rel_l2.h"
 
 namespace dsv4 {
 
@@ -42,10 +43,7 @@ struct Sums {
       max_abs = std::max(max_abs, std::fabs(d));
     }
   }
-  double rel_l2() const {
-    if (sq_d == 0) return 0;
-    return sq_a == 0 ? std::numeric_limits<double>::infinity() : std::sqrt(sq_d) / std::sqrt(sq_a);
-  }
+  double rel_l2() const { return rel_l2_of(sq_d, sq_a); }
   double cosine() const {
     if (sq_d == 0 && nonfinite == 0) return 1;  // equal (also when both are 0)
     if (sq_a == 0 || sq_b == 0) return kNaN;
