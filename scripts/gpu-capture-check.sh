@@ -7,7 +7,7 @@
 # build-gpu/logs).
 #
 # Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
-#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), BENCH_FILTER (default Cuda),
+#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90a-real: the sm_90a wgmma GEMM), BENCH_FILTER (default Cuda),
 #   DSV4_XXHASH_INCLUDE (default .carry/xxhash when it holds xxhash.h: the GPU machine has no
 #   libxxhash dev files); .carry/isal likewise stands in for libisal-dev (see below);
 #   EXTRA_TESTS: more GPU test binaries to build and run after the recording tests (e.g.
@@ -28,7 +28,7 @@ done
 source scripts/gpu-env.sh
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
   ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure.log" 2>&1 &&
   ninja -C "$build" -j "$jobs" dsv4 test_gpu_record bench_capture ${EXTRA_TESTS:-} >"$logs/build.log" 2>&1
 if [[ $? -ne 0 ]]; then

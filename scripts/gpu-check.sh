@@ -17,7 +17,7 @@
 #   --cpu-long also times the CPU at T = 16384 (slow)
 #   env: SANITIZER_TIMEOUT (240 s per tool), SANITIZER_FILTER (gtest filter, default all cases),
 #        BUILD_DIR (default build-gpu; the GPU-only build uses BUILD_DIR-only), JOBS,
-#        CUDA_ARCH (CMake's CUDA_ARCHITECTURES; default 80-real;90-real;100-real;120-real;80-virtual)
+#        CUDA_ARCH (CMake's CUDA_ARCHITECTURES; default 80-real;90a-real;100-real;120-real;80-virtual)
 # Across architectures: the SASS of every embedded architecture is audited (scripts/kernel-audit.py
 # sass, against the PTX the build audits), and a recording is made twice on this GPU, with its own
 # SASS and through the driver's JIT of the compute_80 PTX (CUDA_FORCE_PTX_JIT=1); each replays
@@ -49,7 +49,7 @@ mkdir -p "$logs"
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 # Default: one binary for Ampere, Hopper and both Blackwells, plus compute_80 PTX for the driver's JIT
 # (the "PTX JIT" record below runs it on this GPU).
-arch=${CUDA_ARCH:-"80-real;90-real;100-real;120-real;80-virtual"}
+arch=${CUDA_ARCH:-"80-real;90a-real;100-real;120-real;80-virtual"}
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 say() { printf '== %s\n' "$*" | tee -a "$logs/gpu-check.log"; }

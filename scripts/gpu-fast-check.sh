@@ -10,7 +10,7 @@
 # build-gpu/logs).
 #
 # Usage: scripts/gpu-fast-check.sh [--no-tests] [--no-bench]
-#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), DSV4_XXHASH_INCLUDE (default
+#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90a-real: the sm_90a wgmma GEMM), DSV4_XXHASH_INCLUDE (default
 #   .carry/xxhash when it holds xxhash.h), .carry/isal for libisal-dev (as scripts/gpu-capture-check.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ done
 source scripts/gpu-env.sh
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
   ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure.log" 2>&1 &&
   ninja -C "$build" -j "$jobs" dsv4 test_gpu_fast test_gpu_model test_gpu_record bench_gpu >"$logs/build.log" 2>&1
 if [[ $? -ne 0 ]]; then

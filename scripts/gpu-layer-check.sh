@@ -7,7 +7,7 @@
 # build-gpu/logs).
 #
 # Usage: scripts/gpu-layer-check.sh [--no-tests]
-#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90-real), BASE_DIR, FLASH_T,
+#   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90a-real: the sm_90a wgmma GEMM), BASE_DIR, FLASH_T,
 #   DSV4_XXHASH_INCLUDE (default .carry/xxhash when it holds xxhash.h)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ build_tree() {
   local src=$1 dir=$2
   shift 2
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
     ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure-$(basename "$dir").log" 2>&1 &&
     ninja -C "$dir" -j "$jobs" "$@" >"$logs/build-$(basename "$dir").log" 2>&1
 }

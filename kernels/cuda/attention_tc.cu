@@ -82,16 +82,6 @@ int padded_dh(int64_t Dh) {
   return Dh <= 64 ? 64 : Dh <= 128 ? 128 : Dh <= 256 ? 256 : 512;
 }
 
-// x [rows, cols] fp32 -> out [rows, width] bf16 (round to nearest even), zeros past cols.
-__global__ void rows_to_bf16_kernel(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out) {
-  const int64_t pairs = rows * width / 2;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = e / (width / 2), d = (e % (width / 2)) * 2;
-    const float lo = d < cols ? x[r * cols + d] : 0.0f, hi = d + 1 < cols ? x[r * cols + d + 1] : 0.0f;
-    reinterpret_cast<uint32_t*>(out)[e] = detail::pack_bf16(lo, hi);
-  }
-}
-
 template <int DP, bool BF16KV>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, int bufs, bool vec) {
@@ -320,12 +310,6 @@ void launch_tc(const SparseAttnParams& p, cudaStream_t stream) {
 }  // namespace
 
 namespace detail {
-
-void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
-  if (rows <= 0) return;
-  rows_to_bf16_kernel<<<grid_for(rows * width / 2, 256), 256, 0, stream>>>(x, rows, cols, width, out);
-  DSV4_LAUNCH_CHECK();
-}
 
 const char* sparse_attention_tensor_core_check(const SparseAttnParams& p) {
   if (p.Dh > kMaxDp) return "Dh (the tensor_core order takes at most 512)";

@@ -213,10 +213,14 @@ void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cuda
 // Throws unless the current device has bf16 tensor cores (compute capability 8.0 or newer), which
 // every kernel of the tensor_core order needs (kernels/cuda/linear_tc.cu).
 void require_tensor_core_device();
+// True when the current device is compute capability 9.0 and this binary holds sm_90a code for it (the
+// wgmma kernel of the tensor_core GEMM can run); asked once per device.
+bool wgmma_available();
 // gemm_group in the tensor_core order (kernels/cuda/linear_tc.cu; s.order.tensor_core), mmax the
-// largest m. Throws Error on a device below compute capability 8.0.
+// largest m: the wgmma kernel where wgmma_allowed and the device runs this binary's sm_90a code, else
+// the mma.sync kernel (the same bits). Throws Error on a device below compute capability 8.0.
 void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
-                            cudaStream_t stream);
+                            bool wgmma_allowed, cudaStream_t stream);
 
 // Sparse attention in the tensor_core order (kernels/cuda/attention_tc.cu; p.order.tensor_core):
 // the check of its own limits (nullptr or the offending field), and the launch.

@@ -472,7 +472,7 @@ void run_group(const GemmShape& s, const GemmProblem* problems, int count, cudaS
   for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
   if (mmax <= 0) return;
   if (count > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
-  if (s.order.tensor_core) return gemm_tensor_core_group(s, problems, count, mmax, stream);
+  if (s.order.tensor_core) return gemm_tensor_core_group(s, problems, count, mmax, which == Kernel::automatic, stream);
   // Chain length in groups of 8: the ReduceOrder block, or "never" for a single chain.
   const int64_t chain_groups = (s.order.block > 0 && s.k > s.order.block) ? s.order.block / 8 : INT64_MAX;
   // The kernel and the tile only change which thread computes an element, never its order. The
@@ -540,6 +540,10 @@ void gemm_tiled(const GemmParams& p, cudaStream_t stream) {
   if (p.m <= 0 || p.n <= 0) return;
   const detail::GemmProblem g = detail::single_problem(p);
   detail::run_group(detail::GemmShape{p.n, p.k, p.round, p.order}, &g, 1, stream, detail::Kernel::tiled);
+}
+
+bool gemm_tensor_core_uses_wgmma() {
+  return detail::wgmma_available();
 }
 
 }  // namespace dsv4::cuda

@@ -14,7 +14,7 @@
 // values already, so for them this changes nothing.
 //
 // Two kernels per group of problems:
-//   1. gemm_bf16_rows_kernel: every problem's x rows (through its row gather) and w rows become bf16
+//   1. rows_to_bf16_kernel: every problem's x rows (through its row gather) and w rows become bf16
 //      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
 //      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
 //   2. gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256 threads (8 warps, 2 x 4, each 64 x 32
@@ -25,11 +25,14 @@
 // How the work is cut never changes a bit of the result. Functions named *tensor_core* are the only
 // ones scripts/kernel-audit.py lets use tensor cores.
 
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/detail/linear.h"
 
 namespace dsv4::cuda::detail {
@@ -44,7 +47,7 @@ constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;         // 4 pe
 constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * (kBM + kBN) * kLds;  // one x and one w tile
 static_assert(kBM == kBN, "x and w tiles are staged alike");
 
-// One operand of one problem for gemm_bf16_rows_kernel: rows r < rows of src (row map[r] when map is
+// One operand of one problem for rows_to_bf16_kernel: rows r < rows of src (row map[r] when map is
 // set, stride ld) become dst rows [r * kp, +kp) in bf16.
 struct Bf16Job {
   const float* src = nullptr;
@@ -64,8 +67,9 @@ struct Bf16Problem {
   int64_t m = 0;
 };
 
-__global__ void gemm_bf16_rows_kernel(const Bf16Job* jobs, int64_t k, int64_t kp) {
-  const Bf16Job J = jobs[blockIdx.y];
+// The job of blockIdx.y (`one` when many is null): its rows in bf16, k values padded with zeros to kp.
+__global__ void rows_to_bf16_kernel(Bf16Job one, const Bf16Job* many, int64_t k, int64_t kp) {
+  const Bf16Job& J = many ? many[blockIdx.y] : one;
   const int64_t pairs = J.rows * (kp / 2);
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / (kp / 2), d = (e % (kp / 2)) * 2;
@@ -167,6 +171,130 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
+// The same GEMM on Hopper's warpgroup tensor cores (sm_90a): the order above, the same k16 steps in
+// increasing k, each one wgmma.mma_async.m64nBNk16 instead of mma.sync.m16n8k16 per 16 x 8 tile. Block
+// tile 128 x BN outputs, 256 threads = two warpgroups of 64 x BN; k arrives 64 at a time by cp.async
+// into 128B-swizzled stages (kernels/cuda/wgmma.cuh), kStagesW of them: loads run two stages ahead
+// while one wgmma group is in flight, so stage t - 2 is free (retired by every warpgroup before the
+// barrier of step t) when step t refills it.
+template <int BN>
+struct Wgmma {
+  static constexpr int kStageA = kBM * 128, kStageB = BN * 128, kStage = kStageA + kStageB;  // bytes
+  static constexpr int kStages = (192 * 1024) / kStage;
+  static constexpr size_t kSmem = size_t(kStages) * kStage + 1024;  // + alignment of the first stage
+  static_assert(kStages >= 3, "loads two stages ahead of the one in use");
+};
+
+// STEPS k16 steps of a warpgroup, in increasing k, from the stage's A rows at a and B rows at b.
+template <int BN, int STEPS>
+__device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#pragma unroll
+  for (int kk = 0; kk < STEPS; ++kk) {
+    if constexpr (BN == 256)
+      wgmma_m64n256k16_tensor_core(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk));
+    else
+      wgmma_m64n128k16_tensor_core(acc, wgmma_desc_sw128(a + 32 * kk), wgmma_desc_sw128(b + 32 * kk));
+  }
+#endif
+}
+
+template <int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_wgmma_tensor_core_kernel(GemmShape s, int64_t kp, Bf16Problem one, const Bf16Problem* many) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using W = Wgmma<BN>;
+  const Bf16Problem& P = many ? many[blockIdx.z] : one;
+  const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * BN;
+  if (m0 >= P.m) return;
+  extern __shared__ __align__(16) unsigned char wg_smem[];
+  const uint32_t raw = smem_addr(wg_smem), base = (raw + 1023u) & ~1023u;  // swizzle atoms 1024-aligned
+  unsigned char* const smem = wg_smem + (base - raw);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
+  // k stage t into buffer st: chunk c of an operand is row c / 8, k values 8 (c % 8) .. +8 of the stage;
+  // rows past m or n and k past kp are zeros.
+  auto load = [&](int64_t t, int st) {
+    unsigned char* const a = smem + st * W::kStage;
+    unsigned char* const b = a + W::kStageA;
+#pragma unroll
+    for (int i = 0; i < kBM * 8 / kThreads; ++i) {
+      const int c = tid + i * kThreads, row = c / 8, ch = c % 8;
+      const int64_t r = m0 + row, k0 = t * kBK + ch * 8;
+      const bool ok = r < P.m && k0 < kp;
+      cp_async16(a + swizzle128(row, ch), P.a + (ok ? r * kp + k0 : 0), ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < BN * 8 / kThreads; ++i) {
+      const int c = tid + i * kThreads, row = c / 8, ch = c % 8;
+      const int64_t col = n0 + row, k0 = t * kBK + ch * 8;
+      const bool ok = col < s.n && k0 < kp;
+      cp_async16(b + swizzle128(row, ch), P.b + (ok ? col * kp + k0 : 0), ok ? 16 : 0);
+    }
+  };
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+  constexpr int kAhead = W::kStages - 2;  // stages loaded ahead of the one consumed
+  const int64_t tiles = (kp + kBK - 1) / kBK;
+#pragma unroll
+  for (int st = 0; st < kAhead; ++st) {
+    if (st < tiles) load(st, st);
+    cp_async_commit();
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    cp_async_wait<kAhead - 1>();  // stage t has landed (this thread's copies) ...
+    fence_proxy_async_shared();   // ... where wgmma reads it ...
+    __syncthreads();              // ... for every thread; every warpgroup has retired step t - 2
+    if (t + kAhead < tiles) load(t + kAhead, int((t + kAhead) % W::kStages));
+    cp_async_commit();
+    const int st = int(t % W::kStages);
+    const uint32_t a = base + uint32_t(st * W::kStage) + uint32_t(wg * 64 * 128), b = base + uint32_t(st * W::kStage + W::kStageA);
+    wgmma_pin(acc);
+    wgmma_fence_tensor_core();
+    // All four k16 steps, also in a last stage whose second half is past kp (zeros): those add +-0
+    // products to accumulators that are never -0 (they start at +0), which changes no bit, and keep the
+    // wgmma sequence free of branches.
+    wgmma_steps<BN, kBK / 16>(acc, a, b);
+    wgmma_commit_tensor_core();
+    wgmma_wait_tensor_core<1>();  // step t - 1 has retired
+    wgmma_pin(acc);
+  }
+  wgmma_wait_tensor_core<0>();
+  wgmma_pin(acc);
+  cp_async_wait<0>();  // no copy outlives the block
+
+  // Register 4 j + i: row 16 (warp % 4) + lane / 4 + 8 (i / 2) of the warpgroup's 64, column 8 j + 2 (lane % 4) + i % 2.
+  const int64_t row0 = m0 + wg * 64 + (warp % 4) * 16 + lane / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = row0 + 8 * h;
+    if (r >= P.m) continue;
+    float* y = P.y + (P.yrow ? int64_t(P.yrow[r]) : r) * P.ldy;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t col = n0 + 8 * j + 2 * (lane % 4) + c;
+        if (col < s.n) y[col] = common::gemm_out(acc[4 * j + 2 * h + c], s.round);
+      }
+  }
+#else
+  __trap();  // the host launches it only where gemm_wgmma_available_kernel said sm_90a code is present
+#endif
+}
+
+// Writes 1 when this binary holds sm_90a code for the current device (the wgmma kernel can run), else 0.
+__global__ void gemm_wgmma_available_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
 }  // namespace
 
 void require_tensor_core_device() {
@@ -179,11 +307,41 @@ void require_tensor_core_device() {
         "(bf16 mma.sync); this device is " + std::to_string(major) + ".x");
 }
 
+void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
+  if (rows <= 0) return;
+  rows_to_bf16_kernel<<<grid_for(rows * width / 2, 256), 256, 0, stream>>>(Bf16Job{x, cols, nullptr, rows, out},
+                                                                         nullptr, cols, width);
+  DSV4_LAUNCH_CHECK();
+}
+
 namespace {
+
+// The kernels of the order (the same bits: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaEqualsMmaSync).
+enum class TcKernel { mma_sync, wgmma };
+
+template <int BN>
+void launch_wgmma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& bp, int64_t mmax,
+                  cudaStream_t stream) {
+  using W = Wgmma<BN>;
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_tensor_core_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(W::kSmem)));
+  const int count = int(bp.size());
+  const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, kBM)), unsigned(count));
+  if (count == 1) {
+    gemm_wgmma_tensor_core_kernel<BN><<<grid, kThreads, W::kSmem, stream>>>(s, kp, bp[0], nullptr);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  Scratch<Bf16Problem> dev_problems(count, stream);
+  CUDA_CHECK(cudaMemcpyAsync(dev_problems.get(), bp.data(), sizeof(Bf16Problem) * size_t(count),
+                             cudaMemcpyHostToDevice, stream));
+  gemm_wgmma_tensor_core_kernel<BN><<<grid, kThreads, W::kSmem, stream>>>(s, kp, Bf16Problem{}, dev_problems.get());
+  DSV4_LAUNCH_CHECK();
+}
 
 // Problems [0, count) of a group, their bf16 copies in one scratch buffer of `total` elements.
 void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* problems, int count, int64_t total,
-                           cudaStream_t stream) {
+                           TcKernel kernel, cudaStream_t stream) {
   int64_t mmax = 0;
   for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
   if (mmax <= 0) return;
@@ -210,9 +368,17 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
   CUDA_CHECK(cudaMemcpyAsync(dev_jobs.get(), jobs.data(), sizeof(Bf16Job) * jobs.size(), cudaMemcpyHostToDevice,
                              stream));
   const dim3 cgrid(grid_for(rows_max * (kp / 2), 256, 4096), unsigned(jobs.size()));
-  gemm_bf16_rows_kernel<<<cgrid, 256, 0, stream>>>(dev_jobs.get(), s.k, kp);
+  rows_to_bf16_kernel<<<cgrid, 256, 0, stream>>>(Bf16Job{}, dev_jobs.get(), s.k, kp);
   DSV4_LAUNCH_CHECK();
 
+  if (kernel == TcKernel::wgmma) {
+    // n <= 128 (the router, small projections) wastes less of a 128-wide tile.
+    if (s.n <= 128)
+      launch_wgmma<128>(s, kp, bp, mmax, stream);
+    else
+      launch_wgmma<256>(s, kp, bp, mmax, stream);
+    return;
+  }
   const size_t shmem = kStages * kStageBytes;
   CUDA_CHECK(cudaFuncSetAttribute(gemm_tensor_core_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
   const dim3 grid(unsigned(ceil_div(s.n, kBN)), unsigned(ceil_div(mmax, kBM)), unsigned(count));
@@ -234,9 +400,35 @@ constexpr int64_t kCopyBudget = int64_t(1) << 29;
 
 }  // namespace
 
+bool wgmma_available() {
+  static std::mutex mu;
+  static std::map<int, bool> known;  // per device
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = known.find(dev); it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  bool yes = false;
+  if (major == 9 && minor == 0) {  // sm_90a code runs on compute capability 9.0 only
+    int* flag = nullptr;
+    int host = 0;
+    CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    gemm_wgmma_available_kernel<<<1, 1>>>(flag);
+    const cudaError_t launched = cudaGetLastError();  // no image for this device: not available
+    CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(flag));
+    yes = launched == cudaSuccess && host == 1;
+  }
+  known.emplace(dev, yes);
+  return yes;
+}
+
 void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int count, int64_t mmax,
-                            cudaStream_t stream) {
+                            bool wgmma_allowed, cudaStream_t stream) {
   require_tensor_core_device();
+  const TcKernel kernel = wgmma_allowed && wgmma_available() ? TcKernel::wgmma : TcKernel::mma_sync;
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
   const int64_t kp = ceil_div(s.k > 0 ? s.k : 1, kKStep) * kKStep;
   // The bf16 copies: each problem's x rows, then its w rows; a chunk holds at least one problem.
@@ -245,12 +437,12 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
   for (int i = 0; i < count; ++i) {
     const int64_t need = (problems[i].m > 0 ? problems[i].m + s.n : 0) * kp;
     if (i > i0 && total + need > kCopyBudget) {
-      run_tensor_core_chunk(s, kp, problems + i0, i - i0, total, stream);
+      run_tensor_core_chunk(s, kp, problems + i0, i - i0, total, kernel, stream);
       i0 = i, total = 0;
     }
     total += need;
   }
-  run_tensor_core_chunk(s, kp, problems + i0, count - i0, total, stream);
+  run_tensor_core_chunk(s, kp, problems + i0, count - i0, total, kernel, stream);
 }
 
 }  // namespace dsv4::cuda::detail

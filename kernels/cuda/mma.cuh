@@ -19,7 +19,8 @@ namespace dsv4::cuda::detail {
 
 // x [rows, cols] fp32 (row-major, cols apart) -> out [rows, width] bf16, round to nearest even, zeros
 // past cols (width even, >= cols): the bf16 copy a kernel of the tensor_core order reads with cp.async
-// (kernels/cuda/attention_tc.cu).
+// (the attention's kv, the indexer's keys). Defined in kernels/cuda/linear_tc.cu, whose operand copies
+// use the same kernel.
 void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream);
 
 // Two floats rounded to bf16 (to nearest even), lo at the lower address.

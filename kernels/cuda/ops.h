@@ -40,8 +40,13 @@ bool device_available();
 // ---- dense ----------------------------------------------------------------------------------
 void gemm(const GemmParams& p, cudaStream_t stream);
 // The same GEMM (same contract, same bits) with the tiled kernel only (8 lane accumulators per
-// output in one thread): a reference point for the tests and the benchmark.
+// output in one thread): a reference point for the tests and the benchmark. In the tensor_core order
+// it is the mma.sync kernel, the reference of the wgmma kernel that gemm runs on Hopper.
 void gemm_tiled(const GemmParams& p, cudaStream_t stream);
+// True when gemm's tensor_core order runs the Hopper wgmma kernel on the current device (compute
+// capability 9.0 and sm_90a code in this binary: CMAKE_CUDA_ARCHITECTURES 90a-real), false when it
+// runs the mma.sync kernel.
+bool gemm_tensor_core_uses_wgmma();
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 // pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
 void rope_apply(const RopeApplyParams& p, cudaStream_t stream);

@@ -40,9 +40,10 @@ bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// y [m, n] of the tensor-core GEMM on the device (x row stride ldx >= k, w row stride ldw >= k).
+// y [m, n] of the tensor-core GEMM on the device (x row stride ldx >= k, w row stride ldw >= k); with
+// mma_sync, by the mma.sync kernel (cuda::gemm_tiled) instead of the one cuda::gemm picks.
 std::vector<float> gemm_tc(const std::vector<float>& x, int64_t ldx, const std::vector<float>& w, int64_t ldw,
-                           int64_t m, int64_t n, int64_t k, OutRound round) {
+                           int64_t m, int64_t n, int64_t k, OutRound round, bool mma_sync = false) {
   test::DeviceBuffers d;
   GemmParams p;
   p.m = m, p.n = n, p.k = k, p.ldx = ldx, p.ldw = ldw, p.ldy = n, p.round = round, p.order = kTensorCore;
@@ -50,7 +51,10 @@ std::vector<float> gemm_tc(const std::vector<float>& x, int64_t ldx, const std::
   p.w = d.upload(w, "w");
   std::vector<float> y0(size_t(m * n), -7.0f);
   p.y = d.upload(y0, "y");
-  cuda::gemm(p, nullptr);
+  if (mma_sync)
+    cuda::gemm_tiled(p, nullptr);
+  else
+    cuda::gemm(p, nullptr);
   EXPECT_TRUE(d.guards_intact());
   return d.download(p.y, y0.size());
 }
@@ -169,6 +173,33 @@ TEST_F(FastGemm, EmptyShapes) {
   for (float v : y) EXPECT_EQ(v, 0.0f);
   const auto none = gemm_tc(random_bf16(8, 1, 1.f), 8, {}, 8, 1, 0, 8, OutRound::f32);
   EXPECT_TRUE(none.empty());
+}
+
+// On Hopper with sm_90a code, cuda::gemm runs the wgmma kernel; its bytes are the mma.sync kernel's, so
+// a fast trace's bits do not depend on which of the two a build holds. Shapes cover both of its tile
+// widths (n <= 128 and wider), m, n and k tails (k padded to 32 past a whole stage of 64), long k, and
+// inputs over a wide range of magnitudes with signed zeros (the products' alignment inside a step).
+TEST_F(FastGemm, WgmmaKernelEqualsMmaSyncKernel) {
+  if (!cuda::gemm_tensor_core_uses_wgmma()) GTEST_SKIP() << "this device or build runs the mma.sync kernel only";
+  const std::vector<Shape> shapes = {{1, 1, 1},       {3, 7, 15},       {129, 130, 100}, {300, 257, 96},
+                                     {200, 128, 4000}, {64, 513, 1000},  {257, 640, 4096}, {1000, 300, 32},
+                                     {130, 1024, 2080}};
+  std::mt19937 g(21);
+  std::uniform_int_distribution<int> expo(-30, 30);
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(std::to_string(s.m) + " x " + std::to_string(s.n) + " x " + std::to_string(s.k));
+    auto x = random_bf16(size_t(s.m * s.k), 22, 1.0f), w = random_bf16(size_t(s.n * s.k), 23, 0.05f);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = num::bf16_round(std::ldexp(x[i], expo(g)));
+    for (size_t i = 3; i < w.size(); i += 11) w[i] = i % 2 ? -0.0f : 0.0f;
+    const auto y = gemm_tc(x, s.k, w, s.k, s.m, s.n, s.k, OutRound::f32);
+    const auto ref = gemm_tc(x, s.k, w, s.k, s.m, s.n, s.k, OutRound::f32, /*mma_sync=*/true);
+    ASSERT_EQ(y.size(), ref.size());
+    int64_t differ = 0, first = -1;
+    for (size_t i = 0; i < y.size(); ++i)
+      if (std::memcmp(&y[i], &ref[i], sizeof(float)) != 0) first = first < 0 ? int64_t(i) : first, ++differ;
+    EXPECT_EQ(differ, 0) << "elements differ; the first, " << first << ": " << (first < 0 ? 0.f : y[size_t(first)])
+                         << " against " << (first < 0 ? 0.f : ref[size_t(first)]);
+  }
 }
 
 // ---- sparse attention in the tensor_core order ---------------------------------------------------
