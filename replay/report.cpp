@@ -9,11 +9,10 @@ namespace dsv4 {
 
 namespace {
 
-// A number that may be +inf (a rel-L2 of non-finite values at other places): JSON has no infinity, so
-// it is written as the string "inf".
+// A number that may be +-inf or NaN (a rel-L2 of non-finite values at other places): JSON has no such
+// numbers; they are written as null, as nlohmann writes them in `dsv4 diff --json` (docs/DIFF_JSON.md).
 nlohmann::json number(double x) {
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  if (std::isnan(x)) return "nan";
+  if (!std::isfinite(x)) return nullptr;
   return x;
 }
 

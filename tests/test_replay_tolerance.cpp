@@ -429,6 +429,24 @@ TEST(ReplayTolerance, BadInputIsRefused) {
 
 // ---- the pieces -----------------------------------------------------------------------------------------
 
+// JSON has no infinity: a rel-L2 that is not finite is null in the replay report, as in `dsv4 diff --json`.
+TEST(ReplayTolerance, NonFiniteNumbersAreNullInTheJsonReport) {
+  ReplayReport r;
+  StepReplay s;
+  s.identical = false;
+  ToleranceReplay t;
+  t.tensors_compared = 1, t.tensors_over = 1;
+  t.worst = ToleranceTensor{0, 2, "attn.o", std::numeric_limits<double>::infinity(), 0.25, 1};
+  t.logprobs = 4, t.logprob_rel_l2 = std::nan(""), t.logprob_max_abs = 1e-3;
+  s.tolerance = t;
+  r.steps.push_back(s);
+  const auto j = nlohmann::json::parse(replay_to_json(r)).at("steps").at(0).at("tolerance");
+  EXPECT_TRUE(j.at("tensors").at("worst").at("rel_l2").is_null());
+  EXPECT_EQ(j.at("tensors").at("worst").at("max_abs").get<double>(), 0.25);
+  EXPECT_TRUE(j.at("logprobs").at("rel_l2").is_null());
+  EXPECT_EQ(j.at("logprobs").at("max_abs").get<double>(), 1e-3);
+}
+
 TEST(ReplayTolerance, RelL2) {
   RelL2 e;
   EXPECT_EQ(e.rel_l2(), 0.0);
