@@ -112,8 +112,7 @@ Weights open_model(const ModelArgs& m, const Communicator* experts) {
   if (m.model.empty() == m.preset.empty())
     throw InputError("give exactly one of --model DIR or --preset NAME");
   const auto own = [experts](const ModelConfig& c) {
-    const ExpertRange r = expert_range(c.n_routed_experts, experts->rank(), experts->size());
-    return only_experts(r.first, r.last);
+    return rank_experts(c.n_routed_experts, experts->rank(), experts->size());
   };
   if (!m.model.empty())
     return experts ? open_checkpoint(m.model, own(checkpoint_config(m.model))) : open_checkpoint(m.model);

@@ -12,6 +12,7 @@
 
 #include "kernels/numerics/numerics.h"
 #include "kernels/numerics/rng.h"
+#include "model/communicator.h"
 #include "model/error.h"
 
 namespace dsv4 {
@@ -300,6 +301,11 @@ WeightFilter only_experts(int first, int last) {
     const ParamSite s = param_site(name);
     return s.expert < 0 || (s.expert >= first && s.expert < last);
   };
+}
+
+WeightFilter rank_experts(int n_routed_experts, int rank, int ranks) {
+  const ExpertRange r = expert_range(n_routed_experts, rank, ranks);
+  return only_experts(r.first, r.last);
 }
 
 uint64_t tensor_digest(const WeightTensor& w) {

@@ -52,6 +52,9 @@ using WeightFilter = std::function<bool(const std::string& name)>;
 // The routed experts of every layer outside [first, last) left out; everything else kept. The weights
 // of one rank of expert parallelism (model/communicator.h expert_range).
 WeightFilter only_experts(int first, int last);
+// only_experts of rank `rank` of `ranks` (model/communicator.h expert_range over n_routed_experts): the
+// weights an expert-parallel process loads, in the CLI and in replay alike.
+WeightFilter rank_experts(int n_routed_experts, int rank, int ranks);
 
 class Weights {
  public:

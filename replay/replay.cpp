@@ -955,8 +955,7 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
   if (opt.experts) {
     bool training = false;
     for (int index : selected) training |= steps[size_t(index)].kind == trace_layout::kKindTrainStep;
-    const ExpertRange own = expert_range(r.config().n_routed_experts, opt.experts->rank(), opt.experts->size());
-    if (!training) keep = only_experts(own.first, own.last);
+    if (!training) keep = rank_experts(r.config().n_routed_experts, opt.experts->rank(), opt.experts->size());
   }
   const Weights w = weights_for_trace(r, opt.model_dir, keep);
   rep.model_source = w.source();
