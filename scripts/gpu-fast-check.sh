@@ -36,11 +36,11 @@ if [[ $? -ne 0 ]]; then
 fi
 status build ok
 
-# run NAME LOG BINARY [ARGS...]: a test binary, its PASSED line or FAILED.
+# run NAME LOG BINARY [ARGS...]: a test binary (at most 300 s), its PASSED line or FAILED.
 run() {
   local name=$1 log=$2
   shift 2
-  if "$@" >"$logs/$log" 2>&1; then
+  if timeout 300 "$@" >"$logs/$log" 2>&1; then
     status "$name" "$(grep -E '^\[  PASSED  \]' "$logs/$log" | tail -1)"
   else
     status "$name" "FAILED (see $log)"
