@@ -17,11 +17,12 @@
 //   1. rows_to_bf16_kernel: every problem's x rows (through its row gather) and w rows become bf16
 //      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
 //      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
-//   2. gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256 threads (8 warps, 2 x 4, each 64 x 32
-//      outputs, i.e. 4 x 4 mma tiles of 16 x 8); k arrives 64 at a time (two of the order's tiles; the
-//      second skipped past kp) in shared memory by cp.async in a pipeline of kStages buffers (rows
-//      padded to 72 elements, so the eight 16-byte rows an ldmatrix phase reads fall in distinct
-//      banks), kStages - 1 stages in flight while one is consumed.
+//   2. On Hopper with sm_90a code in the build, gemm_tma_tensor_core_kernel (wgmma fed by the tensor
+//      memory accelerator, below); elsewhere gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256
+//      threads (8 warps, 2 x 4, each 64 x 32 outputs, i.e. 4 x 4 mma tiles of 16 x 8); k arrives 64 at
+//      a time (two of the order's tiles; the second skipped past kp) in shared memory by cp.async in a
+//      pipeline of kStages buffers (rows padded to 72 elements, so the eight 16-byte rows an ldmatrix
+//      phase reads fall in distinct banks), kStages - 1 stages in flight while one is consumed.
 // How the work is cut never changes a bit of the result. Functions named *tensor_core* are the only
 // ones scripts/kernel-audit.py lets use tensor cores.
 
@@ -29,6 +30,9 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -68,15 +72,34 @@ struct Bf16Problem {
 };
 
 // The job of blockIdx.y (`one` when many is null): its rows in bf16, k values padded with zeros to kp.
-__global__ void rows_to_bf16_kernel(Bf16Job one, const Bf16Job* many, int64_t k, int64_t kp) {
+// One warp a row: float4 loads and 8-byte stores where the source row is 16-byte aligned and kp a
+// multiple of 4, else pairs.
+constexpr int kRowThreads = 256;
+__global__ void __launch_bounds__(kRowThreads) rows_to_bf16_kernel(Bf16Job one, const Bf16Job* many, int64_t k,
+                                                                   int64_t kp) {
   const Bf16Job& J = many ? many[blockIdx.y] : one;
-  const int64_t pairs = J.rows * (kp / 2);
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < pairs; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = e / (kp / 2), d = (e % (kp / 2)) * 2;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (kRowThreads / 32);
+  for (int64_t r = int64_t(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32; r < J.rows; r += warps) {
     const float* row = J.src + (J.map ? int64_t(J.map[r]) : r) * J.ld;
-    const float lo = d < k ? row[d] : 0.0f, hi = d + 1 < k ? row[d + 1] : 0.0f;
-    reinterpret_cast<uint32_t*>(J.dst)[e] = pack_bf16(lo, hi);
+    __nv_bfloat16* out = J.dst + r * kp;
+    if (kp % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+      for (int64_t d = 4 * lane; d < kp; d += 128) {
+        const float4 v = d + 4 <= k ? *reinterpret_cast<const float4*>(row + d)
+                                    : make_float4(d < k ? row[d] : 0.f, d + 1 < k ? row[d + 1] : 0.f,
+                                                  d + 2 < k ? row[d + 2] : 0.f, d + 3 < k ? row[d + 3] : 0.f);
+        *reinterpret_cast<uint2*>(out + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+      }
+    } else {
+      for (int64_t d = 2 * lane; d < kp; d += 64)
+        *reinterpret_cast<uint32_t*>(out + d) = pack_bf16(d < k ? row[d] : 0.f, d + 1 < k ? row[d + 1] : 0.f);
+    }
   }
+}
+
+// Blocks of rows_to_bf16_kernel for jobs of at most `rows` rows.
+unsigned row_blocks(int64_t rows) {
+  return grid_for(rows, kRowThreads / 32, 8192);
 }
 
 __global__ void __launch_bounds__(kThreads, 2)
@@ -171,20 +194,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
-// The same GEMM on Hopper's warpgroup tensor cores (sm_90a): the order above, the same k16 steps in
-// increasing k, each one wgmma.mma_async.m64nBNk16 instead of mma.sync.m16n8k16 per 16 x 8 tile. Block
-// tile 128 x BN outputs, 256 threads = two warpgroups of 64 x BN; k arrives 64 at a time by cp.async
-// into 128B-swizzled stages (kernels/cuda/wgmma.cuh), kStagesW of them: loads run two stages ahead
-// while one wgmma group is in flight, so stage t - 2 is free (retired by every warpgroup before the
-// barrier of step t) when step t refills it.
-template <int BN>
-struct Wgmma {
-  static constexpr int kStageA = kBM * 128, kStageB = BN * 128, kStage = kStageA + kStageB;  // bytes
-  static constexpr int kStages = (192 * 1024) / kStage;
-  static constexpr size_t kSmem = size_t(kStages) * kStage + 1024;  // + alignment of the first stage
-  static_assert(kStages >= 3, "loads two stages ahead of the one in use");
-};
-
 // STEPS k16 steps of a warpgroup, in increasing k, from the stage's A rows at a and B rows at b.
 template <int BN, int STEPS>
 __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
@@ -199,59 +208,77 @@ __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, ui
 #endif
 }
 
+// The same GEMM on Hopper (sm_90a): the order above, the same k16 steps in increasing k, each one
+// warpgroup wgmma.mma_async.m64nBNk16 from shared memory instead of mma.sync.m16n8k16 per 16 x 8 tile
+// (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Block tile
+// 128 x BN outputs; 384 threads, warp-specialised: warpgroup 0 produces (one thread issues the tensor
+// memory accelerator's copies of a stage, whose barrier `full` completes with their bytes), warpgroups
+// 1 and 2 consume, 64 rows each (wgmma from the stage, then, once it has retired, an arrival of each
+// of their warps on the stage's `empty` barrier, which frees it for the producer). Stages hold 128 x 64
+// x values and BN x 64 w values, 128B-swizzled by the copy as wgmma reads them (kernels/cuda/wgmma.cuh);
+// rows past m or n and k past kp arrive as zeros.
+struct TmaProblem {
+  CUtensorMap a, b;  // the bf16 copies: a [m, kp], b [n, kp]; boxes 64 x kBM and 64 x BN
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const int32_t* yrow = nullptr;
+  int64_t m = 0;
+};
+constexpr int kTmaThreads = 384;
+
 template <int BN>
-__global__ void __launch_bounds__(kThreads, 1)
-    gemm_wgmma_tensor_core_kernel(GemmShape s, int64_t kp, Bf16Problem one, const Bf16Problem* many) {
+struct Tma {
+  static constexpr int kStageA = kBM * 128, kStageB = BN * 128, kStage = kStageA + kStageB;  // bytes
+  static constexpr int kStages = (200 * 1024) / kStage;
+  static constexpr size_t kSmem = size_t(kStages) * kStage + 2 * 8 * kStages + 1024;  // + barriers, alignment
+};
+
+template <int BN>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_tma_tensor_core_kernel(GemmShape s, int64_t kp, const TmaProblem* problems) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using W = Wgmma<BN>;
-  const Bf16Problem& P = many ? many[blockIdx.z] : one;
+  using L = Tma<BN>;
+  const TmaProblem& P = problems[blockIdx.z];
   const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * BN;
   if (m0 >= P.m) return;
   extern __shared__ __align__(16) unsigned char wg_smem[];
   const uint32_t raw = smem_addr(wg_smem), base = (raw + 1023u) & ~1023u;  // swizzle atoms 1024-aligned
-  unsigned char* const smem = wg_smem + (base - raw);
-
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
-  // k stage t into buffer st: chunk c of an operand is row c / 8, k values 8 (c % 8) .. +8 of the stage;
-  // rows past m or n and k past kp are zeros.
-  auto load = [&](int64_t t, int st) {
-    unsigned char* const a = smem + st * W::kStage;
-    unsigned char* const b = a + W::kStageA;
-#pragma unroll
-    for (int i = 0; i < kBM * 8 / kThreads; ++i) {
-      const int c = tid + i * kThreads, row = c / 8, ch = c % 8;
-      const int64_t r = m0 + row, k0 = t * kBK + ch * 8;
-      const bool ok = r < P.m && k0 < kp;
-      cp_async16(a + swizzle128(row, ch), P.a + (ok ? r * kp + k0 : 0), ok ? 16 : 0);
+  const uint32_t full = base + uint32_t(L::kStages * L::kStage), empty = full + 8 * L::kStages;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  if (tid == 0) {
+    for (int st = 0; st < L::kStages; ++st) {
+      mbar_init(full + 8 * st, 1);
+      mbar_init(empty + 8 * st, 8);  // the consumers' eight warps
     }
-#pragma unroll
-    for (int i = 0; i < BN * 8 / kThreads; ++i) {
-      const int c = tid + i * kThreads, row = c / 8, ch = c % 8;
-      const int64_t col = n0 + row, k0 = t * kBK + ch * 8;
-      const bool ok = col < s.n && k0 < kp;
-      cp_async16(b + swizzle128(row, ch), P.b + (ok ? col * kp + k0 : 0), ok ? 16 : 0);
-    }
-  };
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int tiles = int((kp + kBK - 1) / kBK);
 
+  if (wg == 0) {  // the producer
+    setmaxnreg_dec<40>();
+    if (tid == 0) {
+      for (int t = 0; t < tiles; ++t) {
+        const int st = t % L::kStages, round = t / L::kStages;
+        if (round > 0) mbar_wait(empty + 8 * st, uint32_t(round - 1) & 1u);  // its last use has retired
+        const uint32_t a = base + uint32_t(st * L::kStage);
+        mbar_arrive_expect_tx(full + 8 * st, L::kStage);
+        tma_load_2d(a, &P.a, full + 8 * st, t * kBK, int(m0));
+        tma_load_2d(a + L::kStageA, &P.b, full + 8 * st, t * kBK, int(n0));
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // the consumer's 64 rows of the tile
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-
-  constexpr int kAhead = W::kStages - 2;  // stages loaded ahead of the one consumed
-  const int64_t tiles = (kp + kBK - 1) / kBK;
-#pragma unroll
-  for (int st = 0; st < kAhead; ++st) {
-    if (st < tiles) load(st, st);
-    cp_async_commit();
-  }
-  for (int64_t t = 0; t < tiles; ++t) {
-    cp_async_wait<kAhead - 1>();  // stage t has landed (this thread's copies) ...
-    fence_proxy_async_shared();   // ... where wgmma reads it ...
-    __syncthreads();              // ... for every thread; every warpgroup has retired step t - 2
-    if (t + kAhead < tiles) load(t + kAhead, int((t + kAhead) % W::kStages));
-    cp_async_commit();
-    const int st = int(t % W::kStages);
-    const uint32_t a = base + uint32_t(st * W::kStage) + uint32_t(wg * 64 * 128), b = base + uint32_t(st * W::kStage + W::kStageA);
+  for (int t = 0; t < tiles; ++t) {
+    const int st = t % L::kStages;
+    mbar_wait(full + 8 * st, uint32_t(t / L::kStages) & 1u);
+    const uint32_t a = base + uint32_t(st * L::kStage) + uint32_t(cw * 64 * 128), b = base + uint32_t(st * L::kStage + L::kStageA);
     wgmma_pin(acc);
     wgmma_fence_tensor_core();
     // All four k16 steps, also in a last stage whose second half is past kp (zeros): those add +-0
@@ -259,15 +286,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // wgmma sequence free of branches.
     wgmma_steps<BN, kBK / 16>(acc, a, b);
     wgmma_commit_tensor_core();
-    wgmma_wait_tensor_core<1>();  // step t - 1 has retired
+    wgmma_wait_tensor_core<1>();  // step t - 1 has retired: its stage is free
     wgmma_pin(acc);
+    if (t > 0 && lane == 0) mbar_arrive(empty + 8 * ((t - 1) % L::kStages));
   }
   wgmma_wait_tensor_core<0>();
   wgmma_pin(acc);
-  cp_async_wait<0>();  // no copy outlives the block
 
-  // Register 4 j + i: row 16 (warp % 4) + lane / 4 + 8 (i / 2) of the warpgroup's 64, column 8 j + 2 (lane % 4) + i % 2.
-  const int64_t row0 = m0 + wg * 64 + (warp % 4) * 16 + lane / 4;
+  const int64_t row0 = m0 + cw * 64 + (warp % 4) * 16 + lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r = row0 + 8 * h;
@@ -309,8 +335,8 @@ void require_tensor_core_device() {
 
 void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
   if (rows <= 0) return;
-  rows_to_bf16_kernel<<<grid_for(rows * width / 2, 256), 256, 0, stream>>>(Bf16Job{x, cols, nullptr, rows, out},
-                                                                         nullptr, cols, width);
+  rows_to_bf16_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(Bf16Job{x, cols, nullptr, rows, out}, nullptr,
+                                                                     cols, width);
   DSV4_LAUNCH_CHECK();
 }
 
@@ -319,23 +345,55 @@ namespace {
 // The kernels of the order (the same bits: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaEqualsMmaSync).
 enum class TcKernel { mma_sync, wgmma };
 
+// cuTensorMapEncodeTiled, from the driver the runtime uses (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !p) throw Error("cuda gemm: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The tensor map of rows [rows, kp] bf16 at `data`, read in boxes of 64 k values x box_rows rows.
+CUtensorMap bf16_rows_map(const __nv_bfloat16* data, int64_t rows, int64_t kp, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(kp), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(kp) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)}, step[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(data),
+                                           dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("cuda gemm: cuTensorMapEncodeTiled failed (error " + std::to_string(int(r)) + ") for " +
+                std::to_string(rows) + " x " + std::to_string(kp) + " bf16 rows");
+  return map;
+}
+
 template <int BN>
-void launch_wgmma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& bp, int64_t mmax,
-                  cudaStream_t stream) {
-  using W = Wgmma<BN>;
-  CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_tensor_core_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(W::kSmem)));
-  const int count = int(bp.size());
-  const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, kBM)), unsigned(count));
-  if (count == 1) {
-    gemm_wgmma_tensor_core_kernel<BN><<<grid, kThreads, W::kSmem, stream>>>(s, kp, bp[0], nullptr);
-    DSV4_LAUNCH_CHECK();
-    return;
+void launch_tma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& bp, int64_t mmax,
+                cudaStream_t stream) {
+  using L = Tma<BN>;
+  if (kp / kBK + 1 > INT32_MAX || mmax > INT32_MAX || s.n > INT32_MAX)
+    throw Error("cuda gemm cannot run: a dimension is too large for the TMA coordinates");
+  std::vector<TmaProblem> tp(bp.size());
+  for (size_t i = 0; i < bp.size(); ++i) {
+    const Bf16Problem& b = bp[i];
+    TmaProblem& t = tp[i];
+    t.y = b.y, t.ldy = b.ldy, t.yrow = b.yrow, t.m = b.m;
+    if (b.m <= 0) continue;
+    t.a = bf16_rows_map(b.a, b.m, kp, kBM);
+    t.b = bf16_rows_map(b.b, s.n, kp, BN);
   }
-  Scratch<Bf16Problem> dev_problems(count, stream);
-  CUDA_CHECK(cudaMemcpyAsync(dev_problems.get(), bp.data(), sizeof(Bf16Problem) * size_t(count),
-                             cudaMemcpyHostToDevice, stream));
-  gemm_wgmma_tensor_core_kernel<BN><<<grid, kThreads, W::kSmem, stream>>>(s, kp, Bf16Problem{}, dev_problems.get());
+  Scratch<TmaProblem> dev(int64_t(tp.size()), stream);
+  CUDA_CHECK(cudaMemcpyAsync(dev.get(), tp.data(), sizeof(TmaProblem) * tp.size(), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaFuncSetAttribute(gemm_tma_tensor_core_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(L::kSmem)));
+  const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, kBM)), unsigned(tp.size()));
+  gemm_tma_tensor_core_kernel<BN><<<grid, kTmaThreads, L::kSmem, stream>>>(s, kp, dev.get());
   DSV4_LAUNCH_CHECK();
 }
 
@@ -367,16 +425,16 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
   Scratch<Bf16Job> dev_jobs(int64_t(jobs.size()), stream);
   CUDA_CHECK(cudaMemcpyAsync(dev_jobs.get(), jobs.data(), sizeof(Bf16Job) * jobs.size(), cudaMemcpyHostToDevice,
                              stream));
-  const dim3 cgrid(grid_for(rows_max * (kp / 2), 256, 4096), unsigned(jobs.size()));
-  rows_to_bf16_kernel<<<cgrid, 256, 0, stream>>>(Bf16Job{}, dev_jobs.get(), s.k, kp);
+  rows_to_bf16_kernel<<<dim3(row_blocks(rows_max), unsigned(jobs.size())), kRowThreads, 0, stream>>>(
+      Bf16Job{}, dev_jobs.get(), s.k, kp);
   DSV4_LAUNCH_CHECK();
 
   if (kernel == TcKernel::wgmma) {
     // n <= 128 (the router, small projections) wastes less of a 128-wide tile.
     if (s.n <= 128)
-      launch_wgmma<128>(s, kp, bp, mmax, stream);
+      launch_tma<128>(s, kp, bp, mmax, stream);
     else
-      launch_wgmma<256>(s, kp, bp, mmax, stream);
+      launch_tma<256>(s, kp, bp, mmax, stream);
     return;
   }
   const size_t shmem = kStages * kStageBytes;

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) warpgroup tensor-core building blocks of the fast numerics' GEMM
 // (kernels/cuda/linear_tc.cu): shared-memory matrix descriptors of the 128-byte swizzled K-major layout,
-// the wgmma fences, and wgmma.mma_async m64nNk16 with bf16 inputs and fp32 accumulators. Functions that
+// the wgmma fences, wgmma.mma_async m64nNk16 with bf16 inputs and fp32 accumulators, mbarriers and the
+// tensor memory accelerator's 2-D copies (which write that layout themselves). Functions that
 // issue tensor-core instructions are named *tensor_core* (scripts/kernel-audit.py). Everything here
 // compiles to code only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); callers guard their use the same way.
 //
@@ -20,11 +21,6 @@
 #include "kernels/cuda/mma.cuh"
 
 namespace dsv4::cuda::detail {
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a 128B-swizzled tile.
-__host__ __device__ constexpr uint32_t swizzle128(int row, int chunk) {
-  return uint32_t(row) * 128u + uint32_t((chunk ^ (row & 7)) << 4);
-}
 
 // The descriptor of a 128B-swizzled K-major tile at shared address `addr` (1024-aligned, or advanced
 // from such a base by the k step's 32 kk bytes).
@@ -46,16 +42,57 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait_tensor_core() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Writes of this thread through the generic proxy (st.shared, cp.async) become visible to the async
-// proxy (wgmma's operand reads); a barrier then publishes them to the other threads.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 // Keeps the compiler from moving reads or writes of the accumulators across a wgmma issue or wait.
 template <int R>
 __device__ __forceinline__ void wgmma_pin(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---- mbarriers and the tensor memory accelerator (TMA) --------------------------------------------
+// Barriers are 8-byte words of shared memory (addresses from smem_addr). A phase completes when its
+// arrivals (the count given to init) and, for expect_tx, its transaction bytes have all come in.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the barriers' initialisation visible to the async proxy (TMA) before they are used.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival, and `bytes` more transaction bytes the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// The box at (c0 along the inner dimension, c1) of the 2-D tensor map `map` (in global memory) into
+// shared memory at dst, completing its bytes on barrier `bar`. Parts of the box outside the tensor are
+// zeros and count as transferred.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+// Hands registers back (a producer warpgroup) or takes them (the consumers): N per thread, a multiple of 8.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // d += a . b^T: a 64 x 16 (descriptor da), b N x 16 (descriptor db), both K-major bf16; fp32 d.
