@@ -16,6 +16,9 @@
 //                                                          (a multiple of 4; default 8192, 1024 quick)
 //   --dump DIR  after the Flash-shaped layer, write its attention-path tensors to DIR (see Dumper;
 //               bench/torch_layer.py reads them). Sizes at T = 8192 add up to several GiB.
+//   --fast      also the fast numerics: the GEMM table against cuBLAS, the Flash-shaped layer in fast
+//               numerics, the mid model exact against fast
+//   --fast-gemm-only  the roofline references and the fast GEMM table only (a profiler's run)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -637,7 +640,7 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false;
+  bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false, fast_gemm_only = false;
   int64_t flash_T = 0;
   std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
@@ -660,12 +663,15 @@ int main(int argc, char** argv) {
       layers_only = true;
     else if (a == "--fast")
       fast = true;
+    else if (a == "--fast-gemm-only")
+      fast = fast_gemm_only = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
-                   "[--layers-only] [--fast]\n"
+                   "[--layers-only] [--fast] [--fast-gemm-only]\n"
                    "  --fast: also the fast numerics (GEMMs, experts, indexer and attention on tensor cores): GEMMs\n"
-                   "          against cuBLAS, the Flash-shaped layer in fast numerics, the mid model exact against fast\n");
+                   "          against cuBLAS, the Flash-shaped layer in fast numerics, the mid model exact against fast\n"
+                   "  --fast-gemm-only: the roofline references and the fast GEMM table only\n");
       return 2;
     }
   }
@@ -691,8 +697,9 @@ int main(int argc, char** argv) {
     } else {
       std::printf("bf16 tensor-core GEMM: not measured (built without cuBLAS)\n");
     }
-    if (!layers_only) print_gemm_table(quick);
+    if (!layers_only && !fast_gemm_only) print_gemm_table(quick);
     if (fast) print_fast_gemm_table(quick);
+    if (fast_gemm_only) return 0;
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
                          128,   ReduceOrder{}};
