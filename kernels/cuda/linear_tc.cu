@@ -27,6 +27,7 @@
 // ones scripts/kernel-audit.py lets use tensor cores.
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -71,13 +72,39 @@ struct Bf16Problem {
   int64_t m = 0;
 };
 
-// The job of blockIdx.y (`one` when many is null): its rows in bf16, k values padded with zeros to kp.
-// One warp a row: float4 loads and 8-byte stores where the source row is 16-byte aligned and kp a
-// multiple of 4, else pairs.
+// A launch's jobs or problems: the first N travel in the kernel's parameters; more go to device memory
+// (a copy from pageable host memory, which can make the host wait for the stream before it returns:
+// small groups, the common case, launch without one).
+template <typename T, int N>
+struct Batch {
+  T item[N];
+  const T* many = nullptr;  // all of them, in device memory, when there are more than N
+  __device__ const T& operator[](int i) const { return many ? many[i] : item[i]; }
+};
+constexpr int kInlineJobs = 16, kInlineProblems = 32;
+using Bf16Jobs = Batch<Bf16Job, kInlineJobs>;
+
+// Fills a Batch with `items`, putting them in device memory (`scratch`, which must outlive the launch)
+// when they do not fit.
+template <typename T, int N>
+Batch<T, N> batch_of(const std::vector<T>& items, std::unique_ptr<Scratch<T>>& scratch, cudaStream_t stream) {
+  Batch<T, N> b{};
+  if (items.size() <= size_t(N)) {
+    for (size_t i = 0; i < items.size(); ++i) b.item[i] = items[i];
+    return b;
+  }
+  scratch = std::make_unique<Scratch<T>>(int64_t(items.size()), stream);
+  CUDA_CHECK(cudaMemcpyAsync(scratch->get(), items.data(), sizeof(T) * items.size(), cudaMemcpyHostToDevice, stream));
+  b.many = scratch->get();
+  return b;
+}
+
+// Job blockIdx.y: its rows in bf16, k values padded with zeros to kp. One warp a row: float4 loads and
+// 8-byte stores where the source row is 16-byte aligned and kp a multiple of 4, else pairs.
 constexpr int kRowThreads = 256;
-__global__ void __launch_bounds__(kRowThreads) rows_to_bf16_kernel(Bf16Job one, const Bf16Job* many, int64_t k,
-                                                                   int64_t kp) {
-  const Bf16Job& J = many ? many[blockIdx.y] : one;
+__global__ void __launch_bounds__(kRowThreads)
+    rows_to_bf16_kernel(const __grid_constant__ Bf16Jobs jobs, int64_t k, int64_t kp) {
+  const Bf16Job& J = jobs[int(blockIdx.y)];
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (kRowThreads / 32);
   for (int64_t r = int64_t(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32; r < J.rows; r += warps) {
@@ -225,6 +252,7 @@ struct TmaProblem {
   int64_t m = 0;
 };
 constexpr int kTmaThreads = 384;
+using TmaProblems = Batch<TmaProblem, kInlineProblems>;  // tensor maps as parameters: __grid_constant__
 
 template <int BN>
 struct Tma {
@@ -235,10 +263,10 @@ struct Tma {
 
 template <int BN>
 __global__ void __launch_bounds__(kTmaThreads, 1)
-    gemm_tma_tensor_core_kernel(GemmShape s, int64_t kp, const TmaProblem* problems) {
+    gemm_tma_tensor_core_kernel(GemmShape s, int64_t kp, const __grid_constant__ TmaProblems problems) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Tma<BN>;
-  const TmaProblem& P = problems[blockIdx.z];
+  const TmaProblem& P = problems[int(blockIdx.z)];
   const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * BN;
   if (m0 >= P.m) return;
   extern __shared__ __align__(16) unsigned char wg_smem[];
@@ -335,8 +363,9 @@ void require_tensor_core_device() {
 
 void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
   if (rows <= 0) return;
-  rows_to_bf16_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(Bf16Job{x, cols, nullptr, rows, out}, nullptr,
-                                                                     cols, width);
+  Bf16Jobs jobs{};
+  jobs.item[0] = Bf16Job{x, cols, nullptr, rows, out};
+  rows_to_bf16_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(jobs, cols, width);
   DSV4_LAUNCH_CHECK();
 }
 
@@ -388,12 +417,12 @@ void launch_tma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& 
     t.a = bf16_rows_map(b.a, b.m, kp, kBM);
     t.b = bf16_rows_map(b.b, s.n, kp, BN);
   }
-  Scratch<TmaProblem> dev(int64_t(tp.size()), stream);
-  CUDA_CHECK(cudaMemcpyAsync(dev.get(), tp.data(), sizeof(TmaProblem) * tp.size(), cudaMemcpyHostToDevice, stream));
+  std::unique_ptr<Scratch<TmaProblem>> scratch;
+  const TmaProblems problems = batch_of<TmaProblem, kInlineProblems>(tp, scratch, stream);
   CUDA_CHECK(cudaFuncSetAttribute(gemm_tma_tensor_core_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(L::kSmem)));
   const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, kBM)), unsigned(tp.size()));
-  gemm_tma_tensor_core_kernel<BN><<<grid, kTmaThreads, L::kSmem, stream>>>(s, kp, dev.get());
+  gemm_tma_tensor_core_kernel<BN><<<grid, kTmaThreads, L::kSmem, stream>>>(s, kp, problems);
   DSV4_LAUNCH_CHECK();
 }
 
@@ -422,11 +451,9 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
     rows_max = s.n > rows_max ? s.n : rows_max;
   }
   if (jobs.size() > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
-  Scratch<Bf16Job> dev_jobs(int64_t(jobs.size()), stream);
-  CUDA_CHECK(cudaMemcpyAsync(dev_jobs.get(), jobs.data(), sizeof(Bf16Job) * jobs.size(), cudaMemcpyHostToDevice,
-                             stream));
+  std::unique_ptr<Scratch<Bf16Job>> job_scratch;
   rows_to_bf16_kernel<<<dim3(row_blocks(rows_max), unsigned(jobs.size())), kRowThreads, 0, stream>>>(
-      Bf16Job{}, dev_jobs.get(), s.k, kp);
+      batch_of<Bf16Job, kInlineJobs>(jobs, job_scratch, stream), s.k, kp);
   DSV4_LAUNCH_CHECK();
 
   if (kernel == TcKernel::wgmma) {
