@@ -22,6 +22,7 @@ struct ReplayArgs {
   std::string trace, model, json_out, force, take_from, optimizer_state;
   bool tolerance_given = false;  // --tolerance, with or without a value
   std::string tolerance;         // its value ("" without one)
+  std::string tolerance_logprobs;  // --tolerance-logprobs ("" when not given)
   int step = -1;
   bool all = false;
   int threads = 0;
@@ -132,7 +133,9 @@ int run_replay(const ReplayArgs& a) {
       throw InputError(fmt::format("--force-decisions: unknown kind '{}' (expected indexer, routing)", f));
   }
   o.take_decisions_from = a.take_from;
-  if (a.tolerance_given) o.tolerance = parse_tolerance(a.tolerance);
+  if (!a.tolerance_logprobs.empty() && !a.tolerance_given)
+    throw InputError("--tolerance-logprobs " + a.tolerance_logprobs + " needs --tolerance (it sets one of its bounds)");
+  if (a.tolerance_given) o.tolerance = parse_tolerance(a.tolerance, a.tolerance_logprobs);
   const ReplayReport r = replay_trace(a.trace, o);
   // Every rank verified the same outputs (the expert outputs are gathered to all): rank 0 reports,
   // and every rank exits with the verdict.
@@ -294,6 +297,9 @@ void register_replay_commands(CLI::App& app) {
                                  kDefaultTensorRelL2, kDefaultLogprobRelL2))
           ->expected(0, 1)
           ->type_name("[X]");
+  rp->add_option("--tolerance-logprobs", ra->tolerance_logprobs,
+                 fmt::format("With --tolerance: the log-probs' rel-L2 bound (default {:g})", kDefaultLogprobRelL2))
+      ->type_name("Y");
   rp->add_option("--json", ra->json_out, "Also write the report as JSON to this file");
   add_parallel_options(rp, ra->parallel);
   rp->callback([ra, tolerance] {

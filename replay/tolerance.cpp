@@ -20,20 +20,26 @@
 
 namespace dsv4 {
 
-ToleranceBounds parse_tolerance(const std::string& value) {
-  ToleranceBounds b;
-  if (value.empty()) return b;
-  const auto refuse = [&] {
-    return InputError(fmt::format(
-        "--tolerance: '{}' is not a finite number >= 0 (the per-tensor rel-L2 bound; without a value the default "
-        "{:g} is used)",
-        value, kDefaultTensorRelL2));
-  };
+namespace {
+
+// A bound's value: a finite number >= 0, else an InputError naming the option and its default.
+double parse_bound(const char* option, const char* what, const std::string& value, double fallback) {
   errno = 0;
   char* end = nullptr;
   const double x = std::strtod(value.c_str(), &end);
-  if (end != value.c_str() + value.size() || errno == ERANGE || !std::isfinite(x) || x < 0) throw refuse();
-  b.tensor_rel_l2 = x;
+  if (end != value.c_str() + value.size() || value.empty() || errno == ERANGE || !std::isfinite(x) || x < 0)
+    throw InputError(
+        fmt::format("{}: '{}' is not a finite number >= 0 (the {} bound; default {:g})", option, value, what, fallback));
+  return x;
+}
+
+}  // namespace
+
+ToleranceBounds parse_tolerance(const std::string& value, const std::string& logprobs) {
+  ToleranceBounds b;
+  if (!value.empty()) b.tensor_rel_l2 = parse_bound("--tolerance", "per-tensor rel-L2", value, kDefaultTensorRelL2);
+  if (!logprobs.empty())
+    b.logprob_rel_l2 = parse_bound("--tolerance-logprobs", "log-probs' rel-L2", logprobs, kDefaultLogprobRelL2);
   return b;
 }
 

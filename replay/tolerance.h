@@ -38,12 +38,13 @@ inline constexpr double kDefaultLogprobRelL2 = 5e-3;  // the log-probs of all se
 
 struct ToleranceBounds {
   double tensor_rel_l2 = kDefaultTensorRelL2;    // `--tolerance X` sets this one
-  double logprob_rel_l2 = kDefaultLogprobRelL2;  // fixed
+  double logprob_rel_l2 = kDefaultLogprobRelL2;  // `--tolerance-logprobs Y` this one
 };
 
-// `--tolerance X`: "" gives the default bounds; otherwise X is the per-tensor rel-L2 bound, a finite
-// number >= 0. Throws InputError naming the option and the value for anything else.
-ToleranceBounds parse_tolerance(const std::string& value);
+// `--tolerance X` and `--tolerance-logprobs Y`: "" keeps a default bound; otherwise X is the per-tensor
+// rel-L2 bound and Y the log-probs' rel-L2 bound, each a finite number >= 0. Throws InputError naming
+// the option and the value for anything else.
+ToleranceBounds parse_tolerance(const std::string& value, const std::string& logprobs = "");
 
 // ---- the comparison of values -----------------------------------------------------------------------
 // rel-L2 of a replayed tensor b against the recorded a: ||b − a|| / ||a|| over the elements finite on

@@ -277,6 +277,14 @@ TEST(ReplayTolerance, PerturbedLogprobsReportTheirRelL2AndMaxAbs) {
     const auto j = read_json(js).at("steps").at(0).at("tolerance").at("logprobs");
     EXPECT_NEAR(j.at("rel_l2").get<double>(), want, 1e-9 * want);
     EXPECT_EQ(j.at("within").get<bool>(), within);
+
+    // The log-probs' bound set on the command line, on the other side of the same rel-L2.
+    const double bound = within ? want / 2 : want * 2;
+    const auto other = test::run_cli(fmt::format("replay {} --tolerance --tolerance-logprobs {:.6e}", p, bound));
+    EXPECT_EQ(other.code, within ? 1 : 0) << other.out;
+    EXPECT_TRUE(has(other.out, fmt::format("(bound {:g}){}", std::stod(fmt::format("{:.6e}", bound)),
+                                           within ? " OVER THE BOUND" : "")))
+        << other.out;
   }
 }
 
@@ -425,6 +433,19 @@ TEST(ReplayTolerance, BadInputIsRefused) {
   EXPECT_EQ(parse_tolerance("0.2").logprob_rel_l2, kDefaultLogprobRelL2);
   EXPECT_THROW(parse_tolerance("-0.1"), InputError);
   EXPECT_THROW(parse_tolerance("nan"), InputError);
+  EXPECT_EQ(parse_tolerance("", "0.02").logprob_rel_l2, 0.02);
+  EXPECT_EQ(parse_tolerance("", "0.02").tensor_rel_l2, kDefaultTensorRelL2);
+  EXPECT_THROW(parse_tolerance("", "-1"), InputError);
+
+  // --tolerance-logprobs: a bad value, and the option without --tolerance.
+  for (const std::string v : {"-1", "nan", "x"}) {
+    const auto b = test::run_cli("replay " + t + " --tolerance --tolerance-logprobs=" + v);
+    EXPECT_EQ(b.code, 2) << b.out;
+    EXPECT_TRUE(has(b.out, "--tolerance-logprobs: '" + v + "' is not a finite number >= 0")) << b.out;
+  }
+  const auto alone = test::run_cli("replay " + t + " --tolerance-logprobs 0.1");
+  EXPECT_EQ(alone.code, 2) << alone.out;
+  EXPECT_TRUE(has(alone.out, "--tolerance-logprobs 0.1 needs --tolerance")) << alone.out;
 }
 
 // ---- the pieces -----------------------------------------------------------------------------------------

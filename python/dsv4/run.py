@@ -25,14 +25,17 @@ def _force_kinds(force):
 
 
 def replay(trace, step=None, model=None, threads=0, force=(), take_decisions_from=None, take_step=-1,
-           optimizer_state=None, tolerance=None):
+           optimizer_state=None, tolerance=None, tolerance_logprobs=None):
     """Re-execute the trace's steps (or one `step`) and compare with the recording; the report
     `dsv4 replay --json` writes. force: "indexer", "routing" or both (the recorded decisions fed back).
     tolerance (`dsv4 replay --tolerance`): None refuses a fast-numerics step that cannot be replayed bit
     for bit here; True compares it within the default bounds (docs/NUMERICS.md "Replay within
-    tolerance"); a number is the per-tensor rel-L2 bound."""
+    tolerance"); a number is the per-tensor rel-L2 bound. tolerance_logprobs
+    (`--tolerance-logprobs`, with tolerance): the log-probs' rel-L2 bound."""
     force_indexer, force_routing = _force_kinds(force)
     if tolerance is None or tolerance is False:
+        if tolerance_logprobs is not None:
+            raise ValueError("tolerance_logprobs needs tolerance (it sets one of its bounds)")
         tol = None
     elif tolerance is True:
         tol = ""
@@ -41,7 +44,8 @@ def replay(trace, step=None, model=None, threads=0, force=(), take_decisions_fro
     text = _dsv4.replay_json(os.fspath(trace), step, "" if model is None else os.fspath(model), int(threads),
                              force_indexer, force_routing,
                              "" if take_decisions_from is None else os.fspath(take_decisions_from),
-                             int(take_step), "" if optimizer_state is None else os.fspath(optimizer_state), tol)
+                             int(take_step), "" if optimizer_state is None else os.fspath(optimizer_state), tol,
+                             "" if tolerance_logprobs is None else repr(float(tolerance_logprobs)))
     return json.loads(text)
 
 

@@ -40,10 +40,11 @@ void bind_run(py::module_& m) {
       "replay_json",
       [](const std::string& trace, std::optional<int> step, const std::string& model_dir, int threads,
          bool force_indexer, bool force_routing, const std::string& take_decisions_from, int take_step,
-         const std::string& optimizer_state, const std::optional<std::string>& tolerance) {
+         const std::string& optimizer_state, const std::optional<std::string>& tolerance,
+         const std::string& tolerance_logprobs) {
         py::gil_scoped_release unlocked;
         ReplayOptions o;
-        if (tolerance) o.tolerance = parse_tolerance(*tolerance);
+        if (tolerance) o.tolerance = parse_tolerance(*tolerance, tolerance_logprobs);
         o.step = step;
         o.model_dir = model_dir;
         o.threads = threads;
@@ -56,7 +57,7 @@ void bind_run(py::module_& m) {
       },
       py::arg("trace"), py::arg("step"), py::arg("model_dir"), py::arg("threads"), py::arg("force_indexer"),
       py::arg("force_routing"), py::arg("take_decisions_from"), py::arg("take_step"), py::arg("optimizer_state"),
-      py::arg("tolerance"));
+      py::arg("tolerance"), py::arg("tolerance_logprobs"));
 
   m.def(
       "diff_json",

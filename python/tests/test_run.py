@@ -50,8 +50,9 @@ def test_replay_equals_the_cli(work, train_trace):
 def test_replay_tolerance_equals_the_cli(work, train_trace):
     """An exact step replays bit for bit with or without a tolerance (the report says the bound did not
     apply); the report equals `dsv4 replay --tolerance X --json`; a bad bound is an InputError."""
-    for arg, value in (([], True), (["0.2"], 0.2)):
-        mine = dsv4.replay(train_trace, tolerance=value)
+    for arg, value, logprobs in (([], True, None), (["0.2"], 0.2, None),
+                                 (["0.2", "--tolerance-logprobs", "0.01"], 0.2, 0.01)):
+        mine = dsv4.replay(train_trace, tolerance=value, tolerance_logprobs=logprobs)
         out = work / "replay-tolerance.json"
         assert cli("replay", train_trace, "--tolerance", *arg, "--json", out).returncode == 0
         assert without_seconds(mine) == without_seconds(json.loads(out.read_text()))
@@ -60,6 +61,10 @@ def test_replay_tolerance_equals_the_cli(work, train_trace):
         dsv4.replay(train_trace, tolerance=-1)
     with pytest.raises(dsv4.InputError, match="--tolerance"):
         dsv4.replay(train_trace, tolerance=float("nan"))
+    with pytest.raises(dsv4.InputError, match="--tolerance-logprobs"):
+        dsv4.replay(train_trace, tolerance=True, tolerance_logprobs=-1)
+    with pytest.raises(ValueError, match="needs tolerance"):
+        dsv4.replay(train_trace, tolerance_logprobs=0.01)
 
 
 def test_diff_equals_the_cli(work, train_trace, rollout_trace):
