@@ -371,7 +371,7 @@ void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bf
 
 namespace {
 
-// The kernels of the order (the same bits: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaEqualsMmaSync).
+// The kernels of the order (the same bits: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel).
 enum class TcKernel { mma_sync, wgmma };
 
 // cuTensorMapEncodeTiled, from the driver the runtime uses (no link against libcuda).
@@ -406,7 +406,7 @@ template <int BN>
 void launch_tma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& bp, int64_t mmax,
                 cudaStream_t stream) {
   using L = Tma<BN>;
-  if (kp / kBK + 1 > INT32_MAX || mmax > INT32_MAX || s.n > INT32_MAX)
+  if (kp > INT32_MAX || mmax > INT32_MAX || s.n > INT32_MAX)  // the copies' coordinates are 32-bit
     throw Error("cuda gemm cannot run: a dimension is too large for the TMA coordinates");
   std::vector<TmaProblem> tp(bp.size());
   for (size_t i = 0; i < bp.size(); ++i) {
