@@ -273,7 +273,7 @@ const char* sparse_attention_check(const SparseAttnParams& p) {
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
   require(cuda::sparse_attention_check(p), "sparse_attention");
   if (p.T <= 0) return;
-  if (p.order.tensor_core) return detail::sparse_attention_tensor_core(p, stream);
+  if (p.order.tensor_core) return detail::sparse_attention_tensor_core(p, /*wgmma_allowed=*/true, stream);
   const int ht = head_tile(p);
   const int64_t np = split_slots(p);
   const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np + online_per_head(p)) +
@@ -298,6 +298,16 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
   sparse_attention_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht);
   DSV4_LAUNCH_CHECK();
+}
+
+void sparse_attention_mma_sync(const SparseAttnParams& p, cudaStream_t stream) {
+  require(cuda::sparse_attention_check(p), "sparse_attention");
+  if (!p.order.tensor_core) throw Error("sparse_attention_mma_sync: the call is not in the tensor_core order");
+  if (p.T > 0) detail::sparse_attention_tensor_core(p, /*wgmma_allowed=*/false, stream);
+}
+
+bool sparse_attention_uses_wgmma(const SparseAttnParams& p) {
+  return p.order.tensor_core && detail::sparse_attention_tensor_core_uses_wgmma(p);
 }
 
 }  // namespace dsv4::cuda

@@ -50,6 +50,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/detail/attention.h"
 
 namespace dsv4::cuda {
@@ -282,27 +283,293 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+
+// ---- the same order on Hopper's warpgroup tensor cores (sm_90a) -----------------------------------
+// sparse_attention_wgmma_tensor_core_kernel computes every value above with the same operations in the
+// same order (tests/gpu/test_gpu_fast.cpp FastAttention.WgmmaKernelEqualsMmaSyncKernel compares the
+// bytes): each score is the same DP / 16 k16 steps into one fp32 accumulator from +0, as
+// wgmma.mma_async.m64n32k16 instead of mma.sync.m16n8k16; the maxima, the probabilities and the
+// sums are formed from the same accumulator fragments in the same order (a wgmma m64nN accumulator
+// holds, per warp and n-tile of 8, the fragment of an m16n8 mma); P·V is the same 16-slot steps, as
+// wgmma.m64n{DP/2}k16 reading P (K-major) and the kv block transposed (MN-major), skipped past nv as
+// above (accumulators rescaled by alpha can be -0, so a zero step would not be neutral).
+// One block of 256 threads (two warpgroups, half = 0, 1) per (row t, tile of 64 heads), grid-stride:
+//   - q (bf16) and the kv blocks live in shared memory as DP / 64 panels of [64 rows][64 values] in
+//     the 128B swizzle (kernels/cuda/wgmma.cuh); kv block b + 1 (its valid slots [64b + 64, +64), rows
+//     past nv zeros) is copied with cp.async from the call's bf16 copy of kv into the other of two
+//     stages while block b is consumed; each thread waits for its own copies and fences them for the
+//     async proxy before the block's first barrier.
+//   - warpgroup `half` computes the scores of all 64 heads against the block's slots [32 half, +32)
+//     (step 3 above), publishes its maxima and, after a barrier, its bf16 P half (into a swizzled
+//     [64][64] panel) and sums; after another barrier it rescales and accumulates P·V into output
+//     columns [half DP/2, +DP/2) (128 fp32 accumulators per thread at DP = 512). P and the statistics
+//     are double-buffered by block parity.
+// The host runs this kernel where the device is compute capability 9.0 and the binary holds sm_90a
+// code, DP is 256 or 512, the call reads the bf16 copy of kv and the layout fits; elsewhere the
+// mma.sync kernel above (the same bits).
+constexpr int kPanel = kSlots * 128;  // bytes of one [64 rows][64 bf16] swizzled panel
+
 template <int DP>
-void launch_tc(const SparseAttnParams& p, cudaStream_t stream) {
-  int dev = 0, optin = 0;
+struct WgLayout {  // byte offsets from the 1024-aligned base
+  static constexpr int kPanels = DP / 64;
+  static constexpr int kStage = kPanels * kPanel;      // one kv block (and q: the same size)
+  static constexpr int kKv = kStage;                   // q at 0, then two kv stages
+  static constexpr int kP = kKv + 2 * kStage;          // two P panels
+  static constexpr int kRed = kP + 2 * kPanel;         // two [max half 0, max half 1, sum 0, sum 1][64]
+  static constexpr int kSlotList = kRed + 2 * 4 * kRows * 4;
+  static size_t bytes(int64_t K) { return 1024 + size_t(kSlotList) + sizeof(int32_t) * size_t(K); }
+};
+
+// Byte offset of bf16 element (r, d) in DP / 64 swizzled panels of [64 rows][64].
+__device__ __forceinline__ uint32_t panel_offset(int r, int d) {
+  return uint32_t((d / 64) * kPanel + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2);
+}
+
+template <int DP>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_attention_wgmma_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, bool vec) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WgLayout<DP>;
+  using detail::pack_bf16;
+  constexpr int kHalfN = DP / 2, kAcc = kHalfN / 2;  // a warpgroup's output columns; its accumulators
+  extern __shared__ __align__(16) unsigned char wsh[];
+  const uint32_t raw = detail::smem_addr(wsh), base = (raw + 1023u) & ~1023u;
+  unsigned char* gb = wsh + (base - raw);  // the aligned base as a generic pointer
+  float* red = reinterpret_cast<float*>(gb + L::kRed);
+  int32_t* slots = reinterpret_cast<int32_t*>(gb + L::kSlotList);
+  __shared__ int scan_red[32];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int half = warp / 4, g = lane / 4, c = lane % 4;
+  const int row0 = 16 * (warp % 4) + g;  // this thread's rows row0 and row0 + 8 of the tile
+  const int tiles = (p.H + kRows - 1) / kRows;
+  const float neg_inf = num::f32_from_bits(0xff800000u);
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * kRows;
+    const int nh = p.H - h0 < kRows ? p.H - h0 : kRows;
+    const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, scan_red);
+    if (nv == 0) {  // only the sink: o = 0, lse = sink
+      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
+      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
+      continue;
+    }
+    const int nb = (nv + kSlots - 1) / kSlots;
+
+    // kv block b into stage b % 2
+    auto load_kv = [&](int b) {
+      constexpr int kChunks = DP / 8;  // 16-byte chunks of a bf16 row
+      unsigned char* dst = gb + L::kKv + (b % 2) * L::kStage;
+      const int v0 = b * kSlots;
+      for (int e = tid; e < kSlots * kChunks; e += kThreads) {
+        const int r = e / kChunks, ch = e % kChunks;
+        const bool ok = v0 + r < nv;
+        detail::cp_async16(dst + panel_offset(r, ch * 8), kvb + (ok ? int64_t(slots[v0 + r]) * DP + ch * 8 : 0),
+                           ok ? 16 : 0);
+      }
+      detail::cp_async_commit();
+    };
+    load_kv(0);
+    {  // q of the tile as bf16, zeros past nh and Dh
+      const float* q0 = p.q + (t * p.H + h0) * p.Dh;
+      for (int e = tid; e < kRows * (DP / 4); e += kThreads) {
+        const int r = e / (DP / 4), d = (e % (DP / 4)) * 4;
+        const float* src = q0 + int64_t(r) * p.Dh + d;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nh) {
+          if (vec) {
+            if (d < p.Dh) v = *reinterpret_cast<const float4*>(src);
+          } else {
+            v = make_float4(d < p.Dh ? src[0] : 0.f, d + 1 < p.Dh ? src[1] : 0.f, d + 2 < p.Dh ? src[2] : 0.f,
+                            d + 3 < p.Dh ? src[3] : 0.f);
+          }
+        }
+        *reinterpret_cast<uint2*>(gb + panel_offset(r, d)) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+      }
+    }
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};  // rows row0 and row0 + 8
+    for (int b = 0; b < nb; ++b) {
+      const int pb = b % 2;
+      float* R = red + pb * 4 * kRows;  // [max half 0][max half 1][sum half 0][sum half 1]
+      const uint32_t kv = base + L::kKv + uint32_t(pb * L::kStage), P = base + L::kP + uint32_t(pb * kPanel);
+      const int vb = b * kSlots, nvb = nv - vb < kSlots ? nv - vb : kSlots;
+      detail::cp_async_wait<0>();
+      detail::fence_proxy_async_shared();  // this thread's copies (and q) for the async proxy
+      __syncthreads();                     // (A) block b's kv and q for both warpgroups; stage b + 1 free
+      if (b + 1 < nb) load_kv(b + 1);
+
+      // scores of the 64 heads against slots [32 half, +32) of the block: DP / 16 k16 steps
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+      if (half * 32 < nvb) {
+        detail::wgmma_fence_tensor_core();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+          const uint32_t off = uint32_t((kk / 4) * kPanel + 32 * (kk % 4));
+          detail::wgmma_m64n32k16_tensor_core(s, detail::wgmma_desc_sw128(base + off),
+                                              detail::wgmma_desc_sw128(kv + off + uint32_t(half * 32 * 128)));
+        }
+        detail::wgmma_commit_tensor_core();
+        detail::wgmma_wait_tensor_core<0>();
+        detail::wgmma_pin(s);
+      }
+      // z = scale * s (slots past nv: -inf) and the half's maximum per row; s[4 j + e] is the mma
+      // kernel's s[j][e]
+      float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int v = vb + half * 32 + j * 8 + 2 * c + (e & 1);
+          s[4 * j + e] = v < nv ? p.scale * s[4 * j + e] : neg_inf;
+          if (s[4 * j + e] > mx[e / 2]) mx[e / 2] = s[4 * j + e];
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          const float x = __shfl_xor_sync(0xffffffffu, mx[i], o);
+          if (x > mx[i]) mx[i] = x;
+        }
+      if (c == 0) R[half * kRows + row0] = mx[0], R[half * kRows + row0 + 8] = mx[1];
+      __syncthreads();  // (B) both halves' maxima
+      float alpha[2], mn[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = row0 + 8 * i;
+        float mb = R[r];
+        if (R[kRows + r] > mb) mb = R[kRows + r];
+        mn[i] = mb > m[i] ? mb : m[i];
+        alpha[i] = num::exp_f(m[i] - mn[i]);  // the first block: exp_f(-inf) = 0
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int v = vb + half * 32 + j * 8 + 2 * c, r = row0 + 8 * i;
+          const float p0 = v < nv ? num::exp_f(s[4 * j + 2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_f(s[4 * j + 2 * i + 1] - mn[i]) : 0.0f;
+          sum[i] = sum[i] + p0;
+          sum[i] = sum[i] + p1;
+          *reinterpret_cast<uint32_t*>(gb + L::kP + pb * kPanel + panel_offset(r, half * 32 + j * 8 + 2 * c)) =
+              pack_bf16(p0, p1);
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        sum[i] = sum[i] + __shfl_xor_sync(0xffffffffu, sum[i], 1);
+        sum[i] = sum[i] + __shfl_xor_sync(0xffffffffu, sum[i], 2);
+      }
+      if (c == 0) R[(2 + half) * kRows + row0] = sum[0], R[(2 + half) * kRows + row0 + 8] = sum[1];
+      detail::fence_proxy_async_shared();  // P is read by wgmma
+      __syncthreads();                     // (C) P and both halves' sums
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = row0 + 8 * i;
+        l[i] = l[i] * alpha[i] + (R[2 * kRows + r] + R[3 * kRows + r]);
+        m[i] = mn[i];
+      }
+
+      // acc = acc * alpha + P . kv over the block's 16-slot steps up to nv
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * alpha[(i % 4) / 2];
+      const uint32_t vcol = kv + uint32_t(half * (kHalfN / 64) * kPanel);  // this half's columns
+      auto step = [&](int kk) {
+        const uint64_t da = detail::wgmma_desc_sw128(P + uint32_t(32 * kk));
+        const uint64_t db = detail::wgmma_desc_sw128_mn(vcol + uint32_t(kk * 16 * 128), kPanel);
+        if constexpr (kHalfN == 256)
+          detail::wgmma_m64n256k16_tensor_core<1>(acc, da, db);
+        else
+          detail::wgmma_m64n128k16_tensor_core<1>(acc, da, db);
+      };
+      detail::wgmma_pin(acc);
+      detail::wgmma_fence_tensor_core();
+      switch ((nvb + 15) / 16) {  // whole branches: no wgmma under a condition of its own
+        case 4: step(0), step(1), step(2), step(3); break;
+        case 3: step(0), step(1), step(2); break;
+        case 2: step(0), step(1); break;
+        default: step(0); break;
+      }
+      detail::wgmma_commit_tensor_core();
+      detail::wgmma_wait_tensor_core<0>();
+      detail::wgmma_pin(acc);
+    }
+
+    // the sink, the division and the stores
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = row0 + 8 * i;
+      if (r >= nh) continue;
+      const float lf = l[i] + num::exp_f(p.sink[h0 + r] - m[i]);
+      float* orow = p.o + (t * p.H + h0 + r) * p.Dh;
+#pragma unroll
+      for (int j = 0; j < kHalfN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t col = half * kHalfN + j * 8 + 2 * c + e;
+          if (col < p.Dh) orow[col] = num::bf16_round(acc[4 * j + 2 * i + e] / lf);
+        }
+      if (p.lse && half == 0 && c == 0) p.lse[t * p.H + h0 + r] = m[i] + num::log_f(lf);
+    }
+  }
+#else
+  __trap();  // the host launches it only where wgmma_available() said sm_90a code runs
+#endif
+}
+
+// A call reads a bf16 copy of kv made once when it touches at least half of kv's rows; a decode step
+// (few rows, a long cache) converts the rows it reads. Both round alike.
+bool reads_bf16_copy(const SparseAttnParams& p) {
+  return p.N <= 2 * p.T * p.K;
+}
+
+int device_attribute(cudaDeviceAttr a) {
+  int dev = 0, v = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, a, dev));
+  return v;
+}
+
+// Whether the Hopper kernel runs p (the rule of the kernel's comment above).
+bool runs_wgmma(const SparseAttnParams& p, int dp) {
+  if (dp < 256 || !reads_bf16_copy(p) || !detail::wgmma_available()) return false;
+  const size_t need = dp == 512 ? WgLayout<512>::bytes(p.K) : WgLayout<256>::bytes(p.K);
+  return need + sizeof(int) * 32 <= size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));  // + scan_red
+}
+
+template <int DP>
+void launch_tc(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t stream) {
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  const bool bf16kv = reads_bf16_copy(p);
+  detail::Scratch<__nv_bfloat16> kvb(bf16kv ? p.N * DP : 0, stream);
+  if (bf16kv) detail::rows_to_bf16(p.kv, p.N, p.Dh, DP, kvb.get(), stream);
+  const int64_t items = p.T * ((p.H + kRows - 1) / kRows);
+  const bool vec = p.Dh % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.kv) % 16 == 0;
+  if constexpr (DP >= 256) {
+    if (wgmma_allowed && runs_wgmma(p, DP)) {
+      const size_t shmem = WgLayout<DP>::bytes(p.K);
+      auto kernel = sparse_attention_wgmma_tensor_core_kernel<DP>;
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
+      const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount);
+      kernel<<<unsigned(items < sms ? items : sms), kThreads, shmem, stream>>>(p, kvb.get(), vec);
+      DSV4_LAUNCH_CHECK();
+      return;
+    }
+  }
   const int bufs = tc_layout(DP, 2).bytes(p.K) <= size_t(optin) ? 2 : 1;
   const size_t shmem = tc_layout(DP, bufs).bytes(p.K);
   if (shmem > size_t(optin))
     throw Error("sparse_attention (tensor_core order): K = " + std::to_string(p.K) + " slots with Dh = " +
                 std::to_string(p.Dh) + " need " + std::to_string(shmem) +
                 " bytes of shared memory per block; this device allows " + std::to_string(optin));
-  // A call that touches at least half of kv's rows reads a bf16 copy of kv made once (cp.async);
-  // a decode step (few rows, a long cache) converts the rows it reads. Both round alike.
-  const bool bf16kv = p.N <= 2 * p.T * p.K;
-  detail::Scratch<__nv_bfloat16> kvb(bf16kv ? p.N * DP : 0, stream);
-  if (bf16kv) detail::rows_to_bf16(p.kv, p.N, p.Dh, DP, kvb.get(), stream);
   auto kernel = bf16kv ? sparse_attention_tensor_core_kernel<DP, true> : sparse_attention_tensor_core_kernel<DP, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
-  const int64_t items = p.T * ((p.H + kRows - 1) / kRows);
-  const bool vec = p.Dh % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(p.kv) % 16 == 0;
   kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, kvb.get(), bufs, vec);
   DSV4_LAUNCH_CHECK();
 }
@@ -318,14 +585,18 @@ const char* sparse_attention_tensor_core_check(const SparseAttnParams& p) {
   return nullptr;
 }
 
-void sparse_attention_tensor_core(const SparseAttnParams& p, cudaStream_t stream) {
+void sparse_attention_tensor_core(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t stream) {
   require_tensor_core_device();
   switch (padded_dh(p.Dh)) {
-    case 64: return launch_tc<64>(p, stream);
-    case 128: return launch_tc<128>(p, stream);
-    case 256: return launch_tc<256>(p, stream);
-    default: return launch_tc<512>(p, stream);
+    case 64: return launch_tc<64>(p, wgmma_allowed, stream);
+    case 128: return launch_tc<128>(p, wgmma_allowed, stream);
+    case 256: return launch_tc<256>(p, wgmma_allowed, stream);
+    default: return launch_tc<512>(p, wgmma_allowed, stream);
   }
+}
+
+bool sparse_attention_tensor_core_uses_wgmma(const SparseAttnParams& p) {
+  return p.T > 0 && runs_wgmma(p, padded_dh(p.Dh));
 }
 
 }  // namespace detail

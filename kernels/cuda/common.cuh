@@ -224,8 +224,11 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
 
 // Sparse attention in the tensor_core order (kernels/cuda/attention_tc.cu; p.order.tensor_core):
 // the check of its own limits (nullptr or the offending field), and the launch.
+// With wgmma_allowed the Hopper wgmma kernel runs where it can (the same bits as the mma.sync kernel);
+// uses_wgmma says whether it would for p.
 const char* sparse_attention_tensor_core_check(const SparseAttnParams& p);
-void sparse_attention_tensor_core(const SparseAttnParams& p, cudaStream_t stream);
+void sparse_attention_tensor_core(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t stream);
+bool sparse_attention_tensor_core_uses_wgmma(const SparseAttnParams& p);
 
 // RoPE over rows whose position is pos[r] (pos != nullptr) or pos_base + r * pos_step.
 void rope_rows(const RopeApplyParams& p, int64_t pos_step, cudaStream_t stream, int64_t pos_base = 0);

@@ -77,6 +77,13 @@ void build_index(const IndexBuildParams& p, cudaStream_t stream);
 // treated like -1 (never loaded), so a bad index cannot read out of bounds.
 const char* sparse_attention_check(const SparseAttnParams& p);
 void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
+// The tensor_core order (same contract, same bits) with the mma.sync kernel only: the reference of the
+// wgmma kernel that sparse_attention runs on Hopper. Throws for another order.
+void sparse_attention_mma_sync(const SparseAttnParams& p, cudaStream_t stream);
+// True when sparse_attention runs p with the Hopper wgmma kernel on the current device (tensor_core
+// order, compute capability 9.0 with sm_90a code in this binary, Dh padded to 256 or 512, a call that
+// reads the bf16 copy of kv, and K small enough for its shared memory).
+bool sparse_attention_uses_wgmma(const SparseAttnParams& p);
 
 // ---- MoE ------------------------------------------------------------------------------------
 void router(const RouterParams& p, cudaStream_t stream);

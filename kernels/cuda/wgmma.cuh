@@ -31,6 +31,27 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
          | (uint64_t(1) << 62);               // layout: 128-byte swizzle
 }
 
+// The descriptor of a 128B-swizzled MN-major tile at `addr` (1024-aligned): K rows of 64 bf16 along
+// M or N (128 bytes a row, swizzled as above), eight rows an atom (the stride byte offset, 1024), the
+// next 64 values along M or N `lbo` bytes further (the leading byte offset). With it a K-major
+// [rows][64] panel is read transposed: the rows become k.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t lbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4)      // start address, 16-byte units
+         | (uint64_t((lbo >> 4) & 0x3FFF) << 16)  // leading byte offset: the next 64 along M or N
+         | (uint64_t(1024 >> 4) << 32)        // stride byte offset: the next eight k rows
+         | (uint64_t(1) << 62);               // layout: 128-byte swizzle
+}
+
+// Orders this thread's earlier generic-proxy writes of shared memory (st.shared, cp.async) before
+// later reads by the async proxy (wgmma operands); a barrier then publishes them to the warpgroup.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier `id` (1..15; 0 is __syncthreads) among `count` threads (a multiple of 32) of the block.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence_tensor_core() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -95,7 +116,9 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// d += a . b^T: a 64 x 16 (descriptor da), b N x 16 (descriptor db), both K-major bf16; fp32 d.
+// d += a . b^T: a 64 x 16 (descriptor da, K-major), b N x 16 (descriptor db: K-major, or with TransB = 1
+// MN-major, i.e. a 16 x N tile whose rows of N values are contiguous); bf16 inputs, fp32 d.
+template <int TransB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_tensor_core(float (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -103,7 +126,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_tensor_core(float (&d)[64], uin
       "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
       "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
       "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      "%63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
@@ -113,10 +136,11 @@ __device__ __forceinline__ void wgmma_m64n128k16_tensor_core(float (&d)[64], uin
         "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
         "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(1)
+      : "l"(da), "l"(db), "r"(1), "n"(TransB)
       : "memory");
 }
 
+template <int TransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_tensor_core(float (&d)[128], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -128,7 +152,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_tensor_core(float (&d)[128], ui
       "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, "
       "%99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, "
       "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, "
-      "%129, p, 1, 1, 0, 0;\n}\n"
+      "%129, p, 1, 1, 0, %131;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
@@ -147,6 +171,18 @@ __device__ __forceinline__ void wgmma_m64n256k16_tensor_core(float (&d)[128], ui
         "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
         "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
         "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(1), "n"(TransB)
+      : "memory");
+}
+
+// The same for N = 32, both operands K-major.
+__device__ __forceinline__ void wgmma_m64n32k16_tensor_core(float (&d)[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(da), "l"(db), "r"(1)
       : "memory");
 }

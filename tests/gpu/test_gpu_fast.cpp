@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -243,8 +244,10 @@ struct AttnOut {
   std::vector<float> o, lse;
 };
 
-// shift > 0 places q and kv `shift` floats past a 16-byte boundary (the kernel's scalar staging).
-AttnOut attn_tc(const AttnCase& c, int shift = 0) {
+// shift > 0 places q and kv `shift` floats past a 16-byte boundary (the kernel's scalar staging);
+// mma_sync runs the mma.sync kernel (cuda::sparse_attention_mma_sync) instead of the one
+// cuda::sparse_attention picks.
+AttnOut attn_tc(const AttnCase& c, int shift = 0, bool mma_sync = false) {
   test::DeviceBuffers d;
   SparseAttnParams p;
   p.T = c.T, p.H = c.H, p.Dh = c.Dh, p.N = c.N, p.K = c.K, p.scale = c.scale, p.order = kTensorCore;
@@ -258,7 +261,10 @@ AttnOut attn_tc(const AttnCase& c, int shift = 0) {
   std::vector<float> o0(size_t(c.T * c.H * c.Dh), -7.0f), l0(size_t(c.T * c.H), -7.0f);
   p.o = d.upload(o0, "o");
   p.lse = d.upload(l0, "lse");
-  cuda::sparse_attention(p, nullptr);
+  if (mma_sync)
+    cuda::sparse_attention_mma_sync(p, nullptr);
+  else
+    cuda::sparse_attention(p, nullptr);
   EXPECT_TRUE(d.guards_intact());
   return {d.download(p.o, o0.size()), d.download(p.lse, l0.size())};
 }
@@ -431,6 +437,45 @@ TEST_F(FastAttention, InputsAreBf16) {
     EXPECT_TRUE(same_bytes(u.o, a.o)) << "shift " << shift;
     EXPECT_TRUE(same_bytes(u.lse, a.lse)) << "shift " << shift;
     EXPECT_TRUE(same_bytes(one.o, std::vector<float>(a.o.begin() + 8 * 64, a.o.begin() + 16 * 64))) << "shift " << shift;
+  }
+}
+
+// On Hopper with sm_90a code, cuda::sparse_attention runs the wgmma kernel for Dh padded to 256 or 512;
+// its bytes are the mma.sync kernel's. Rows of 0 .. K valid slots (partial 16- and 64-slot blocks, a
+// block whose second half is empty), one and two head tiles, Dh tails, sharp softmaxes (q scaled by
+// 2^4 and 2^6: the running maximum moves and alpha underflows) and signed zeros in q and kv.
+TEST_F(FastAttention, WgmmaKernelEqualsMmaSyncKernel) {
+  if (!cuda::gemm_tensor_core_uses_wgmma()) GTEST_SKIP() << "this device or build runs the mma.sync kernel only";
+  struct S {
+    int64_t T;
+    int H;
+    int64_t Dh, N, K;
+    float qscale;
+  };
+  const std::vector<S> shapes = {{24, 64, 512, 900, 640, 1.0f}, {12, 61, 300, 500, 200, 16.0f},
+                                 {12, 67, 256, 400, 130, 1.0f}, {10, 3, 200, 300, 140, 64.0f},
+                                 {6, 64, 512, 300, 300, 64.0f}};
+  const std::vector<int64_t> nv = {640, 0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129, 200, 300};
+  for (const S& s : shapes) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) + " Dh=" + std::to_string(s.Dh) +
+                 " K=" + std::to_string(s.K) + " q x " + std::to_string(s.qscale));
+    AttnCase c = make_attn(s.T, s.H, s.Dh, s.N, s.K, nv, uint32_t(s.Dh * 7 + s.H));
+    for (float& v : c.q) v *= s.qscale;
+    for (size_t i = 5; i < c.q.size(); i += 13) c.q[i] = i % 2 ? -0.0f : 0.0f;
+    for (size_t i = 2; i < c.kv.size(); i += 11) c.kv[i] = i % 2 ? -0.0f : 0.0f;
+    SparseAttnParams shape;
+    shape.T = c.T, shape.H = c.H, shape.Dh = c.Dh, shape.N = c.N, shape.K = c.K, shape.order = kTensorCore;
+    ASSERT_TRUE(cuda::sparse_attention_uses_wgmma(shape));
+    const AttnOut w = attn_tc(c), ref = attn_tc(c, 0, /*mma_sync=*/true);
+    for (const auto& [got, want, what] : {std::tuple(&w.o, &ref.o, "o"), std::tuple(&w.lse, &ref.lse, "lse")}) {
+      ASSERT_EQ(got->size(), want->size());
+      int64_t differ = 0, first = -1;
+      for (size_t i = 0; i < got->size(); ++i)
+        if (std::memcmp(&(*got)[i], &(*want)[i], sizeof(float)) != 0) first = first < 0 ? int64_t(i) : first, ++differ;
+      EXPECT_EQ(differ, 0) << what << ": elements differ; the first, " << first << ": "
+                           << (first < 0 ? 0.f : (*got)[size_t(first)]) << " against "
+                           << (first < 0 ? 0.f : (*want)[size_t(first)]);
+    }
   }
 }
 
