@@ -19,6 +19,7 @@
 //   --fast      also the fast numerics: the GEMM table against cuBLAS, the Flash-shaped layer in fast
 //               numerics, the mid model exact against fast
 //   --fast-gemm-only  the roofline references and the fast GEMM table only (a profiler's run)
+//   --fast-layer-only  the roofline references and the Flash-shaped layer in fast numerics only
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -645,7 +646,8 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false, fast_gemm_only = false;
+  bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false, fast_gemm_only = false,
+       fast_layer_only = false;
   int64_t flash_T = 0;
   std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
@@ -670,13 +672,16 @@ int main(int argc, char** argv) {
       fast = true;
     else if (a == "--fast-gemm-only")
       fast = fast_gemm_only = true;
+    else if (a == "--fast-layer-only")
+      fast = fast_layer_only = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
-                   "[--layers-only] [--fast] [--fast-gemm-only]\n"
+                   "[--layers-only] [--fast] [--fast-gemm-only] [--fast-layer-only]\n"
                    "  --fast: also the fast numerics (GEMMs, experts, indexer and attention on tensor cores): GEMMs\n"
                    "          against cuBLAS, the Flash-shaped layer in fast numerics, the mid model exact against fast\n"
-                   "  --fast-gemm-only: the roofline references and the fast GEMM table only\n");
+                   "  --fast-gemm-only: the roofline references and the fast GEMM table only\n"
+                   "  --fast-layer-only: the roofline references and the Flash-shaped layer in fast numerics only\n");
       return 2;
     }
   }
@@ -702,13 +707,13 @@ int main(int argc, char** argv) {
     } else {
       std::printf("bf16 tensor-core GEMM: not measured (built without cuBLAS)\n");
     }
-    if (!layers_only && !fast_gemm_only) print_gemm_table(quick);
-    if (fast) print_fast_gemm_table(quick);
+    if (!layers_only && !fast_gemm_only && !fast_layer_only) print_gemm_table(quick);
+    if (fast && !fast_layer_only) print_fast_gemm_table(quick);
     if (fast_gemm_only) return 0;
 
     const LayerShape mid{"mid", quick ? 512 : 4096, 1024, 256, 256, 128, 512, 8, 4, 64, 128, 16, 2, 2,
                          128,   ReduceOrder{}};
-    print_op_table(mid, bench_layer(mid), rf);
+    if (!fast_layer_only) print_op_table(mid, bench_layer(mid), rf);
     if (flash) {
       const LayerShape fl{"flash-attn",
                           flash_T > 0 ? flash_T : (quick ? 1024 : 8192),
@@ -726,13 +731,14 @@ int main(int argc, char** argv) {
                           8,
                           1024,
                           ReduceOrder{}};
-      print_op_table(fl, bench_layer(fl, dump_dir), rf);
+      if (!fast_layer_only) print_op_table(fl, bench_layer(fl, dump_dir), rf);
       if (fast) {
         LayerShape ff = fl;
         ff.fast = true;
         print_op_table(ff, bench_layer(ff), rf);
       }
     }
+    if (fast_layer_only) return 0;
     if (fast) bench_model_fast(quick ? 1024 : 4096);
     if (!layers_only)
       bench_model(quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{4096, 16384}, cpu_long, quick);

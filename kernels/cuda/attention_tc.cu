@@ -213,15 +213,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mb = red_max[r];
         if (red_max[kRows + r] > mb) mb = red_max[kRows + r];
         mn[i] = mb > m[i] ? mb : m[i];
-        alpha[i] = num::exp_f(m[i] - mn[i]);  // the first block: exp_f(-inf) = 0
+        alpha[i] = num::exp_f_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp_f(-inf) = 0
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int v = vb + half * 32 + j * 8 + 2 * c;
-          const float p0 = v < nv ? num::exp_f(s[j][2 * i] - mn[i]) : 0.0f;
-          const float p1 = v + 1 < nv ? num::exp_f(s[j][2 * i + 1] - mn[i]) : 0.0f;
+          const float p0 = v < nv ? num::exp_f_nonpos(s[j][2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_f_nonpos(s[j][2 * i + 1] - mn[i]) : 0.0f;
           sum[i] = sum[i] + p0;
           sum[i] = sum[i] + p1;
           *reinterpret_cast<uint32_t*>(&ps[(wr + g + 8 * i) * kLdp + half * 32 + j * 8 + 2 * c]) = pack_bf16(p0, p1);
@@ -357,15 +357,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int nb = (nv + kSlots - 1) / kSlots;
 
-    // kv block b into stage b % 2
+    // kv block b into stage b % 2: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks
+    // + kPass i
     auto load_kv = [&](int b) {
-      constexpr int kChunks = DP / 8;  // 16-byte chunks of a bf16 row
-      unsigned char* dst = gb + L::kKv + (b % 2) * L::kStage;
-      const int v0 = b * kSlots;
-      for (int e = tid; e < kSlots * kChunks; e += kThreads) {
-        const int r = e / kChunks, ch = e % kChunks;
+      constexpr int kChunks = DP / 8, kPass = kThreads / kChunks;  // chunks of a bf16 row; rows a pass
+      const int ch = tid % kChunks, r0 = tid / kChunks, v0 = b * kSlots;
+      unsigned char* dst = gb + L::kKv + (b % 2) * L::kStage + (ch / 8) * kPanel;
+      const __nv_bfloat16* src = kvb + ch * 8;
+#pragma unroll
+      for (int i = 0; i < kSlots / kPass; ++i) {
+        const int r = r0 + i * kPass;
         const bool ok = v0 + r < nv;
-        detail::cp_async16(dst + panel_offset(r, ch * 8), kvb + (ok ? int64_t(slots[v0 + r]) * DP + ch * 8 : 0),
+        detail::cp_async16(dst + r * 128 + (((ch % 8) ^ (r % 8)) * 16), src + (ok ? int64_t(slots[v0 + r]) * DP : 0),
                            ok ? 16 : 0);
       }
       detail::cp_async_commit();
@@ -408,12 +411,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 16; ++i) s[i] = 0.0f;
       if (half * 32 < nvb) {
+        // descriptors advance by their address field (16-byte units; shared addresses stay below 2^18)
+        const uint64_t dq = detail::wgmma_desc_sw128(base), dk = detail::wgmma_desc_sw128(kv + uint32_t(half * 32 * 128));
         detail::wgmma_fence_tensor_core();
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
-          const uint32_t off = uint32_t((kk / 4) * kPanel + 32 * (kk % 4));
-          detail::wgmma_m64n32k16_tensor_core(s, detail::wgmma_desc_sw128(base + off),
-                                              detail::wgmma_desc_sw128(kv + off + uint32_t(half * 32 * 128)));
+          const uint64_t off = uint64_t(((kk / 4) * kPanel + 32 * (kk % 4)) >> 4);
+          detail::wgmma_m64n32k16_tensor_core(s, dq + off, dk + off);
         }
         detail::wgmma_commit_tensor_core();
         detail::wgmma_wait_tensor_core<0>();
@@ -446,15 +450,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mb = R[r];
         if (R[kRows + r] > mb) mb = R[kRows + r];
         mn[i] = mb > m[i] ? mb : m[i];
-        alpha[i] = num::exp_f(m[i] - mn[i]);  // the first block: exp_f(-inf) = 0
+        alpha[i] = num::exp_f_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp_f(-inf) = 0
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int v = vb + half * 32 + j * 8 + 2 * c, r = row0 + 8 * i;
-          const float p0 = v < nv ? num::exp_f(s[4 * j + 2 * i] - mn[i]) : 0.0f;
-          const float p1 = v + 1 < nv ? num::exp_f(s[4 * j + 2 * i + 1] - mn[i]) : 0.0f;
+          const float p0 = v < nv ? num::exp_f_nonpos(s[4 * j + 2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_f_nonpos(s[4 * j + 2 * i + 1] - mn[i]) : 0.0f;
           sum[i] = sum[i] + p0;
           sum[i] = sum[i] + p1;
           *reinterpret_cast<uint32_t*>(gb + L::kP + pb * kPanel + panel_offset(r, half * 32 + j * 8 + 2 * c)) =
@@ -478,10 +482,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // acc = acc * alpha + P . kv over the block's 16-slot steps up to nv
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * alpha[(i % 4) / 2];
-      const uint32_t vcol = kv + uint32_t(half * (kHalfN / 64) * kPanel);  // this half's columns
+      const uint64_t dp = detail::wgmma_desc_sw128(P),  // P; the kv block's columns of this half, transposed
+          dv = detail::wgmma_desc_sw128_mn(kv + uint32_t(half * (kHalfN / 64) * kPanel), kPanel);
       auto step = [&](int kk) {
-        const uint64_t da = detail::wgmma_desc_sw128(P + uint32_t(32 * kk));
-        const uint64_t db = detail::wgmma_desc_sw128_mn(vcol + uint32_t(kk * 16 * 128), kPanel);
+        const uint64_t da = dp + uint64_t((32 * kk) >> 4), db = dv + uint64_t((kk * 16 * 128) >> 4);
         if constexpr (kHalfN == 256)
           detail::wgmma_m64n256k16_tensor_core<1>(acc, da, db);
         else

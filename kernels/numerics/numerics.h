@@ -67,6 +67,9 @@ DSV4_HD float e2m1_to_f32(uint8_t b);
 //            that the result is deterministic and in [-1, 1] but not accurate; +-inf -> NaN
 //   sigmoid_f <= 1 ulp; softplus_f <= 2 ulp, softplus_f(x) = x for x > 20 (as torch does)
 DSV4_HD float exp_f(float x);
+// exp_f for x <= 0 or NaN, with the same bits and no branches: a softmax's exponent once its maximum
+// has been subtracted (the tensor-core attention kernels). x > 0 is outside its contract.
+DSV4_HD float exp_f_nonpos(float x);
 DSV4_HD float log_f(float x);
 DSV4_HD float log1p_f(float x);
 DSV4_HD float sin_f(float x);

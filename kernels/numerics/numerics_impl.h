@@ -310,6 +310,18 @@ DSV4_HD float exp_f(float x) {
   return p * detail::pow2i(k);
 }
 
+// exp_f's steps with selects instead of returns: for x in [-104, 0] exp_core gives k in [-150, 0], so
+// exp_f's overflow cases never apply; below -104 the result is 0, NaN is returned as it came.
+DSV4_HD float exp_f_nonpos(float x) {
+  const bool nan = detail::is_nan(x), tiny = x < -104.0f;
+  float ph, pl;
+  const int k = detail::exp_core(nan || tiny ? 0.0f : x, ph, pl);
+  const float sub = (ph * detail::pow2i(k + 64)) * 0x1p-64f;  // exp_f's subnormal branch (k < -126)
+  const float normal = ph * detail::pow2i(k < -126 ? 0 : k);
+  const float r = k < -126 ? sub : normal;
+  return nan ? x : tiny ? 0.0f : r;
+}
+
 // ---- log ----------------------------------------------------------------------------------------
 DSV4_HD float log_f(float x) {
   if (detail::is_nan(x)) return x;
