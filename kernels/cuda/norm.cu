@@ -1,10 +1,25 @@
 // RMSNorm on the GPU in the operation order of kernels/norm.h.
 //
-// Kernel contract (rmsnorm_kernel): 256 threads per block, one aligned group of 8 threads per row
-// (32 rows per block, grid-stride over rows). The group forms sum_squares(x) with dot8 (the exact
-// canonical order), every lane then computes r = 1 / sqrt(ss / n + eps) and writes its elements
-// i = lane (mod 8). In place (y == x) is safe: the row is fully read before the group's shuffles
-// complete, and each lane reads x[i] before writing y[i] (apply8).
+// Two kernels; which one runs never changes a bit (both form sum_squares with dot8, the exact
+// canonical order, and apply common::rmsnorm_value to each element):
+//
+// rmsnorm_kernel (rows shorter than kStagedMinDim, or too long for shared memory): 256 threads per
+// block, one aligned group of 8 threads per row (32 rows per block, grid-stride over rows). The group
+// forms sum_squares(x) with dot8, every lane then computes r = 1 / sqrt(ss / n + eps) and writes its
+// elements i = lane (mod 8). In place (y == x) is safe: the row is fully read before the group's
+// shuffles complete, and each lane reads x[i] before writing y[i] (apply8).
+//
+// rmsnorm_staged_kernel (model-width rows): 128 threads per block, one row per block at a time
+// (grid-stride over rows). All 128 threads copy the row into shared memory with coalesced loads
+// (8 in flight per thread), one group of 8 threads forms the sum of squares from shared memory with
+// dot8 (the 8-lane chain is serial and cannot be split further), and all 128 threads then write y
+// from shared memory. The row is read from global memory once (the 8-thread kernel reads it twice:
+// the chain, then the apply, and a model-width row no longer sits in L1 for the second read), and
+// the serial chain of one block overlaps the copies of the other blocks on the multiprocessor (up to
+// 13 blocks of a 4096-wide row each). In place is safe: a row is read completely before the barrier
+// that precedes its stores, and only its own block touches it.
+#include <atomic>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/norm.h"
 
@@ -47,11 +62,81 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormParams p) {
   }
 }
 
+// ---- the staged kernel: one row per block, read once into shared memory ---------------------------
+constexpr int kStagedThreads = 128;
+constexpr int kStagedBatch = 8;            // loads in flight per thread while a row is copied
+constexpr int64_t kStagedMinDim = 1024;    // shorter rows keep rmsnorm_kernel (they stay in L1 there)
+constexpr int64_t kStagedMaxBytes = 96 << 10;  // shared memory per block: at least 2 blocks per SM
+
+__global__ void __launch_bounds__(kStagedThreads) rmsnorm_staged_kernel(RmsNormParams p) {
+  extern __shared__ float staged_row[];  // [dim]
+  __shared__ float scale;
+  const int tid = threadIdx.x;
+  const int64_t n = p.dim;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const float* x = p.x + row * p.ldx;
+    float* y = p.y + row * p.ldy;
+    // Copy: batches of kStagedBatch coalesced loads issued before their shared-memory stores.
+    int64_t i = tid;
+    for (; i + (kStagedBatch - 1) * kStagedThreads < n; i += kStagedBatch * kStagedThreads) {
+      float v[kStagedBatch];
+#pragma unroll
+      for (int k = 0; k < kStagedBatch; ++k) v[k] = x[i + k * kStagedThreads];
+#pragma unroll
+      for (int k = 0; k < kStagedBatch; ++k) staged_row[i + k * kStagedThreads] = v[k];
+    }
+    for (; i < n; i += kStagedThreads) staged_row[i] = x[i];
+    __syncthreads();
+    // The chain: threads 0..7, lane = thread (dot8's split and combine, from shared memory).
+    if (tid < 8) {
+      const unsigned mask = 0xffu;
+      const float r = p.bf16_arith
+                          ? common::rms_scale_bf16(
+                                detail::sum8_bf16_squares(staged_row, n, p.order.block, tid, mask), n, p.eps)
+                          : common::rms_scale(detail::dot8(staged_row, staged_row, n, p.order.block, tid, mask),
+                                              n, p.eps);
+      if (tid == 0) scale = r;
+    }
+    __syncthreads();
+    const float rs = scale;
+    const float* w = p.bf16_arith ? nullptr : p.w;
+    for (int64_t j = tid; j < n; j += kStagedThreads) y[j] = common::rmsnorm_value(staged_row[j], rs, w, j);
+    __syncthreads();  // the next row overwrites staged_row and scale
+  }
+}
+
+// Shared memory of the staged kernel for rows of n elements, or 0 when it does not take them.
+int64_t staged_bytes(int64_t n) {
+  const int64_t bytes = n * int64_t(sizeof(float));
+  return (n >= kStagedMinDim && bytes <= kStagedMaxBytes) ? bytes : 0;
+}
+
+// Sets the staged kernel's dynamic shared memory limit (above the default 48 KiB) and prefers
+// shared memory over L1 for it, once per device.
+void prepare_staged() {
+  static std::atomic<uint64_t> ready{0};  // bit d: done on device d
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (ready.load() & bit)) return;
+  CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kStagedMaxBytes)));
+  CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_staged_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  int(cudaSharedmemCarveoutMaxShared)));
+  ready.fetch_or(bit);
+}
+
 }  // namespace
 
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   require(dsv4::rmsnorm_check(p), "rmsnorm");
   if (p.rows <= 0) return;
+  if (const int64_t smem = staged_bytes(p.dim)) {
+    prepare_staged();
+    rmsnorm_staged_kernel<<<detail::grid_for(p.rows, 1, 1 << 20), kStagedThreads, size_t(smem), stream>>>(p);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
   rmsnorm_kernel<<<detail::grid_for(p.rows, kRowsPerBlock, 65535), kThreads, 0, stream>>>(p);
   DSV4_LAUNCH_CHECK();
 }

@@ -233,6 +233,22 @@ void register_dense_cases() {
     rmsnorm_case(70, 192, false, true, o, true);  // bf16 arithmetic (the attention.q_norm site)
     rmsnorm_case(37, 512, false, false, o, true);
   }
+  // Rows of 1024 elements or more take the kernel that stages one row a block in shared memory
+  // (kernels/cuda/norm.cu): model widths, lengths that are not multiples of 8 or 32, in place, bf16
+  // arithmetic, one row and many; past its shared-memory limit (24576 floats) the 8-thread kernel.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    rmsnorm_case(1, 4096, true, false, o);
+    rmsnorm_case(300, 4096, true, false, o);
+    rmsnorm_case(300, 4096, true, true, o);
+    rmsnorm_case(33, 1024, false, false, o);
+    rmsnorm_case(70, 1031, true, true, o);
+    rmsnorm_case(9, 7173, true, false, o);
+    rmsnorm_case(41, 4096, false, true, o, true);
+    rmsnorm_case(5, 1029, false, false, o, true);
+    rmsnorm_case(3, 24580, true, false, o);
+  }
+  rmsnorm_case(20, 3000, true, false, ReduceOrder{8});
+  rmsnorm_case(20, 3000, true, true, ReduceOrder{1024});
   rope_case(17, 5, 192, 64, false, false, true);
   rope_case(17, 5, 192, 64, true, true, true);
   rope_case(33, 1, 64, 64, true, false, false);
@@ -800,6 +816,34 @@ void register_other_cases() {
       hc_case(op, 5, 4, 256, o);
       hc_case(op, 3, 3, 100, o);
     }
+  }
+  // The fused weights kernel (kernels/cuda/mhc.cu: 1, 2, 3, 4, 8, 15 or 24 fn rows) in both of its
+  // shapes: A = 1 token a thread below 20 tokens per multiprocessor, A = 4 from there (T = 2700 on a
+  // 132-SM H200, with a part-filled last block); hc * D a multiple of 64 or not (a partial last
+  // stage and step), of 4 or not (16-byte or 4-byte stage copies), D a multiple of 4 or not (the
+  // float4 mix or the scalar one); T = 1; blocked orders whose chains end inside a stage (8, 24) or
+  // span stages (128). hc_pre with hc = 5 and hc_head with hc = 6 take the GEMM path.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    for (const char* op : {"hc_pre", "hc_head"}) {
+      hc_case(op, 1, 4, 64, o);
+      hc_case(op, 1, 1, 7, o);
+      hc_case(op, 9, 2, 33, o);
+      hc_case(op, 40, 3, 100, o);
+      hc_case(op, 2700, 4, 260, o);
+      hc_case(op, 2700, 3, 33, o);
+      hc_case(op, 2650, 1, 1024, o);
+      hc_case(op, 2641, 2, 500, o);
+      hc_case(op, 11, 5, 48, o);
+    }
+    hc_case("hc_head", 70, 8, 40, o);
+    hc_case("hc_head", 2700, 8, 36, o);
+    hc_case("hc_head", 13, 6, 50, o);
+  }
+  for (ReduceOrder o : {ReduceOrder{8}, ReduceOrder{24}, ReduceOrder{128}}) {
+    hc_case("hc_pre", 2700, 4, 130, o);
+    hc_case("hc_pre", 7, 4, 67, o);
+    hc_case("hc_head", 2700, 4, 130, o);
+    hc_case("hc_head", 5, 3, 41, o);
   }
   hc_case("hc_post", 17, 4, 100, ReduceOrder{});
   hc_case("hc_post", 1, 3, 7, ReduceOrder{});
