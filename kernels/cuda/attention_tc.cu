@@ -327,7 +327,7 @@ __device__ __forceinline__ uint32_t panel_offset(int r, int d) {
 
 template <int DP>
 __global__ void __launch_bounds__(kThreads, 1)
-    sparse_attention_wgmma_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, bool vec) {
+    sparse_attention_wgmma_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, bool vec, bool ovec) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = WgLayout<DP>;
   using detail::pack_bf16;
@@ -374,21 +374,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       detail::cp_async_commit();
     };
     load_kv(0);
-    {  // q of the tile as bf16, zeros past nh and Dh
+    {  // q of the tile as bf16, zeros past nh and Dh; four loads in flight before their stores
       const float* q0 = p.q + (t * p.H + h0) * p.Dh;
-      for (int e = tid; e < kRows * (DP / 4); e += kThreads) {
-        const int r = e / (DP / 4), d = (e % (DP / 4)) * 4;
-        const float* src = q0 + int64_t(r) * p.Dh + d;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < nh) {
-          if (vec) {
-            if (d < p.Dh) v = *reinterpret_cast<const float4*>(src);
-          } else {
-            v = make_float4(d < p.Dh ? src[0] : 0.f, d + 1 < p.Dh ? src[1] : 0.f, d + 2 < p.Dh ? src[2] : 0.f,
-                            d + 3 < p.Dh ? src[3] : 0.f);
+      constexpr int kPer = kRows * (DP / 4) / kThreads, kBatch = 4;
+#pragma unroll 1
+      for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int e = tid + (b0 + u) * kThreads, r = e / (DP / 4), d = (e % (DP / 4)) * 4;
+          const float* src = q0 + int64_t(r) * p.Dh + d;
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (r < nh) {
+            if (vec) {
+              if (d < p.Dh) v[u] = *reinterpret_cast<const float4*>(src);
+            } else {
+              v[u] = make_float4(d < p.Dh ? src[0] : 0.f, d + 1 < p.Dh ? src[1] : 0.f, d + 2 < p.Dh ? src[2] : 0.f,
+                                 d + 3 < p.Dh ? src[3] : 0.f);
+            }
           }
         }
-        *reinterpret_cast<uint2*>(gb + panel_offset(r, d)) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int e = tid + (b0 + u) * kThreads, r = e / (DP / 4), d = (e % (DP / 4)) * 4;
+          *reinterpret_cast<uint2*>(gb + panel_offset(r, d)) =
+              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        }
       }
     }
 
@@ -504,21 +515,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       detail::wgmma_pin(acc);
     }
 
-    // the sink, the division and the stores
+    // the sink and the division into a [64][DP + 8] fp32 tile over q and the kv stages (both warpgroups
+    // are past their last wgmma after the barrier), then whole rows of o stored from it
+    constexpr int kLdo = DP + 8;  // the float2 writes of a half-warp fall in distinct banks
+    static_assert(sizeof(float) * kRows * kLdo <= size_t(L::kP), "the output tile fits over q and the kv stages");
+    float* ot = reinterpret_cast<float*>(gb);
+    float lf[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = row0 + 8 * i;
-      if (r >= nh) continue;
-      const float lf = l[i] + num::exp_f(p.sink[h0 + r] - m[i]);
-      float* orow = p.o + (t * p.H + h0 + r) * p.Dh;
+      lf[i] = l[i] + num::exp_f(p.sink[h0 + (r < nh ? r : 0)] - m[i]);
+      if (p.lse && half == 0 && c == 0 && r < nh) p.lse[t * p.H + h0 + r] = m[i] + num::log_f(lf[i]);
+    }
+    __syncthreads();
 #pragma unroll
-      for (int j = 0; j < kHalfN / 8; ++j)
+    for (int j = 0; j < kHalfN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t col = half * kHalfN + j * 8 + 2 * c + e;
-          if (col < p.Dh) orow[col] = num::bf16_round(acc[4 * j + 2 * i + e] / lf);
-        }
-      if (p.lse && half == 0 && c == 0) p.lse[t * p.H + h0 + r] = m[i] + num::log_f(lf);
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<float2*>(&ot[(row0 + 8 * i) * kLdo + half * kHalfN + j * 8 + 2 * c]) =
+            make_float2(num::bf16_round(acc[4 * j + 2 * i] / lf[i]), num::bf16_round(acc[4 * j + 2 * i + 1] / lf[i]));
+    __syncthreads();
+    float* o0 = p.o + (t * p.H + h0) * p.Dh;
+    if (ovec) {
+      for (int e = tid; e < nh * (DP / 4); e += kThreads) {
+        const int r = e / (DP / 4), d = (e % (DP / 4)) * 4;
+        if (d < p.Dh) *reinterpret_cast<float4*>(o0 + int64_t(r) * p.Dh + d) = *reinterpret_cast<const float4*>(&ot[r * kLdo + d]);
+      }
+    } else {
+      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) o0[e] = ot[(e / p.Dh) * kLdo + e % p.Dh];
     }
   }
 #else
@@ -561,7 +585,8 @@ void launch_tc(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t strea
       auto kernel = sparse_attention_wgmma_tensor_core_kernel<DP>;
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
       const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount);
-      kernel<<<unsigned(items < sms ? items : sms), kThreads, shmem, stream>>>(p, kvb.get(), vec);
+      const bool ovec = p.Dh % 4 == 0 && reinterpret_cast<uintptr_t>(p.o) % 16 == 0;
+      kernel<<<unsigned(items < sms ? items : sms), kThreads, shmem, stream>>>(p, kvb.get(), vec, ovec);
       DSV4_LAUNCH_CHECK();
       return;
     }
