@@ -83,6 +83,27 @@ int padded_dh(int64_t Dh) {
   return Dh <= 64 ? 64 : Dh <= 128 ? 128 : Dh <= 256 ? 256 : 512;
 }
 
+// One (row t, tile of 64 heads) item of the grid-stride loop: its valid slots compacted into `slots` by
+// the block's Threads threads (in slot order); a row with none gets o = 0 and lse = sink here (nv = 0).
+struct TileItem {
+  int64_t t;
+  int h0, nh, nv;
+};
+template <int Threads>
+__device__ TileItem begin_item(const SparseAttnParams& p, int64_t item, int tiles, int tid, int32_t* slots,
+                               int* scan_red) {
+  TileItem it;
+  it.t = item / tiles;
+  it.h0 = int(item % tiles) * kRows;
+  it.nh = p.H - it.h0 < kRows ? p.H - it.h0 : kRows;
+  it.nv = detail::compact_valid_slots<Threads>(p.idx + it.t * p.K, p.K, p.N, tid, slots, scan_red);
+  if (it.nv == 0) {  // only the sink
+    for (int64_t e = tid; e < int64_t(it.nh) * p.Dh; e += Threads) p.o[(it.t * p.H + it.h0) * p.Dh + e] = 0.0f;
+    if (p.lse && tid < it.nh) p.lse[it.t * p.H + it.h0 + tid] = p.sink[it.h0 + tid];
+  }
+  return it;
+}
+
 template <int DP, bool BF16KV>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_tensor_core_kernel(SparseAttnParams p, const __nv_bfloat16* kvb, int bufs, bool vec) {
@@ -110,17 +131,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float neg_inf = num::f32_from_bits(0xff800000u);
 
   for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
-    const int64_t t = item / tiles;
-    const int h0 = int(item % tiles) * kRows;
-    const int nh = p.H - h0 < kRows ? p.H - h0 : kRows;
-
     // 1. valid slots in slot order; q of the tile as bf16
-    const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, scan_red);
-    if (nv == 0) {  // only the sink: o = 0, lse = sink
-      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
-      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
-      continue;
-    }
+    const auto [t, h0, nh, nv] = begin_item<kThreads>(p, item, tiles, tid, slots, scan_red);
+    if (nv == 0) continue;
     const float* q0 = p.q + (t * p.H + h0) * p.Dh;
     detail::stage_rows_bf16<kRows, DP, kThreads>(qs, ld, p.Dh, vec, [&](int r) { return r < nh ? q0 + r * p.Dh : nullptr; }, tid);
 
@@ -321,7 +334,7 @@ struct WgLayout {  // byte offsets from the 1024-aligned base
 };
 
 // Byte offset of bf16 element (r, d) in DP / 64 swizzled panels of [64 rows][64].
-__device__ __forceinline__ uint32_t panel_offset(int r, int d) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t panel_offset(int r, int d) {  // unused by the host pass
   return uint32_t((d / 64) * kPanel + r * 128 + ((((d % 64) / 8) ^ (r % 8)) * 16) + (d % 8) * 2);
 }
 
@@ -346,15 +359,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float neg_inf = num::f32_from_bits(0xff800000u);
 
   for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
-    const int64_t t = item / tiles;
-    const int h0 = int(item % tiles) * kRows;
-    const int nh = p.H - h0 < kRows ? p.H - h0 : kRows;
-    const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, scan_red);
-    if (nv == 0) {  // only the sink: o = 0, lse = sink
-      for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) p.o[(t * p.H + h0) * p.Dh + e] = 0.0f;
-      if (p.lse && tid < nh) p.lse[t * p.H + h0 + tid] = p.sink[h0 + tid];
-      continue;
-    }
+    const auto [t, h0, nh, nv] = begin_item<kThreads>(p, item, tiles, tid, slots, scan_red);
+    if (nv == 0) continue;
     const int nb = (nv + kSlots - 1) / kSlots;
 
     // kv block b into stage b % 2: thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks
