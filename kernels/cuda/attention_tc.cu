@@ -562,23 +562,16 @@ bool reads_bf16_copy(const SparseAttnParams& p) {
   return p.N <= 2 * p.T * p.K;
 }
 
-int device_attribute(cudaDeviceAttr a) {
-  int dev = 0, v = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, a, dev));
-  return v;
-}
-
 // Whether the Hopper kernel runs p (the rule of the kernel's comment above).
 bool runs_wgmma(const SparseAttnParams& p, int dp) {
   if (dp < 256 || !reads_bf16_copy(p) || !detail::wgmma_available()) return false;
   const size_t need = dp == 512 ? WgLayout<512>::bytes(p.K) : WgLayout<256>::bytes(p.K);
-  return need + sizeof(int) * 32 <= size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));  // + scan_red
+  return need + sizeof(int) * 32 <= size_t(detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));  // + scan_red
 }
 
 template <int DP>
 void launch_tc(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t stream) {
-  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  const int optin = detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const bool bf16kv = reads_bf16_copy(p);
   detail::Scratch<__nv_bfloat16> kvb(bf16kv ? p.N * DP : 0, stream);
   if (bf16kv) detail::rows_to_bf16(p.kv, p.N, p.Dh, DP, kvb.get(), stream);
@@ -590,7 +583,7 @@ void launch_tc(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t strea
       const size_t shmem = WgLayout<DP>::bytes(p.K);
       auto kernel = sparse_attention_wgmma_tensor_core_kernel<DP>;
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
-      const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount);
+      const int64_t sms = detail::device_attribute(cudaDevAttrMultiProcessorCount);
       const bool ovec = p.Dh % 4 == 0 && reinterpret_cast<uintptr_t>(p.o) % 16 == 0;
       kernel<<<unsigned(items < sms ? items : sms), kThreads, shmem, stream>>>(p, kvb.get(), vec, ovec);
       DSV4_LAUNCH_CHECK();

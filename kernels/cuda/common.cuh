@@ -210,6 +210,8 @@ struct GemmShape {
 // Launches `count` problems of one shape; `problems` is a host array (copied to the device when
 // count > 1). Problems with m == 0 are allowed.
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
+// An attribute of the current device.
+int device_attribute(cudaDeviceAttr a);
 // Throws unless the current device has bf16 tensor cores (compute capability 8.0 or newer), which
 // every kernel of the tensor_core order needs (kernels/cuda/linear_tc.cu).
 void require_tensor_core_device();

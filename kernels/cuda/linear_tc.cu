@@ -351,10 +351,15 @@ __global__ void gemm_wgmma_available_kernel(int* out) {
 
 }  // namespace
 
-void require_tensor_core_device() {
-  int dev = 0, major = 0;
+int device_attribute(cudaDeviceAttr a) {
+  int dev = 0, v = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, a, dev));
+  return v;
+}
+
+void require_tensor_core_device() {
+  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
   if (major < 8)
     throw Error(
         "the tensor_core reduction order (fast numerics) needs a GPU of compute capability 8.0 or newer "

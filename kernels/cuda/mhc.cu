@@ -11,7 +11,6 @@
 // Then mix_kernel, one thread per (t, d) or per 4 consecutive d (mix4_kernel, rows 16-byte aligned):
 // y = bf16(fma chain over j of w_j * X[t, j, d]).
 // hc_post: one thread per (t, d), each of its hc outputs (t, k, d) with the CPU's fma chain over j.
-#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/mhc.h"
@@ -321,37 +320,18 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
   }
 }
 
-// A device attribute of the current device, asked once per device.
-int device_attr(cudaDeviceAttr attr, std::atomic<int> (&cache)[64]) {
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cache[dev].load() > 0) return cache[dev].load();
-  int v = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-  if (dev < 64) cache[dev].store(v);
-  return v;
-}
 int sm_count() {
-  static std::atomic<int> cache[64] = {};
-  return device_attr(cudaDevAttrMultiProcessorCount, cache);
+  return detail::device_attribute(cudaDevAttrMultiProcessorCount);
 }
 int smem_optin() {
-  static std::atomic<int> cache[64] = {};
-  return device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache);
+  return detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
 template <int NR, int A, int NT>
 void launch_fused(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
   constexpr int smem = fused_smem_bytes<NR, A, NT>();
   auto kernel = fused_weights_kernel<NR, A, NT>;
-  static std::atomic<uint64_t> ready{0};  // bit d: the attribute is set on device d
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!bit || !(ready.load() & bit)) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    ready.fetch_or(bit);
-  }
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   constexpr int tok = NT / 8 * A;
   kernel<<<detail::grid_for(a.T, tok, 65535), NT, smem, stream>>>(a, wt, vec);
   DSV4_LAUNCH_CHECK();

@@ -18,7 +18,6 @@
 // the serial chain of one block overlaps the copies of the other blocks on the multiprocessor (up to
 // 13 blocks of a 4096-wide row each). In place is safe: a row is read completely before the barrier
 // that precedes its stores, and only its own block touches it.
-#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/norm.h"
@@ -112,18 +111,12 @@ int64_t staged_bytes(int64_t n) {
 }
 
 // Sets the staged kernel's dynamic shared memory limit (above the default 48 KiB) and prefers
-// shared memory over L1 for it, once per device.
+// shared memory over L1 for it.
 void prepare_staged() {
-  static std::atomic<uint64_t> ready{0};  // bit d: done on device d
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit && (ready.load() & bit)) return;
   CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(kStagedMaxBytes)));
   CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_staged_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   int(cudaSharedmemCarveoutMaxShared)));
-  ready.fetch_or(bit);
 }
 
 }  // namespace
