@@ -366,17 +366,21 @@ class CpuBackend final : public Backend {
 
 // The device copy of one Weights object: every tensor in one allocation. `host` and `sizes` identify
 // the host data it was copied from (a Weights object later created at the same address has other
-// tensor storage, so it is uploaded afresh).
+// tensor storage, so it is uploaded afresh). Its float tensors of 2 or more dimensions are registered for bf16 copies
+// kept across the fast numerics' GEMMs (cuda::keep_bf16_weights): nothing writes to the arena.
 struct DeviceWeights {
   std::vector<const void*> host;
   std::vector<size_t> sizes;
   void* arena = nullptr;
+  size_t arena_bytes = 0;
   std::map<std::string, const void*> ptr;
   DeviceWeights() = default;
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
   ~DeviceWeights() {
-    if (arena) cudaFree(arena);  // errors ignored: this may run while the process exits
+    if (!arena) return;
+    cuda::forget_bf16_weights(arena, static_cast<char*>(arena) + arena_bytes);
+    cudaFree(arena);  // errors ignored: this may run while the process exits
   }
 };
 
@@ -396,10 +400,16 @@ std::unique_ptr<DeviceWeights> upload_weights(const Weights& w) {
   size_t total = 0;
   for (size_t s : d->sizes) total += (s + kAlign - 1) / kAlign * kAlign;
   if (total) CUDA_CHECK(cudaMalloc(&d->arena, total));
+  d->arena_bytes = total;
   size_t off = 0, i = 0;
   for (const auto& [name, t] : w.tensors()) {
     char* dst = static_cast<char*>(d->arena) + off;
     if (d->sizes[i]) CUDA_CHECK(cudaMemcpy(dst, d->host[i], d->sizes[i], cudaMemcpyHostToDevice));
+    if (!t.f.empty() && t.shape.size() >= 2) {  // a matrix of rows of its last dimension
+      int64_t rows = 1;
+      for (size_t a = 0; a + 1 < t.shape.size(); ++a) rows *= t.shape[a];
+      cuda::keep_bf16_weights(reinterpret_cast<const float*>(dst), rows, t.shape.back());
+    }
     d->ptr[name] = dst;
     off += (d->sizes[i] + kAlign - 1) / kAlign * kAlign;
     ++i;
@@ -552,18 +562,7 @@ class CudaAsyncDownload final : public Backend::AsyncDownload {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const Weights& w) : w_(w), dw_(device_weights(w)) {
-    static const bool pool_kept = [] {
-      // Keep freed blocks in the stream-ordered pool between forward calls instead of returning them
-      // to the driver at every synchronisation.
-      int dev = 0;
-      cudaMemPool_t pool;
-      CUDA_CHECK(cudaGetDevice(&dev));
-      CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-      uint64_t threshold = UINT64_MAX;
-      CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-      return true;
-    }();
-    (void)pool_kept;
+    cuda::keep_scratch_memory();
     CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
   }
   ~CudaBackend() override {

@@ -32,6 +32,8 @@
 // of the tile, adds them to its running sums (kept in shared memory) and restarts its lanes at +0.
 
 #include <atomic>
+#include <mutex>
+#include <set>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/linear.h"
@@ -526,6 +528,19 @@ void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cuda
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+void keep_scratch_memory() {
+  static std::mutex mu;
+  static std::set<int> kept;  // devices whose pool is set
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!kept.insert(dev).second) return;
+  cudaMemPool_t pool;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
 }
 
 void gemm(const GemmParams& p, cudaStream_t stream) {

@@ -17,6 +17,8 @@
 //   1. rows_to_bf16_kernel: every problem's x rows (through its row gather) and w rows become bf16
 //      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
 //      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
+//      A weight matrix registered with keep_bf16_weights (kernels/cuda/ops.h) is copied once, by the
+//      first call that reads it, and that copy is read from then on.
 //   2. On Hopper with sm_90a code in the build, gemm_tma_tensor_core_kernel (wgmma fed by the tensor
 //      memory accelerator, below); elsewhere gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256
 //      threads (8 warps, 2 x 4, each 64 x 32 outputs, i.e. 4 x 4 mma tiles of 16 x 8); k arrives 64 at
@@ -129,6 +131,18 @@ unsigned row_blocks(int64_t rows) {
   return grid_for(rows, kRowThreads / 32, 8192);
 }
 
+// Outputs (col, col + 1) of output row y, v0 and v1 before rounding: one 8-byte store where both are
+// inside n and the pair is 8-byte aligned (four lanes then fill a 32-byte sector), else one at a time.
+__device__ __forceinline__ void store_pair(float* y, int64_t col, const GemmShape& s, float v0, float v1) {
+  const float a = common::gemm_out(v0, s.round), b = common::gemm_out(v1, s.round);
+  if (col + 1 < s.n && reinterpret_cast<uintptr_t>(y + col) % 8 == 0) {
+    *reinterpret_cast<float2*>(y + col) = make_float2(a, b);
+    return;
+  }
+  if (col < s.n) y[col] = a;
+  if (col + 1 < s.n) y[col + 1] = b;
+}
+
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_tensor_core_kernel(GemmShape s, int64_t kp, Bf16Problem one, const Bf16Problem* many) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
@@ -210,11 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       float* y = P.y + (P.yrow ? int64_t(P.yrow[r]) : r) * P.ldy;
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t col = n0 + wn * 32 + ni * 8 + pair + c;
-          if (col < s.n) y[col] = common::gemm_out(acc[mi][ni][2 * h + c], s.round);
-        }
+        store_pair(y, n0 + wn * 32 + ni * 8 + pair, s, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
     }
 #else
   __trap();  // the host refuses devices below compute capability 8.0 before launching
@@ -328,12 +338,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     if (r >= P.m) continue;
     float* y = P.y + (P.yrow ? int64_t(P.yrow[r]) : r) * P.ldy;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t col = n0 + 8 * j + 2 * (lane % 4) + c;
-        if (col < s.n) y[col] = common::gemm_out(acc[4 * j + 2 * h + c], s.round);
-      }
+    for (int j = 0; j < BN / 8; ++j) store_pair(y, n0 + 8 * j + 2 * (lane % 4), s, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
   }
 #else
   __trap();  // the host launches it only where gemm_wgmma_available_kernel said sm_90a code is present
@@ -431,9 +436,11 @@ void launch_tma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& 
   DSV4_LAUNCH_CHECK();
 }
 
-// Problems [0, count) of a group, their bf16 copies in one scratch buffer of `total` elements.
-void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* problems, int count, int64_t total,
-                           TcKernel kernel, cudaStream_t stream) {
+// Problems [0, count) of a group, their bf16 copies in one scratch buffer of `total` elements; kept[i],
+// when set, is problem i's w already in bf16 (keep_bf16_weights), which is then not copied.
+void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* problems,
+                           const __nv_bfloat16* const* kept, int count, int64_t total, TcKernel kernel,
+                           cudaStream_t stream) {
   int64_t mmax = 0;
   for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
   if (mmax <= 0) return;
@@ -449,10 +456,14 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
     b.a = copies.get() + at;
     jobs.push_back(Bf16Job{g.x, g.ldx, g.xrow, g.m, copies.get() + at});
     at += g.m * kp;
+    rows_max = g.m > rows_max ? g.m : rows_max;
+    if (kept[i]) {
+      b.b = kept[i];
+      continue;
+    }
     b.b = copies.get() + at;
     jobs.push_back(Bf16Job{g.w, g.ldw, nullptr, s.n, copies.get() + at});
     at += s.n * kp;
-    rows_max = g.m > rows_max ? g.m : rows_max;
     rows_max = s.n > rows_max ? s.n : rows_max;
   }
   if (jobs.size() > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
@@ -488,6 +499,61 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
 // problems, which changes no value.
 constexpr int64_t kCopyBudget = int64_t(1) << 29;
 
+// ---- weights kept in bf16 (keep_bf16_weights) ----------------------------------------------------
+
+// A registered fp32 matrix and, once a call has read it, its bf16 copy: rows of kp(cols) values, the
+// layout of the per-call copies.
+struct KeptMatrix {
+  int64_t rows = 0, cols = 0;
+  __nv_bfloat16* copy = nullptr;
+  bool no_room = false;  // the copy could not be allocated: calls convert w as before
+};
+
+struct KeptRegistry {
+  std::mutex mu;
+  std::map<uintptr_t, KeptMatrix> by_start;  // by the matrix's first address
+};
+
+// Never destroyed: the copies are freed by forget_bf16_weights (or with the process).
+KeptRegistry& kept_registry() {
+  static KeptRegistry* r = new KeptRegistry;
+  return *r;
+}
+
+int64_t padded_k(int64_t k) {
+  return ceil_div(k > 0 ? k : 1, kKStep) * kKStep;
+}
+
+// The bf16 copy of rows [0, n) of w when w lies at a row start of a registered matrix that the call
+// reads whole rows of (ldw = k = cols); made on first use. Else nullptr: the call converts w itself.
+const __nv_bfloat16* kept_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, cudaStream_t stream) {
+  KeptRegistry& r = kept_registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  if (r.by_start.empty()) return nullptr;
+  auto it = r.by_start.upper_bound(reinterpret_cast<uintptr_t>(w));
+  if (it == r.by_start.begin()) return nullptr;
+  --it;
+  KeptMatrix& K = it->second;
+  const uintptr_t offset = reinterpret_cast<uintptr_t>(w) - it->first;
+  if (K.cols != k || ldw != k || offset % sizeof(float) != 0) return nullptr;
+  const int64_t at = int64_t(offset / sizeof(float));
+  if (at % k != 0 || at / k + n > K.rows) return nullptr;
+  const int64_t kp = padded_k(k);
+  if (!K.copy) {
+    if (K.no_room) return nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&K.copy), sizeof(__nv_bfloat16) * size_t(K.rows * kp)) != cudaSuccess) {
+      (void)cudaGetLastError();  // out of memory is not sticky: clear it and convert per call
+      K.copy = nullptr;
+      K.no_room = true;
+      return nullptr;
+    }
+    rows_to_bf16(reinterpret_cast<const float*>(it->first), K.rows, k, int(kp), K.copy, stream);
+    // Other streams may read the copy next: it is complete before anyone is handed it.
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  return K.copy + (at / k) * kp;
+}
+
 }  // namespace
 
 bool wgmma_available() {
@@ -520,19 +586,65 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
   require_tensor_core_device();
   const TcKernel kernel = wgmma_allowed && wgmma_available() ? TcKernel::wgmma : TcKernel::mma_sync;
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
-  const int64_t kp = ceil_div(s.k > 0 ? s.k : 1, kKStep) * kKStep;
-  // The bf16 copies: each problem's x rows, then its w rows; a chunk holds at least one problem.
+  const int64_t kp = padded_k(s.k);
+  // w already in bf16 where it is kept (keep_bf16_weights).
+  std::vector<const __nv_bfloat16*> kept(size_t(count), nullptr);
+  for (int i = 0; i < count; ++i)
+    if (problems[i].m > 0) kept[size_t(i)] = kept_bf16(problems[i].w, s.n, s.k, problems[i].ldw, stream);
+  // The bf16 copies: each problem's x rows, then its w rows unless kept; a chunk holds at least one
+  // problem.
   int i0 = 0;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
-    const int64_t need = (problems[i].m > 0 ? problems[i].m + s.n : 0) * kp;
+    const int64_t need = (problems[i].m > 0 ? problems[i].m + (kept[size_t(i)] ? 0 : s.n) : 0) * kp;
     if (i > i0 && total + need > kCopyBudget) {
-      run_tensor_core_chunk(s, kp, problems + i0, i - i0, total, kernel, stream);
+      run_tensor_core_chunk(s, kp, problems + i0, kept.data() + i0, i - i0, total, kernel, stream);
       i0 = i, total = 0;
     }
     total += need;
   }
-  run_tensor_core_chunk(s, kp, problems + i0, count - i0, total, kernel, stream);
+  run_tensor_core_chunk(s, kp, problems + i0, kept.data() + i0, count - i0, total, kernel, stream);
 }
 
 }  // namespace dsv4::cuda::detail
+
+namespace dsv4::cuda {
+
+void keep_bf16_weights(const float* w, int64_t rows, int64_t cols) {
+  if (!w || rows <= 0 || cols <= 0) return;
+  if (detail::padded_k(cols) > INT32_MAX) return;  // rows_to_bf16's width: such a matrix is converted per call
+  detail::KeptRegistry& r = detail::kept_registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  detail::KeptMatrix& K = r.by_start[reinterpret_cast<uintptr_t>(w)];
+  if (K.copy) {  // registered again: the data may be new, so the copy is made again on first use
+    cudaFree(K.copy);
+    K.copy = nullptr;
+  }
+  K.rows = rows, K.cols = cols, K.no_room = false;
+}
+
+void forget_bf16_weights(const void* begin, const void* end) {
+  detail::KeptRegistry& r = detail::kept_registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.by_start.lower_bound(reinterpret_cast<uintptr_t>(begin));
+  while (it != r.by_start.end() && it->first < reinterpret_cast<uintptr_t>(end)) {
+    if (it->second.copy) cudaFree(it->second.copy);  // errors ignored: this may run while the process exits
+    it = r.by_start.erase(it);
+  }
+}
+
+KeptWeights kept_bf16_weights() {
+  detail::KeptRegistry& r = detail::kept_registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  KeptWeights k;
+  for (const auto& [start, K] : r.by_start) {
+    ++k.registered;
+    if (K.copy) {
+      ++k.copied;
+      k.copy_bytes += int64_t(sizeof(__nv_bfloat16)) * K.rows * detail::padded_k(K.cols);
+    }
+  }
+  return k;
+}
+
+}  // namespace dsv4::cuda

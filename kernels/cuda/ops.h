@@ -36,6 +36,11 @@ namespace dsv4::cuda {
 
 // True when the CUDA runtime reports at least one usable device (any error, e.g. no driver, is false).
 bool device_available();
+// Keeps the memory that the kernels' stream-ordered scratch buffers free (cudaFreeAsync) in the current
+// device's default pool, instead of returning it to the driver at every synchronisation and mapping it
+// again on the next call (the pool's release threshold: unlimited). Set once per device by the model's
+// backend and by the benchmark.
+void keep_scratch_memory();
 
 // ---- dense ----------------------------------------------------------------------------------
 void gemm(const GemmParams& p, cudaStream_t stream);
@@ -47,6 +52,25 @@ void gemm_tiled(const GemmParams& p, cudaStream_t stream);
 // capability 9.0 and sm_90a code in this binary: CMAKE_CUDA_ARCHITECTURES 90a-real), false when it
 // runs the mma.sync kernel.
 bool gemm_tensor_core_uses_wgmma();
+// Weights kept in bf16 across the GEMMs of the tensor_core order (fast numerics). Each call of that
+// order reads its operands as bf16 copies (kernels/cuda/linear_tc.cu); for a matrix registered here,
+// the first call that reads rows of it (w inside the matrix at a row start, ldw = k = cols) makes the
+// bf16 copy of the whole matrix once, and every later call reads that copy instead of converting w
+// again. The bits are the same either way: the copy is the one each call would make.
+//   - The fp32 matrix [rows, cols] at w (device memory) must not change while it is registered, and
+//     must be forgotten before it is freed. model/device.cpp registers every 2-D weight it uploads.
+//   - The copy costs 2 bytes per weight (cols padded to a multiple of 32), allocated on first use, so
+//     exact numerics never pays for it; when the device has no room for it, the calls go on
+//     converting w each time.
+//   - The first use waits for the copy on the caller's stream (once per matrix).
+void keep_bf16_weights(const float* w, int64_t rows, int64_t cols);
+// Forgets, and frees the bf16 copies of, the matrices registered with w in [begin, end).
+void forget_bf16_weights(const void* begin, const void* end);
+// The number of matrices registered and of those with a bf16 copy made (tests, the benchmark).
+struct KeptWeights {
+  int64_t registered = 0, copied = 0, copy_bytes = 0;
+};
+KeptWeights kept_bf16_weights();
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 // pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
 void rope_apply(const RopeApplyParams& p, cudaStream_t stream);

@@ -203,6 +203,70 @@ TEST_F(FastGemm, WgmmaKernelEqualsMmaSyncKernel) {
   }
 }
 
+// Weights kept in bf16 (cuda::keep_bf16_weights): a call that reads rows of a registered matrix reads
+// its bf16 copy, made once by the first such call, and gives the bytes of a call that converts w itself:
+// for the whole matrix and for row blocks inside it (wo_a's groups), with k tails, by either kernel. A
+// call whose w is not at a row start or whose ldw is not the matrix's row goes on converting; a matrix
+// registered again after its data changed gets a new copy; a forgotten one is converted again.
+TEST_F(FastGemm, KeptBf16WeightsGiveTheSameBytes) {
+  struct Case {
+    int64_t rows, m, n, k, row0;
+  };
+  for (const Case c : {Case{7, 5, 7, 15, 0}, Case{300, 129, 100, 100, 200}, Case{1024, 257, 256, 4096, 512},
+                       Case{96, 40, 32, 33, 64}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + ", n " + std::to_string(c.n) + ", k " + std::to_string(c.k) +
+                 " from row " + std::to_string(c.row0));
+    const auto x = random_bf16(size_t(c.m * c.k), 41, 1.0f);
+    auto w = random_bf16(size_t(c.rows * c.k), 42, 0.05f);
+    for (size_t i = 5; i < w.size(); i += 13) w[i] = i % 2 ? -0.0f : 0.0f;
+    test::DeviceBuffers d;
+    float* dw = d.upload(w, "w");
+    std::vector<float> y0(size_t(c.m * c.n), -7.0f);
+    GemmParams p;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.ldx = c.k, p.ldw = c.k, p.ldy = c.n, p.round = OutRound::f32,
+    p.order = kTensorCore;
+    p.x = d.upload(x, "x"), p.w = dw + c.row0 * c.k, p.y = d.upload(y0, "y");
+    auto run = [&](bool mma_sync) {
+      if (mma_sync)
+        cuda::gemm_tiled(p, nullptr);
+      else
+        cuda::gemm(p, nullptr);
+      return d.download(p.y, y0.size());
+    };
+    const auto converted = run(false), converted_mma = run(true);
+    const cuda::KeptWeights before = cuda::kept_bf16_weights();
+    cuda::keep_bf16_weights(dw, c.rows, c.k);
+    EXPECT_TRUE(same_bytes(run(false), converted)) << "kept copy, the kernel gemm picks";
+    EXPECT_TRUE(same_bytes(run(true), converted_mma)) << "kept copy, the mma.sync kernel";
+    const cuda::KeptWeights after = cuda::kept_bf16_weights();
+    EXPECT_EQ(after.registered, before.registered + 1);
+    EXPECT_EQ(after.copied, before.copied + 1) << "one copy, made by the first call";
+    EXPECT_EQ(after.copy_bytes - before.copy_bytes, 2 * c.rows * ((c.k + 31) / 32 * 32));
+
+    // A w that is not at a row start, or read with another row stride, is converted by the call.
+    if (c.k > 1) {
+      GemmParams q = p;
+      q.w = dw + c.row0 * c.k + 1, q.k = c.k - 1;
+      cuda::gemm(q, nullptr);
+      const auto y_shift = d.download(q.y, y0.size());
+      cuda::forget_bf16_weights(dw, dw + 1);
+      cuda::gemm(q, nullptr);
+      EXPECT_TRUE(same_bytes(d.download(q.y, y0.size()), y_shift)) << "w inside a row";
+      cuda::keep_bf16_weights(dw, c.rows, c.k);
+    }
+    // New data under a matrix registered again: a new copy.
+    auto w2 = random_bf16(w.size(), 43, 0.05f);
+    ASSERT_EQ(cudaMemcpy(dw, w2.data(), w2.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    cuda::keep_bf16_weights(dw, c.rows, c.k);
+    const auto kept_new = run(false);
+    cuda::forget_bf16_weights(dw, dw + c.rows * c.k);
+    EXPECT_EQ(cuda::kept_bf16_weights().registered, before.registered) << "forgotten";
+    EXPECT_TRUE(same_bytes(kept_new, run(false))) << "registered again after the data changed";
+    EXPECT_FALSE(same_bytes(kept_new, converted)) << "the new data gives other bytes";
+    EXPECT_TRUE(d.guards_intact());
+  }
+}
+
 // ---- sparse attention in the tensor_core order ---------------------------------------------------
 
 // One attention problem on the host: q [T, H, Dh], kv [N, Dh], idx [T, K], sink [H].

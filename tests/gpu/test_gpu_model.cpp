@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/cuda/ops.h"
 #include "model/collect.h"
 #include "model/error.h"
 #include "model/forward.h"
@@ -221,6 +223,21 @@ TEST_P(GpuFast, RunToRunAndBatchInvariant) {
     for (const auto& [key, rec] : one->log.routing)
       EXPECT_EQ(rec.ids, log.routing.at({1, key.second}).ids) << "routing layer " << key.second;
   }
+}
+
+// The weights' bf16 copies kept across the fast GEMMs (model/device.cpp registers every matrix it
+// uploads; cuda::keep_bf16_weights) change no bit: the run with them equals the run after every
+// registration is forgotten, where each GEMM converts its weights itself.
+TEST_P(GpuFast, KeptBf16WeightsChangeNoBit) {
+  const NumericsProfile fast = with_numerics(profile_by_name(GetParam()), Numerics::fast);
+  const Weights w = test::tiny_by_name("tiny-b");  // a copy: uploaded (and registered) afresh
+  const auto a = random_tokens(200, w.config().vocab_size, 33);
+  auto kept = run(w, a, fast, Device::cuda);
+  EXPECT_GT(cuda::kept_bf16_weights().copied, 0) << "the fast GEMMs read kept copies";
+  cuda::forget_bf16_weights(nullptr, reinterpret_cast<const void*>(UINTPTR_MAX));
+  ASSERT_EQ(cuda::kept_bf16_weights().registered, 0);
+  auto converted = run(w, a, fast, Device::cuda);
+  expect_same_run(*kept, *converted);
 }
 
 // Fast against exact numerics (both on the GPU). The numerics alone: with the exact run's decisions
