@@ -10,7 +10,8 @@
 //     weights_kernel, one group of 8 threads per token, forms rho with dot8 and lane 0 the weights.
 // Then mix_kernel, one thread per (t, d) or per 4 consecutive d (mix4_kernel, rows 16-byte aligned):
 // y = bf16(fma chain over j of w_j * X[t, j, d]).
-// hc_post: one thread per (t, d), each of its hc outputs (t, k, d) with the CPU's fma chain over j.
+// hc_post: one thread per (t, d), each of its hc outputs (t, k, d) with the CPU's fma chain over j;
+// for hc = 4 and aligned rows of D % 4 == 0 (the model's case), one thread per 4 consecutive d.
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/detail/mhc.h"
@@ -337,13 +338,21 @@ void launch_fused(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
   DSV4_LAUNCH_CHECK();
 }
 
-// A = 4 tokens a thread (128 threads, 64 tokens a block) when that still spreads over the device;
-// fewer tokens take A = 1 (32 threads, 4 tokens a block) for more blocks.
+// The kernel's time is mostly one block's walk over the token's hc * D values, so the split favours
+// more, lighter blocks. Measured on the H200 (hc_pre, Flash shape, ms at T = 8192 / 4096 / 2048):
+// A = 4 with 128 threads 0.61 / 0.53 / 0.50, A = 2 0.60 / 0.40 / 0.37, A = 1 0.90 / 0.49 / 0.35,
+// A = 1 with 32 threads 1.22 / 0.60 / 0.51. Hence A = 2 from T = 16 x SMs, A = 1 (16 tokens a block)
+// from 8 x SMs, and A = 1 with 32 threads (4 tokens a block) below. Every split gives the same bits.
 // False when the device lacks the shared memory (the caller then takes the GEMM path).
 template <int NR>
 bool launch_fused_rows(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
-  if (a.T >= 20 * int64_t(sm_count()) && fused_smem_bytes<NR, 4, 128>() <= smem_optin()) {
-    launch_fused<NR, 4, 128>(a, wt, vec, stream);
+  const int64_t sms = sm_count();
+  if (a.T >= 16 * sms && fused_smem_bytes<NR, 2, 128>() <= smem_optin()) {
+    launch_fused<NR, 2, 128>(a, wt, vec, stream);
+    return true;
+  }
+  if (a.T >= 8 * sms && fused_smem_bytes<NR, 1, 128>() <= smem_optin()) {
+    launch_fused<NR, 1, 128>(a, wt, vec, stream);
     return true;
   }
   if (fused_smem_bytes<NR, 1, 32>() <= smem_optin()) {
@@ -435,6 +444,38 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
   }
 }
 
+// hc_post for hc = HC, 4 consecutive d a thread (D % 4 == 0; f, R and out 16-byte aligned): float4
+// loads and stores, the token's post and comb read once into registers for its 4 columns, each output
+// by common::hc_post_of as above.
+template <int HC, typename Index>
+__global__ void __launch_bounds__(kThreads) hc_post4_kernel(HcPostParams p) {
+  const Index D4 = Index(p.D / 4), total = Index(p.T) * D4;
+  for (Index e = Index(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += Index(gridDim.x) * blockDim.x) {
+    const Index t = e / D4, d4 = e - t * D4;
+    float post[HC], comb[HC * HC];
+#pragma unroll
+    for (int i = 0; i < HC; ++i) post[i] = p.post[int64_t(t) * HC + i];
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) comb[i] = p.comb[int64_t(t) * HC * HC + i];
+    const float4* R = reinterpret_cast<const float4*>(p.R + int64_t(t) * HC * p.D) + d4;
+    float4 r[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) r[j] = R[int64_t(j) * D4];
+    const float4 f = reinterpret_cast<const float4*>(p.f)[e];
+    float4* out = reinterpret_cast<float4*>(p.out + int64_t(t) * HC * p.D) + d4;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      float rx[HC], ry[HC], rz[HC], rw[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) rx[j] = r[j].x, ry[j] = r[j].y, rz[j] = r[j].z, rw[j] = r[j].w;
+      out[int64_t(k) * D4] = make_float4(common::hc_post_of(f.x, LoadedColumn{rx}, post, comb, HC, k),
+                                         common::hc_post_of(f.y, LoadedColumn{ry}, post, comb, HC, k),
+                                         common::hc_post_of(f.z, LoadedColumn{rz}, post, comb, HC, k),
+                                         common::hc_post_of(f.w, LoadedColumn{rw}, post, comb, HC, k));
+    }
+  }
+}
+
 bool fits_int(int64_t n) {
   return n < (int64_t(1) << 31) - (int64_t(65535) * kThreads);  // room for the grid stride
 }
@@ -497,6 +538,16 @@ const char* hc_post_check(const HcPostParams& p) {
 void hc_post(const HcPostParams& p, cudaStream_t stream) {
   require(cuda::hc_post_check(p), "hc_post");
   if (p.T <= 0) return;
+  const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  if (p.hc == 4 && p.D % 4 == 0 && aligned(p.f) && aligned(p.R) && aligned(p.out)) {  // the model's hc
+    const int64_t n = p.T * p.D / 4;
+    if (fits_int(n))
+      hc_post4_kernel<4, int><<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(p);
+    else
+      hc_post4_kernel<4, int64_t><<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(p);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
   if (fits_int(p.T * p.D))
     hc_post_kernel<int><<<detail::grid_for(p.T * p.D, kThreads), kThreads, 0, stream>>>(p);
   else

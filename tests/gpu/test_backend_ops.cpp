@@ -817,9 +817,10 @@ void register_other_cases() {
       hc_case(op, 3, 3, 100, o);
     }
   }
-  // The fused weights kernel (kernels/cuda/mhc.cu: 1, 2, 3, 4, 8, 15 or 24 fn rows) in both of its
-  // shapes: A = 1 token a thread below 20 tokens per multiprocessor, A = 4 from there (T = 2700 on a
-  // 132-SM H200, with a part-filled last block); hc * D a multiple of 64 or not (a partial last
+  // The fused weights kernel (kernels/cuda/mhc.cu: 1, 2, 3, 4, 8, 15 or 24 fn rows) in its three
+  // shapes: A = 1 token a thread in blocks of 32 threads below 8 tokens per multiprocessor, A = 1 in
+  // blocks of 128 from there, A = 2 from 16 (T = 1500 and T = 2700 on a 132-SM H200, with part-filled
+  // last blocks); hc * D a multiple of 64 or not (a partial last
   // stage and step), of 4 or not (16-byte or 4-byte stage copies), D a multiple of 4 or not (the
   // float4 mix or the scalar one); T = 1; blocked orders whose chains end inside a stage (8, 24) or
   // span stages (128). hc_pre with hc = 5 and hc_head with hc = 6 take the GEMM path.
@@ -833,6 +834,8 @@ void register_other_cases() {
       hc_case(op, 2700, 3, 33, o);
       hc_case(op, 2650, 1, 1024, o);
       hc_case(op, 2641, 2, 500, o);
+      hc_case(op, 1500, 4, 260, o);
+      hc_case(op, 1123, 2, 33, o);
       hc_case(op, 11, 5, 48, o);
     }
     hc_case("hc_head", 70, 8, 40, o);
@@ -841,11 +844,15 @@ void register_other_cases() {
   }
   for (ReduceOrder o : {ReduceOrder{8}, ReduceOrder{24}, ReduceOrder{128}}) {
     hc_case("hc_pre", 2700, 4, 130, o);
+    hc_case("hc_pre", 1500, 4, 130, o);
     hc_case("hc_pre", 7, 4, 67, o);
     hc_case("hc_head", 2700, 4, 130, o);
     hc_case("hc_head", 5, 3, 41, o);
   }
-  hc_case("hc_post", 17, 4, 100, ReduceOrder{});
+  hc_case("hc_post", 17, 4, 100, ReduceOrder{});  // the float4 kernel (hc = 4, D % 4 == 0)
+  hc_case("hc_post", 300, 4, 64, ReduceOrder{});
+  hc_case("hc_post", 17, 4, 30, ReduceOrder{});  // D % 4 != 0: one thread per d
+  hc_case("hc_post", 9, 2, 48, ReduceOrder{});
   hc_case("hc_post", 1, 3, 7, ReduceOrder{});
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
     compressor_case(129, 64, 4, 128, 64, false, o);
