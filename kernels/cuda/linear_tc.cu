@@ -28,6 +28,7 @@
 // How the work is cut never changes a bit of the result. Functions named *tensor_core* are the only
 // ones scripts/kernel-audit.py lets use tensor cores.
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -247,8 +248,10 @@ __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, ui
 
 // The same GEMM on Hopper (sm_90a): the order above, the same k16 steps in increasing k, each one
 // warpgroup wgmma.mma_async.m64nBNk16 from shared memory instead of mma.sync.m16n8k16 per 16 x 8 tile
-// (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Block tile
-// 128 x BN outputs; 384 threads, warp-specialised: warpgroup 0 produces (one thread issues the tensor
+// (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Tiles of
+// 128 x BN outputs; one persistent block per SM walks the launch's tiles (problem by problem, n
+// fastest) with a stride of the grid, the stages' use counted across its tiles, so the producer fills
+// the next tile's stages while the consumers store the last one. 384 threads, warp-specialised: warpgroup 0 produces (one thread issues the tensor
 // memory accelerator's copies of a stage, whose barrier `full` completes with their bytes), warpgroups
 // 1 and 2 consume, 64 rows each (wgmma from the stage, then, once it has retired, an arrival of each
 // of their warps on the stage's `empty` barrier, which frees it for the producer). Stages hold 128 x 64
@@ -260,6 +263,7 @@ struct TmaProblem {
   int64_t ldy = 0;
   const int32_t* yrow = nullptr;
   int64_t m = 0;
+  int tile0 = 0;  // the launch's index of the problem's first output tile (problems in order)
 };
 constexpr int kTmaThreads = 384;
 using TmaProblems = Batch<TmaProblem, kInlineProblems>;  // tensor maps as parameters: __grid_constant__
@@ -273,12 +277,10 @@ struct Tma {
 
 template <int BN>
 __global__ void __launch_bounds__(kTmaThreads, 1)
-    gemm_tma_tensor_core_kernel(GemmShape s, int64_t kp, const __grid_constant__ TmaProblems problems) {
+    gemm_tma_tensor_core_kernel(GemmShape s, int64_t kp, int count, int tiles_total,
+                                const __grid_constant__ TmaProblems problems) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Tma<BN>;
-  const TmaProblem& P = problems[int(blockIdx.z)];
-  const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * BN;
-  if (m0 >= P.m) return;
   extern __shared__ __align__(16) unsigned char wg_smem[];
   const uint32_t raw = smem_addr(wg_smem), base = (raw + 1023u) & ~1023u;  // swizzle atoms 1024-aligned
   const uint32_t full = base + uint32_t(L::kStages * L::kStage), empty = full + 8 * L::kStages;
@@ -291,18 +293,40 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
-  const int tiles = int((kp + kBK - 1) / kBK);
+  const int ktiles = int((kp + kBK - 1) / kBK);
+  const int ntiles = int((s.n + BN - 1) / BN);
+  // Tile `tile` of the launch: its problem (the last whose tile0 <= tile) and its m0, n0.
+  auto locate = [&](int tile, int& z, int64_t& m0, int64_t& n0) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (problems[mid].tile0 <= tile)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    z = lo;
+    const int local = tile - problems[z].tile0;
+    m0 = int64_t(local / ntiles) * kBM, n0 = int64_t(local % ntiles) * BN;
+  };
 
   if (wg == 0) {  // the producer
     setmaxnreg_dec<40>();
     if (tid == 0) {
-      for (int t = 0; t < tiles; ++t) {
-        const int st = t % L::kStages, round = t / L::kStages;
-        if (round > 0) mbar_wait(empty + 8 * st, uint32_t(round - 1) & 1u);  // its last use has retired
-        const uint32_t a = base + uint32_t(st * L::kStage);
-        mbar_arrive_expect_tx(full + 8 * st, L::kStage);
-        tma_load_2d(a, &P.a, full + 8 * st, t * kBK, int(m0));
-        tma_load_2d(a + L::kStageA, &P.b, full + 8 * st, t * kBK, int(n0));
+      int it = 0;  // stage uses so far, over all of the block's tiles
+      for (int tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+        int z;
+        int64_t m0, n0;
+        locate(tile, z, m0, n0);
+        const TmaProblem& P = problems[z];
+        for (int t = 0; t < ktiles; ++t, ++it) {
+          const int st = it % L::kStages, round = it / L::kStages;
+          if (round > 0) mbar_wait(empty + 8 * st, uint32_t(round - 1) & 1u);  // its last use has retired
+          const uint32_t a = base + uint32_t(st * L::kStage);
+          mbar_arrive_expect_tx(full + 8 * st, L::kStage);
+          tma_load_2d(a, &P.a, full + 8 * st, t * kBK, int(m0));
+          tma_load_2d(a + L::kStageA, &P.b, full + 8 * st, t * kBK, int(n0));
+        }
       }
     }
     return;
@@ -310,35 +334,43 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 
   setmaxnreg_inc<232>();
   const int cw = wg - 1;  // the consumer's 64 rows of the tile
-  float acc[BN / 2];
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles_total; tile += gridDim.x) {
+    int z;
+    int64_t m0, n0;
+    locate(tile, z, m0, n0);
+    const TmaProblem& P = problems[z];
+    float acc[BN / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  for (int t = 0; t < tiles; ++t) {
-    const int st = t % L::kStages;
-    mbar_wait(full + 8 * st, uint32_t(t / L::kStages) & 1u);
-    const uint32_t a = base + uint32_t(st * L::kStage) + uint32_t(cw * 64 * 128), b = base + uint32_t(st * L::kStage + L::kStageA);
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int t = 0; t < ktiles; ++t, ++it) {
+      const int st = it % L::kStages;
+      mbar_wait(full + 8 * st, uint32_t(it / L::kStages) & 1u);
+      const uint32_t a = base + uint32_t(st * L::kStage) + uint32_t(cw * 64 * 128), b = base + uint32_t(st * L::kStage + L::kStageA);
+      wgmma_pin(acc);
+      wgmma_fence_tensor_core();
+      // All four k16 steps, also in a last stage whose second half is past kp (zeros): those add +-0
+      // products to accumulators that are never -0 (they start at +0), which changes no bit, and keep the
+      // wgmma sequence free of branches.
+      wgmma_steps<BN, kBK / 16>(acc, a, b);
+      wgmma_commit_tensor_core();
+      wgmma_wait_tensor_core<1>();  // step t - 1 has retired: its stage is free
+      wgmma_pin(acc);
+      if (t > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % L::kStages));
+    }
+    wgmma_wait_tensor_core<0>();
     wgmma_pin(acc);
-    wgmma_fence_tensor_core();
-    // All four k16 steps, also in a last stage whose second half is past kp (zeros): those add +-0
-    // products to accumulators that are never -0 (they start at +0), which changes no bit, and keep the
-    // wgmma sequence free of branches.
-    wgmma_steps<BN, kBK / 16>(acc, a, b);
-    wgmma_commit_tensor_core();
-    wgmma_wait_tensor_core<1>();  // step t - 1 has retired: its stage is free
-    wgmma_pin(acc);
-    if (t > 0 && lane == 0) mbar_arrive(empty + 8 * ((t - 1) % L::kStages));
-  }
-  wgmma_wait_tensor_core<0>();
-  wgmma_pin(acc);
+    if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % L::kStages));  // the tile's last stage is free too
 
-  const int64_t row0 = m0 + cw * 64 + (warp % 4) * 16 + lane / 4;
+    const int64_t row0 = m0 + cw * 64 + (warp % 4) * 16 + lane / 4;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + 8 * h;
-    if (r >= P.m) continue;
-    float* y = P.y + (P.yrow ? int64_t(P.yrow[r]) : r) * P.ldy;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + 8 * h;
+      if (r >= P.m) continue;
+      float* y = P.y + (P.yrow ? int64_t(P.yrow[r]) : r) * P.ldy;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) store_pair(y, n0 + 8 * j + 2 * (lane % 4), s, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      for (int j = 0; j < BN / 8; ++j) store_pair(y, n0 + 8 * j + 2 * (lane % 4), s, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
   }
 #else
   __trap();  // the host launches it only where gemm_wgmma_available_kernel said sm_90a code is present
@@ -418,21 +450,30 @@ void launch_tma(const GemmShape& s, int64_t kp, const std::vector<Bf16Problem>& 
   using L = Tma<BN>;
   if (kp > INT32_MAX || mmax > INT32_MAX || s.n > INT32_MAX)  // the copies' coordinates are 32-bit
     throw Error("cuda gemm cannot run: a dimension is too large for the TMA coordinates");
-  std::vector<TmaProblem> tp(bp.size());
-  for (size_t i = 0; i < bp.size(); ++i) {
-    const Bf16Problem& b = bp[i];
-    TmaProblem& t = tp[i];
-    t.y = b.y, t.ldy = b.ldy, t.yrow = b.yrow, t.m = b.m;
+  // The problems with rows, each followed by its tiles' count in the launch's tile index.
+  const int64_t ntiles = ceil_div(s.n, BN);
+  std::vector<TmaProblem> tp;
+  int64_t tiles = 0;
+  for (const Bf16Problem& b : bp) {
     if (b.m <= 0) continue;
+    TmaProblem t;
+    t.y = b.y, t.ldy = b.ldy, t.yrow = b.yrow, t.m = b.m;
     t.a = bf16_rows_map(b.a, b.m, kp, kBM);
     t.b = bf16_rows_map(b.b, s.n, kp, BN);
+    t.tile0 = int(tiles);
+    tiles += ceil_div(b.m, kBM) * ntiles;
+    if (tiles > INT32_MAX) throw Error("cuda gemm cannot run: too many output tiles in one launch");
+    tp.push_back(t);
   }
+  if (tp.empty()) return;
   std::unique_ptr<Scratch<TmaProblem>> scratch;
   const TmaProblems problems = batch_of<TmaProblem, kInlineProblems>(tp, scratch, stream);
   CUDA_CHECK(cudaFuncSetAttribute(gemm_tma_tensor_core_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(L::kSmem)));
-  const dim3 grid(unsigned(ceil_div(s.n, BN)), unsigned(ceil_div(mmax, kBM)), unsigned(tp.size()));
-  gemm_tma_tensor_core_kernel<BN><<<grid, kTmaThreads, L::kSmem, stream>>>(s, kp, problems);
+  // One block per SM (the kernel holds an SM's shared memory), never more blocks than tiles.
+  const int64_t blocks = std::min<int64_t>(tiles, device_attribute(cudaDevAttrMultiProcessorCount));
+  gemm_tma_tensor_core_kernel<BN><<<unsigned(blocks), kTmaThreads, L::kSmem, stream>>>(s, kp, int(tp.size()),
+                                                                                      int(tiles), problems);
   DSV4_LAUNCH_CHECK();
 }
 
