@@ -3,6 +3,7 @@
 // MoE runs grouped GEMMs). Included by .cu files only.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -201,6 +202,9 @@ struct GemmProblem {
   int64_t ldy = 0;
   const int32_t* yrow = nullptr;
   int64_t m = 0;
+  // The tensor_core order only: x already as the GEMM's bf16 copy, rows of gemm_bf16_width(k) values
+  // (row r at x16 + r * width, zeros past k; kernels/cuda/mma.cuh); x, ldx and xrow are then unused.
+  const __nv_bfloat16* x16 = nullptr;
 };
 struct GemmShape {
   int64_t n = 0, k = 0;

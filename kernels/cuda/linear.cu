@@ -475,6 +475,8 @@ void run_group(const GemmShape& s, const GemmProblem* problems, int count, cudaS
   if (mmax <= 0) return;
   if (count > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
   if (s.order.tensor_core) return gemm_tensor_core_group(s, problems, count, mmax, which == Kernel::automatic, stream);
+  for (int i = 0; i < count; ++i)
+    if (problems[i].x16) throw Error("cuda gemm: a bf16 x (GemmProblem::x16) needs the tensor_core order");
   // Chain length in groups of 8: the ReduceOrder block, or "never" for a single chain.
   const int64_t chain_groups = (s.order.block > 0 && s.k > s.order.block) ? s.order.block / 8 : INT64_MAX;
   // The kernel and the tile only change which thread computes an element, never its order. The

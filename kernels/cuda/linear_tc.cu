@@ -404,11 +404,20 @@ void require_tensor_core_device() {
 }
 
 void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream) {
+  gathered_rows_to_bf16(x, cols, nullptr, rows, cols, width, out, stream);
+}
+
+void gathered_rows_to_bf16(const float* x, int64_t ld, const int32_t* map, int64_t rows, int64_t cols, int width,
+                           __nv_bfloat16* out, cudaStream_t stream) {
   if (rows <= 0) return;
   Bf16Jobs jobs{};
-  jobs.item[0] = Bf16Job{x, cols, nullptr, rows, out};
+  jobs.item[0] = Bf16Job{x, ld, map, rows, out};
   rows_to_bf16_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(jobs, cols, width);
   DSV4_LAUNCH_CHECK();
+}
+
+int64_t gemm_bf16_width(int64_t k) {
+  return ceil_div(k > 0 ? k : 1, kKStep) * kKStep;
 }
 
 namespace {
@@ -494,10 +503,14 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
     Bf16Problem& b = bp[size_t(i)];
     b.y = g.y, b.ldy = g.ldy, b.yrow = g.yrow, b.m = g.m;
     if (g.m <= 0) continue;
-    b.a = copies.get() + at;
-    jobs.push_back(Bf16Job{g.x, g.ldx, g.xrow, g.m, copies.get() + at});
-    at += g.m * kp;
-    rows_max = g.m > rows_max ? g.m : rows_max;
+    if (g.x16) {
+      b.a = g.x16;
+    } else {
+      b.a = copies.get() + at;
+      jobs.push_back(Bf16Job{g.x, g.ldx, g.xrow, g.m, copies.get() + at});
+      at += g.m * kp;
+      rows_max = g.m > rows_max ? g.m : rows_max;
+    }
     if (kept[i]) {
       b.b = kept[i];
       continue;
@@ -509,9 +522,11 @@ void run_tensor_core_chunk(const GemmShape& s, int64_t kp, const GemmProblem* pr
   }
   if (jobs.size() > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
   std::unique_ptr<Scratch<Bf16Job>> job_scratch;
-  rows_to_bf16_kernel<<<dim3(row_blocks(rows_max), unsigned(jobs.size())), kRowThreads, 0, stream>>>(
-      batch_of<Bf16Job, kInlineJobs>(jobs, job_scratch, stream), s.k, kp);
-  DSV4_LAUNCH_CHECK();
+  if (!jobs.empty()) {  // none when every x is given in bf16 and every w kept
+    rows_to_bf16_kernel<<<dim3(row_blocks(rows_max), unsigned(jobs.size())), kRowThreads, 0, stream>>>(
+        batch_of<Bf16Job, kInlineJobs>(jobs, job_scratch, stream), s.k, kp);
+    DSV4_LAUNCH_CHECK();
+  }
 
   if (kernel == TcKernel::wgmma) {
     // n <= 128 (the router, small projections) wastes less of a 128-wide tile.
@@ -562,7 +577,7 @@ KeptRegistry& kept_registry() {
 }
 
 int64_t padded_k(int64_t k) {
-  return ceil_div(k > 0 ? k : 1, kKStep) * kKStep;
+  return gemm_bf16_width(k);
 }
 
 // The bf16 copy of rows [0, n) of w when w lies at a row start of a registered matrix that the call
@@ -637,7 +652,8 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
   int i0 = 0;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
-    const int64_t need = (problems[i].m > 0 ? problems[i].m + (kept[size_t(i)] ? 0 : s.n) : 0) * kp;
+    const GemmProblem& g = problems[i];
+    const int64_t need = (g.m > 0 ? (g.x16 ? 0 : g.m) + (kept[size_t(i)] ? 0 : s.n) : 0) * kp;
     if (i > i0 && total + need > kCopyBudget) {
       run_tensor_core_chunk(s, kp, problems + i0, kept.data() + i0, i - i0, total, kernel, stream);
       i0 = i, total = 0;

@@ -22,6 +22,12 @@ namespace dsv4::cuda::detail {
 // (the attention's kv, the indexer's keys). Defined in kernels/cuda/linear_tc.cu, whose operand copies
 // use the same kernel.
 void rows_to_bf16(const float* x, int64_t rows, int64_t cols, int width, __nv_bfloat16* out, cudaStream_t stream);
+// The same for rows map[r] of x (row stride ld): a gathered operand (the experts' token rows).
+void gathered_rows_to_bf16(const float* x, int64_t ld, const int32_t* map, int64_t rows, int64_t cols, int width,
+                           __nv_bfloat16* out, cudaStream_t stream);
+// The row width of the tensor_core GEMM's bf16 operand copies for k values: k padded to the order's
+// k tiles of 32 (GemmProblem::x16).
+int64_t gemm_bf16_width(int64_t k);
 
 // Two floats rounded to bf16 (to nearest even), lo at the lower address.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

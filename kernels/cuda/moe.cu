@@ -11,7 +11,9 @@
 //   G = bf16(x[tok] . w1^T), U = bf16(x[tok] . w3^T)  (gather of token rows),
 //   A = bf16(w * (silu_f(clamp G) * clamp U))          (swiglu_kernel, element-wise),
 //   Y[q] = A . w2^T (fp32)                              (scatter to the pair's row).
-// The shared experts run the same steps over all tokens into Ys. combine_kernel (one thread per
+// The shared experts run the same steps over all tokens into Ys. In the tensor_core order the GEMMs'
+// bf16 copies of x and of A are made once by this file (x gathered for both w1 and w3, A written by the
+// activation), not by each GEMM call: the same values, so the same bits. combine_kernel (one thread per
 // (t, d)) then adds, from an fp32 zero, Y[t*k + i] for i ascending (the CPU's expert order, since a
 // token's ids ascend) and each shared expert's Ys in order, and rounds to bf16. Every GEMM element
 // has the canonical order, so a token's result does not depend on which tokens share its expert.
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/detail/indexer.h"
 #include "kernels/detail/moe.h"
 
@@ -121,6 +124,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same activation written as the w2 GEMM's bf16 copy of A (tensor_core order): a16 rows of width
+// values, zeros past I. A is a bf16 value already, so the copy holds it exactly.
+__global__ void __launch_bounds__(kThreads)
+    swiglu_bf16_kernel(const float* g, const float* u, int64_t rows, int64_t I, const float* weights,
+                       const int32_t* src_q, bool do_clamp, float L, __nv_bfloat16* a16, int64_t width) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < rows * width;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / width, i = e - r * width;
+    const float a =
+        i < I ? common::swiglu_act(g[r * I + i], u[r * I + i], do_clamp, L, weights ? weights + src_q[r] : nullptr)
+              : 0.0f;
+    a16[e] = __float2bfloat16_rn(a);
+  }
+}
+
 // One thread per (t, d): out = bf16(((0 + Y[t,0]) + Y[t,1]) ... + Ys[0][t] + ...).
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* Y, int64_t T, int k, int64_t D, const float* Ys, int n_shared, float* out) {
@@ -181,7 +199,9 @@ struct PairLists {
 };
 
 // The routed outputs y_i(t) (fp32) of the pairs of experts [e0, e1): row of pair q at y + q * D
-// (to_slots) or, compact, the lists' order from y.
+// (to_slots) or, compact, the lists' order from y. In the tensor_core order the GEMMs' bf16 copies of
+// their x are made here once: the gathered token rows for both w1 and w3, and A by the activation
+// itself (the same values the GEMMs would copy, so the same bits).
 void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, float* y, bool to_slots,
                     cudaStream_t stream) {
   const int64_t D = p.D, I = p.I;
@@ -190,6 +210,10 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
   detail::Scratch<float> gu(2 * rows * I, stream);
   float* G = gu.get();
   float* U = gu.get() + rows * I;
+  const bool tc = p.order.tensor_core;
+  const int64_t wD = tc ? detail::gemm_bf16_width(D) : 0, wI = tc ? detail::gemm_bf16_width(I) : 0;
+  detail::Scratch<__nv_bfloat16> x16(rows * wD, stream), a16(rows * wI, stream);
+  if (tc) detail::gathered_rows_to_bf16(p.x, D, l.src_tok.get() + a0, rows, D, int(wD), x16.get(), stream);
   std::vector<detail::GemmProblem> g1, g3, g2;
   int64_t a = 0;
   for (int e = e0; e < e1; ++e) {
@@ -200,6 +224,7 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
       pr.x = p.x;
       pr.ldx = D;
       pr.xrow = l.src_tok.get() + a0 + a;
+      if (tc) pr.x16 = x16.get() + a * wD;
       pr.ldw = D;
       pr.ldy = I;
       pr.y = G + a * I;
@@ -212,6 +237,7 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
       down.m = m;
       down.x = G + a * I;
       down.ldx = I;
+      if (tc) down.x16 = a16.get() + a * wI;
       down.w = p.experts[e].w2;
       down.ldw = I;
       down.ldy = D;
@@ -227,8 +253,12 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
   }
   detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g1.data(), int(g1.size()), stream);
   detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g3.data(), int(g3.size()), stream);
-  swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(
-      G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit);
+  if (tc)
+    swiglu_bf16_kernel<<<detail::grid_for(rows * wI, kThreads), kThreads, 0, stream>>>(
+        G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit, a16.get(), wI);
+  else
+    swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(
+        G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit);
   DSV4_LAUNCH_CHECK();
   detail::gemm_group(detail::GemmShape{D, I, common::expert_output_round(p), p.order}, g2.data(), int(g2.size()),
                      stream);
@@ -285,17 +315,37 @@ void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream
   const int64_t T = p.T, D = p.D, I = p.I;
   const int64_t Is = p.I_shared > 0 ? p.I_shared : I;
   detail::Scratch<float> gus(p.n_shared > 0 ? 2 * T * Is : 0, stream), Ys(int64_t(p.n_shared) * T * D, stream);
+  // In the tensor_core order x's bf16 copy is made once for every shared expert's w1 and w3, and A's
+  // by the activation (as in routed_outputs).
+  const bool tc = p.order.tensor_core && p.n_shared > 0;
+  const int64_t wD = tc ? detail::gemm_bf16_width(D) : 0, wI = tc ? detail::gemm_bf16_width(Is) : 0;
+  detail::Scratch<__nv_bfloat16> x16(T * wD, stream), a16(T * wI, stream);
+  if (tc) detail::rows_to_bf16(p.x, T, D, int(wD), x16.get(), stream);
   for (int s = 0; s < p.n_shared; ++s) {
     float* Gs = gus.get();
     float* Us = gus.get() + T * Is;
+    float* ys = Ys.get() + int64_t(s) * T * D;
+    if (tc) {
+      detail::GemmProblem pr;
+      pr.m = T, pr.x16 = x16.get(), pr.ldw = D, pr.ldy = Is;
+      pr.w = p.shared[s].w1, pr.y = Gs;
+      detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &pr, 1, stream);
+      pr.w = p.shared[s].w3, pr.y = Us;
+      detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &pr, 1, stream);
+      swiglu_bf16_kernel<<<detail::grid_for(T * wI, kThreads), kThreads, 0, stream>>>(
+          Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit, a16.get(), wI);
+      DSV4_LAUNCH_CHECK();
+      detail::GemmProblem down;
+      down.m = T, down.x16 = a16.get(), down.w = p.shared[s].w2, down.ldw = Is, down.y = ys, down.ldy = D;
+      detail::gemm_group(detail::GemmShape{D, Is, common::expert_output_round(p), p.order}, &down, 1, stream);
+      continue;
+    }
     gemm(linear_params(T, Is, D, p.x, p.shared[s].w1, Gs, OutRound::bf16, p.order), stream);
     gemm(linear_params(T, Is, D, p.x, p.shared[s].w3, Us, OutRound::bf16, p.order), stream);
     swiglu_kernel<<<detail::grid_for(T * Is, kThreads), kThreads, 0, stream>>>(
         Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit);
     DSV4_LAUNCH_CHECK();
-    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, Ys.get() + int64_t(s) * T * D,
-                       common::expert_output_round(p), p.order),
-         stream);
+    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, ys, common::expert_output_round(p), p.order), stream);
   }
   combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared,
                                                                              out);

@@ -21,7 +21,9 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/indexer.h"
+#include "kernels/detail/moe.h"
 #include "kernels/linear.h"
+#include "kernels/moe.h"
 #include "kernels/numerics/numerics.h"
 
 namespace dsv4 {
@@ -263,6 +265,97 @@ TEST_F(FastGemm, KeptBf16WeightsGiveTheSameBytes) {
     EXPECT_EQ(cuda::kept_bf16_weights().registered, before.registered) << "forgotten";
     EXPECT_TRUE(same_bytes(kept_new, run(false))) << "registered again after the data changed";
     EXPECT_FALSE(same_bytes(kept_new, converted)) << "the new data gives other bytes";
+    EXPECT_TRUE(d.guards_intact());
+  }
+}
+
+// The experts in the tensor_core order make their GEMMs' bf16 copies of x (gathered once for w1 and w3)
+// and of A (written by the activation) themselves (kernels/cuda/moe.cu). Their output must be the bytes
+// of the definition: each expert's G, U and y as separate tensor_core GEMMs over its tokens' rows, the
+// CPU's activation (common::swiglu_act) and the sum in slot order, written here from those parts.
+// Dimensions off the k tiles of 32 (D 100, I 72, I_shared 40), an expert with no tokens, both roundings
+// of the experts' outputs.
+TEST_F(FastGemm, ExpertsEqualTheirGemms) {
+  const int64_t T = 37, D = 100, I = 72, Is = 40;
+  const int E = 5, k = 2;
+  const float L = 0.9f;
+  for (const bool round_each : {false, true}) {
+    SCOPED_TRACE(round_each ? "each expert rounded" : "experts summed in fp32");
+    const auto x = random_bf16(size_t(T * D), 51, 1.0f);
+    std::vector<std::vector<float>> w1(E), w3(E), w2(E);
+    for (int e = 0; e < E; ++e) {
+      w1[size_t(e)] = random_bf16(size_t(I * D), 52 + 3 * e, 0.1f);
+      w3[size_t(e)] = random_bf16(size_t(I * D), 53 + 3 * e, 0.1f);
+      w2[size_t(e)] = random_bf16(size_t(D * I), 54 + 3 * e, 0.1f);
+    }
+    const auto s1 = random_bf16(size_t(Is * D), 71, 0.1f), s3 = random_bf16(size_t(Is * D), 72, 0.1f),
+               s2 = random_bf16(size_t(D * Is), 73, 0.1f);
+    std::vector<int32_t> ids(size_t(T * k));
+    std::vector<float> wts(size_t(T * k));
+    std::mt19937 g(74);
+    const int allowed[4] = {0, 1, 2, 4};  // expert 3 gets no token
+    for (int64_t t = 0; t < T; ++t) {     // two distinct experts, ascending
+      const int i0 = int(g() % 4);
+      int i1 = int(g() % 3);
+      i1 += i1 >= i0 ? 1 : 0;
+      const int a = allowed[i0], c = allowed[i1];
+      ids[size_t(t * k)] = std::min(a, c), ids[size_t(t * k + 1)] = std::max(a, c);
+      wts[size_t(t * k)] = 0.25f + float(t % 5) / 8, wts[size_t(t * k + 1)] = 0.75f - float(t % 3) / 8;
+    }
+
+    // The definition, part by part.
+    const OutRound yr = round_each ? OutRound::bf16 : OutRound::f32;
+    std::vector<float> Y(size_t(T * k * D)), Ys;
+    for (int e = 0; e < E; ++e) {
+      std::vector<int64_t> pairs;
+      std::vector<float> xe;
+      for (int64_t q = 0; q < T * k; ++q)
+        if (ids[size_t(q)] == e) {
+          pairs.push_back(q);
+          xe.insert(xe.end(), x.begin() + (q / k) * D, x.begin() + (q / k + 1) * D);
+        }
+      const int64_t m = int64_t(pairs.size());
+      if (m == 0) continue;
+      const auto G = gemm_tc(xe, D, w1[size_t(e)], D, m, I, D, OutRound::bf16);
+      const auto U = gemm_tc(xe, D, w3[size_t(e)], D, m, I, D, OutRound::bf16);
+      std::vector<float> A(size_t(m * I));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < I; ++i)
+          A[size_t(r * I + i)] = common::swiglu_act(G[size_t(r * I + i)], U[size_t(r * I + i)], true, L,
+                                                    &wts[size_t(pairs[size_t(r)])]);
+      const auto y = gemm_tc(A, I, w2[size_t(e)], I, m, D, I, yr);
+      for (int64_t r = 0; r < m; ++r)
+        std::copy(y.begin() + r * D, y.begin() + (r + 1) * D, Y.begin() + pairs[size_t(r)] * D);
+    }
+    {
+      const auto G = gemm_tc(x, D, s1, D, T, Is, D, OutRound::bf16), U = gemm_tc(x, D, s3, D, T, Is, D, OutRound::bf16);
+      std::vector<float> A(size_t(T * Is));
+      for (size_t i = 0; i < A.size(); ++i) A[i] = common::swiglu_act(G[i], U[i], false, L, nullptr);
+      Ys = gemm_tc(A, Is, s2, Is, T, D, Is, yr);
+    }
+    std::vector<float> want(size_t(T * D));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        float acc = 0.0f;
+        for (int i = 0; i < k; ++i) acc = acc + Y[size_t((t * k + i) * D + d)];
+        acc = acc + Ys[size_t(t * D + d)];
+        want[size_t(t * D + d)] = num::bf16_round(acc);
+      }
+
+    // moe_experts in one call.
+    test::DeviceBuffers d;
+    std::vector<ExpertWeights> ex(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e)
+      ex[size_t(e)] = {d.upload(w1[size_t(e)], "w1"), d.upload(w3[size_t(e)], "w3"), d.upload(w2[size_t(e)], "w2")};
+    const ExpertWeights sh{d.upload(s1, "s1"), d.upload(s3, "s3"), d.upload(s2, "s2")};
+    MoeParams p;
+    p.T = T, p.D = D, p.I = I, p.I_shared = Is, p.E = E, p.k = k, p.n_shared = 1;
+    p.x = d.upload(x, "x"), p.ids = d.upload(ids, "ids"), p.weights = d.upload(wts, "weights");
+    p.experts = ex.data(), p.shared = &sh, p.swiglu_limit = L, p.clamp_shared = false, p.round_each = round_each;
+    p.order = kTensorCore;
+    p.out = d.upload(std::vector<float>(size_t(T * D), -7.0f), "out");
+    cuda::moe_experts(p, nullptr);
+    EXPECT_TRUE(same_bytes(d.download(p.out, want.size()), want));
     EXPECT_TRUE(d.guards_intact());
   }
 }
