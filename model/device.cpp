@@ -366,8 +366,9 @@ class CpuBackend final : public Backend {
 
 // The device copy of one Weights object: every tensor in one allocation. `host` and `sizes` identify
 // the host data it was copied from (a Weights object later created at the same address has other
-// tensor storage, so it is uploaded afresh). Its float tensors of 2 or more dimensions are registered for bf16 copies
-// kept across the fast numerics' GEMMs (cuda::keep_bf16_weights): nothing writes to the arena.
+// tensor storage, so it is uploaded afresh). Its float tensors of 2 or more dimensions are registered
+// for bf16 copies kept across the fast numerics' GEMMs (cuda::keep_bf16_weights): nothing writes to
+// the arena.
 struct DeviceWeights {
   std::vector<const void*> host;
   std::vector<size_t> sizes;

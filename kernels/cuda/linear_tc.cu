@@ -251,12 +251,13 @@ __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, ui
 // (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Tiles of
 // 128 x BN outputs; one persistent block per SM walks the launch's tiles (problem by problem, n
 // fastest) with a stride of the grid, the stages' use counted across its tiles, so the producer fills
-// the next tile's stages while the consumers store the last one. 384 threads, warp-specialised: warpgroup 0 produces (one thread issues the tensor
-// memory accelerator's copies of a stage, whose barrier `full` completes with their bytes), warpgroups
-// 1 and 2 consume, 64 rows each (wgmma from the stage, then, once it has retired, an arrival of each
-// of their warps on the stage's `empty` barrier, which frees it for the producer). Stages hold 128 x 64
-// x values and BN x 64 w values, 128B-swizzled by the copy as wgmma reads them (kernels/cuda/wgmma.cuh);
-// rows past m or n and k past kp arrive as zeros.
+// the next tile's stages while the consumers store the last one. 384 threads, warp-specialised:
+// warpgroup 0 produces (one thread issues the tensor memory accelerator's copies of a stage, whose
+// barrier `full` completes with their bytes), warpgroups 1 and 2 consume, 64 rows each (wgmma from the
+// stage, then, once it has retired, an arrival of each of their warps on the stage's `empty` barrier,
+// which frees it for the producer). Stages hold 128 x 64 x values and BN x 64 w values, 128B-swizzled
+// by the copy as wgmma reads them (kernels/cuda/wgmma.cuh); rows past m or n and k past kp arrive as
+// zeros.
 struct TmaProblem {
   CUtensorMap a, b;  // the bf16 copies: a [m, kp], b [n, kp]; boxes 64 x kBM and 64 x BN
   float* y = nullptr;
@@ -576,10 +577,6 @@ KeptRegistry& kept_registry() {
   return *r;
 }
 
-int64_t padded_k(int64_t k) {
-  return gemm_bf16_width(k);
-}
-
 // The bf16 copy of rows [0, n) of w when w lies at a row start of a registered matrix that the call
 // reads whole rows of (ldw = k = cols); made on first use. Else nullptr: the call converts w itself.
 const __nv_bfloat16* kept_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, cudaStream_t stream) {
@@ -594,7 +591,7 @@ const __nv_bfloat16* kept_bf16(const float* w, int64_t n, int64_t k, int64_t ldw
   if (K.cols != k || ldw != k || offset % sizeof(float) != 0) return nullptr;
   const int64_t at = int64_t(offset / sizeof(float));
   if (at % k != 0 || at / k + n > K.rows) return nullptr;
-  const int64_t kp = padded_k(k);
+  const int64_t kp = gemm_bf16_width(k);
   if (!K.copy) {
     if (K.no_room) return nullptr;
     if (cudaMalloc(reinterpret_cast<void**>(&K.copy), sizeof(__nv_bfloat16) * size_t(K.rows * kp)) != cudaSuccess) {
@@ -642,7 +639,7 @@ void gemm_tensor_core_group(const GemmShape& s, const GemmProblem* problems, int
   require_tensor_core_device();
   const TcKernel kernel = wgmma_allowed && wgmma_available() ? TcKernel::wgmma : TcKernel::mma_sync;
   if (ceil_div(mmax, kBM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
-  const int64_t kp = padded_k(s.k);
+  const int64_t kp = gemm_bf16_width(s.k);
   // w already in bf16 where it is kept (keep_bf16_weights).
   std::vector<const __nv_bfloat16*> kept(size_t(count), nullptr);
   for (int i = 0; i < count; ++i)
@@ -669,7 +666,8 @@ namespace dsv4::cuda {
 
 void keep_bf16_weights(const float* w, int64_t rows, int64_t cols) {
   if (!w || rows <= 0 || cols <= 0) return;
-  if (detail::padded_k(cols) > INT32_MAX) return;  // rows_to_bf16's width: such a matrix is converted per call
+  // rows_to_bf16's width is an int: a wider matrix is converted per call.
+  if (detail::gemm_bf16_width(cols) > INT32_MAX) return;
   detail::KeptRegistry& r = detail::kept_registry();
   const std::lock_guard<std::mutex> lock(r.mu);
   detail::KeptMatrix& K = r.by_start[reinterpret_cast<uintptr_t>(w)];
@@ -698,7 +696,7 @@ KeptWeights kept_bf16_weights() {
     ++k.registered;
     if (K.copy) {
       ++k.copied;
-      k.copy_bytes += int64_t(sizeof(__nv_bfloat16)) * K.rows * detail::padded_k(K.cols);
+      k.copy_bytes += int64_t(sizeof(__nv_bfloat16)) * K.rows * detail::gemm_bf16_width(K.cols);
     }
   }
   return k;
