@@ -139,6 +139,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A of rows x I: into g in place (fp32), or, with a16, as the w2 GEMM's bf16 copy (width values a row).
+void activation(float* g, const float* u, int64_t rows, int64_t I, const float* weights, const int32_t* src_q,
+                bool do_clamp, float L, __nv_bfloat16* a16, int64_t width, cudaStream_t stream) {
+  if (a16)
+    swiglu_bf16_kernel<<<detail::grid_for(rows * width, kThreads), kThreads, 0, stream>>>(g, u, rows, I, weights, src_q,
+                                                                                        do_clamp, L, a16, width);
+  else
+    swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(g, u, rows, I, weights, src_q,
+                                                                                   do_clamp, L);
+  DSV4_LAUNCH_CHECK();
+}
+
 // One thread per (t, d): out = bf16(((0 + Y[t,0]) + Y[t,1]) ... + Ys[0][t] + ...).
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* Y, int64_t T, int k, int64_t D, const float* Ys, int n_shared, float* out) {
@@ -253,13 +265,8 @@ void routed_outputs(const MoeParams& p, const PairLists& l, int e0, int e1, floa
   }
   detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g1.data(), int(g1.size()), stream);
   detail::gemm_group(detail::GemmShape{I, D, OutRound::bf16, p.order}, g3.data(), int(g3.size()), stream);
-  if (tc)
-    swiglu_bf16_kernel<<<detail::grid_for(rows * wI, kThreads), kThreads, 0, stream>>>(
-        G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit, a16.get(), wI);
-  else
-    swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(
-        G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit);
-  DSV4_LAUNCH_CHECK();
+  activation(G, U, rows, I, p.weights, l.src_q.get() + a0, true, p.swiglu_limit, tc ? a16.get() : nullptr, wI,
+             stream);
   detail::gemm_group(detail::GemmShape{D, I, common::expert_output_round(p), p.order}, g2.data(), int(g2.size()),
                      stream);
 }
@@ -324,28 +331,17 @@ void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream
   for (int s = 0; s < p.n_shared; ++s) {
     float* Gs = gus.get();
     float* Us = gus.get() + T * Is;
-    float* ys = Ys.get() + int64_t(s) * T * D;
-    if (tc) {
-      detail::GemmProblem pr;
-      pr.m = T, pr.x16 = x16.get(), pr.ldw = D, pr.ldy = Is;
-      pr.w = p.shared[s].w1, pr.y = Gs;
-      detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &pr, 1, stream);
-      pr.w = p.shared[s].w3, pr.y = Us;
-      detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &pr, 1, stream);
-      swiglu_bf16_kernel<<<detail::grid_for(T * wI, kThreads), kThreads, 0, stream>>>(
-          Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit, a16.get(), wI);
-      DSV4_LAUNCH_CHECK();
-      detail::GemmProblem down;
-      down.m = T, down.x16 = a16.get(), down.w = p.shared[s].w2, down.ldw = Is, down.y = ys, down.ldy = D;
-      detail::gemm_group(detail::GemmShape{D, Is, common::expert_output_round(p), p.order}, &down, 1, stream);
-      continue;
-    }
-    gemm(linear_params(T, Is, D, p.x, p.shared[s].w1, Gs, OutRound::bf16, p.order), stream);
-    gemm(linear_params(T, Is, D, p.x, p.shared[s].w3, Us, OutRound::bf16, p.order), stream);
-    swiglu_kernel<<<detail::grid_for(T * Is, kThreads), kThreads, 0, stream>>>(
-        Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit);
-    DSV4_LAUNCH_CHECK();
-    gemm(linear_params(T, D, Is, Gs, p.shared[s].w2, ys, common::expert_output_round(p), p.order), stream);
+    detail::GemmProblem up;
+    up.m = T, up.x = p.x, up.ldx = D, up.x16 = tc ? x16.get() : nullptr, up.ldw = D, up.ldy = Is;
+    up.w = p.shared[s].w1, up.y = Gs;
+    detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &up, 1, stream);
+    up.w = p.shared[s].w3, up.y = Us;
+    detail::gemm_group(detail::GemmShape{Is, D, OutRound::bf16, p.order}, &up, 1, stream);
+    activation(Gs, Us, T, Is, nullptr, nullptr, p.clamp_shared, p.swiglu_limit, tc ? a16.get() : nullptr, wI, stream);
+    detail::GemmProblem down;
+    down.m = T, down.x = Gs, down.ldx = Is, down.x16 = tc ? a16.get() : nullptr, down.w = p.shared[s].w2;
+    down.ldw = Is, down.y = Ys.get() + int64_t(s) * T * D, down.ldy = D;
+    detail::gemm_group(detail::GemmShape{D, Is, common::expert_output_round(p), p.order}, &down, 1, stream);
   }
   combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared,
                                                                              out);
