@@ -192,12 +192,10 @@ namespace dsv4::cuda {
 // sizes and on CUDA errors.
 void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* out, cudaStream_t stream);
 
-// The same for a bf16-exact fp32 matrix [rows, elems] hashed as its 2-byte bf16 patterns (the trace's
-// storage bytes, capture/digest.h): the patterns go to a stream-ordered scratch buffer first.
+// The same for an fp32 matrix [rows, elems] hashed as its 2-byte bf16 patterns (num::bf16_bits of each
+// value: the trace's storage bytes, capture/digest.h), converted as they are read: the matrix is read
+// once and nothing else is written.
 void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream);
-// The same with the caller's scratch buffer (device memory of rows * elems * 2 bytes).
-void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, uint16_t* scratch,
-                      cudaStream_t stream);
 
 }  // namespace dsv4::cuda
 #endif
