@@ -33,6 +33,12 @@ struct KernelRecords {
 // Launch configuration equality (name, grid, block, shared memory): what replay compares.
 bool same_launch(const KernelRecord& a, const KernelRecord& b);
 
+// A kernel that the recording machinery launches for an observer rather than the model: the row
+// digests (kernels/cuda/xxh3.cu) and the snapshot copies of late reports (cuda::copy_words). Which of
+// them run depends on the observer (reports taken late or at once, values wanted or not), not on the
+// computation, so replay compares the model's launches only.
+bool is_report_kernel(const KernelRecord& k);
+
 // Records every kernel that runs on the GPU between start() and stop() (all streams and contexts of
 // the process). One recorder may be active at a time (CUPTI's activity API is process-wide). Nothing
 // here throws: when CUPTI cannot record (no GPU: CUPTI returns an error such as 999; another recorder

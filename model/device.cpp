@@ -674,7 +674,7 @@ class CudaBackend final : public Backend {
   bool row_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) override {
     if (rows <= 0) return true;
     Buffer<uint64_t> d = alloc<uint64_t>(rows);
-    enqueue_digests(data, dt, rows, row_elems, d.data(), nullptr);
+    enqueue_digests(data, dt, rows, row_elems, d.data());
     download(out, d.data(), size_t(rows) * sizeof(uint64_t));
     return true;
   }
@@ -688,13 +688,11 @@ class CudaBackend final : public Backend {
     constexpr size_t kAlign = 256;
     auto align = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
     std::vector<size_t> offsets, sizes;
-    size_t total = 0, scratch = 0;  // scratch: the bf16 patterns of the largest bf16 digest part
+    size_t total = 0;
     for (const AsyncPart& a : parts) {
       offsets.push_back(total);
       sizes.push_back(a.host_bytes());
       total += align(a.host_bytes());
-      if (a.digests && a.dt == DType::bf16 && a.rows > 0)
-        scratch = std::max(scratch, size_t(a.rows * a.row_elems) * 2);
     }
     if (!copies_) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
@@ -703,19 +701,27 @@ class CudaBackend final : public Backend {
     auto d = std::make_unique<CudaAsyncDownload>(offsets, sizes, total);
     if (total == 0) return d;
     char* snap = nullptr;
-    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total + scratch, s_));
-    try {
-      uint16_t* bits = reinterpret_cast<uint16_t*>(snap + total);
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total, s_));
+    try {  // digest parts: a kernel each; the other parts: copied together, whole words in one launch
+      std::vector<cuda::WordCopy> words;
+      auto copy_words = [&] {
+        cuda::copy_words(words.data(), int(words.size()), s_);
+        words.clear();
+      };
       for (size_t i = 0; i < parts.size(); ++i) {
         const AsyncPart& a = parts[i];
         if (!sizes[i]) continue;
         char* at = snap + offsets[i];
-        uint64_t* digests = reinterpret_cast<uint64_t*>(at);
-        if (a.digests)
-          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, digests, bits);
-        else
+        if (a.digests) {
+          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, reinterpret_cast<uint64_t*>(at));
+        } else if (sizes[i] % 4 == 0 && reinterpret_cast<uintptr_t>(a.src) % 4 == 0) {
+          words.push_back({reinterpret_cast<uint32_t*>(at), static_cast<const uint32_t*>(a.src), int64_t(sizes[i] / 4)});
+          if (words.size() == size_t(cuda::kMaxWordCopies)) copy_words();
+        } else {
           CUDA_CHECK(cudaMemcpyAsync(at, a.src, sizes[i], cudaMemcpyDeviceToDevice, s_));
+        }
       }
+      if (!words.empty()) copy_words();
       CUDA_CHECK(cudaEventRecord(taken_, s_));
       CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
     } catch (...) {
@@ -802,14 +808,10 @@ class CudaBackend final : public Backend {
 
  private:
   // The per-row digests of [rows, row_elems] of `dt` at `data` into out[rows] (device memory), on the
-  // compute stream; a bf16 tensor's patterns go to `bf16_scratch` (rows * row_elems * 2 bytes), or to a
-  // stream-ordered buffer of their own when it is null.
-  void enqueue_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out,
-                       uint16_t* bf16_scratch) {
+  // compute stream.
+  void enqueue_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) {
     if (dt != DType::bf16)
       cuda::digest_rows(data, rows, row_elems * 4, out, s_);
-    else if (bf16_scratch)
-      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, bf16_scratch, s_);
     else
       cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, s_);
   }

@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <iterator>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -486,30 +487,35 @@ std::string launch_str(const KernelRecord& k) {
 
 }  // namespace
 
-void compare_kernels(const KernelRecords& rec, const KernelRecords& rep, StepReplay& sr) {
-  if (!rep.available) {
-    sr.kernels_note = "this replay could not record kernels (" + rep.reason + ")";
+void compare_kernels(const KernelRecords& recorded, const KernelRecords& replayed, StepReplay& sr) {
+  if (!replayed.available) {
+    sr.kernels_note = "this replay could not record kernels (" + replayed.reason + ")";
     return;
   }
-  sr.kernels_recorded = int64_t(rec.kernels.size());
-  sr.kernels_replayed = int64_t(rep.kernels.size());
-  const size_t n = std::min(rec.kernels.size(), rep.kernels.size());
+  auto model_launches = [](const KernelRecords& r) {
+    std::vector<KernelRecord> m;
+    std::copy_if(r.kernels.begin(), r.kernels.end(), std::back_inserter(m),
+                 [](const KernelRecord& k) { return !is_report_kernel(k); });
+    return m;
+  };
+  const std::vector<KernelRecord> rec = model_launches(recorded), rep = model_launches(replayed);
+  sr.kernels_recorded = int64_t(rec.size());
+  sr.kernels_replayed = int64_t(rep.size());
+  const size_t n = std::min(rec.size(), rep.size());
   for (size_t i = 0; i < n; ++i)
-    if (!same_launch(rec.kernels[i], rep.kernels[i])) {
+    if (!same_launch(rec[i], rep[i])) {
       sr.kernels_equal = false;
       sr.kernel_first_difference = int64_t(i);
-      sr.kernels_note = fmt::format("kernel {}: recorded {}, replayed {}", i, launch_str(rec.kernels[i]),
-                                    launch_str(rep.kernels[i]));
+      sr.kernels_note = fmt::format("kernel {}: recorded {}, replayed {}", i, launch_str(rec[i]), launch_str(rep[i]));
       return;
     }
-  if (rec.kernels.size() != rep.kernels.size()) {
+  if (rec.size() != rep.size()) {
     sr.kernels_equal = false;
     sr.kernel_first_difference = int64_t(n);
-    sr.kernels_note = rec.kernels.size() > n
-                          ? fmt::format("kernel {}: recorded {}, the replay launched no more kernels", n,
-                                        launch_str(rec.kernels[n]))
-                          : fmt::format("kernel {}: the trace records no more kernels, replayed {}", n,
-                                        launch_str(rep.kernels[n]));
+    sr.kernels_note = rec.size() > n ? fmt::format("kernel {}: recorded {}, the replay launched no more kernels", n,
+                                                   launch_str(rec[n]))
+                                     : fmt::format("kernel {}: the trace records no more kernels, replayed {}", n,
+                                                   launch_str(rep[n]));
     return;
   }
   sr.kernels_equal = true;

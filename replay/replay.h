@@ -101,7 +101,8 @@ struct StepReplay {
   std::vector<DecisionChange> counterfactual_mismatches;
   // GPU kernel sequence, compared when the trace holds kernel records (available = 1) and this replay
   // recorded its own (device cuda, CUPTI available): names, grid, block and shared memory, in launch
-  // order. nullopt: not compared, kernels_note says why. A kernel difference does not change
+  // order, of the model's launches (the report kernels, is_report_kernel, are left out of the counts
+  // and indices: they depend on the observer). nullopt: not compared, kernels_note says why. A kernel difference does not change
   // `identical` (which is about the computed bits); it tells where the launch plan changed.
   std::optional<bool> kernels_equal;
   int64_t kernels_recorded = 0;          // in the trace (0 when it holds none)
@@ -179,8 +180,9 @@ std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const Env
 void bundle_trace(const std::string& trace, const std::string& model_dir, const std::string& out_dir);
 
 // Recorded vs replayed kernel launches of one step, in launch order (name, grid, block, shared
-// memory: capture/cupti.h same_launch): sets sr.kernels_equal, the counts, the first differing launch
-// index and a note naming both launches; a replay that could not record leaves kernels_equal unset.
+// memory: capture/cupti.h same_launch) of the model, report kernels (is_report_kernel) left out on both
+// sides: sets sr.kernels_equal, the counts, the first differing launch index and a note naming both
+// launches; a replay that could not record leaves kernels_equal unset.
 void compare_kernels(const KernelRecords& recorded, const KernelRecords& replayed, StepReplay& sr);
 
 }  // namespace dsv4

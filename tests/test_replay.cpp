@@ -680,5 +680,32 @@ TEST(CompareKernels, FirstDifferingLaunch) {
   }
 }
 
+// The report kernels (row digests, snapshot copies) depend on the observer, not on the model: a
+// recording that took its reports late launched copies that an immediate replay does not, and neither
+// counts them; a model launch between them still differs where it differs.
+TEST(CompareKernels, ReportKernelsAreLeftOut) {
+  const char* digest = "void dsv4::cuda::(anonymous namespace)::digest_rows_kernel<Bf16Patterns>(long)";
+  const char* copies = "dsv4::cuda::(anonymous namespace)::copy_words_kernel(WordCopies)";
+  const KernelRecords rec =
+      launches({{"a", 4, 0}, {digest, 9, 1152}, {copies, 3, 0}, {"b", 8, 1024}, {copies, 1, 0}, {"c", 2, 0}});
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {digest, 9, 1152}, {"b", 8, 1024}, {"c", 2, 0}}), sr);
+    ASSERT_TRUE(sr.kernels_equal.has_value());
+    EXPECT_TRUE(*sr.kernels_equal) << sr.kernels_note;
+    EXPECT_EQ(sr.kernels_recorded, 3);
+    EXPECT_EQ(sr.kernels_replayed, 3);
+  }
+  {
+    StepReplay sr;
+    compare_kernels(rec, launches({{"a", 4, 0}, {copies, 1, 0}, {"b", 8, 1024}, {"x", 2, 0}}), sr);
+    EXPECT_FALSE(*sr.kernels_equal);
+    EXPECT_EQ(sr.kernel_first_difference, 2);  // among the model's launches
+    EXPECT_NE(sr.kernels_note.find("replayed x"), std::string::npos) << sr.kernels_note;
+  }
+  EXPECT_TRUE(is_report_kernel(rec.kernels[1]));
+  EXPECT_FALSE(is_report_kernel(rec.kernels[0]));
+}
+
 }  // namespace
 }  // namespace dsv4

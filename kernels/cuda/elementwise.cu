@@ -31,6 +31,18 @@ __global__ void embed_kernel(const float* table, int64_t D, const int32_t* token
   }
 }
 
+struct WordCopies {
+  WordCopy c[kMaxWordCopies];
+  int n;
+};
+// Copy after copy, each spread over the whole grid.
+__global__ void copy_words_kernel(WordCopies w) {
+  for (int k = 0; k < w.n; ++k) {
+    const WordCopy c = w.c[k];
+    DSV4_GRID_STRIDE(i, c.words) c.dst[i] = c.src[i];
+  }
+}
+
 void check_ptr(const void* p, int64_t n, const char* op, const char* field) {
   if (n < 0) require("negative size", op);
   if (n > 0 && !p) require(field, op);
@@ -67,6 +79,22 @@ void embed_streams(const float* table, int64_t D, const int32_t* tokens, int64_t
   check_ptr(tokens, T, "embed_streams", "tokens is null");
   check_ptr(H, T, "embed_streams", "H is null");
   embed_kernel<<<detail::grid_for(T * hc * D, kThreads), kThreads, 0, stream>>>(table, D, tokens, T, hc, H);
+  DSV4_LAUNCH_CHECK();
+}
+
+void copy_words(const WordCopy* copies, int n, cudaStream_t stream) {
+  if (n < 0 || n > kMaxWordCopies) require("more copies than kMaxWordCopies (or a negative count)", "copy_words");
+  WordCopies w{};
+  int64_t most = 0;
+  for (int k = 0; k < n; ++k) {
+    check_ptr(copies[k].src, copies[k].words, "copy_words", "src is null");
+    check_ptr(copies[k].dst, copies[k].words, "copy_words", "dst is null");
+    w.c[k] = copies[k];
+    most = std::max(most, copies[k].words);
+  }
+  w.n = n;
+  if (most == 0) return;
+  copy_words_kernel<<<detail::grid_for(most, kThreads), kThreads, 0, stream>>>(w);
   DSV4_LAUNCH_CHECK();
 }
 

@@ -143,4 +143,15 @@ void divide(float* x, int64_t n, float d, cudaStream_t stream);          // x = 
 void embed_streams(const float* table, int64_t D, const int32_t* tokens, int64_t T, int hc, float* H,
                    cudaStream_t stream);
 
+// Copies of whole 4-byte words between device buffers, up to kMaxWordCopies in one launch (the
+// parts of a report's snapshot: decisions, tensor values). Throws for more copies, a negative count
+// or a null pointer with words to copy.
+struct WordCopy {
+  uint32_t* dst = nullptr;
+  const uint32_t* src = nullptr;
+  int64_t words = 0;
+};
+inline constexpr int kMaxWordCopies = 8;
+void copy_words(const WordCopy* copies, int n, cudaStream_t stream);
+
 }  // namespace dsv4::cuda

@@ -80,6 +80,7 @@ const std::vector<OpInfo>& all_ops() {
       {"scale_bf16", "cuda/ops.h (graph step)", false},
       {"divide", "cuda/ops.h (graph step)", false},
       {"embed_streams", "cuda/ops.h (graph step)", false},
+      {"copy_words", "cuda/ops.h (report snapshots)", false},
   };
   return ops;
 }
@@ -809,6 +810,32 @@ void elementwise_case(const std::string& op, int64_t n) {
   });
 }
 
+// cuda::copy_words: `sizes.size()` copies in one launch (words of random bits, NaN patterns
+// included), each into its own guarded buffer; every destination equals its source and nothing else
+// is written.
+void copy_words_case(std::vector<int64_t> sizes) {
+  std::string name = "COPY_WORDS(";
+  for (const int64_t n : sizes) name += std::to_string(n) + ",";
+  name.back() = ')';
+  add_case("copy_words", name, [=](const std::string& nm) {
+    auto g = test::rng_for(nm);
+    DeviceBuffers d;
+    std::vector<std::vector<uint32_t>> src;
+    std::vector<cuda::WordCopy> copies;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<uint32_t> w(static_cast<size_t>(sizes[k]));
+      for (auto& v : w) v = uint32_t(g());
+      copies.push_back({d.upload(std::vector<uint32_t>(w.size(), 0xdeadbeefu), "dst" + std::to_string(k)),
+                        d.upload(w, "src" + std::to_string(k)), sizes[k]});
+      src.push_back(std::move(w));
+    }
+    cuda::copy_words(copies.data(), int(copies.size()), nullptr);
+    ASSERT_TRUE(d.guards_intact());
+    for (size_t k = 0; k < sizes.size(); ++k)
+      EXPECT_EQ(d.download(copies[k].dst, src[k].size()), src[k]) << "copy " << k;
+  });
+}
+
 void register_other_cases() {
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
     for (const char* op : {"hc_pre", "hc_head"}) {
@@ -971,6 +998,9 @@ void register_other_cases() {
   quant_case("act_quant", 5, 192, 192, 64, ScaleFmt::none);
   for (const char* op : {"bf16_round", "scale_bf16", "divide"}) elementwise_case(op, 1000);
   elementwise_case("embed_streams", 48);
+  copy_words_case({1000});
+  copy_words_case({0, 1, 7, 300001, 2});
+  copy_words_case({5, 4096, 1, 0, 33, 65536, 3, 12});  // kMaxWordCopies
 }
 
 const std::vector<OpCase>& cases() {
@@ -1006,6 +1036,14 @@ std::string case_label(const ::testing::TestParamInfo<size_t>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, BackendOps, ::testing::ValuesIn(case_indices()), case_label);
+
+TEST(BackendOpsErrors, CopyWordsRejectsBadCopies) {
+  std::vector<cuda::WordCopy> copies(size_t(cuda::kMaxWordCopies) + 1);
+  EXPECT_THROW(cuda::copy_words(copies.data(), int(copies.size()), nullptr), Error);
+  EXPECT_THROW(cuda::copy_words(copies.data(), -1, nullptr), Error);
+  copies[0].words = 4;  // null pointers with words to copy
+  EXPECT_THROW(cuda::copy_words(copies.data(), 1, nullptr), Error);
+}
 
 // Lists every op with its number of cases; a CUDA op without a case fails. Needs no device.
 TEST(BackendOpsCoverage, EveryCudaOpHasCases) {
