@@ -986,8 +986,18 @@ void ChunkFile::start_writeback(size_t bytes) {
   unsynced_ += bytes;
   if (fd_ < 0 || unsynced_ < kWriteback) return;
   unsynced_ = 0;
-  // Only a hint: an error here (a file system without it) leaves the final fsync to do the work.
-  (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+  h5::start_writeback(fd_);
+}
+
+void start_writeback(int fd) {
+  if (fd >= 0) (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
+void start_writeback(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  start_writeback(fd);
+  ::close(fd);
 }
 
 ChunkFile::~ChunkFile() = default;

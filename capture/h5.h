@@ -295,6 +295,12 @@ class ChunkFile {
   size_t unsynced_ = 0;
 };
 
+// Asks the kernel to start writing out the dirty pages of the file behind `fd`, or at `path`
+// (sync_file_range with SYNC_FILE_RANGE_WRITE; it does not wait), so that the fsync which ends a trace
+// finds little left to write. Only a hint: errors (a file system without it) are ignored.
+void start_writeback(int fd);
+void start_writeback(const std::string& path);
+
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);

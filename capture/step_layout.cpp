@@ -556,6 +556,7 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
   if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) file.fail("cannot flush");
   h5::close_file(file);
   file = h5::Object{};
+  h5::start_writeback(writing_path);  // the step's bytes go to disk while the next step computes
   seqs.clear();
   step_index = -1;
 }

@@ -464,8 +464,7 @@ void TraceWriter::close() {
 }
 
 void publish_trace(const std::string& writing_path, const std::string& final_path) {
-  seal_trace(writing_path);  // digest of the finished file (capture/trace_seal.h)
-  fsync_path(writing_path, false);
+  seal_trace(writing_path);  // digest of the finished file, then fsync (capture/trace_seal.h)
   if (writing_path != final_path) {
     std::error_code ec;
     fs::rename(writing_path, final_path, ec);
