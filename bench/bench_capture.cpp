@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "capture/cupti.h"
 #include "capture/digest.h"
 #include "capture/trace_writer.h"
 #include "model/device.h"
@@ -95,6 +97,31 @@ class NullObserver final : public dsv4::Observer {
   bool late_;
 };
 
+// Where a forward's GPU time goes, from CUPTI's kernel records of one more forward: the kernels' summed
+// time, the report kernels' share (capture/cupti.h is_report_kernel) and the time from the first
+// kernel's start to the last one's end. Wall time above that span is host time before the first
+// kernel and after the last; the span above the summed kernel time is the GPU waiting between kernels.
+void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens, const dsv4::RunOptions& ro) {
+  dsv4::KernelRecorder rec;
+  if (!rec.start()) return;
+  dsv4::forward(mid(), {tokens}, ro);
+  const dsv4::KernelRecords k = rec.stop();
+  if (!k.available || k.kernels.empty()) return;
+  double all = 0, report = 0;
+  int64_t first = k.kernels.front().start_ns, last = k.kernels.front().end_ns, reports = 0;
+  for (const dsv4::KernelRecord& r : k.kernels) {
+    const double ms = double(r.end_ns - r.start_ns) * 1e-6;
+    all += ms;
+    if (dsv4::is_report_kernel(r)) report += ms, ++reports;
+    first = std::min(first, r.start_ns), last = std::max(last, r.end_ns);
+  }
+  state.counters["kernels_ms"] = all;
+  state.counters["report_kernels_ms"] = report;
+  state.counters["span_ms"] = double(last - first) * 1e-6;
+  state.counters["launches"] = double(k.kernels.size());
+  state.counters["report_launches"] = double(reports);
+}
+
 void BM_ForwardCudaObserved(benchmark::State& state, bool late) {
   const int64_t T = state.range(0);
   const auto tokens = dsv4::random_tokens(T, mid().config().vocab_size, 1);
@@ -109,6 +136,7 @@ void BM_ForwardCudaObserved(benchmark::State& state, bool late) {
   }
   state.counters["tokens/s"] =
       benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
+  kernel_counters(state, tokens, ro);
 }
 
 // Steady state: `steps` steps recorded into one open trace, as a rollout or training loop records
@@ -124,7 +152,7 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   double forward_s = 0, writing_s = 0, blocked_s = 0, close_s = 0, steps_s = 0, staging_s = 0, encoding_s = 0,
-         storing_s = 0;
+         storing_s = 0, create_s = 0, handoff_s = 0;
   int64_t records = 0, batches = 0;
   for (auto _ : state) {
     if (!policy) {  // the baseline: the same steps without a trace
@@ -135,15 +163,21 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
     fs::remove(path);
     dsv4::TraceWriter::Options opt;
     opt.policy = dsv4::CapturePolicy::parse(policy);
+    const auto created = Clock::now();
     auto w = dsv4::TraceWriter::create(path, mid().config(), header, opt);
+    create_s += seconds_since(created);
     for (int64_t i = 0; i < steps; ++i) {
       dsv4::StepSpec step;
       step.seqs = {tokens};
+      const auto begun = Clock::now();
       ro.observer = &w->begin_step(step);
+      handoff_s += seconds_since(begun);
       const auto t0 = Clock::now();
       auto r = dsv4::forward(mid(), step.seqs, ro);
       forward_s += seconds_since(t0);
+      const auto ended = Clock::now();
       w->end_step(r);
+      handoff_s += seconds_since(ended);
     }
     const auto t0 = Clock::now();
     w->close();
@@ -172,6 +206,8 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
     state.counters["w_store_ms"] = storing_s * 1e3 / n;
     state.counters["records_per_batch"] = batches ? double(records) / double(batches) : 0;
     state.counters["close_ms"] = close_s * 1e3 / double(state.iterations());
+    state.counters["create_ms"] = create_s * 1e3 / double(state.iterations());  // once per trace
+    state.counters["handoff_ms"] = handoff_s * 1e3 / n;  // begin_step + end_step on the caller's thread
   }
 }
 
@@ -180,6 +216,11 @@ void BM_Forward(benchmark::State& state, const char* policy) {
 }
 void BM_ForwardCuda(benchmark::State& state, const char* policy) {
   run_forward(state, mid(), dsv4::Device::cuda, policy);
+  if (!policy) {
+    dsv4::RunOptions ro;
+    ro.device = dsv4::Device::cuda;
+    kernel_counters(state, dsv4::random_tokens(state.range(0), mid().config().vocab_size, 1), ro);
+  }
 }
 
 // The writer alone: one step's Observer calls (tiny preset, T = 4096, computed once) replayed into a
@@ -378,12 +419,17 @@ int main(int argc, char** argv) {
     for (const char* policy : {static_cast<const char*>(nullptr), "decisions", "full"})
       for (const int64_t T : {4096, 512}) {
         if ((T == 512) != (policy && std::string(policy) == "full") && policy) continue;
-        benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
-                                     BM_RecordStepsCuda, policy)
-            ->Args({T, 8})
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime()
-            ->Iterations(2);
+        // 8 steps, and 32 (decisions only): the close, once per trace, shared among more steps.
+        const bool decisions = policy && std::string(policy) == "decisions";
+        for (const int64_t steps : {int64_t(8), int64_t(32)}) {
+          if (steps == 32 && !decisions && policy) continue;
+          benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
+                                       BM_RecordStepsCuda, policy)
+              ->Args({T, steps})
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime()
+              ->Iterations(2);
+        }
       }
   }
   benchmark::Initialize(&argc, argv);
