@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 
 #if defined(DSV4_HAVE_CUPTI)
@@ -23,6 +24,13 @@ bool is_report_kernel(const KernelRecord& k) {
   for (const char* name : {"digest_rows_kernel", "copy_words_kernel"})
     if (k.name.find(name) != std::string::npos) return true;
   return false;
+}
+
+std::vector<KernelRecord> model_launches(const KernelRecords& r) {
+  std::vector<KernelRecord> m;
+  std::copy_if(r.kernels.begin(), r.kernels.end(), std::back_inserter(m),
+               [](const KernelRecord& k) { return !is_report_kernel(k); });
+  return m;
 }
 
 #if defined(DSV4_HAVE_CUPTI)

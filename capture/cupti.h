@@ -38,6 +38,8 @@ bool same_launch(const KernelRecord& a, const KernelRecord& b);
 // them run depends on the observer (reports taken late or at once, values wanted or not), not on the
 // computation, so replay compares the model's launches only.
 bool is_report_kernel(const KernelRecord& k);
+// The launches of `r` that are not report kernels, in their order.
+std::vector<KernelRecord> model_launches(const KernelRecords& r);
 
 // Records every kernel that runs on the GPU between start() and stop() (all streams and contexts of
 // the process). One recorder may be active at a time (CUPTI's activity API is process-wide). Nothing

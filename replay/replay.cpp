@@ -15,7 +15,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <iterator>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -492,12 +491,6 @@ void compare_kernels(const KernelRecords& recorded, const KernelRecords& replaye
     sr.kernels_note = "this replay could not record kernels (" + replayed.reason + ")";
     return;
   }
-  auto model_launches = [](const KernelRecords& r) {
-    std::vector<KernelRecord> m;
-    std::copy_if(r.kernels.begin(), r.kernels.end(), std::back_inserter(m),
-                 [](const KernelRecord& k) { return !is_report_kernel(k); });
-    return m;
-  };
   const std::vector<KernelRecord> rec = model_launches(recorded), rep = model_launches(replayed);
   sr.kernels_recorded = int64_t(rec.size());
   sr.kernels_replayed = int64_t(rep.size());
@@ -839,7 +832,7 @@ static void replay_one_step(const TraceReader& r, int index, const TraceStepInfo
   ro.device = opt.device;
   ro.experts = opt.experts;
   const KernelRecords recorded_kernels = r.kernels(index);
-  sr.kernels_recorded = int64_t(recorded_kernels.kernels.size());
+  sr.kernels_recorded = int64_t(model_launches(recorded_kernels).size());
   KernelRecorder recorder;
   const bool record_kernels = recorded_kernels.available && opt.device == Device::cuda && recorder.start();
   const auto t0 = std::chrono::steady_clock::now();

@@ -101,11 +101,12 @@ struct StepReplay {
   std::vector<DecisionChange> counterfactual_mismatches;
   // GPU kernel sequence, compared when the trace holds kernel records (available = 1) and this replay
   // recorded its own (device cuda, CUPTI available): names, grid, block and shared memory, in launch
-  // order, of the model's launches (the report kernels, is_report_kernel, are left out of the counts
-  // and indices: they depend on the observer). nullopt: not compared, kernels_note says why. A kernel difference does not change
-  // `identical` (which is about the computed bits); it tells where the launch plan changed.
+  // order, of the model's launches (capture/cupti.h model_launches: the report kernels depend on the
+  // observer and are left out of the counts and indices). nullopt: not compared, kernels_note says
+  // why. A kernel difference does not change `identical` (which is about the computed bits); it tells
+  // where the launch plan changed.
   std::optional<bool> kernels_equal;
-  int64_t kernels_recorded = 0;          // in the trace (0 when it holds none)
+  int64_t kernels_recorded = 0;          // the model's launches in the trace (0 when it holds none)
   int64_t kernels_replayed = 0;          // by this replay (0 when it recorded none)
   int64_t kernel_first_difference = -1;  // launch index of the first difference (-1: none)
   std::string kernels_note;              // the first difference, or why nothing was compared

@@ -705,6 +705,9 @@ TEST(CompareKernels, ReportKernelsAreLeftOut) {
   }
   EXPECT_TRUE(is_report_kernel(rec.kernels[1]));
   EXPECT_FALSE(is_report_kernel(rec.kernels[0]));
+  const std::vector<KernelRecord> model = model_launches(rec);
+  ASSERT_EQ(model.size(), 3u);
+  EXPECT_EQ(model[1].name, "b");
 }
 
 }  // namespace
