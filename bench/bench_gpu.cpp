@@ -663,7 +663,7 @@ void bench_model(const std::vector<int64_t>& lengths, bool cpu_long, bool quick)
 
 int main(int argc, char** argv) {
   bool quick = false, cpu_long = false, flash = true, layers_only = false, fast = false, fast_gemm_only = false,
-       fast_layer_only = false;
+       fast_layer_only = false, model_only = false;
   int64_t flash_T = 0;
   std::string dump_dir;
   for (int i = 1; i < argc; ++i) {
@@ -690,14 +690,17 @@ int main(int argc, char** argv) {
       fast = fast_gemm_only = true;
     else if (a == "--fast-layer-only")
       fast = fast_layer_only = true;
+    else if (a == "--model-only")
+      model_only = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--quick] [--cpu-long] [--no-flash] [--flash-T N] [--dump DIR] "
-                   "[--layers-only] [--fast] [--fast-gemm-only] [--fast-layer-only]\n"
+                   "[--layers-only] [--fast] [--fast-gemm-only] [--fast-layer-only] [--model-only]\n"
                    "  --fast: also the fast numerics (GEMMs, experts, indexer and attention on tensor cores): GEMMs\n"
                    "          against cuBLAS, the Flash-shaped layer in fast numerics, the mid model exact against fast\n"
                    "  --fast-gemm-only: the roofline references and the fast GEMM table only\n"
-                   "  --fast-layer-only: the roofline references and the Flash-shaped layer in fast numerics only\n");
+                   "  --fast-layer-only: the roofline references and the Flash-shaped layer in fast numerics only\n"
+                   "  --model-only: the mid model exact against fast only (T = 4096, 1024 with --quick)\n");
       return 2;
     }
   }
@@ -711,6 +714,10 @@ int main(int argc, char** argv) {
     std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
                 double(prop.totalGlobalMem) / (1 << 30));
     cuda::keep_scratch_memory();  // scratch memory stays mapped between calls, as in the model's backend
+    if (model_only) {
+      bench_model_fast(quick ? 1024 : 4096);
+      return 0;
+    }
     const Roofline rf = measure_roofline(quick);
     std::printf("roofline references: device copy %.0f GB/s, exact fp32 GEMM %.0f GFLOP/s\n", rf.copy_gbs,
                 rf.gemm_gflops);

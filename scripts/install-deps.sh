@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libhdf5-dev zlib1g-dev hdf5-tools python3-h5py python3-numpy
   python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
+  python3-torch  # bench/torch_model.py, the whole-model PyTorch peer, and its test (tests/torch_peer.sh)
   libssl-dev libzip-dev  # adapters/: base64 (OpenSSL EVP), .npz (libzip)
   libisal-dev  # capture/chunk_codec.cpp: fast deflate of trace chunks (zlib without it)
   clang-format libopenmpi-dev openmpi-bin
