@@ -81,8 +81,10 @@ for line in open(sys.argv[1]):
     if not m:
         continue
     name, ms = m.group(1), float(m.group(2))
-    per_step = re.search(r"ms_per_step=([\d.]+)", line)
-    rows[name] = float(per_step.group(1)) if per_step else ms
+    # The counter is seconds per step, printed with an SI prefix and/or an "s" ("38.1m", "0.0381s").
+    per_step = re.search(r"ms_per_step=([\d.eE+-]+)([kmunµ]?)s?\b", line)
+    scale = {"": 1.0, "k": 1e3, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}
+    rows[name] = float(per_step.group(1)) * scale[per_step.group(2)] * 1e3 if per_step else ms
 def base(name):
     t = re.search(r"/(\d+)/", name + "/")
     return next((v for k, v in rows.items() if k.startswith("BM_RecordStepsCuda/none/") and t and f"/{t.group(1)}/" in k + "/"), None)
