@@ -82,20 +82,22 @@ def read_safetensors(path, out):
         out[name] = t.view(dt).reshape(info["shape"]).clone()
 
 
-def load_checkpoint(d):
-    cfg_path = os.path.join(d, "config.json")
+def read_json(path):
     try:
-        with open(cfg_path) as f:
-            cfg = json.load(f)
+        with open(path) as f:
+            return json.load(f)
     except OSError as e:
-        raise InputError(f"{cfg_path}: cannot read: {e.strerror}")
+        raise InputError(f"{path}: cannot read: {e.strerror}")
     except ValueError as e:
-        raise InputError(f"{cfg_path}: not valid JSON: {e}")
+        raise InputError(f"{path}: not valid JSON: {e}")
+
+
+def load_checkpoint(d):
+    cfg = read_json(os.path.join(d, "config.json"))
     tensors = {}
     index = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = sorted(set(read_json(index).get("weight_map", {}).values()))
         for name in files:
             read_safetensors(os.path.join(d, name), tensors)
     else:
@@ -462,13 +464,7 @@ class Model:
 # ---- comparison with `dsv4 forward` ---------------------------------------------------------------------
 
 def load_reference(path):
-    try:
-        with open(path) as f:
-            ref = json.load(f)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}")
-    except ValueError as e:
-        raise InputError(f"{path}: not valid JSON: {e}")
+    ref = read_json(path)
     for key in ("tokens", "logprobs", "indexer_topk", "experts"):
         if key not in ref:
             raise InputError(f"{path}: field '{key}' is missing (write it with `dsv4 forward --out FILE`)")
