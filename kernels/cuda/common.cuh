@@ -214,6 +214,21 @@ struct GemmShape {
 // Launches `count` problems of one shape; `problems` is a host array (copied to the device when
 // count > 1). Problems with m == 0 are allowed.
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream);
+// The lightning indexer's head chain in the lane-split GEMM's epilogue (kernels/cuda/indexer.cu,
+// steps 1 and 2 in one launch): problem g holds the dot products of the query rows [t0, t0 + g.m / Hi)
+// (x row (t - t0) Hi + h is qi[t, h], w row j is ki[j], g.y unused), and instead of storing them the
+// kernel keeps each 64 x 64 output tile in shared memory, whose rows are whole tokens when Hi divides
+// 64, and writes S[(t - s0) G + j] = the chain over heads of indexer_chain_kernel for every j below
+// both n and visible_groups(G, pos0 + t, ratio). The same bits as the GEMM followed by the chain kernel.
+struct IndexerChainOut {
+  const float* wt = nullptr;  // [T, Hi] head weights
+  float* S = nullptr;         // score rows, leading dimension G, row 0 = query row s0
+  int64_t t0 = 0, s0 = 0, G = 0, pos0 = 0;
+  int Hi = 0, ratio = 4;
+  bool bf16 = false;
+};
+bool indexer_chain_fusable(int Hi);  // Hi divides the GEMM tile's 64 rows
+void gemm_indexer_chain(const GemmShape& s, const GemmProblem& g, const IndexerChainOut& c, cudaStream_t stream);
 // An attribute of the current device.
 int device_attribute(cudaDeviceAttr a);
 // Throws unless the current device has bf16 tensor cores (compute capability 8.0 or newer), which

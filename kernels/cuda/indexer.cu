@@ -16,6 +16,9 @@
 //      S[t][g] = index_score_step(...(index_score_step(0, wt[t, 0], D[.. h = 0][g]) ...), h = Hi - 1),
 //      the chain over heads in increasing h. Reads of D are coalesced over g. Slots g >= visible(t)
 //      of S are never written nor read.
+//   Steps 1 and 2 run as one launch where Hi divides 64 (detail::gemm_indexer_chain, kernels/cuda/linear.cu):
+//      the GEMM's 64 x 64 output tile then holds whole tokens, and instead of storing D it keeps the tile
+//      in shared memory and runs the same chain there; D is never written (the model's Hi = 64 and 4).
 //   3. indexer_select_kernel: one block of 256 threads per query row of a block of Ts rows (several
 //      chunks; S holds Ts x G floats): the row's n = visible(t) scores are copied into shared memory
 //      and select_row (below, shared with the row-per-block kernel) picks the top-k. When visible(T - 1)
@@ -489,7 +492,10 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   ts = ts < p.T ? ts : p.T;
   if (int64_t(p.Hi) * tc > kMaxGemmRows) require("Hi is too large", "indexer_topk");
 
-  detail::Scratch<float> dots(nmax > 0 ? tc * p.Hi * nmax : 0, stream);
+  // Steps 1 and 2 in one launch where the GEMM tile's 64 rows are whole tokens (detail::gemm_indexer_chain):
+  // then D is never written.
+  const bool fused = detail::indexer_chain_fusable(p.Hi);
+  detail::Scratch<float> dots(nmax > 0 && !fused ? tc * p.Hi * nmax : 0, stream);
   detail::Scratch<float> S(nmax > 0 ? ts * p.G : 0, stream);
   // The selection kernel keeps a row of scores (at most nmax) in shared memory.
   const size_t shmem = sizeof(float) * size_t(nmax);
@@ -510,7 +516,15 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
       g.y = dots.get();
       g.ldy = n;
       g.m = rows * p.Hi;
-      detail::gemm_group(detail::GemmShape{n, p.Di, OutRound::f32, p.order}, &g, 1, stream);
+      const detail::GemmShape shape{n, p.Di, OutRound::f32, p.order};
+      if (fused) {
+        detail::IndexerChainOut c;
+        c.wt = p.wt, c.S = S.get(), c.t0 = t0, c.s0 = s0, c.G = p.G, c.pos0 = p.pos0;
+        c.Hi = p.Hi, c.ratio = p.ratio, c.bf16 = p.bf16_scores;
+        detail::gemm_indexer_chain(shape, g, c, stream);
+        continue;
+      }
+      detail::gemm_group(shape, &g, 1, stream);
       indexer_chain_kernel<<<detail::grid_for(rows * n, kThreads), kThreads, 0, stream>>>(
           p, t0, rows, n, dots.get(), S.get(), s0);
       DSV4_LAUNCH_CHECK();

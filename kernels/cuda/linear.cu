@@ -36,6 +36,7 @@
 #include <set>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/detail/indexer.h"
 #include "kernels/detail/linear.h"
 
 namespace dsv4::cuda {
@@ -264,9 +265,11 @@ __device__ __forceinline__ void lanes_combine(float (&acc)[lanes::TM][lanes::TN]
 
 // VEC: every x and w row starts 16-byte aligned (pointers and leading dimensions), so whole 4-float
 // chunks inside k are loaded as float4.
-template <bool VEC>
-__global__ void __launch_bounds__(lanes::NT, 1)
-    gemm_lanes_kernel(GemmShape s, int64_t chain_steps, GemmProblem one, const GemmProblem* many) {
+// The kernel's body; CHAIN: the indexer's head chain instead of the store (IndexerChainOut, common.cuh;
+// `co` is unused otherwise).
+template <bool VEC, bool CHAIN>
+__device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chain_steps, const GemmProblem& one,
+                                                const GemmProblem* many, const IndexerChainOut& co) {
   using namespace lanes;
   const GemmProblem P = many ? many[blockIdx.z] : one;
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
@@ -408,19 +411,70 @@ __global__ void __launch_bounds__(lanes::NT, 1)
   }
   // Post-condition: the sums hold dot(x row, w row, k, order) (nothing for k == 0: +0) for the
   // outputs at tile x row TM gm + 4 (l >> 2) + r and tile w row TN gn + 4 (l & 3) + c, r, c < 4.
+  if constexpr (CHAIN) {
+    // The stage buffers are free (the loop ended with a barrier): the tile's dot products go there,
+    // [BM][BN + 1], and each (token of the tile, column) pair runs its chain over the token's Hi rows
+    // in increasing h, reading down a column (consecutive threads, consecutive columns).
+    constexpr int LD = BN + 1;
+    static_assert(BM * LD <= 2 * KS * SX, "the tile fits in the x stages");
+    float* tile = &Xs[0][0][0];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int64_t row = m0 + gm * TM + 4 * (l >> 2) + r;
-    if (row >= P.m) continue;
-    float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
-    const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    for (int r = 0; r < 4; ++r) {
+      const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t col = n0 + gn * TN + 4 * (l & 3) + c;
-      if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
+      for (int c = 0; c < 4; ++c)
+        tile[(gm * TM + 4 * (l >> 2) + r) * LD + gn * TN + 4 * (l & 3) + c] = common::gemm_out(v[c], s.round);
+    }
+    __syncthreads();
+    const int Hi = co.Hi, tokens = BM / Hi;
+    for (int item = tid; item < tokens * BN; item += NT) {
+      const int tau = item / BN, j = item % BN;
+      const int64_t row0 = m0 + int64_t(tau) * Hi, g = n0 + j;
+      if (row0 >= P.m || g >= s.n) continue;
+      const int64_t t = co.t0 + row0 / Hi;
+      if (g >= common::visible_groups(co.G, co.pos0 + t, co.ratio)) continue;
+      const float* w = co.wt + t * Hi;
+      const float* d = tile + tau * Hi * LD + j;
+      // Eight heads' dots and weights are loaded before their steps, which form the chain.
+      float sc = 0.0f;
+      int h = 0;
+      for (; h + 8 <= Hi; h += 8) {
+        float dv[8], wv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dv[i] = d[(h + i) * LD], wv[i] = __ldg(w + h + i);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sc = common::index_score_step(sc, wv[i], dv[i], co.bf16);
+      }
+      for (; h < Hi; ++h) sc = common::index_score_step(sc, __ldg(w + h), d[h * LD], co.bf16);
+      co.S[(t - co.s0) * co.G + g] = common::index_score_final(sc, co.bf16);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = m0 + gm * TM + 4 * (l >> 2) + r;
+      if (row >= P.m) continue;
+      float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
+      const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t col = n0 + gn * TN + 4 * (l & 3) + c;
+        if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
+      }
     }
   }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(lanes::NT, 1)
+    gemm_lanes_kernel(GemmShape s, int64_t chain_steps, GemmProblem one, const GemmProblem* many) {
+  gemm_lanes_body<VEC, false>(s, chain_steps, one, many, IndexerChainOut{});
+}
+template <bool VEC>
+__global__ void __launch_bounds__(lanes::NT, 1)
+    gemm_indexer_chain_kernel(GemmShape s, int64_t chain_steps, GemmProblem one, IndexerChainOut co) {
+  gemm_lanes_body<VEC, true>(s, chain_steps, one, nullptr, co);
 }
 
 // ---- launch ------------------------------------------------------------------------------------------
@@ -458,6 +512,24 @@ void launch_lanes(const GemmShape& s, int64_t chain, const GemmProblem* problems
   }
   launch(gemm_lanes_kernel<VEC>, lanes::NT, lanes::SMEM, lanes::BM, lanes::BN, s, chain, problems, count,
          mmax, stream);
+}
+
+// gemm_indexer_chain_kernel, allowed its dynamic shared memory once per device (as launch_lanes).
+template <bool VEC>
+void launch_indexer_chain(const GemmShape& s, int64_t chain, const GemmProblem& g, const IndexerChainOut& c,
+                          cudaStream_t stream) {
+  static std::atomic<uint64_t> ready{0};  // bit d: the attribute is set on device d
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (!(ready.load() & bit)) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_indexer_chain_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    lanes::SMEM));
+    ready.fetch_or(bit);
+  }
+  const dim3 grid(unsigned(ceil_div(s.n, lanes::BN)), unsigned(ceil_div(g.m, lanes::BM)), 1);
+  gemm_indexer_chain_kernel<VEC><<<grid, lanes::NT, lanes::SMEM, stream>>>(s, chain, g, c);
+  DSV4_LAUNCH_CHECK();
 }
 
 bool aligned16(const void* p, int64_t ld) {
@@ -523,6 +595,23 @@ GemmProblem single_problem(const GemmParams& p) {
 
 void gemm_group(const GemmShape& s, const GemmProblem* problems, int count, cudaStream_t stream) {
   run_group(s, problems, count, stream, Kernel::automatic);
+}
+
+bool indexer_chain_fusable(int Hi) {
+  return Hi > 0 && lanes::BM % Hi == 0;
+}
+
+void gemm_indexer_chain(const GemmShape& s, const GemmProblem& g, const IndexerChainOut& c, cudaStream_t stream) {
+  if (!indexer_chain_fusable(c.Hi)) throw Error("cuda gemm_indexer_chain: Hi must divide 64");
+  if (s.order.tensor_core) throw Error("cuda gemm_indexer_chain: the exact orders only");
+  if (g.m <= 0 || s.n <= 0) return;
+  if (g.m % c.Hi != 0) throw Error("cuda gemm_indexer_chain: m is not a whole number of query rows");
+  if (ceil_div(g.m, lanes::BM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
+  const int64_t chain_groups = (s.order.block > 0 && s.k > s.order.block) ? s.order.block / 8 : INT64_MAX;
+  if (aligned16(g.x, g.ldx) && aligned16(g.w, g.ldw))
+    launch_indexer_chain<true>(s, chain_groups, g, c, stream);
+  else
+    launch_indexer_chain<false>(s, chain_groups, g, c, stream);
 }
 
 }  // namespace detail

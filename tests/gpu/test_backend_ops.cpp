@@ -384,16 +384,16 @@ void hadamard_case(int64_t rows, int64_t n, int64_t ld) {
 // columns are NaN), "dup" (randn with planted equal scores: key g = 2 mod 5 copies key g - 1, key
 // g = 3 mod 7 copies key g / 2, so every row that sees both has exactly equal scores there).
 void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& values, ReduceOrder order,
-                  int ratio = 4, bool bf16 = false) {
+                  int ratio = 4, bool bf16 = false, int64_t pos0 = 0) {
   for (const bool baseline : {false, true}) {
     const std::string name =
         std::string(baseline ? "INDEXER_ROW_PER_BLOCK" : "INDEXER") + "(T=" + std::to_string(T) +
         ",Hi=" + std::to_string(Hi) + ",Di=" + std::to_string(Di) + ",topk=" + std::to_string(topk) + "," +
         values + "," + order_name(order) + (ratio != 4 ? ",ratio=" + std::to_string(ratio) : "") +
-        (bf16 ? ",bf16-scores" : "") + ")";
+        (bf16 ? ",bf16-scores" : "") + (pos0 ? ",pos0=" + std::to_string(pos0) : "") + ")";
     add_case(baseline ? "indexer_topk_row_per_block" : "indexer_topk", name, [=](const std::string& nm) {
       auto g = test::rng_for(nm);
-      const int64_t G = T / ratio;
+      const int64_t G = (pos0 + T) / ratio;  // the keys of every position up to the last row's
       const int k = int(std::min<int64_t>(topk, G));
       std::vector<float> qi, ki, wt;
       if (values == "ties") {
@@ -418,6 +418,7 @@ void indexer_case(int64_t T, int Hi, int64_t Di, int topk, const std::string& va
       std::vector<float> margin(static_cast<size_t>(T), fv), score(size_t(T * k), fv);
       IndexerParams p;
       p.T = T, p.Hi = Hi, p.Di = Di, p.G = G, p.k = k, p.ratio = ratio, p.order = order, p.bf16_scores = bf16;
+      p.pos0 = pos0;
       p.qi = qi.data(), p.ki = ki.data(), p.wt = wt.data();
       p.ids = ids.data(), p.margin = margin.data(), p.score = score.data();
       indexer_topk(p);
@@ -920,6 +921,17 @@ void register_other_cases() {
     indexer_case(700, 5, 75, 40, "dup", o);       // Di odd: unaligned rows, a partial last step
     indexer_case(300, 64, 200, 512, "randn", o);  // topk > G, Di in 4 blocks of 64 (last partial)
     indexer_case(333, 3, 13, 24, "nan", o);       // Di < 16 and not a multiple of 8
+  }
+  // Hi dividing 64 takes the GEMM with the head chain in its epilogue (detail::gemm_indexer_chain):
+  // unaligned rows, several chunks and selection launches, tiles of 2 to 64 tokens, rows after a cache
+  // (pos0 > 0: a decoding chunk's rows see the keys of earlier positions).
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    indexer_case(700, 8, 75, 40, "dup", o);
+    indexer_case(1500, 16, 128, 48, "nan", o);
+    indexer_case(2600, 32, 32, 16, "ties", o);
+    indexer_case(300, 64, 128, 32, "randn", o, 4, false, 913);
+    indexer_case(45, 4, 128, 64, "dup", o, 4, false, 2001);
+    indexer_case(45, 3, 128, 64, "dup", o, 4, false, 2001);  // Hi = 3 after a cache: GEMM, then the chain kernel
   }
   indexer_case(257, 2, 13, 8, "randn", ReduceOrder{}, 1);    // ratio 1: G = T, row t sees t + 1 keys
   indexer_case(257, 5, 64, 300, "dup", ReduceOrder{64}, 1);  // k > visible for most rows
