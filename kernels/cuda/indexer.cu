@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* w = p.wt + t * p.Hi;
     float s = 0.0f;
 #pragma unroll 4
-    for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, __ldg(w + h), __ldg(d + h * ld), p.bf16_scores);
+    for (int h = 0; h < p.Hi; ++h)
+      s = common::index_score_step(s, __ldg(w + h), __ldg(d + h * ld), p.bf16_scores);
     S[(t - s0) * p.G + g] = common::index_score_final(s, p.bf16_scores);
   }
 }
@@ -296,10 +297,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- the tensor_core order (header above) --------------------------------------------------------
 
-constexpr int kTcHeads = 64;   // heads per block (zero rows past Hi)
-constexpr int kTcKeys = 256;   // keys per tile (one per thread in the chain)
+constexpr int kTcHeads = 64;         // heads per block (zero rows past Hi)
+constexpr int kTcKeys = 256;         // keys per tile (one per thread in the chain)
 constexpr int kTcLdd = kTcKeys + 4;  // floats per row of the dots tile
-constexpr int kTcMaxDi = 128;  // a tile of 256 keys of 256 dims would not fit beside the dots
+constexpr int kTcMaxDi = 128;        // a tile of 256 keys of 256 dims would not fit beside the dots
 
 int tc_padded_di(int64_t Di) {
   return Di <= 64 ? 64 : 128;
@@ -327,8 +328,8 @@ __host__ __device__ inline IdxTcLayout idx_tc_layout(int di) {
 // is scored and out[t k + j] = score of forced[t k + j] (NaN for -1 and ids outside [0, G)).
 template <int DI>
 __global__ void __launch_bounds__(kThreads, 1)
-    indexer_topk_tensor_core_kernel(IndexerParams p, const __nv_bfloat16* kib, bool vec, const int32_t* forced,
-                                    float* out, float* scratch, int64_t sc_len) {
+    indexer_topk_tensor_core_kernel(IndexerParams p, const __nv_bfloat16* kib, bool vec,
+                                    const int32_t* forced, float* out, float* scratch, int64_t sc_len) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // the host pass sees the body too
   const IdxTcLayout L = idx_tc_layout(DI);
   const int64_t ld = L.ld;
@@ -378,7 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int nj = 0; nj < 8; ++nj) {
             uint32_t r[4];
-            detail::ldmatrix_x4(r, &ks[(wk + nj * 16 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8]);
+            detail::ldmatrix_x4(
+                r, &ks[(wk + nj * 16 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8]);
             detail::mma_bf16_tensor_core(acc[2 * nj], a, r[0], r[1]);
             detail::mma_bf16_tensor_core(acc[2 * nj + 1], a, r[2], r[3]);
           }
@@ -395,7 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t g = i * kTcKeys + tid;
       if (g < n) {
         float s = 0.0f;
-        for (int h = 0; h < p.Hi; ++h) s = common::index_score_step(s, ws[h], dots[h * kTcLdd + tid], p.bf16_scores);
+        for (int h = 0; h < p.Hi; ++h)
+          s = common::index_score_step(s, ws[h], dots[h * kTcLdd + tid], p.bf16_scores);
         sc[g] = common::index_score_final(s, p.bf16_scores);
       }
     }
@@ -425,8 +428,9 @@ void launch_indexer_tc(const IndexerParams& p, const int32_t* forced, float* out
   const bool in_shared = L.bytes(nmax) <= size_t(optin);
   const size_t shmem = L.bytes(in_shared ? nmax : 0);
   if (shmem > size_t(optin))
-    throw Error("indexer_topk (tensor_core order): Di = " + std::to_string(p.Di) + " needs " + std::to_string(shmem) +
-                " bytes of shared memory per block; this device allows " + std::to_string(optin));
+    throw Error("indexer_topk (tensor_core order): Di = " + std::to_string(p.Di) + " needs " +
+                std::to_string(shmem) + " bytes of shared memory per block; this device allows " +
+                std::to_string(optin));
   const unsigned blocks = unsigned(p.T < 4096 ? p.T : 4096);
   detail::Scratch<float> scratch(in_shared ? 0 : int64_t(blocks) * p.G, stream);
   detail::Scratch<__nv_bfloat16> kib(p.G * DI, stream);
@@ -434,7 +438,8 @@ void launch_indexer_tc(const IndexerParams& p, const int32_t* forced, float* out
   const bool vec = p.Di % 4 == 0 && reinterpret_cast<uintptr_t>(p.qi) % 16 == 0;
   auto kernel = indexer_topk_tensor_core_kernel<DI>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
-  kernel<<<blocks, kThreads, shmem, stream>>>(p, kib.get(), vec, forced, out, scratch.get(), in_shared ? nmax : 0);
+  kernel<<<blocks, kThreads, shmem, stream>>>(p, kib.get(), vec, forced, out, scratch.get(),
+                                              in_shared ? nmax : 0);
   DSV4_LAUNCH_CHECK();
 }
 
@@ -478,7 +483,11 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   if (sizeof(float) * size_t(nmax) > kMaxShared) return indexer_topk_row_per_block(p, stream);
   // Chunk of query rows for one GEMM: D (Tc * Hi * nmax floats) within kDotBudget, Tc * Hi within
   // kMaxGemmRows (the GEMM grid), at most kMaxChunkRows rows.
-  int64_t tc = kDotBudget / (int64_t(p.Hi) * (nmax > 0 ? nmax : 1));
+  // Steps 1 and 2 in one launch where the GEMM tile's 64 rows are whole tokens (detail::gemm_indexer_chain):
+  // then D is never written, and the chunk is as large as the caps allow (the fused GEMM skips the
+  // tiles that no row of theirs sees).
+  const bool fused = detail::indexer_chain_fusable(p.Hi);
+  int64_t tc = fused ? kMaxChunkRows : kDotBudget / (int64_t(p.Hi) * (nmax > 0 ? nmax : 1));
   tc = tc < kMaxGemmRows / p.Hi ? tc : kMaxGemmRows / p.Hi;
   tc = tc < kMaxChunkRows ? tc : kMaxChunkRows;
   tc = tc < p.T ? tc : p.T;
@@ -492,9 +501,6 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   ts = ts < p.T ? ts : p.T;
   if (int64_t(p.Hi) * tc > kMaxGemmRows) require("Hi is too large", "indexer_topk");
 
-  // Steps 1 and 2 in one launch where the GEMM tile's 64 rows are whole tokens (detail::gemm_indexer_chain):
-  // then D is never written.
-  const bool fused = detail::indexer_chain_fusable(p.Hi);
   detail::Scratch<float> dots(nmax > 0 && !fused ? tc * p.Hi * nmax : 0, stream);
   detail::Scratch<float> S(nmax > 0 ? ts * p.G : 0, stream);
   // The selection kernel keeps a row of scores (at most nmax) in shared memory.

@@ -268,12 +268,26 @@ __device__ __forceinline__ void lanes_combine(float (&acc)[lanes::TM][lanes::TN]
 // The kernel's body; CHAIN: the indexer's head chain instead of the store (IndexerChainOut, common.cuh;
 // `co` is unused otherwise).
 template <bool VEC, bool CHAIN>
-__device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chain_steps, const GemmProblem& one,
-                                                const GemmProblem* many, const IndexerChainOut& co) {
+__device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chain_steps,
+                                                const GemmProblem& one, const GemmProblem* many,
+                                                const IndexerChainOut& co) {
   using namespace lanes;
   const GemmProblem P = many ? many[blockIdx.z] : one;
-  const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
-  if (m0 >= P.m) return;
+  // The output tile: (blockIdx.y, blockIdx.x); with CHAIN the blocks walk the tiles (n fastest) with a
+  // stride of the grid, and the next tile's first stage is fetched during the last stage of this one.
+  const int64_t tiles_n = (s.n + BN - 1) / BN, ntiles = CHAIN ? tiles_n * ((P.m + BM - 1) / BM) : 1;
+  // CHAIN: a tile none of whose query rows sees a key of it (n0 >= the last row's visible count) is
+  // skipped; the walk depends on blockIdx only, so it is the same for every thread of the block.
+  auto dead = [&](int64_t t) {
+    if constexpr (!CHAIN) return false;
+    const int64_t mm = t / tiles_n * BM, last = (mm + BM < P.m ? mm + BM : P.m) - 1;
+    return t % tiles_n * BN >= common::visible_groups(co.G, co.pos0 + co.t0 + last / co.Hi, co.ratio);
+  };
+  int64_t tile = CHAIN ? int64_t(blockIdx.x) : 0;
+  while (tile < ntiles && dead(tile)) tile += gridDim.x;
+  int64_t m0 = CHAIN ? tile / tiles_n * BM : int64_t(blockIdx.y) * BM;
+  int64_t n0 = CHAIN ? tile % tiles_n * BN : int64_t(blockIdx.x) * BN;
+  if (m0 >= P.m || tile >= ntiles) return;
   extern __shared__ float4 lanes_smem[];
   auto Xs = reinterpret_cast<float(*)[KS][SX]>(lanes_smem);    // [2][KS][SX]
   auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]
@@ -292,18 +306,21 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
   auto chunk_of = [&](int i) { return 2 * ((warp + 8 * i) / 4) + u % 2; };
   const float* xp[XCH];  // row start + 4c
   const float* wp[WCH];
+  auto place = [&]() {  // the staging pointers of tile (m0, n0)
 #pragma unroll
-  for (int i = 0; i < XCH; ++i) {
-    int64_t row = m0 + row_of(i);
-    row = row < P.m ? row : P.m - 1;
-    xp[i] = P.x + int64_t(P.xrow ? P.xrow[row] : row) * P.ldx + 4 * chunk_of(i);
-  }
+    for (int i = 0; i < XCH; ++i) {
+      int64_t row = m0 + row_of(i);
+      row = row < P.m ? row : P.m - 1;
+      xp[i] = P.x + int64_t(P.xrow ? P.xrow[row] : row) * P.ldx + 4 * chunk_of(i);
+    }
 #pragma unroll
-  for (int i = 0; i < WCH; ++i) {
-    int64_t col = n0 + row_of(i);
-    col = col < s.n ? col : s.n - 1;
-    wp[i] = P.w + col * P.ldw + 4 * chunk_of(i);
-  }
+    for (int i = 0; i < WCH; ++i) {
+      int64_t col = n0 + row_of(i);
+      col = col < s.n ? col : s.n - 1;
+      wp[i] = P.w + col * P.ldw + 4 * chunk_of(i);
+    }
+  };
+  place();
   float4 xr[XCH], wr[WCH];
   // Chunk at p (= row + 4c + k0) when the stage lies inside k.
   auto load4 = [&](const float* p) {
@@ -359,8 +376,6 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
   for (int r = 0; r < TM; ++r)
 #pragma unroll
     for (int c = 0; c < TN; ++c) acc[r][c] = 0.0f;
-  bool started = false;  // a finished chain has been folded into the sums
-  int64_t pos = 0;       // steps of the current chain done
   const int64_t nstages = (s.k + KS - 1) / KS;
 
   if (nstages > 0) {
@@ -368,101 +383,120 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
     stash(0);
   }
   __syncthreads();
-  for (int64_t st = 0; st < nstages; ++st) {
-    const int buf = int(st & 1);
-    const int64_t k0 = st * KS;
-    if (st + 1 < nstages) fetch(k0 + KS);  // in flight while this stage is consumed
-    const float* xs = &Xs[buf][l][gm * TM];
-    const float* ws = &Ws[buf][l][gn * TN];
-    const int kin = s.k - k0 < KS ? int(s.k - k0) : KS;  // k of this stage
-    // Every branch below is uniform over the block: every thread walks the same steps.
-    if (kin == KS && pos + STEPS <= chain_steps) {
-      // The whole stage lies inside k and inside one chain (which may end with the stage). The
-      // operands of step j + 1 are loaded while step j is computed.
-      Frag f[2];
-      lanes_load(f[0], xs, ws);
+  for (;;) {  // once, or (CHAIN) once per tile of this block
+    const int64_t tm0 = m0, tn0 = n0;
+    int64_t next = tile + gridDim.x;
+    while (next < ntiles && dead(next)) next += gridDim.x;
+    bool started = false;  // a finished chain has been folded into the sums
+    int64_t pos = 0;       // steps of the current chain done
+    for (int64_t st = 0; st < nstages; ++st) {
+      const int buf = int(st & 1);
+      const int64_t k0 = st * KS;
+      if (st + 1 < nstages) {
+        fetch(k0 + KS);  // in flight while this stage is consumed
+      } else if (CHAIN && next < ntiles) {
+        m0 = next / tiles_n * BM, n0 = next % tiles_n * BN;
+        place();
+        fetch(0);  // the next tile's first stage, in flight during this stage and the epilogue
+      }
+      const float* xs = &Xs[buf][l][gm * TM];
+      const float* ws = &Ws[buf][l][gn * TN];
+      const int kin = s.k - k0 < KS ? int(s.k - k0) : KS;  // k of this stage
+      // Every branch below is uniform over the block: every thread walks the same steps.
+      if (kin == KS && pos + STEPS <= chain_steps) {
+        // The whole stage lies inside k and inside one chain (which may end with the stage). The
+        // operands of step j + 1 are loaded while step j is computed.
+        Frag f[2];
+        lanes_load(f[0], xs, ws);
 #pragma unroll
-      for (int j = 0; j < STEPS; ++j) {
-        if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
-        lanes_fma(acc, f[j & 1]);
-      }
-      pos += STEPS;
-      if (pos == chain_steps || k0 + KS == s.k) {
-        lanes_combine(acc, sums, started);
-        started = true;
-        pos = 0;
-      }
-    } else {
-      const int nt = (kin + 7) / 8;
-      for (int j = 0; j < nt; ++j) {
-        Frag f;
-        lanes_load(f, xs + 8 * j * SX, ws + 8 * j * SW);
-        // A lane whose element lies past k skips the step (its accumulators stay as they are).
-        if (8 * j + l < kin) lanes_fma(acc, f);
-        if (++pos == chain_steps || (j + 1 == nt && k0 + kin == s.k)) {
+        for (int j = 0; j < STEPS; ++j) {
+          if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
+          lanes_fma(acc, f[j & 1]);
+        }
+        pos += STEPS;
+        if (pos == chain_steps || k0 + KS == s.k) {
           lanes_combine(acc, sums, started);
           started = true;
           pos = 0;
         }
+      } else {
+        const int nt = (kin + 7) / 8;
+        for (int j = 0; j < nt; ++j) {
+          Frag f;
+          lanes_load(f, xs + 8 * j * SX, ws + 8 * j * SW);
+          // A lane whose element lies past k skips the step (its accumulators stay as they are).
+          if (8 * j + l < kin) lanes_fma(acc, f);
+          if (++pos == chain_steps || (j + 1 == nt && k0 + kin == s.k)) {
+            lanes_combine(acc, sums, started);
+            started = true;
+            pos = 0;
+          }
+        }
+      }
+      if (st + 1 < nstages) stash(buf ^ 1);  // the buffer read in the previous stage
+      __syncthreads();
+    }
+    // Post-condition: the sums hold dot(x row, w row, k, order) (nothing for k == 0: +0) for the
+    // outputs at tile x row TM gm + 4 (l >> 2) + r and tile w row TN gn + 4 (l & 3) + c, r, c < 4.
+    if constexpr (CHAIN) {
+      // The stage buffers are free (the loop ended with a barrier): the tile's dot products go there,
+      // [BM][BN + 1], and each (token of the tile, column) pair runs its chain over the token's Hi rows
+      // in increasing h, reading down a column (consecutive threads, consecutive columns).
+      constexpr int LD = BN + 1;
+      static_assert(BM * LD <= 2 * KS * SX, "the tile fits in the x stages");
+      float* dots = &Xs[0][0][0];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          dots[(gm * TM + 4 * (l >> 2) + r) * LD + gn * TN + 4 * (l & 3) + c] =
+              common::gemm_out(v[c], s.round);
+      }
+      __syncthreads();
+      const int Hi = co.Hi, tokens = BM / Hi;
+      for (int item = tid; item < tokens * BN; item += NT) {
+        const int tau = item / BN, j = item % BN;
+        const int64_t row0 = tm0 + int64_t(tau) * Hi, g = tn0 + j;
+        if (row0 >= P.m || g >= s.n) continue;
+        const int64_t t = co.t0 + row0 / Hi;
+        if (g >= common::visible_groups(co.G, co.pos0 + t, co.ratio)) continue;
+        const float* w = co.wt + t * Hi;
+        const float* d = dots + tau * Hi * LD + j;
+        // Eight heads' dots and weights are loaded before their steps, which form the chain.
+        float sc = 0.0f;
+        int h = 0;
+        for (; h + 8 <= Hi; h += 8) {
+          float dv[8], wv[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dv[i] = d[(h + i) * LD], wv[i] = __ldg(w + h + i);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sc = common::index_score_step(sc, wv[i], dv[i], co.bf16);
+        }
+        for (; h < Hi; ++h) sc = common::index_score_step(sc, __ldg(w + h), d[h * LD], co.bf16);
+        co.S[(t - co.s0) * co.G + g] = common::index_score_final(sc, co.bf16);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t row = tm0 + gm * TM + 4 * (l >> 2) + r;
+        if (row >= P.m) continue;
+        float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
+        const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t col = tn0 + gn * TN + 4 * (l & 3) + c;
+          if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
+        }
       }
     }
-    if (st + 1 < nstages) stash(buf ^ 1);  // the buffer read in the previous stage
+    if (!CHAIN || next >= ntiles) break;
+    __syncthreads();  // every thread is past its reads of the tile
+    if (nstages > 0) stash(0);
     __syncthreads();
-  }
-  // Post-condition: the sums hold dot(x row, w row, k, order) (nothing for k == 0: +0) for the
-  // outputs at tile x row TM gm + 4 (l >> 2) + r and tile w row TN gn + 4 (l & 3) + c, r, c < 4.
-  if constexpr (CHAIN) {
-    // The stage buffers are free (the loop ended with a barrier): the tile's dot products go there,
-    // [BM][BN + 1], and each (token of the tile, column) pair runs its chain over the token's Hi rows
-    // in increasing h, reading down a column (consecutive threads, consecutive columns).
-    constexpr int LD = BN + 1;
-    static_assert(BM * LD <= 2 * KS * SX, "the tile fits in the x stages");
-    float* tile = &Xs[0][0][0];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        tile[(gm * TM + 4 * (l >> 2) + r) * LD + gn * TN + 4 * (l & 3) + c] = common::gemm_out(v[c], s.round);
-    }
-    __syncthreads();
-    const int Hi = co.Hi, tokens = BM / Hi;
-    for (int item = tid; item < tokens * BN; item += NT) {
-      const int tau = item / BN, j = item % BN;
-      const int64_t row0 = m0 + int64_t(tau) * Hi, g = n0 + j;
-      if (row0 >= P.m || g >= s.n) continue;
-      const int64_t t = co.t0 + row0 / Hi;
-      if (g >= common::visible_groups(co.G, co.pos0 + t, co.ratio)) continue;
-      const float* w = co.wt + t * Hi;
-      const float* d = tile + tau * Hi * LD + j;
-      // Eight heads' dots and weights are loaded before their steps, which form the chain.
-      float sc = 0.0f;
-      int h = 0;
-      for (; h + 8 <= Hi; h += 8) {
-        float dv[8], wv[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dv[i] = d[(h + i) * LD], wv[i] = __ldg(w + h + i);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sc = common::index_score_step(sc, wv[i], dv[i], co.bf16);
-      }
-      for (; h < Hi; ++h) sc = common::index_score_step(sc, __ldg(w + h), d[h * LD], co.bf16);
-      co.S[(t - co.s0) * co.G + g] = common::index_score_final(sc, co.bf16);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t row = m0 + gm * TM + 4 * (l >> 2) + r;
-      if (row >= P.m) continue;
-      float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
-      const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t col = n0 + gn * TN + 4 * (l & 3) + c;
-        if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
-      }
-    }
+    tile = next;
   }
 }
 
@@ -523,11 +557,21 @@ void launch_indexer_chain(const GemmShape& s, int64_t chain, const GemmProblem& 
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
   if (!(ready.load() & bit)) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_indexer_chain_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    lanes::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_indexer_chain_kernel<VEC>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, lanes::SMEM));
     ready.fetch_or(bit);
   }
-  const dim3 grid(unsigned(ceil_div(s.n, lanes::BN)), unsigned(ceil_div(g.m, lanes::BM)), 1);
+  // One wave of blocks walks the tiles.
+  static std::atomic<int> per_sm{0};
+  if (per_sm.load() == 0) {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemm_indexer_chain_kernel<VEC>, lanes::NT,
+                                                             lanes::SMEM));
+    per_sm.store(n > 0 ? n : 1);
+  }
+  const int64_t tiles = ceil_div(s.n, lanes::BN) * ceil_div(g.m, lanes::BM);
+  const int64_t wave = int64_t(per_sm.load()) * device_attribute(cudaDevAttrMultiProcessorCount);
+  const unsigned grid = unsigned(tiles < wave ? tiles : wave);
   gemm_indexer_chain_kernel<VEC><<<grid, lanes::NT, lanes::SMEM, stream>>>(s, chain, g, c);
   DSV4_LAUNCH_CHECK();
 }
@@ -546,7 +590,8 @@ void run_group(const GemmShape& s, const GemmProblem* problems, int count, cudaS
   for (int i = 0; i < count; ++i) mmax = problems[i].m > mmax ? problems[i].m : mmax;
   if (mmax <= 0) return;
   if (count > 65535) throw Error("cuda gemm cannot run: too many problems in one group");
-  if (s.order.tensor_core) return gemm_tensor_core_group(s, problems, count, mmax, which == Kernel::automatic, stream);
+  if (s.order.tensor_core)
+    return gemm_tensor_core_group(s, problems, count, mmax, which == Kernel::automatic, stream);
   for (int i = 0; i < count; ++i)
     if (problems[i].x16) throw Error("cuda gemm: a bf16 x (GemmProblem::x16) needs the tensor_core order");
   // Chain length in groups of 8: the ReduceOrder block, or "never" for a single chain.
@@ -601,12 +646,12 @@ bool indexer_chain_fusable(int Hi) {
   return Hi > 0 && lanes::BM % Hi == 0;
 }
 
-void gemm_indexer_chain(const GemmShape& s, const GemmProblem& g, const IndexerChainOut& c, cudaStream_t stream) {
+void gemm_indexer_chain(const GemmShape& s, const GemmProblem& g, const IndexerChainOut& c,
+                        cudaStream_t stream) {
   if (!indexer_chain_fusable(c.Hi)) throw Error("cuda gemm_indexer_chain: Hi must divide 64");
   if (s.order.tensor_core) throw Error("cuda gemm_indexer_chain: the exact orders only");
   if (g.m <= 0 || s.n <= 0) return;
   if (g.m % c.Hi != 0) throw Error("cuda gemm_indexer_chain: m is not a whole number of query rows");
-  if (ceil_div(g.m, lanes::BM) > 65535) throw Error("cuda gemm cannot run: m is too large for one launch");
   const int64_t chain_groups = (s.order.block > 0 && s.k > s.order.block) ? s.order.block / 8 : INT64_MAX;
   if (aligned16(g.x, g.ldx) && aligned16(g.w, g.ldw))
     launch_indexer_chain<true>(s, chain_groups, g, c, stream);
