@@ -321,6 +321,12 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
     }
   };
   place();
+  // CHAIN: the head weight of tile row tid (tid < BM), loaded with the tile's first stage.
+  auto weight_of = [&]() {
+    if constexpr (!CHAIN) return 0.0f;
+    return tid < BM && m0 + tid < P.m ? __ldg(co.wt + co.t0 * co.Hi + m0 + tid) : 0.0f;
+  };
+  float weight = weight_of(), next_weight = 0.0f;
   float4 xr[XCH], wr[WCH];
   // Chunk at p (= row + 4c + k0) when the stage lies inside k.
   auto load4 = [&](const float* p) {
@@ -398,6 +404,7 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
         m0 = next / tiles_n * BM, n0 = next % tiles_n * BN;
         place();
         fetch(0);  // the next tile's first stage, in flight during this stage and the epilogue
+        next_weight = weight_of();
       }
       const float* xs = &Xs[buf][l][gm * TM];
       const float* ws = &Ws[buf][l][gn * TN];
@@ -454,6 +461,11 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
           dots[(gm * TM + 4 * (l >> 2) + r) * LD + gn * TN + 4 * (l & 3) + c] =
               common::gemm_out(v[c], s.round);
       }
+      // The head weights of the tile's rows beside them (row r of the chunk is head r % Hi of query
+      // row t0 + r / Hi, whose weights start at wt + (t0 + r / Hi) Hi).
+      float* wts = dots + BM * LD;
+      static_assert(BM * LD + BM <= 2 * KS * SX, "the weights fit beside the tile");
+      if (tid < BM) wts[tid] = weight;
       __syncthreads();
       const int Hi = co.Hi, tokens = BM / Hi;
       for (int item = tid; item < tokens * BN; item += NT) {
@@ -462,19 +474,19 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
         if (row0 >= P.m || g >= s.n) continue;
         const int64_t t = co.t0 + row0 / Hi;
         if (g >= common::visible_groups(co.G, co.pos0 + t, co.ratio)) continue;
-        const float* w = co.wt + t * Hi;
+        const float* w = wts + tau * Hi;
         const float* d = dots + tau * Hi * LD + j;
-        // Eight heads' dots and weights are loaded before their steps, which form the chain.
+        // Sixteen heads' dots and weights are loaded before their steps, which form the chain.
         float sc = 0.0f;
         int h = 0;
-        for (; h + 8 <= Hi; h += 8) {
-          float dv[8], wv[8];
+        for (; h + 16 <= Hi; h += 16) {
+          float dv[16], wv[16];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) dv[i] = d[(h + i) * LD], wv[i] = __ldg(w + h + i);
+          for (int i = 0; i < 16; ++i) dv[i] = d[(h + i) * LD], wv[i] = w[h + i];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) sc = common::index_score_step(sc, wv[i], dv[i], co.bf16);
+          for (int i = 0; i < 16; ++i) sc = common::index_score_step(sc, wv[i], dv[i], co.bf16);
         }
-        for (; h < Hi; ++h) sc = common::index_score_step(sc, __ldg(w + h), d[h * LD], co.bf16);
+        for (; h < Hi; ++h) sc = common::index_score_step(sc, w[h], d[h * LD], co.bf16);
         co.S[(t - co.s0) * co.G + g] = common::index_score_final(sc, co.bf16);
       }
     } else {
@@ -497,6 +509,7 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
     if (nstages > 0) stash(0);
     __syncthreads();
     tile = next;
+    weight = next_weight;
   }
 }
 
