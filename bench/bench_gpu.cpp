@@ -520,6 +520,7 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
                                                                           {"H", s.H},
                                                                           {"Dh", double(s.Dh)},
                                                                           {"Hi", s.Hi},
+                                                                          {"topk", s.topk},
                                                                           {"Di", double(s.Di)},
                                                                           {"W", s.W},
                                                                           {"G", double(G)},

@@ -12,7 +12,8 @@ It prints
   (b) rel-L2 of the sparse attention with sink (recomputed in fp32 from the dumped q, KVcat, idx,
       sink) against the dumped o, and of the output projection against attn_out;
   (c) a table of torch times (CUDA events, median of --reps runs after a warm-up) for the layer's
-      GEMMs in bf16 and the gathered sparse attention in fp32, next to the dsv4 exact-mode times
+      GEMMs in bf16, the indexer's scores and top-k (bf16 einsum) and the gathered sparse attention in
+      fp32, next to the dsv4 exact-mode times
       parsed from "RESULT op flash-attn <op> T=<T> <ms> ms" lines of --dsv4-log, when given;
   (d) the card's bf16 GEMM rate at 8192 x 8192 x 8192 (TFLOP/s).
 Exit status: 0, or 1 when a rel-L2 exceeds its bound (1e-2; bf16 rounding alone gives ~1e-3).
@@ -73,6 +74,22 @@ def sparse_attn(q, kv, idx, sink, scale, chunk=512):
         p = torch.softmax(torch.cat([s, sk], -1), -1)[..., :-1]
         out[t0:t0 + chunk] = torch.einsum("thk,tkd->thd", p, k)
     return out
+
+
+def indexer_topk(qi, ki, wt, topk, ratio=4, chunk=1024):
+    """The lightning indexer as a PyTorch engine runs it: bf16 einsum of the query heads with the
+    compressed keys, ReLU, the head-weighted sum in fp32, the causal mask (group g is visible to row t
+    when g < (t + 1) / ratio) and torch.topk. Returns the ids [T, min(topk, G)]."""
+    T, G = qi.shape[0], ki.shape[0]
+    pos = torch.arange(T, device=qi.device)
+    g = torch.arange(G, device=qi.device)
+    out = []
+    for t0 in range(0, T, chunk):
+        s = torch.einsum("thd,gd->thg", qi[t0:t0 + chunk], ki).float().relu_()
+        s = (s * wt[t0:t0 + chunk, :, None]).sum(1)
+        s = s.masked_fill(g[None, :] >= ((pos[t0:t0 + chunk] + 1) // ratio)[:, None], float("-inf"))
+        out.append(s.topk(min(topk, G), -1).indices)
+    return torch.cat(out)
 
 
 def time_ms(fn, reps):
@@ -158,6 +175,14 @@ def main():
         w = torch.randn(b, n, k, device="cuda", dtype=torch.bfloat16)
         rows.append((op + " [bf16]", time_ms(lambda: torch.matmul(x, w.transpose(1, 2)), args.reps), op))
         del x, w
+    G = int(A["G"])
+    topk = int(A.get("topk", int(A["K"]) - min(T, int(A["W"]))))
+    qi = torch.randn(T, Hi, Di, device="cuda").to(torch.bfloat16)
+    ki = torch.randn(G, Di, device="cuda").to(torch.bfloat16)
+    wt = torch.randn(T, Hi, device="cuda") * 0.1
+    rows.append(("indexer_topk [bf16 einsum]", time_ms(lambda: indexer_topk(qi, ki, wt, topk), args.reps),
+                 "indexer_topk"))
+    del qi, ki, wt
     rows.append(("sparse_attention [fp32 gather]",
                  time_ms(lambda: sparse_attn(q, kv, idx, sink, scale), args.reps), "sparse_attention"))
     print(f"  {'op':<36} {'torch ms':>10} {'dsv4 ms':>10}")
