@@ -544,36 +544,35 @@ void launch(Kernel kernel, int threads, int smem, int BM, int BN, const GemmShap
   DSV4_LAUNCH_CHECK();
 }
 
-// The lane-split kernel, allowed its dynamic shared memory (above the default 48 KiB) once per device.
-template <bool VEC>
-void launch_lanes(const GemmShape& s, int64_t chain, const GemmProblem* problems, int count, int64_t mmax,
-                  cudaStream_t stream) {
-  static std::atomic<uint64_t> ready{0};  // bit d: the attribute is set on device d
+// Allows `kernel` the lane-split kernels' dynamic shared memory (above the default 48 KiB) on the
+// current device, once per device: bit d of `ready` (the kernel's own) says it was done on device d.
+template <typename Kernel>
+void allow_lanes_smem(Kernel kernel, std::atomic<uint64_t>& ready) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
   if (!(ready.load() & bit)) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_lanes_kernel<VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    lanes::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lanes::SMEM));
     ready.fetch_or(bit);
   }
+}
+
+// The lane-split kernel.
+template <bool VEC>
+void launch_lanes(const GemmShape& s, int64_t chain, const GemmProblem* problems, int count, int64_t mmax,
+                  cudaStream_t stream) {
+  static std::atomic<uint64_t> ready{0};
+  allow_lanes_smem(gemm_lanes_kernel<VEC>, ready);
   launch(gemm_lanes_kernel<VEC>, lanes::NT, lanes::SMEM, lanes::BM, lanes::BN, s, chain, problems, count,
          mmax, stream);
 }
 
-// gemm_indexer_chain_kernel, allowed its dynamic shared memory once per device (as launch_lanes).
+// gemm_indexer_chain_kernel.
 template <bool VEC>
 void launch_indexer_chain(const GemmShape& s, int64_t chain, const GemmProblem& g, const IndexerChainOut& c,
                           cudaStream_t stream) {
-  static std::atomic<uint64_t> ready{0};  // bit d: the attribute is set on device d
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!(ready.load() & bit)) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_indexer_chain_kernel<VEC>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, lanes::SMEM));
-    ready.fetch_or(bit);
-  }
+  static std::atomic<uint64_t> ready{0};
+  allow_lanes_smem(gemm_indexer_chain_kernel<VEC>, ready);
   // One wave of blocks walks the tiles.
   static std::atomic<int> per_sm{0};
   if (per_sm.load() == 0) {
