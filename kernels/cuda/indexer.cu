@@ -23,9 +23,9 @@
 //      chunks; S holds Ts x G floats): the row's n = visible(t) scores are copied into shared memory
 //      and select_row (below, shared with the row-per-block kernel) picks the top-k. When visible(T - 1)
 //      floats do not fit in shared memory, indexer_topk runs the row-per-block kernel instead.
-// Scratch (stream-ordered): D of Tc * Hi * visible(T - 1) floats and S of Ts * G floats, Tc and Ts
-// chosen from fixed budgets (kDotBudget, kScoreBudget) and caps (kMaxChunkRows, kMaxSelectRows);
-// those only change how the work is cut, never a value.
+// Scratch (stream-ordered): D of Tc * Hi * visible(T - 1) floats (none on the fused path) and S of
+// Ts * G floats, Tc and Ts chosen from fixed budgets (kDotBudget, kScoreBudget) and caps
+// (kMaxChunkRows, kMaxSelectRows); those only change how the work is cut, never a value.
 //
 // indexer_topk_row_per_block_kernel (cuda::indexer_topk_row_per_block): one block of 256 threads per query
 // row t (grid-stride over rows).
@@ -481,11 +481,10 @@ void indexer_topk(const IndexerParams& p, cudaStream_t stream) {
   // A score row that does not fit in shared memory (more than 51200 visible keys) takes the row-per-block
   // kernel, which keeps such rows in global scratch.
   if (sizeof(float) * size_t(nmax) > kMaxShared) return indexer_topk_row_per_block(p, stream);
-  // Chunk of query rows for one GEMM: D (Tc * Hi * nmax floats) within kDotBudget, Tc * Hi within
-  // kMaxGemmRows (the GEMM grid), at most kMaxChunkRows rows.
-  // Steps 1 and 2 in one launch where the GEMM tile's 64 rows are whole tokens (detail::gemm_indexer_chain):
-  // then D is never written, and the chunk is as large as the caps allow (the fused GEMM skips the
-  // tiles that no row of theirs sees).
+  // Chunk of query rows for one GEMM: Tc * Hi within kMaxGemmRows (the GEMM grid), at most
+  // kMaxChunkRows rows, and D (Tc * Hi * nmax floats) within kDotBudget. On the fused path (steps 1
+  // and 2 in one launch where the GEMM tile's 64 rows are whole tokens, detail::gemm_indexer_chain)
+  // D is never written, so only the caps apply; the fused GEMM skips the tiles no row of theirs sees.
   const bool fused = detail::indexer_chain_fusable(p.Hi);
   int64_t tc = fused ? kMaxChunkRows : kDotBudget / (int64_t(p.Hi) * (nmax > 0 ? nmax : 1));
   tc = tc < kMaxGemmRows / p.Hi ? tc : kMaxGemmRows / p.Hi;
