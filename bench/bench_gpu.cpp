@@ -458,6 +458,11 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     p.lse = d.floats(T * s.H);
     add("sparse_attention", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
         [=] { cuda::sparse_attention(p, nullptr); });
+    if (!s.fast && cuda::sparse_attention_uses_head_tiles(p)) {  // the same bits by 8-head tiles
+      add("sparse_attention_small_tiles", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
+          [=] { cuda::sparse_attention_small_tiles(p, nullptr); });
+      out.back().in_total = false;  // the same op again: not part of the layer
+    }
     if (s.fast && cuda::sparse_attention_uses_wgmma(p)) {  // the same bits by the mma.sync kernel
       add("sparse_attention_mma_sync", 4.0 * T * s.H * K * s.Dh, 4.0 * (2 * T * s.H * s.Dh + T * K * s.Dh),
           [=] { cuda::sparse_attention_mma_sync(p, nullptr); });

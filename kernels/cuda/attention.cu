@@ -14,6 +14,10 @@
 //      fma chain over the valid slots in slot order, loading kv[slot][d] once for all heads of the
 //      tile; o = bf16(acc). An empty row gives o = 0 and lse = sink exactly.
 //
+// sparse_attention_heads_kernel (below, with its contract) takes the same exact order for rows of 32
+// or more heads: 64 heads a block, the scores by the exact GEMM's lane-split tiles (lanes.cuh), so each
+// kv row is loaded once for 64 heads instead of once per 8; the kernel above takes every other shape.
+//
 // Kernel contract (sparse_attention_split_kernel, p.splits > 0, the split-KV order of
 // kernels/attention.h): the same grid, blocks and steps 1 and 2 (same helpers); then, with
 // L = ceil(nv / splits) and n parts (common::attn_split_len / attn_split_parts):
@@ -34,6 +38,7 @@
 //      common::attn_online_out: the fma chain over the valid slots with the alpha rescales, / l, bf16.
 //   Shared memory adds [ht][K] floats (alpha) to the exact kernel's.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lanes.cuh"
 #include "kernels/detail/attention.h"
 
 namespace dsv4::cuda {
@@ -86,6 +91,34 @@ __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, 
   return nv;
 }
 
+// Step 3 of the exact order, all threads of the block: the scores z of the nh heads from h0 of row t
+// (head h's nv scores at zs + h * ld) become their probabilities P in place, and lse is stored.
+// M and Z are formed by thread h, sequentially where the CPU is (kernels/detail/attention.h); the
+// exp_f terms and P by all threads in between. Ms and Zs hold nh floats.
+__device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int nv, float* zs, int64_t ld,
+                             float* Ms, float* Zs, int tid) {
+  if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * ld, nv, p.sink[h0 + tid]);
+  __syncthreads();
+  for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+    const int h = int(q / nv);
+    const int64_t v = q % nv;
+    zs[h * ld + v] = common::attn_exp(zs[h * ld + v], Ms[h]);
+  }
+  __syncthreads();
+  if (tid < nh) {
+    const float Z = common::attn_row_sum(zs + tid * ld, nv, p.sink[h0 + tid], Ms[tid]);
+    Zs[tid] = Z;
+    if (p.lse) p.lse[t * p.H + h0 + tid] = common::attn_lse(Ms[tid], Z);
+  }
+  __syncthreads();
+  for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+    const int h = int(q / nv);
+    const int64_t v = q % nv;
+    zs[h * ld + v] = common::attn_prob(zs[h * ld + v], Zs[h]);
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnParams p, int ht) {
   extern __shared__ float sh[];
   float* zs = sh;                                                        // [ht][K]: z, then e, then P
@@ -107,26 +140,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. softmax with the sink, sequential where the CPU is
-    if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * K, nv, p.sink[h0 + tid]);
-    __syncthreads();
-    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
-      const int h = int(q / nv);
-      const int64_t v = q % nv;
-      zs[h * K + v] = common::attn_exp(zs[h * K + v], Ms[h]);
-    }
-    __syncthreads();
-    if (tid < nh) {
-      const float Z = common::attn_row_sum(zs + tid * K, nv, p.sink[h0 + tid], Ms[tid]);
-      Zs[tid] = Z;
-      if (p.lse) p.lse[t * p.H + h0 + tid] = common::attn_lse(Ms[tid], Z);
-    }
-    __syncthreads();
-    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
-      const int h = int(q / nv);
-      const int64_t v = q % nv;
-      zs[h * K + v] = common::attn_prob(zs[h * K + v], Zs[h]);
-    }
-    __syncthreads();
+    softmax_rows(p, t, h0, nh, nv, zs, K, Ms, Zs, tid);
 
     // 4. o = P . kv, one accumulator per head of the tile
     for (int64_t d = tid; d < p.Dh; d += kThreads) {
@@ -240,6 +254,268 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_online_kernel(Spars
   }
 }
 
+// ---- the 64-head kernel: the exact two-pass order for many heads ---------------------------------
+namespace lanes = detail::lanes;
+using detail::Frag;
+using detail::lanes_clear;
+using detail::lanes_fma;
+using detail::lanes_gm;
+using detail::lanes_gn;
+using detail::lanes_load;
+using detail::lanes_out_col;
+using detail::lanes_out_row;
+using detail::lanes_reduce;
+using detail::lanes_stage_chunk;
+using detail::lanes_stage_row;
+using detail::lanes_stash;
+using detail::ceil_div;
+
+namespace heads {
+constexpr int HT = lanes::BN;  // heads a block: the w rows of the score tiles
+constexpr int SB = lanes::BM;  // slots a score tile: its x rows
+constexpr int VS = 8;          // kv rows a P·V stage
+constexpr int kMaxDh = 512;    // P·V keeps up to kMaxDh / 128 float4 columns a thread
+constexpr int CW = kMaxDh / 128;
+constexpr int HW = HT / (lanes::NT / 32);  // heads a warp in P·V
+constexpr size_t kMaxShared = 220 * 1024;  // dynamic shared memory of a block (an H100 / H200 allows 227 KiB)
+// The score stages (lanes.cuh); the P·V stages use the same memory once the scores are done.
+constexpr int kStageFloats = 2 * lanes::KS * lanes::SX + 2 * lanes::KS * lanes::SW;
+static_assert(2 * VS * kMaxDh <= kStageFloats, "the P.V stages fit in the score stages");
+static_assert(lanes::NT == kThreads, "the block helpers above count kThreads threads");
+}  // namespace heads
+
+// Row stride of the scores in shared memory: a whole number of score tiles, plus 1 so that the
+// threads of a head (step 3) read distinct banks.
+int64_t heads_ld(int64_t K) {
+  return ceil_div(K, heads::SB) * heads::SB + 1;
+}
+size_t heads_smem(const SparseAttnParams& p) {
+  return sizeof(float) * size_t(heads::kStageFloats + heads::HT * heads_ld(p.K)) + sizeof(int32_t) * size_t(p.K);
+}
+
+// Kernel contract (sparse_attention_heads_kernel): the exact order of kernels/attention.h (splits ==
+// 0, online_block == 0) for rows of many heads. One block of 256 threads per (row t, tile of 64
+// heads), grid-stride over those pairs; every value is formed by the operations of the kernel above.
+//   1. The valid slots, as above (compact_valid_slots).
+//   2. S[h][v] = dot(q[t, h0 + h], kv[slot v], order) by the exact GEMM's lane-split tiles
+//      (lanes.cuh): 64 slots (x rows) by the 64 heads (w rows) a tile, k = Dh in stages of 32, one
+//      lane of each 8-lane chain per thread, the chains folded into S left to right. Each kv row is
+//      loaded once for all 64 heads. Slots past nv and heads past nh read the last valid row and are
+//      never used.
+//   3. z = scale * S, then softmax_rows (the kernel above's step 3) over the rows of S.
+//   4. Warp w takes heads 8w .. 8w + 7 of the tile, lane u the float4 columns u + 32c of Dh; each
+//      output keeps one fp32 accumulator and runs the fma chain over the valid slots in slot order,
+//      kv rows staged 8 at a time in shared memory; o = bf16(acc).
+// Needs Dh % 32 == 0, Dh <= 512, q, kv and o 16-byte aligned and the scores of 64 heads in shared
+// memory (heads_fits).
+__global__ void __launch_bounds__(lanes::NT, 1)
+    sparse_attention_heads_kernel(SparseAttnParams p, int64_t ld, int64_t chain_steps) {
+  using namespace lanes;
+  using heads::HT;
+  using heads::SB;
+  using heads::VS;
+  extern __shared__ float4 heads_shared[];
+  float* const stage = reinterpret_cast<float*>(heads_shared);
+  auto Xs = reinterpret_cast<float(*)[KS][SX]>(stage);         // [2][KS][SX]: kv rows of a score tile
+  auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]: q rows of the heads
+  float* const zs = stage + heads::kStageFloats;                // [HT][ld]: z, then e, then P
+  int32_t* const slots = reinterpret_cast<int32_t*>(zs + HT * ld);  // [K] valid kv rows, slot order
+  __shared__ int red[32];
+  __shared__ float Ms[HT], Zs[HT];
+  const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5;
+  const int gm = lanes_gm(tid), gn = lanes_gn(tid);
+  const int tiles = (p.H + HT - 1) / HT;
+  const int64_t Dh = p.Dh, nst = Dh / KS;
+  const int nc4 = int(Dh / 4);  // float4 columns of a row
+
+  for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
+    const int64_t t = item / tiles;
+    const int h0 = int(item % tiles) * HT;
+    const int nh = p.H - h0 < HT ? p.H - h0 : HT;
+
+    // 1. valid slots in slot order
+    const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, red);
+    if (nv == 0) {
+      write_empty_rows(p, t, h0, nh, tid);
+      __syncthreads();
+      continue;
+    }
+
+    // 2. the dot products, tile by tile; stage s is (tile s / nst, k from (s % nst) KS)
+    const int64_t nstages = (nv + SB - 1) / SB * nst;
+    const float* xp[XCH];
+    const float* wp[WCH];
+#pragma unroll
+    for (int i = 0; i < WCH; ++i) {
+      const int h = lanes_stage_row(warp, u, i);
+      wp[i] = p.q + (t * p.H + h0 + (h < nh ? h : nh - 1)) * Dh + 4 * lanes_stage_chunk(warp, u, i);
+    }
+    auto place = [&](int64_t tile) {
+#pragma unroll
+      for (int i = 0; i < XCH; ++i) {
+        const int64_t v = tile * SB + lanes_stage_row(warp, u, i);
+        xp[i] = p.kv + int64_t(slots[v < nv ? v : nv - 1]) * Dh + 4 * lanes_stage_chunk(warp, u, i);
+      }
+    };
+    float4 xr[XCH], wr[WCH];
+    auto fetch = [&](int64_t k0) {
+#pragma unroll
+      for (int i = 0; i < XCH; ++i) xr[i] = __ldg(reinterpret_cast<const float4*>(xp[i] + k0));
+#pragma unroll
+      for (int i = 0; i < WCH; ++i) wr[i] = __ldg(reinterpret_cast<const float4*>(wp[i] + k0));
+    };
+    place(0);
+    fetch(0);
+    lanes_stash(Xs[0], Ws[0], xr, wr, warp, u);
+    __syncthreads();
+    float acc[TM][TN];
+    lanes_clear(acc);
+    int64_t pos = 0;       // steps of the current chain done
+    bool started = false;  // a chain of this tile has been folded into zs
+    // End of a chain: its results go into zs (the first chain of a tile stores, later ones add).
+    auto fold = [&](int64_t tile) {
+      lanes_reduce(acc);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float* z = zs + (gn * TN + lanes_out_col(l, c)) * ld + tile * SB + gm * TM + lanes_out_row(l, r);
+          *z = started ? *z + acc[r][c] : acc[r][c];
+        }
+      lanes_clear(acc);
+      started = true;
+      pos = 0;
+    };
+    for (int64_t s = 0; s < nstages; ++s) {
+      const int buf = int(s & 1);
+      const int64_t tile = s / nst, st = s % nst;
+      const bool last = st + 1 == nst;  // the tile's last stage: its chains end with it
+      if (s + 1 < nstages) {
+        if (last) place(tile + 1);
+        fetch((last ? 0 : st + 1) * KS);  // in flight while this stage is consumed
+      }
+      const float* xs = &Xs[buf][l][gm * TM];
+      const float* ws = &Ws[buf][l][gn * TN];
+      // Every branch below is uniform over the block.
+      if (pos + STEPS <= chain_steps) {  // the stage lies inside one chain (which may end with it)
+        Frag f[2];
+        lanes_load(f[0], xs, ws);
+#pragma unroll
+        for (int j = 0; j < STEPS; ++j) {
+          if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
+          lanes_fma(acc, f[j & 1]);
+        }
+        pos += STEPS;
+        if (pos == chain_steps || last) fold(tile);
+      } else {
+        for (int j = 0; j < STEPS; ++j) {
+          Frag f;
+          lanes_load(f, xs + 8 * j * SX, ws + 8 * j * SW);
+          lanes_fma(acc, f);
+          if (++pos == chain_steps || (last && j + 1 == STEPS)) fold(tile);
+        }
+      }
+      if (last) started = false;
+      if (s + 1 < nstages) lanes_stash(Xs[buf ^ 1], Ws[buf ^ 1], xr, wr, warp, u);
+      __syncthreads();
+    }
+
+    // 3. z = scale * dot, the softmax with the sink
+    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+      const int h = int(q / nv);
+      const int64_t v = q % nv;
+      zs[h * ld + v] = p.scale * zs[h * ld + v];
+    }
+    __syncthreads();
+    softmax_rows(p, t, h0, nh, nv, zs, ld, Ms, Zs, tid);
+
+    // 4. o = P . kv: the fma chains over the valid slots, kv rows staged VS at a time
+    float* const vs = stage;  // [2][VS][Dh]
+    constexpr int PL = heads::VS * heads::kMaxDh / 4 / kThreads;  // float4 a thread stages, at most
+    float4 pre[PL];
+    auto fetch_rows = [&](int v0) {
+#pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        const int q = tid + kThreads * i, vv = q / nc4, v = v0 + vv;
+        if (vv < VS && v < nv)
+          pre[i] = __ldg(reinterpret_cast<const float4*>(p.kv + int64_t(slots[v]) * Dh) + q % nc4);
+      }
+    };
+    auto stash_rows = [&](int buf, int v0) {
+#pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        const int q = tid + kThreads * i, vv = q / nc4;
+        if (vv < VS && v0 + vv < nv) reinterpret_cast<float4*>(vs + (buf * VS + vv) * Dh)[q % nc4] = pre[i];
+      }
+    };
+    const int hw = warp * heads::HW;      // the warp's first head
+    const bool live = hw < nh;            // uniform over the warp
+    float o[heads::HW][heads::CW][4];
+#pragma unroll
+    for (int i = 0; i < heads::HW; ++i)
+#pragma unroll
+      for (int c = 0; c < heads::CW; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][c][e] = 0.0f;
+    fetch_rows(0);
+    stash_rows(0, 0);
+    __syncthreads();
+    for (int v0 = 0; v0 < nv; v0 += VS) {
+      const int buf = (v0 / VS) & 1;
+      if (v0 + VS < nv) fetch_rows(v0 + VS);
+      if (live) {
+        const int vend = nv - v0 < VS ? nv - v0 : VS;
+        for (int vv = 0; vv < vend; ++vv) {
+          float P[heads::HW];
+#pragma unroll
+          for (int i = 0; i < heads::HW; ++i) P[i] = hw + i < nh ? zs[(hw + i) * ld + v0 + vv] : 0.0f;
+          const float4* row = reinterpret_cast<const float4*>(vs + (buf * VS + vv) * Dh);
+#pragma unroll
+          for (int c = 0; c < heads::CW; ++c) {
+            if (u + 32 * c >= nc4) continue;
+            const float4 x = row[u + 32 * c];
+#pragma unroll
+            for (int i = 0; i < heads::HW; ++i) {
+              o[i][c][0] = __fmaf_rn(P[i], x.x, o[i][c][0]);
+              o[i][c][1] = __fmaf_rn(P[i], x.y, o[i][c][1]);
+              o[i][c][2] = __fmaf_rn(P[i], x.z, o[i][c][2]);
+              o[i][c][3] = __fmaf_rn(P[i], x.w, o[i][c][3]);
+            }
+          }
+        }
+      }
+      if (v0 + VS < nv) stash_rows(buf ^ 1, v0 + VS);
+      __syncthreads();
+    }
+    if (live) {
+#pragma unroll
+      for (int i = 0; i < heads::HW; ++i) {
+        if (hw + i >= nh) continue;
+        float4* out = reinterpret_cast<float4*>(p.o + (t * p.H + h0 + hw + i) * Dh);
+#pragma unroll
+        for (int c = 0; c < heads::CW; ++c)
+          if (u + 32 * c < nc4)
+            out[u + 32 * c] = make_float4(num::bf16_round(o[i][c][0]), num::bf16_round(o[i][c][1]),
+                                          num::bf16_round(o[i][c][2]), num::bf16_round(o[i][c][3]));
+      }
+    }
+  }
+}
+
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// Whether sparse_attention_heads_kernel takes the call: the exact two-pass order, at least 32 heads
+// (a tile of 64 is then at least half used), whole stages of Dh, aligned rows, and the scores of 64
+// heads beside the stages in one block's shared memory.
+bool heads_fits(const SparseAttnParams& p) {
+  if (p.order.tensor_core || p.splits > 0 || p.online_block > 0) return false;
+  if (p.H < 32 || p.Dh % lanes::KS != 0 || p.Dh > heads::kMaxDh || p.K <= 0) return false;
+  if (!aligned16(p.q) || !aligned16(p.kv) || !aligned16(p.o)) return false;
+  return heads_smem(p) <= heads::kMaxShared;
+}
+
 // The online kernel's extra shared memory per head (alpha), in floats.
 int64_t online_per_head(const SparseAttnParams& p) {
   return p.splits <= 0 && p.online_block > 0 ? p.K : 0;
@@ -270,10 +546,10 @@ const char* sparse_attention_check(const SparseAttnParams& p) {
   return common::sparse_attention_check_pointers(p);
 }
 
-void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
-  require(cuda::sparse_attention_check(p), "sparse_attention");
-  if (p.T <= 0) return;
-  if (p.order.tensor_core) return detail::sparse_attention_tensor_core(p, /*wgmma_allowed=*/true, stream);
+namespace {
+
+// The exact orders; heads_allowed: the 64-head kernel where it fits (heads_fits).
+void exact_attention(const SparseAttnParams& p, bool heads_allowed, cudaStream_t stream) {
   const int ht = head_tile(p);
   const int64_t np = split_slots(p);
   const size_t shmem = sizeof(float) * size_t(ht) * size_t(p.K + p.Dh + np + online_per_head(p)) +
@@ -294,10 +570,41 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
     DSV4_LAUNCH_CHECK();
     return;
   }
+  if (heads_allowed && heads_fits(p)) {
+    const size_t bytes = heads_smem(p);
+    CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_heads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(bytes)));
+    const int64_t pairs = p.T * ceil_div(p.H, heads::HT);
+    const int64_t wave = detail::device_attribute(cudaDevAttrMultiProcessorCount);  // one block an SM
+    const int64_t chain_steps = (p.order.block > 0 && p.Dh > p.order.block) ? p.order.block / 8 : INT64_MAX;
+    sparse_attention_heads_kernel<<<unsigned(pairs < wave ? pairs : wave), kThreads, bytes, stream>>>(
+        p, heads_ld(p.K), chain_steps);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
   CUDA_CHECK(
       cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));
   sparse_attention_kernel<<<detail::grid_for(items, 1, 1 << 20), kThreads, shmem, stream>>>(p, ht);
   DSV4_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
+  require(cuda::sparse_attention_check(p), "sparse_attention");
+  if (p.T <= 0) return;
+  if (p.order.tensor_core) return detail::sparse_attention_tensor_core(p, /*wgmma_allowed=*/true, stream);
+  exact_attention(p, /*heads_allowed=*/true, stream);
+}
+
+void sparse_attention_small_tiles(const SparseAttnParams& p, cudaStream_t stream) {
+  require(cuda::sparse_attention_check(p), "sparse_attention");
+  if (p.order.tensor_core) throw Error("sparse_attention_small_tiles: the call is in the tensor_core order");
+  if (p.T > 0) exact_attention(p, /*heads_allowed=*/false, stream);
+}
+
+bool sparse_attention_uses_head_tiles(const SparseAttnParams& p) {
+  return heads_fits(p);
 }
 
 void sparse_attention_mma_sync(const SparseAttnParams& p, cudaStream_t stream) {

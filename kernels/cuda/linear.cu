@@ -36,6 +36,7 @@
 #include <set>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lanes.cuh"
 #include "kernels/detail/indexer.h"
 #include "kernels/detail/linear.h"
 
@@ -175,93 +176,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- the lane-split kernel: one lane per thread, 8 threads per output tile --------------------------
-namespace lanes {
-constexpr int NT = 256;                                // threads: 32 groups of 8 lanes, 8 warps
-constexpr int TM = 8, TN = 16;                         // outputs of a group: TM x rows by TN w rows
-constexpr int GM = 8, GN = 4;                          // groups along m and n; a warp holds 2 x 2 groups
-constexpr int BM = GM * TM, BN = GN * TN;              // 64 x 64 block tile
-constexpr int KS = 32, STEPS = KS / 8;                 // k per shared-memory stage, steps per stage
-constexpr int SX = BM + 4, SW = BN + 4;                // shared row strides (floats)
-constexpr int XCH = (BM / 16) * (KS / 8) / (NT / 32);  // 4-float chunks of x staged per thread per stage
-constexpr int WCH = (BN / 16) * (KS / 8) / (NT / 32);  // and of w
-// Dynamic shared memory: two stages of x and w, then the running sums (4 float4 per thread).
-constexpr int SMEM = int(sizeof(float)) * (2 * KS * SX + 2 * KS * SW + 16 * NT);
-static_assert(GM * GN * 8 == NT && GM % 2 == 0 && GN % 2 == 0, "the warps hold 2 x 2 groups each");
-static_assert(SX % 32 == 4 && SW % 32 == 4, "the 8 lanes of a group read 8 rows: distinct bank quads");
-static_assert(XCH == 2 && WCH == 2, "staging divides evenly over the warps");
-}  // namespace lanes
-
-// Shared layout of a stage: Xs[kr][.] holds k row kr (stage-relative) of the BM x rows, k-major, with
-// column m stored at m ^ (4 ((kr >> 2) & 1)); Ws[kr][.] holds the BN w rows, column n at n ^ (4 (kr & 3)).
-// The swizzles move 4-float chunks inside one group's 8 x columns and 16 w columns. Lane l reads
-// k row 8t + l at the same physical chunks as the other lanes of its group (so the 8 rows it reads
-// hit distinct bank quads), which leaves the logical values in its registers in a lane-dependent
-// order: register x row r holds logical row r ^ (4 (l >> 2)), register w column c holds logical
-// column c ^ (4 (l & 3)). That order lets every shuffle round below pair equal registers.
-//
-// The operands of one step of lane l: the x and w values of k row kr = 8t + l of the stage (`xs`
-// and `ws` point at k row kr, group columns), in register order.
-struct Frag {
-  float x[lanes::TM], w[lanes::TN];
-};
-__device__ __forceinline__ void lanes_load(Frag& f, const float* xs, const float* ws) {
-#pragma unroll
-  for (int q = 0; q < lanes::TM / 4; ++q) {
-    const float4 v = *reinterpret_cast<const float4*>(xs + 4 * q);
-    f.x[4 * q] = v.x, f.x[4 * q + 1] = v.y, f.x[4 * q + 2] = v.z, f.x[4 * q + 3] = v.w;
-  }
-#pragma unroll
-  for (int q = 0; q < lanes::TN / 4; ++q) {
-    const float4 v = *reinterpret_cast<const float4*>(ws + 4 * q);
-    f.w[4 * q] = v.x, f.w[4 * q + 1] = v.y, f.w[4 * q + 2] = v.z, f.w[4 * q + 3] = v.w;
-  }
-}
-// The step itself: accumulator acc[r][c] (register row r, register column c) gets x[r] * w[c].
-__device__ __forceinline__ void lanes_fma(float (&acc)[lanes::TM][lanes::TN], const Frag& f) {
-#pragma unroll
-  for (int r = 0; r < lanes::TM; ++r)
-#pragma unroll
-    for (int c = 0; c < lanes::TN; ++c) acc[r][c] = __fmaf_rn(f.x[r], f.w[c], acc[r][c]);
-}
-
-// End of a chain: the 8 threads of a group combine their lanes in three shuffle rounds (all 32
-// threads of the warp take part), fold the chain results into the running sums and restart the
-// lanes at +0. Round 1 (partner l ^ 4) keeps register rows 0..3 and adds the partner's rows 4..7,
-// which hold the same logical rows: (l0 + l4), (l1 + l5), (l2 + l6) or (l3 + l7). Round 2 (partner
-// l ^ 2) keeps register w chunks 0, 1 and adds the partner's chunks 2, 3: (v0 + v2) or (v1 + v3).
-// Round 3 (partner l ^ 1) keeps chunk 0 and adds the partner's chunk 1: the chain result. Lane l then
-// holds the outputs at logical x rows 4 (l >> 2) + r and w columns 4 (l & 3) + c, r, c < 4.
-// `sums` is this thread's first running-sum float4 (row r at sums[r * NT]).
-__device__ __forceinline__ void lanes_combine(float (&acc)[lanes::TM][lanes::TN], float4* sums,
-                                              bool started) {
-  constexpr unsigned all = 0xffffffffu;
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int c = 0; c < 16; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r + 4][c], 4);
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r][c + 8], 2);
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[r][c] = acc[r][c] + __shfl_xor_sync(all, acc[r][c + 4], 1);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    if (started) {
-      const float4 o = sums[r * lanes::NT];
-      v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
-    }
-    sums[r * lanes::NT] = v;
-  }
-#pragma unroll
-  for (int r = 0; r < lanes::TM; ++r)
-#pragma unroll
-    for (int c = 0; c < lanes::TN; ++c) acc[r][c] = 0.0f;
-}
 
 // VEC: every x and w row starts 16-byte aligned (pointers and leading dimensions), so whole 4-float
 // chunks inside k are loaded as float4.
@@ -291,19 +205,14 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
   extern __shared__ float4 lanes_smem[];
   auto Xs = reinterpret_cast<float(*)[KS][SX]>(lanes_smem);    // [2][KS][SX]
   auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]
-  const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5, gsub = (tid >> 3) & 3;
+  const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5;
   float4* const sums = reinterpret_cast<float4*>(&Ws[2][0][0]) + tid;  // [4][NT] running sums
-  // The 4 groups of a warp form a 2 x 2 block of group tiles; the warps a 4 x 2 grid of those.
-  const int gm = (warp / (GN / 2)) * 2 + (gsub >> 1), gn = (warp % (GN / 2)) * 2 + (gsub & 1);
+  const int gm = lanes_gm(tid), gn = lanes_gn(tid);
 
-  // Staging: chunk i of this thread is tile row R = 16 (combo % 4) + u / 2 and k chunk
-  // c = 2 (combo / 4) + u % 2 (k = 4c .. 4c + 3 of the stage), combo = warp + 8 i: the two threads
-  // of a pair read 32 contiguous bytes, and the transposing stores of a warp hit 32 distinct banks
-  // for every k row (16 rows per half of the warp, halves 16 banks apart). Rows past m or n are read
-  // from the last row instead: they feed only outputs that are not stored.
-  static_assert(BM / 16 == 4 && BN / 16 == 4, "staging index math below");
-  auto row_of = [&](int i) { return 16 * ((warp + 8 * i) % 4) + u / 2; };
-  auto chunk_of = [&](int i) { return 2 * ((warp + 8 * i) / 4) + u % 2; };
+  // Staging (lanes_stage_row / lanes_stage_chunk). Rows past m or n are read from the last row
+  // instead: they feed only outputs that are not stored.
+  auto row_of = [&](int i) { return lanes_stage_row(warp, u, i); };
+  auto chunk_of = [&](int i) { return lanes_stage_chunk(warp, u, i); };
   const float* xp[XCH];  // row start + 4c
   const float* wp[WCH];
   auto place = [&]() {  // the staging pointers of tile (m0, n0)
@@ -356,26 +265,7 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
       for (int i = 0; i < WCH; ++i) wr[i] = load4_tail(wp[i] + k0, s.k - k0 - 4 * chunk_of(i));
     }
   };
-  // Stores them, swizzled, into stage buffer `buf`: k row kr = 4c + e has (kr >> 2) & 1 == c & 1
-  // and kr & 3 == e.
-  auto stash = [&](int buf) {
-#pragma unroll
-    for (int i = 0; i < XCH; ++i) {
-      const int R = row_of(i), c = chunk_of(i), col = R ^ ((c & 1) << 2);
-      Xs[buf][4 * c][col] = xr[i].x;
-      Xs[buf][4 * c + 1][col] = xr[i].y;
-      Xs[buf][4 * c + 2][col] = xr[i].z;
-      Xs[buf][4 * c + 3][col] = xr[i].w;
-    }
-#pragma unroll
-    for (int i = 0; i < WCH; ++i) {
-      const int R = row_of(i), c = chunk_of(i);
-      Ws[buf][4 * c][R] = wr[i].x;
-      Ws[buf][4 * c + 1][R ^ 4] = wr[i].y;
-      Ws[buf][4 * c + 2][R ^ 8] = wr[i].z;
-      Ws[buf][4 * c + 3][R ^ 12] = wr[i].w;
-    }
-  };
+  auto stash = [&](int buf) { lanes_stash(Xs[buf], Ws[buf], xr, wr, warp, u); };
 
   float acc[TM][TN];
 #pragma unroll
@@ -458,7 +348,7 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
         const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-          dots[(gm * TM + 4 * (l >> 2) + r) * LD + gn * TN + 4 * (l & 3) + c] =
+          dots[(gm * TM + lanes_out_row(l, r)) * LD + gn * TN + lanes_out_col(l, c)] =
               common::gemm_out(v[c], s.round);
       }
       // The head weights of the tile's rows beside them (row r of the chunk is head r % Hi of query
@@ -492,14 +382,14 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
     } else {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int64_t row = tm0 + gm * TM + 4 * (l >> 2) + r;
+        const int64_t row = tm0 + gm * TM + lanes_out_row(l, r);
         if (row >= P.m) continue;
         float* y = P.y + int64_t(P.yrow ? P.yrow[row] : row) * P.ldy;
         const float4 v4 = started ? sums[r * NT] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int64_t col = tn0 + gn * TN + 4 * (l & 3) + c;
+          const int64_t col = tn0 + gn * TN + lanes_out_col(l, c);
           if (col < s.n) y[col] = common::gemm_out(v[c], s.round);
         }
       }

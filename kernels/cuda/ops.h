@@ -104,6 +104,13 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
 // The tensor_core order (same contract, same bits) with the mma.sync kernel only: the reference of the
 // wgmma kernel that sparse_attention runs on Hopper. Throws for another order.
 void sparse_attention_mma_sync(const SparseAttnParams& p, cudaStream_t stream);
+// The exact orders by the kernels for any shape (tiles of up to 8 heads, each kv row loaded once per
+// tile), which sparse_attention leaves for its 64-head kernel where that one takes the call: the
+// latter's reference in tests and baseline in bench_gpu. Throws for the tensor_core order.
+void sparse_attention_small_tiles(const SparseAttnParams& p, cudaStream_t stream);
+// True when sparse_attention runs p with the 64-head kernel (the exact two-pass order, at least 32
+// heads, Dh a multiple of 32 up to 512, q, kv and o 16-byte aligned, K up to about 700).
+bool sparse_attention_uses_head_tiles(const SparseAttnParams& p);
 // True when sparse_attention runs p with the Hopper wgmma kernel on the current device (tensor_core
 // order, compute capability 9.0 with sm_90a code in this binary, Dh padded to 256 or 512, a call that
 // reads the bf16 copy of kv, and K small enough for its shared memory).

@@ -958,6 +958,14 @@ void register_other_cases() {
   attention_case(5, 43, 300, 40, ReduceOrder{64});
   attention_case(6, 61, 129, 64, ReduceOrder{});   // 61 heads: no head tile divides it
   attention_case(7, 16, 640, 512, ReduceOrder{});  // Flash-like: head dim 512, window + top-512
+  // The 64-head kernel (cuda::sparse_attention_uses_head_tiles; 61 heads above take it too): Flash's
+  // 64 heads in both orders, a second tile of 3 heads, chains that end inside a k stage (blocks of
+  // 24), rows of 1 to 5 valid slots, and blocks that walk several rows (T above the SM count).
+  attention_case(9, 64, 640, 512, ReduceOrder{});
+  attention_case(9, 64, 640, 512, ReduceOrder{64});
+  attention_case(5, 67, 200, 256, ReduceOrder{64});
+  attention_case(8, 40, 90, 96, ReduceOrder{24}, 0, 5);
+  attention_case(300, 64, 130, 128, ReduceOrder{});
   // The split-KV (decode) order: parts of every size, rows with fewer valid slots than parts, empty
   // rows (row 0 of every case; all rows when K = 0), a head tile that does not divide H.
   for (int splits : {1, 2, 3, 7}) {
@@ -1055,6 +1063,32 @@ TEST(BackendOpsErrors, CopyWordsRejectsBadCopies) {
   EXPECT_THROW(cuda::copy_words(copies.data(), -1, nullptr), Error);
   copies[0].words = 4;  // null pointers with words to copy
   EXPECT_THROW(cuda::copy_words(copies.data(), 1, nullptr), Error);
+}
+
+// Which exact calls the 64-head kernel takes (the cases above cover both kernels). Needs no device.
+TEST(BackendOpsAttention, HeadTilesTakeTheTwoPassOrderOfManyHeads) {
+  alignas(16) static float buf[64];
+  SparseAttnParams p;
+  p.T = 8, p.H = 64, p.Dh = 512, p.N = 100, p.K = 640, p.q = buf, p.kv = buf, p.o = buf;
+  EXPECT_TRUE(cuda::sparse_attention_uses_head_tiles(p));  // Flash
+  p.order = ReduceOrder{64};
+  EXPECT_TRUE(cuda::sparse_attention_uses_head_tiles(p));
+  auto with = [&](auto change) {
+    SparseAttnParams c = p;
+    change(c);
+    return cuda::sparse_attention_uses_head_tiles(c);
+  };
+  EXPECT_TRUE(with([](SparseAttnParams& c) { c.H = 32; }));
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.H = 31; }));       // few heads: 8-head tiles
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 40; }));      // not whole k stages
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 544; }));     // past the P.V registers
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.K = 1152; }));     // the scores do not fit
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.splits = 4; }));   // the split-KV order
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.online_block = 64; }));
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.order.tensor_core = true; }));
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.kv = buf + 1; }));  // rows not 16-byte aligned
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.q = buf + 2; }));
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.o = buf + 3; }));
 }
 
 // Lists every op with its number of cases; a CUDA op without a case fails. Needs no device.
