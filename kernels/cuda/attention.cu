@@ -92,30 +92,24 @@ __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, 
 }
 
 // Step 3 of the exact order, all threads of the block: the scores z of the nh heads from h0 of row t
-// (head h's nv scores at zs + h * ld) become their probabilities P in place, and lse is stored.
-// M and Z are formed by thread h, sequentially where the CPU is (kernels/detail/attention.h); the
-// exp_f terms and P by all threads in between. Ms and Zs hold nh floats.
-__device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int nv, float* zs, int64_t ld,
-                             float* Ms, float* Zs, int tid) {
-  if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * ld, nv, p.sink[h0 + tid]);
+// become their probabilities P in place, and lse is stored. Score (h, v) is at zs[h * hs + v * vs];
+// each(f) calls f(z, h) on every score of the nh heads, spread over the block's threads. M and Z are
+// formed by thread h, sequentially where the CPU is (kernels/detail/attention.h); the exp_f terms and
+// P by all threads in between. Ms and Zs hold nh floats.
+template <typename Each>
+__device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int nv, float* zs, int64_t hs,
+                             int64_t vs, float* Ms, float* Zs, int tid, Each each) {
+  if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * hs, nv, p.sink[h0 + tid], vs);
   __syncthreads();
-  for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
-    const int h = int(q / nv);
-    const int64_t v = q % nv;
-    zs[h * ld + v] = common::attn_exp(zs[h * ld + v], Ms[h]);
-  }
+  each([&](float& z, int h) { z = common::attn_exp(z, Ms[h]); });
   __syncthreads();
   if (tid < nh) {
-    const float Z = common::attn_row_sum(zs + tid * ld, nv, p.sink[h0 + tid], Ms[tid]);
+    const float Z = common::attn_row_sum(zs + tid * hs, nv, p.sink[h0 + tid], Ms[tid], vs);
     Zs[tid] = Z;
     if (p.lse) p.lse[t * p.H + h0 + tid] = common::attn_lse(Ms[tid], Z);
   }
   __syncthreads();
-  for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
-    const int h = int(q / nv);
-    const int64_t v = q % nv;
-    zs[h * ld + v] = common::attn_prob(zs[h * ld + v], Zs[h]);
-  }
+  each([&](float& z, int h) { z = common::attn_prob(z, Zs[h]); });
   __syncthreads();
 }
 
@@ -140,7 +134,12 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. softmax with the sink, sequential where the CPU is
-    softmax_rows(p, t, h0, nh, nv, zs, K, Ms, Zs, tid);
+    softmax_rows(p, t, h0, nh, nv, zs, K, 1, Ms, Zs, tid, [&](auto f) {
+      for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
+        const int h = int(q / nv);
+        f(zs[h * K + q % nv], h);
+      }
+    });
 
     // 4. o = P . kv, one accumulator per head of the tile
     for (int64_t d = tid; d < p.Dh; d += kThreads) {
@@ -274,8 +273,7 @@ namespace heads {
 constexpr int HT = lanes::BN;  // heads a block: the w rows of the score tiles
 constexpr int SB = lanes::BM;  // slots a score tile: its x rows
 constexpr int VS = 8;          // kv rows a P·V stage
-constexpr int kMaxDh = 512;    // P·V keeps up to kMaxDh / 128 float4 columns a thread
-constexpr int CW = kMaxDh / 128;
+constexpr int kMaxDh = 512;    // P·V keeps up to kMaxDh / 128 float4 columns a lane
 constexpr int HW = HT / (lanes::NT / 32);  // heads a warp in P·V
 constexpr size_t kMaxShared = 220 * 1024;  // dynamic shared memory of a block (an H100 / H200 allows 227 KiB)
 // The score stages (lanes.cuh); the P·V stages use the same memory once the scores are done.
@@ -284,42 +282,42 @@ static_assert(2 * VS * kMaxDh <= kStageFloats, "the P.V stages fit in the score 
 static_assert(lanes::NT == kThreads, "the block helpers above count kThreads threads");
 }  // namespace heads
 
-// Row stride of the scores in shared memory: a whole number of score tiles, plus 1 so that the
-// threads of a head (step 3) read distinct banks.
-int64_t heads_ld(int64_t K) {
-  return ceil_div(K, heads::SB) * heads::SB + 1;
-}
+// The scores of a block in shared memory: [slot][HT], a whole number of score tiles.
 size_t heads_smem(const SparseAttnParams& p) {
-  return sizeof(float) * size_t(heads::kStageFloats + heads::HT * heads_ld(p.K)) + sizeof(int32_t) * size_t(p.K);
+  return sizeof(float) * size_t(heads::kStageFloats + ceil_div(p.K, heads::SB) * heads::SB * heads::HT) +
+         sizeof(int32_t) * size_t(p.K);
 }
 
-// Kernel contract (sparse_attention_heads_kernel): the exact order of kernels/attention.h (splits ==
-// 0, online_block == 0) for rows of many heads. One block of 256 threads per (row t, tile of 64
+// Kernel contract (sparse_attention_heads_kernel<CW>): the exact order of kernels/attention.h (splits
+// == 0, online_block == 0) for rows of many heads. One block of 256 threads per (row t, tile of 64
 // heads), grid-stride over those pairs; every value is formed by the operations of the kernel above.
 //   1. The valid slots, as above (compact_valid_slots).
-//   2. S[h][v] = dot(q[t, h0 + h], kv[slot v], order) by the exact GEMM's lane-split tiles
+//   2. zs[v][h] = dot(q[t, h0 + h], kv[slot v], order) by the exact GEMM's lane-split tiles
 //      (lanes.cuh): 64 slots (x rows) by the 64 heads (w rows) a tile, k = Dh in stages of 32, one
-//      lane of each 8-lane chain per thread, the chains folded into S left to right. Each kv row is
-//      loaded once for all 64 heads. Slots past nv and heads past nh read the last valid row and are
-//      never used.
-//   3. z = scale * S, then softmax_rows (the kernel above's step 3) over the rows of S.
-//   4. Warp w takes heads 8w .. 8w + 7 of the tile, lane u the float4 columns u + 32c of Dh; each
-//      output keeps one fp32 accumulator and runs the fma chain over the valid slots in slot order,
-//      kv rows staged 8 at a time in shared memory; o = bf16(acc).
+//      lane of each 8-lane chain per thread, the chains folded into zs left to right. Each kv row is
+//      loaded once for all 64 heads. Slots past nv and heads past nh read the last valid row; their
+//      scores are never used.
+//   3. z = scale * dot, then softmax_rows (the kernel above's step 3) down the columns of zs.
+//   4. Warp w takes heads 8w .. 8w + 7 of the tile, lane u the float4 columns u + 32c (c < CW =
+//      ceil(Dh / 128)); each output keeps one fp32 accumulator and runs the fma chain over the valid
+//      slots in slot order, kv rows staged 8 at a time in shared memory (warp w copies row w of a
+//      stage); o = bf16(acc). The heads past nh run on the rows of zs past nh and are not stored.
 // Needs Dh % 32 == 0, Dh <= 512, q, kv and o 16-byte aligned and the scores of 64 heads in shared
 // memory (heads_fits).
-__global__ void __launch_bounds__(lanes::NT, 1)
-    sparse_attention_heads_kernel(SparseAttnParams p, int64_t ld, int64_t chain_steps) {
+template <int CW>
+__global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(SparseAttnParams p, int64_t chain_steps) {
   using namespace lanes;
   using heads::HT;
   using heads::SB;
   using heads::VS;
+  static_assert(VS == NT / 32, "warp w stages kv row w of a P.V stage");
+  static_assert(HT == 64, "the column walks below take h = q % 64");
   extern __shared__ float4 heads_shared[];
   float* const stage = reinterpret_cast<float*>(heads_shared);
   auto Xs = reinterpret_cast<float(*)[KS][SX]>(stage);         // [2][KS][SX]: kv rows of a score tile
   auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]: q rows of the heads
-  float* const zs = stage + heads::kStageFloats;                // [HT][ld]: z, then e, then P
-  int32_t* const slots = reinterpret_cast<int32_t*>(zs + HT * ld);  // [K] valid kv rows, slot order
+  float* const zs = stage + heads::kStageFloats;                // [slot][HT]: z, then e, then P
+  int32_t* const slots = reinterpret_cast<int32_t*>(zs + (p.K + SB - 1) / SB * SB * HT);  // [K] valid kv rows
   __shared__ int red[32];
   __shared__ float Ms[HT], Zs[HT];
   const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5;
@@ -327,6 +325,11 @@ __global__ void __launch_bounds__(lanes::NT, 1)
   const int tiles = (p.H + HT - 1) / HT;
   const int64_t Dh = p.Dh, nst = Dh / KS;
   const int nc4 = int(Dh / 4);  // float4 columns of a row
+  // The P.V columns of this lane: u + 32c, the last chunk's past nc4 clamped (computed, not stored).
+  int col[CW];
+#pragma unroll
+  for (int c = 0; c < CW; ++c) col[c] = u + 32 * c < nc4 ? u + 32 * c : nc4 - 1;
+  const bool last_col = u + 32 * (CW - 1) < nc4;  // whether the last chunk's column is this lane's own
 
   for (int64_t item = blockIdx.x; item < p.T * tiles; item += gridDim.x) {
     const int64_t t = item / tiles;
@@ -376,12 +379,16 @@ __global__ void __launch_bounds__(lanes::NT, 1)
     auto fold = [&](int64_t tile) {
       lanes_reduce(acc);
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float* z = zs + (gn * TN + lanes_out_col(l, c)) * ld + tile * SB + gm * TM + lanes_out_row(l, r);
-          *z = started ? *z + acc[r][c] : acc[r][c];
+      for (int r = 0; r < 4; ++r) {
+        float4* z = reinterpret_cast<float4*>(zs + (tile * SB + gm * TM + lanes_out_row(l, r)) * HT + gn * TN +
+                                              lanes_out_col(l, 0));
+        float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        if (started) {
+          const float4 o = *z;
+          v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
         }
+        *z = v;
+      }
       lanes_clear(acc);
       started = true;
       pos = 0;
@@ -421,83 +428,85 @@ __global__ void __launch_bounds__(lanes::NT, 1)
     }
 
     // 3. z = scale * dot, the softmax with the sink
-    for (int64_t q = tid; q < int64_t(nh) * nv; q += kThreads) {
-      const int h = int(q / nv);
-      const int64_t v = q % nv;
-      zs[h * ld + v] = p.scale * zs[h * ld + v];
-    }
+    auto each = [&](auto f) {  // the scores of the nh heads, a row of zs per 4 passes of the block
+      for (int64_t q = tid; q < int64_t(nv) * HT; q += kThreads) {
+        const int h = int(q % HT);
+        if (h < nh) f(zs[q], h);
+      }
+    };
+    each([&](float& z, int) { z = p.scale * z; });
     __syncthreads();
-    softmax_rows(p, t, h0, nh, nv, zs, ld, Ms, Zs, tid);
+    softmax_rows(p, t, h0, nh, nv, zs, 1, HT, Ms, Zs, tid, each);
 
     // 4. o = P . kv: the fma chains over the valid slots, kv rows staged VS at a time
     float* const vs = stage;  // [2][VS][Dh]
-    constexpr int PL = heads::VS * heads::kMaxDh / 4 / kThreads;  // float4 a thread stages, at most
-    float4 pre[PL];
-    auto fetch_rows = [&](int v0) {
+    float4 pre[CW];
+    auto fetch_row = [&](int v0) {  // row `warp` of the stage at slot v0
+      if (v0 + warp < nv) {
+        const float4* row = reinterpret_cast<const float4*>(p.kv + int64_t(slots[v0 + warp]) * Dh);
 #pragma unroll
-      for (int i = 0; i < PL; ++i) {
-        const int q = tid + kThreads * i, vv = q / nc4, v = v0 + vv;
-        if (vv < VS && v < nv)
-          pre[i] = __ldg(reinterpret_cast<const float4*>(p.kv + int64_t(slots[v]) * Dh) + q % nc4);
+        for (int c = 0; c < CW; ++c) pre[c] = __ldg(row + col[c]);
       }
     };
-    auto stash_rows = [&](int buf, int v0) {
+    auto stash_row = [&](int buf, int v0) {
+      if (v0 + warp < nv) {
+        float4* row = reinterpret_cast<float4*>(vs + (buf * VS + warp) * Dh);
 #pragma unroll
-      for (int i = 0; i < PL; ++i) {
-        const int q = tid + kThreads * i, vv = q / nc4;
-        if (vv < VS && v0 + vv < nv) reinterpret_cast<float4*>(vs + (buf * VS + vv) * Dh)[q % nc4] = pre[i];
+        for (int c = 0; c < CW; ++c)
+          if (c + 1 < CW || last_col) row[col[c]] = pre[c];
       }
     };
-    const int hw = warp * heads::HW;      // the warp's first head
-    const bool live = hw < nh;            // uniform over the warp
-    float o[heads::HW][heads::CW][4];
+    const int hw = warp * heads::HW;  // the warp's first head
+    float o[heads::HW][CW][4];
 #pragma unroll
     for (int i = 0; i < heads::HW; ++i)
 #pragma unroll
-      for (int c = 0; c < heads::CW; ++c)
+      for (int c = 0; c < CW; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[i][c][e] = 0.0f;
-    fetch_rows(0);
-    stash_rows(0, 0);
+    // One slot: o += P[head] * kv row, P of the warp's 8 heads as two float4.
+    auto slot_step = [&](const float* prob, const float* row) {
+      const float4 pa = *reinterpret_cast<const float4*>(prob), pb = *reinterpret_cast<const float4*>(prob + 4);
+      const float P[heads::HW] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+      for (int c = 0; c < CW; ++c) {
+        const float4 x = reinterpret_cast<const float4*>(row)[col[c]];
+#pragma unroll
+        for (int i = 0; i < heads::HW; ++i) {
+          o[i][c][0] = __fmaf_rn(P[i], x.x, o[i][c][0]);
+          o[i][c][1] = __fmaf_rn(P[i], x.y, o[i][c][1]);
+          o[i][c][2] = __fmaf_rn(P[i], x.z, o[i][c][2]);
+          o[i][c][3] = __fmaf_rn(P[i], x.w, o[i][c][3]);
+        }
+      }
+    };
+    static_assert(heads::HW == 8, "two float4 of P a slot");
+    fetch_row(0);
+    stash_row(0, 0);
     __syncthreads();
     for (int v0 = 0; v0 < nv; v0 += VS) {
       const int buf = (v0 / VS) & 1;
-      if (v0 + VS < nv) fetch_rows(v0 + VS);
-      if (live) {
-        const int vend = nv - v0 < VS ? nv - v0 : VS;
-        for (int vv = 0; vv < vend; ++vv) {
-          float P[heads::HW];
+      if (v0 + VS < nv) fetch_row(v0 + VS);
+      const float* rows = vs + buf * VS * Dh;
+      const float* prob = zs + int64_t(v0) * HT + hw;
+      if (nv - v0 >= VS) {
 #pragma unroll
-          for (int i = 0; i < heads::HW; ++i) P[i] = hw + i < nh ? zs[(hw + i) * ld + v0 + vv] : 0.0f;
-          const float4* row = reinterpret_cast<const float4*>(vs + (buf * VS + vv) * Dh);
-#pragma unroll
-          for (int c = 0; c < heads::CW; ++c) {
-            if (u + 32 * c >= nc4) continue;
-            const float4 x = row[u + 32 * c];
-#pragma unroll
-            for (int i = 0; i < heads::HW; ++i) {
-              o[i][c][0] = __fmaf_rn(P[i], x.x, o[i][c][0]);
-              o[i][c][1] = __fmaf_rn(P[i], x.y, o[i][c][1]);
-              o[i][c][2] = __fmaf_rn(P[i], x.z, o[i][c][2]);
-              o[i][c][3] = __fmaf_rn(P[i], x.w, o[i][c][3]);
-            }
-          }
-        }
+        for (int vv = 0; vv < VS; ++vv) slot_step(prob + vv * HT, rows + vv * Dh);
+      } else {
+        for (int vv = 0; vv < nv - v0; ++vv) slot_step(prob + vv * HT, rows + vv * Dh);
       }
-      if (v0 + VS < nv) stash_rows(buf ^ 1, v0 + VS);
+      if (v0 + VS < nv) stash_row(buf ^ 1, v0 + VS);
       __syncthreads();
     }
-    if (live) {
 #pragma unroll
-      for (int i = 0; i < heads::HW; ++i) {
-        if (hw + i >= nh) continue;
-        float4* out = reinterpret_cast<float4*>(p.o + (t * p.H + h0 + hw + i) * Dh);
+    for (int i = 0; i < heads::HW; ++i) {
+      if (hw + i >= nh) continue;
+      float4* out = reinterpret_cast<float4*>(p.o + (t * p.H + h0 + hw + i) * Dh);
 #pragma unroll
-        for (int c = 0; c < heads::CW; ++c)
-          if (u + 32 * c < nc4)
-            out[u + 32 * c] = make_float4(num::bf16_round(o[i][c][0]), num::bf16_round(o[i][c][1]),
-                                          num::bf16_round(o[i][c][2]), num::bf16_round(o[i][c][3]));
-      }
+      for (int c = 0; c < CW; ++c)
+        if (c + 1 < CW || last_col)
+          out[col[c]] = make_float4(num::bf16_round(o[i][c][0]), num::bf16_round(o[i][c][1]),
+                                    num::bf16_round(o[i][c][2]), num::bf16_round(o[i][c][3]));
     }
   }
 }
@@ -572,15 +581,21 @@ void exact_attention(const SparseAttnParams& p, bool heads_allowed, cudaStream_t
   }
   if (heads_allowed && heads_fits(p)) {
     const size_t bytes = heads_smem(p);
-    CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_heads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(bytes)));
     const int64_t pairs = p.T * ceil_div(p.H, heads::HT);
     const int64_t wave = detail::device_attribute(cudaDevAttrMultiProcessorCount);  // one block an SM
+    const unsigned grid = unsigned(pairs < wave ? pairs : wave);
     const int64_t chain_steps = (p.order.block > 0 && p.Dh > p.order.block) ? p.order.block / 8 : INT64_MAX;
-    sparse_attention_heads_kernel<<<unsigned(pairs < wave ? pairs : wave), kThreads, bytes, stream>>>(
-        p, heads_ld(p.K), chain_steps);
-    DSV4_LAUNCH_CHECK();
-    return;
+    auto launch = [&](auto kernel) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      kernel<<<grid, kThreads, bytes, stream>>>(p, chain_steps);
+      DSV4_LAUNCH_CHECK();
+    };
+    switch (ceil_div(p.Dh, 128)) {  // float4 columns a lane in P.V
+      case 1: return launch(sparse_attention_heads_kernel<1>);
+      case 2: return launch(sparse_attention_heads_kernel<2>);
+      case 3: return launch(sparse_attention_heads_kernel<3>);
+      default: return launch(sparse_attention_heads_kernel<4>);
+    }
   }
   CUDA_CHECK(
       cudaFuncSetAttribute(sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shmem)));

@@ -10,11 +10,11 @@
 
 namespace dsv4::common {
 
-// M = max(sink, z_0, ..., z_(nv-1)), scanned in slot order from sink with `z > M`.
-DSV4_HD float attn_row_max(const float* z, int64_t nv, float sink) {
+// M = max(sink, z_0, ..., z_(nv-1)), scanned in slot order from sink with `z > M` (z_v at z[v * stride]).
+DSV4_HD float attn_row_max(const float* z, int64_t nv, float sink, int64_t stride = 1) {
   float M = sink;
   for (int64_t v = 0; v < nv; ++v)
-    if (z[v] > M) M = z[v];
+    if (z[v * stride] > M) M = z[v * stride];
   return M;
 }
 
@@ -23,10 +23,10 @@ DSV4_HD float attn_exp(float z, float M) {
   return num::exp_f(z - M);
 }
 
-// Z = (e_0 + e_1 + ... sequentially from 0) + exp_f(sink - M).
-DSV4_HD float attn_row_sum(const float* e, int64_t nv, float sink, float M) {
+// Z = (e_0 + e_1 + ... sequentially from 0) + exp_f(sink - M) (e_v at e[v * stride]).
+DSV4_HD float attn_row_sum(const float* e, int64_t nv, float sink, float M, int64_t stride = 1) {
   float Z = 0.0f;
-  for (int64_t v = 0; v < nv; ++v) Z = Z + e[v];
+  for (int64_t v = 0; v < nv; ++v) Z = Z + e[v * stride];
   return Z + num::exp_f(sink - M);
 }
 

@@ -960,11 +960,13 @@ void register_other_cases() {
   attention_case(7, 16, 640, 512, ReduceOrder{});  // Flash-like: head dim 512, window + top-512
   // The 64-head kernel (cuda::sparse_attention_uses_head_tiles; 61 heads above take it too): Flash's
   // 64 heads in both orders, a second tile of 3 heads, chains that end inside a k stage (blocks of
-  // 24), rows of 1 to 5 valid slots, and blocks that walk several rows (T above the SM count).
+  // 24), rows of 1 to 5 valid slots, 1 to 4 float4 columns a lane (Dh 64 to 512), and blocks that
+  // walk several rows (T above the SM count).
   attention_case(9, 64, 640, 512, ReduceOrder{});
   attention_case(9, 64, 640, 512, ReduceOrder{64});
   attention_case(5, 67, 200, 256, ReduceOrder{64});
   attention_case(8, 40, 90, 96, ReduceOrder{24}, 0, 5);
+  attention_case(4, 48, 150, 352, ReduceOrder{});  // 88 float4 columns: the last chunk of lanes is partial
   attention_case(300, 64, 130, 128, ReduceOrder{});
   // The split-KV (decode) order: parts of every size, rows with fewer valid slots than parts, empty
   // rows (row 0 of every case; all rows when K = 0), a head tile that does not divide H.
