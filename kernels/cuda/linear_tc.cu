@@ -103,7 +103,8 @@ Batch<T, N> batch_of(const std::vector<T>& items, std::unique_ptr<Scratch<T>>& s
 }
 
 // Job blockIdx.y: its rows in bf16, k values padded with zeros to kp. One warp a row: float4 loads and
-// 8-byte stores where the source row is 16-byte aligned and kp a multiple of 4, else pairs.
+// 8-byte stores where the source row is 16-byte aligned and kp a multiple of 4 (four loads in flight
+// a lane where they lie inside k), else pairs.
 constexpr int kRowThreads = 256;
 __global__ void __launch_bounds__(kRowThreads)
     rows_to_bf16_kernel(const __grid_constant__ Bf16Jobs jobs, int64_t k, int64_t kp) {
@@ -114,7 +115,17 @@ __global__ void __launch_bounds__(kRowThreads)
     const float* row = J.src + (J.map ? int64_t(J.map[r]) : r) * J.ld;
     __nv_bfloat16* out = J.dst + r * kp;
     if (kp % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
-      for (int64_t d = 4 * lane; d < kp; d += 128) {
+      int64_t d = 4 * lane;
+      // Whole chunks of 512 values inside k: four loads in flight before their stores.
+      for (; d + 384 + 4 <= k; d += 512) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(row + d + 128 * u);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          *reinterpret_cast<uint2*>(out + d + 128 * u) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+      }
+      for (; d < kp; d += 128) {
         const float4 v = d + 4 <= k ? *reinterpret_cast<const float4*>(row + d)
                                     : make_float4(d < k ? row[d] : 0.f, d + 1 < k ? row[d + 1] : 0.f,
                                                   d + 2 < k ? row[d + 2] : 0.f, d + 3 < k ? row[d + 3] : 0.f);
