@@ -4,15 +4,17 @@
 // grid-stride over those pairs.
 //   1. The valid slots of idx[t] (not -1, and inside [0, N): anything else is never loaded) are
 //      compacted in slot order with a block prefix sum over contiguous slot chunks.
-//   2. The tile's q rows are staged in shared memory; 32 groups of 8 threads take one valid slot each
-//      and form z[h][v] = scale * dot(q[t,h], kv[slot v]) for every head of the tile with multi_dot8
-//      (the canonical order per head; each kv element is loaded once for all heads).
+//   2. The tile's q rows are staged in shared memory; 32 groups of 8 threads take two valid slots each
+//      (one in the split and online kernels) and form z[h][v] = scale * dot(q[t,h], kv[slot v]) for
+//      every head of the tile with multi_dot8_rows (the canonical order per head; each kv element is
+//      loaded once for all heads, each q element read once for the group's slots).
 //   3. Thread h of the tile forms M = max(sink, z...) and then Z = (sum of exp_f(z - M) in slot order)
 //      + exp_f(sink - M) sequentially, with the CPU's functions of kernels/detail/attention.h; the
 //      exp_f terms and P = bf16(e / Z) are computed by all threads in between (element-wise).
 //   4. Thread d (d = tid, tid + 256, ...) keeps one fp32 accumulator per head of the tile and runs the
 //      fma chain over the valid slots in slot order, loading kv[slot][d] once for all heads of the
-//      tile; o = bf16(acc). An empty row gives o = 0 and lse = sink exactly.
+//      tile (and, where K % 4 == 0, four slots' probabilities of a head as one float4); o = bf16(acc).
+//      An empty row gives o = 0 and lse = sink exactly.
 //
 // sparse_attention_heads_kernel (below, with its contract) takes the same exact order for rows of 32
 // or more heads: 64 heads a block, the scores by the exact GEMM's lane-split tiles (lanes.cuh), so each
@@ -56,29 +58,42 @@ __device__ void write_empty_rows(const SparseAttnParams& p, int64_t t, int h0, i
 
 // Step 2, all threads of the block: q rows of the tile staged in qs [nh][Dh], then
 // zs[h * K + v] = scale * dot(q[t, h0 + h], kv[slots[v]], order) for h < nh, v < nv; one group of 8
-// threads per slot (multi_dot8, the canonical order).
+// threads per NB slots v = v0 + j kGroups at a time (multi_dot8_rows, the canonical order: each q
+// element read from shared memory feeds the group's NB slots, each kv element the tile's heads).
+template <int NB>
 __device__ void tile_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, const int32_t* slots,
                             int nv, int tid, float* qs, float* zs) {
   const int lane = tid & 7, group = tid >> 3;
   const unsigned mask = detail::group8_mask();
   for (int64_t e = tid; e < int64_t(nh) * p.Dh; e += kThreads) qs[e] = p.q[(t * p.H + h0) * p.Dh + e];
   __syncthreads();
-  for (int64_t v = group; v < nv; v += kGroups) {
-    float d[kMaxHeadTile];
-    detail::multi_dot8<kMaxHeadTile>(qs, p.Dh, nh, p.kv + int64_t(slots[v]) * p.Dh, p.Dh, p.order.block, lane,
-                                     mask, d);
+  for (int64_t v0 = group; v0 < nv; v0 += int64_t(kGroups) * NB) {
+    const float* rows[NB];
+    int nb = 0;  // the valid slots of this pass are a prefix of j
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const int64_t v = v0 + int64_t(j) * kGroups;
+      rows[j] = p.kv + int64_t(slots[v < nv ? v : v0]) * p.Dh;
+      nb += v < nv;
+    }
+    float d[kMaxHeadTile * NB];
+    detail::multi_dot8_rows<kMaxHeadTile, NB>(qs, p.Dh, nh, rows, nb, p.Dh, p.order.block, lane,
+                                                          mask, d);
     if (lane == 0) {
 #pragma unroll
       for (int h = 0; h < kMaxHeadTile; ++h)
-        if (h < nh) zs[h * p.K + v] = p.scale * d[h];
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+          if (h < nh && j < nb) zs[h * p.K + v0 + int64_t(j) * kGroups] = p.scale * d[h * NB + j];
     }
   }
   __syncthreads();
 }
 
 // Steps 1 and 2 of every order for the item (row t, heads h0 .. h0 + nh - 1), all threads of the
-// block: the valid slots and the tile's scores. Returns nv; 0 means the row is only the sink and was
-// written (o = 0, lse = sink), and the block is past a barrier.
+// block: the valid slots and the tile's scores (NB slots a group at a time). Returns nv; 0 means the
+// row is only the sink and was written (o = 0, lse = sink), and the block is past a barrier.
+template <int NB>
 __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, int tid, float* zs, float* qs,
                           int32_t* slots, int* red) {
   const int nv = detail::compact_valid_slots<kThreads>(p.idx + t * p.K, p.K, p.N, tid, slots, red);
@@ -87,7 +102,7 @@ __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, 
     __syncthreads();
     return 0;
   }
-  tile_scores(p, t, h0, nh, slots, nv, tid, qs, zs);
+  tile_scores<NB>(p, t, h0, nh, slots, nv, tid, qs, zs);
   return nv;
 }
 
@@ -113,7 +128,9 @@ __device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int n
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnParams p, int ht) {
+// Three blocks an SM (at most 85 registers): the two slots a group of step 2 and the four slots a
+// load of step 4 would otherwise take about 100 to 128 registers and halve the blocks an SM holds.
+__global__ void __launch_bounds__(kThreads, 3) sparse_attention_kernel(SparseAttnParams p, int ht) {
   extern __shared__ float sh[];
   float* zs = sh;                                                        // [ht][K]: z, then e, then P
   float* qs = sh + int64_t(ht) * p.K;                                    // [ht][Dh]: q of the tile
@@ -130,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
     // 1, 2. valid slots in slot order; scores, one group per valid slot, all heads of the tile at once
-    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    const int nv = row_scores<2>(p, t, h0, nh, tid, zs, qs, slots, red);
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. softmax with the sink, sequential where the CPU is
@@ -141,12 +158,30 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttnPa
       }
     });
 
-    // 4. o = P . kv, one accumulator per head of the tile
+    // 4. o = P . kv, one accumulator per head of the tile; where the rows of zs are 16-byte aligned,
+    // four slots' probabilities of a head are one load
     for (int64_t d = tid; d < p.Dh; d += kThreads) {
       float acc[kMaxHeadTile];
 #pragma unroll
       for (int h = 0; h < kMaxHeadTile; ++h) acc[h] = 0.0f;
-      for (int v = 0; v < nv; ++v) {
+      int v = 0;
+      if (K % 4 == 0) {
+        for (; v + 4 <= nv; v += 4) {
+          float x[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) x[u] = p.kv[int64_t(slots[v + u]) * p.Dh + d];
+#pragma unroll
+          for (int h = 0; h < kMaxHeadTile; ++h)
+            if (h < nh) {
+              const float4 P = *reinterpret_cast<const float4*>(zs + h * K + v);
+              acc[h] = __fmaf_rn(P.x, x[0], acc[h]);
+              acc[h] = __fmaf_rn(P.y, x[1], acc[h]);
+              acc[h] = __fmaf_rn(P.z, x[2], acc[h]);
+              acc[h] = __fmaf_rn(P.w, x[3], acc[h]);
+            }
+        }
+      }
+      for (; v < nv; ++v) {
         const float x = p.kv[int64_t(slots[v]) * p.Dh + d];
 #pragma unroll
         for (int h = 0; h < kMaxHeadTile; ++h)
@@ -183,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
     // 1, 2. valid slots in slot order; scores
-    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    const int nv = row_scores<1>(p, t, h0, nh, tid, zs, qs, slots, red);
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. each part's softmax without the sink, one thread per (head, part)
@@ -231,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_online_kernel(Spars
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
     // 1, 2. valid slots in slot order; scores
-    const int nv = row_scores(p, t, h0, nh, tid, zs, qs, slots, red);
+    const int nv = row_scores<1>(p, t, h0, nh, tid, zs, qs, slots, red);
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
     // 3. the online scan, one thread per head

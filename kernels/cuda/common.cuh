@@ -97,39 +97,61 @@ __device__ __forceinline__ float sum8_bf16_squares(const float* a, int64_t n, in
                 [=](int64_t i, float acc) { return __fadd_rn(acc, num::bf16_round(__fmul_rn(a[i], a[i]))); });
 }
 
-// dot(a + h * lda, b, n, order) for the rows h < na (na <= NH) of `a` against one vector b, by an
-// aligned group of 8 threads: the same lane split and combine as dot8 for every row, but each
-// element of b is loaded once for all rows (the rows typically sit in shared memory). out[h] is
-// valid in all 8 lanes for h < na.
+// dot(a + h * lda, b[j], n, order) for the rows h < na (na <= NH) of `a` against nb <= NB vectors
+// b[j], by an aligned group of 8 threads: the same lane split and combine as dot8 for every pair, but
+// each element of a vector is loaded once for all rows and each element of a row once for all vectors
+// (the rows typically sit in shared memory). out[h * NB + j] is valid in all 8 lanes for h < na,
+// j < nb; na and nb must be the same in the group's 8 threads.
+template <int NH, int NB>
+__device__ __forceinline__ void multi_dot8_rows(const float* a, int64_t lda, int na, const float* const* b, int nb,
+                                                int64_t n, int block, int lane, unsigned mask, float* out) {
+  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
+  float sum[NH][NB];
+#pragma unroll
+  for (int h = 0; h < NH; ++h)
+#pragma unroll
+    for (int j = 0; j < NB; ++j) sum[h][j] = 0.0f;
+  for (int64_t cs = 0; cs < n; cs += len) {
+    const int64_t ce = cs + len < n ? cs + len : n;
+    float acc[NH][NB];
+#pragma unroll
+    for (int h = 0; h < NH; ++h)
+#pragma unroll
+      for (int j = 0; j < NB; ++j) acc[h][j] = 0.0f;
+#pragma unroll 2
+    for (int64_t i = cs + lane; i < ce; i += 8) {
+      float bv[NB];
+#pragma unroll
+      for (int j = 0; j < NB; ++j) bv[j] = j < nb ? b[j][i] : 0.0f;
+#pragma unroll
+      for (int h = 0; h < NH; ++h) {
+        if (h < na) {
+          const float av = a[h * lda + i];
+#pragma unroll
+          for (int j = 0; j < NB; ++j)
+            if (j < nb) acc[h][j] = __fmaf_rn(av, bv[j], acc[h][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < NH; ++h)
+#pragma unroll
+      for (int j = 0; j < NB; ++j)
+        if (h < na && j < nb) {  // uniform over the group
+          const float c = combine8(acc[h][j], mask);
+          sum[h][j] = cs == 0 ? c : sum[h][j] + c;
+        }
+  }
+#pragma unroll
+  for (int h = 0; h < NH; ++h)
+#pragma unroll
+    for (int j = 0; j < NB; ++j) out[h * NB + j] = sum[h][j];
+}
+// The same against one vector b: out[h] for h < na.
 template <int NH>
 __device__ __forceinline__ void multi_dot8(const float* a, int64_t lda, int na, const float* b, int64_t n,
                                            int block, int lane, unsigned mask, float* out) {
-  const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
-  float sum[NH];
-#pragma unroll
-  for (int h = 0; h < NH; ++h) sum[h] = 0.0f;
-  for (int64_t cs = 0; cs < n; cs += len) {
-    const int64_t ce = cs + len < n ? cs + len : n;
-    float acc[NH];
-#pragma unroll
-    for (int h = 0; h < NH; ++h) acc[h] = 0.0f;
-#pragma unroll 2
-    for (int64_t i = cs + lane; i < ce; i += 8) {
-      const float bv = b[i];
-#pragma unroll
-      for (int h = 0; h < NH; ++h)
-        if (h < na) acc[h] = __fmaf_rn(a[h * lda + i], bv, acc[h]);
-    }
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-      if (h < na) {  // uniform over the group
-        const float c = combine8(acc[h], mask);
-        sum[h] = cs == 0 ? c : sum[h] + c;
-      }
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < NH; ++h) out[h] = sum[h];
+  multi_dot8_rows<NH, 1>(a, lda, na, &b, 1, n, block, lane, mask, out);
 }
 
 // ---- block-wide integer reductions and scans (deterministic, no atomics) ---------------------------
