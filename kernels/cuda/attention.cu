@@ -299,6 +299,7 @@ using detail::lanes_load;
 using detail::lanes_out_col;
 using detail::lanes_out_row;
 using detail::lanes_reduce;
+using detail::lanes_stage;
 using detail::lanes_stage_chunk;
 using detail::lanes_stage_row;
 using detail::lanes_stash;
@@ -440,13 +441,7 @@ __global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(Sp
       const float* ws = &Ws[buf][l][gn * TN];
       // Every branch below is uniform over the block.
       if (pos + STEPS <= chain_steps) {  // the stage lies inside one chain (which may end with it)
-        Frag f[2];
-        lanes_load(f[0], xs, ws);
-#pragma unroll
-        for (int j = 0; j < STEPS; ++j) {
-          if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
-          lanes_fma(acc, f[j & 1]);
-        }
+        lanes_stage(acc, xs, ws);
         pos += STEPS;
         if (pos == chain_steps || last) fold(tile);
       } else {

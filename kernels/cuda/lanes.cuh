@@ -57,6 +57,19 @@ __device__ __forceinline__ void lanes_fma(float (&acc)[lanes::TM][lanes::TN], co
     for (int c = 0; c < lanes::TN; ++c) acc[r][c] = __fmaf_rn(f.x[r], f.w[c], acc[r][c]);
 }
 
+// A whole stage of STEPS steps (`xs` and `ws` at lane l's k row of the stage, group columns); the
+// operands of step j + 1 are loaded while step j is computed.
+__device__ __forceinline__ void lanes_stage(float (&acc)[lanes::TM][lanes::TN], const float* xs, const float* ws) {
+  using namespace lanes;
+  Frag f[2];
+  lanes_load(f[0], xs, ws);
+#pragma unroll
+  for (int j = 0; j < STEPS; ++j) {
+    if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
+    lanes_fma(acc, f[j & 1]);
+  }
+}
+
 // End of a chain, the shuffles: the 8 threads of a group combine their lanes in three rounds (all 32
 // threads of the warp take part). Round 1 (partner l ^ 4) keeps register rows 0..3 and adds the
 // partner's rows 4..7, which hold the same logical rows: (l0 + l4), (l1 + l5), (l2 + l6) or (l3 + l7).

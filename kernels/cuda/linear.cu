@@ -301,15 +301,8 @@ __device__ __forceinline__ void gemm_lanes_body(const GemmShape& s, int64_t chai
       const int kin = s.k - k0 < KS ? int(s.k - k0) : KS;  // k of this stage
       // Every branch below is uniform over the block: every thread walks the same steps.
       if (kin == KS && pos + STEPS <= chain_steps) {
-        // The whole stage lies inside k and inside one chain (which may end with the stage). The
-        // operands of step j + 1 are loaded while step j is computed.
-        Frag f[2];
-        lanes_load(f[0], xs, ws);
-#pragma unroll
-        for (int j = 0; j < STEPS; ++j) {
-          if (j + 1 < STEPS) lanes_load(f[(j + 1) & 1], xs + 8 * (j + 1) * SX, ws + 8 * (j + 1) * SW);
-          lanes_fma(acc, f[j & 1]);
-        }
+        // The whole stage lies inside k and inside one chain (which may end with the stage).
+        lanes_stage(acc, xs, ws);
         pos += STEPS;
         if (pos == chain_steps || k0 + KS == s.k) {
           lanes_combine(acc, sums, started);
