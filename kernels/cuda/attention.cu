@@ -77,8 +77,7 @@ __device__ void tile_scores(const SparseAttnParams& p, int64_t t, int h0, int nh
       nb += v < nv;
     }
     float d[kMaxHeadTile * NB];
-    detail::multi_dot8_rows<kMaxHeadTile, NB>(qs, p.Dh, nh, rows, nb, p.Dh, p.order.block, lane,
-                                                          mask, d);
+    detail::multi_dot8_rows<kMaxHeadTile, NB>(qs, p.Dh, nh, rows, nb, p.Dh, p.order.block, lane, mask, d);
     if (lane == 0) {
 #pragma unroll
       for (int h = 0; h < kMaxHeadTile; ++h)
@@ -112,8 +111,8 @@ __device__ int row_scores(const SparseAttnParams& p, int64_t t, int h0, int nh, 
 // formed by thread h, sequentially where the CPU is (kernels/detail/attention.h); the exp_f terms and
 // P by all threads in between. Ms and Zs hold nh floats.
 template <typename Each>
-__device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int nv, float* zs, int64_t hs,
-                             int64_t vs, float* Ms, float* Zs, int tid, Each each) {
+__device__ void softmax_rows(const SparseAttnParams& p, int64_t t, int h0, int nh, int nv, float* zs,
+                             int64_t hs, int64_t vs, float* Ms, float* Zs, int tid, Each each) {
   if (tid < nh) Ms[tid] = common::attn_row_max(zs + tid * hs, nv, p.sink[h0 + tid], vs);
   __syncthreads();
   each([&](float& z, int h) { z = common::attn_exp(z, Ms[h]); });
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 3) sparse_attention_kernel(SparseAtt
     const int h0 = int(item % tiles) * ht;
     const int nh = p.H - h0 < ht ? p.H - h0 : ht;
 
-    // 1, 2. valid slots in slot order; scores, one group per valid slot, all heads of the tile at once
+    // 1, 2. valid slots in slot order; scores, two valid slots a group, all heads of the tile at once
     const int nv = row_scores<2>(p, t, h0, nh, tid, zs, qs, slots, red);
     if (nv == 0) continue;  // only the sink: o = 0, lse = sink
 
@@ -290,6 +289,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_online_kernel(Spars
 
 // ---- the 64-head kernel: the exact two-pass order for many heads ---------------------------------
 namespace lanes = detail::lanes;
+using detail::ceil_div;
 using detail::Frag;
 using detail::lanes_clear;
 using detail::lanes_fma;
@@ -303,13 +303,12 @@ using detail::lanes_stage;
 using detail::lanes_stage_chunk;
 using detail::lanes_stage_row;
 using detail::lanes_stash;
-using detail::ceil_div;
 
 namespace heads {
-constexpr int HT = lanes::BN;  // heads a block: the w rows of the score tiles
-constexpr int SB = lanes::BM;  // slots a score tile: its x rows
-constexpr int VS = 8;          // kv rows a P·V stage
-constexpr int kMaxDh = 512;    // P·V keeps up to kMaxDh / 128 float4 columns a lane
+constexpr int HT = lanes::BN;              // heads a block: the w rows of the score tiles
+constexpr int SB = lanes::BM;              // slots a score tile: its x rows
+constexpr int VS = 8;                      // kv rows a P·V stage
+constexpr int kMaxDh = 512;                // P·V keeps up to kMaxDh / 128 float4 columns a lane
 constexpr int HW = HT / (lanes::NT / 32);  // heads a warp in P·V
 constexpr size_t kMaxShared = 220 * 1024;  // dynamic shared memory of a block (an H100 / H200 allows 227 KiB)
 // The score stages (lanes.cuh); the P·V stages use the same memory once the scores are done.
@@ -341,7 +340,8 @@ size_t heads_smem(const SparseAttnParams& p) {
 // Needs Dh % 32 == 0, Dh <= 512, q, kv and o 16-byte aligned and the scores of 64 heads in shared
 // memory (heads_fits).
 template <int CW>
-__global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(SparseAttnParams p, int64_t chain_steps) {
+__global__ void __launch_bounds__(lanes::NT, 1)
+    sparse_attention_heads_kernel(SparseAttnParams p, int64_t chain_steps) {
   using namespace lanes;
   using heads::HT;
   using heads::SB;
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(Sp
   float* const stage = reinterpret_cast<float*>(heads_shared);
   auto Xs = reinterpret_cast<float(*)[KS][SX]>(stage);         // [2][KS][SX]: kv rows of a score tile
   auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]: q rows of the heads
-  float* const zs = stage + heads::kStageFloats;                // [slot][HT]: z, then e, then P
+  float* const zs = stage + heads::kStageFloats;               // [slot][HT]: z, then e, then P
   int32_t* const slots = reinterpret_cast<int32_t*>(zs + (p.K + SB - 1) / SB * SB * HT);  // [K] valid kv rows
   __shared__ int red[32];
   __shared__ float Ms[HT], Zs[HT];
@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(Sp
       lanes_reduce(acc);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        float4* z = reinterpret_cast<float4*>(zs + (tile * SB + gm * TM + lanes_out_row(l, r)) * HT + gn * TN +
-                                              lanes_out_col(l, 0));
+        float4* z = reinterpret_cast<float4*>(zs + (tile * SB + gm * TM + lanes_out_row(l, r)) * HT +
+                                              gn * TN + lanes_out_col(l, 0));
         float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
         if (started) {
           const float4 o = *z;
@@ -496,7 +496,8 @@ __global__ void __launch_bounds__(lanes::NT, 1) sparse_attention_heads_kernel(Sp
         for (int e = 0; e < 4; ++e) o[i][c][e] = 0.0f;
     // One slot: o += P[head] * kv row, P of the warp's 8 heads as two float4.
     auto slot_step = [&](const float* prob, const float* row) {
-      const float4 pa = *reinterpret_cast<const float4*>(prob), pb = *reinterpret_cast<const float4*>(prob + 4);
+      const float4 pa = *reinterpret_cast<const float4*>(prob),
+                   pb = *reinterpret_cast<const float4*>(prob + 4);
       const float P[heads::HW] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
       for (int c = 0; c < CW; ++c) {
@@ -621,10 +622,14 @@ void exact_attention(const SparseAttnParams& p, bool heads_allowed, cudaStream_t
       DSV4_LAUNCH_CHECK();
     };
     switch (ceil_div(p.Dh, 128)) {  // float4 columns a lane in P.V
-      case 1: return launch(sparse_attention_heads_kernel<1>);
-      case 2: return launch(sparse_attention_heads_kernel<2>);
-      case 3: return launch(sparse_attention_heads_kernel<3>);
-      default: return launch(sparse_attention_heads_kernel<4>);
+      case 1:
+        return launch(sparse_attention_heads_kernel<1>);
+      case 2:
+        return launch(sparse_attention_heads_kernel<2>);
+      case 3:
+        return launch(sparse_attention_heads_kernel<3>);
+      default:
+        return launch(sparse_attention_heads_kernel<4>);
     }
   }
   CUDA_CHECK(

@@ -103,8 +103,9 @@ __device__ __forceinline__ float sum8_bf16_squares(const float* a, int64_t n, in
 // (the rows typically sit in shared memory). out[h * NB + j] is valid in all 8 lanes for h < na,
 // j < nb; na and nb must be the same in the group's 8 threads.
 template <int NH, int NB>
-__device__ __forceinline__ void multi_dot8_rows(const float* a, int64_t lda, int na, const float* const* b, int nb,
-                                                int64_t n, int block, int lane, unsigned mask, float* out) {
+__device__ __forceinline__ void multi_dot8_rows(const float* a, int64_t lda, int na, const float* const* b,
+                                                int nb, int64_t n, int block, int lane, unsigned mask,
+                                                float* out) {
   const int64_t len = (block > 0 && n > block) ? int64_t(block) : n;
   float sum[NH][NB];
 #pragma unroll

@@ -59,7 +59,8 @@ __device__ __forceinline__ void lanes_fma(float (&acc)[lanes::TM][lanes::TN], co
 
 // A whole stage of STEPS steps (`xs` and `ws` at lane l's k row of the stage, group columns); the
 // operands of step j + 1 are loaded while step j is computed.
-__device__ __forceinline__ void lanes_stage(float (&acc)[lanes::TM][lanes::TN], const float* xs, const float* ws) {
+__device__ __forceinline__ void lanes_stage(float (&acc)[lanes::TM][lanes::TN], const float* xs,
+                                            const float* ws) {
   using namespace lanes;
   Frag f[2];
   lanes_load(f[0], xs, ws);

@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-
 // VEC: every x and w row starts 16-byte aligned (pointers and leading dimensions), so whole 4-float
 // chunks inside k are loaded as float4.
 // The kernel's body; CHAIN: the indexer's head chain instead of the store (IndexerChainOut, common.cuh;

@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(kRowThreads)
         for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(row + d + 128 * u);
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-          *reinterpret_cast<uint2*>(out + d + 128 * u) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+          *reinterpret_cast<uint2*>(out + d + 128 * u) =
+              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
       }
       for (; d < kp; d += 128) {
         const float4 v = d + 4 <= k ? *reinterpret_cast<const float4*>(row + d)

@@ -1081,11 +1081,11 @@ TEST(BackendOpsAttention, HeadTilesTakeTheTwoPassOrderOfManyHeads) {
     return cuda::sparse_attention_uses_head_tiles(c);
   };
   EXPECT_TRUE(with([](SparseAttnParams& c) { c.H = 32; }));
-  EXPECT_FALSE(with([](SparseAttnParams& c) { c.H = 31; }));       // few heads: 8-head tiles
-  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 40; }));      // not whole k stages
-  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 544; }));     // past the P.V registers
-  EXPECT_FALSE(with([](SparseAttnParams& c) { c.K = 1152; }));     // the scores do not fit
-  EXPECT_FALSE(with([](SparseAttnParams& c) { c.splits = 4; }));   // the split-KV order
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.H = 31; }));      // few heads: 8-head tiles
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 40; }));     // not whole k stages
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.Dh = 544; }));    // past the P.V registers
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.K = 1152; }));    // the scores do not fit
+  EXPECT_FALSE(with([](SparseAttnParams& c) { c.splits = 4; }));  // the split-KV order
   EXPECT_FALSE(with([](SparseAttnParams& c) { c.online_block = 64; }));
   EXPECT_FALSE(with([](SparseAttnParams& c) { c.order.tensor_core = true; }));
   EXPECT_FALSE(with([](SparseAttnParams& c) { c.kv = buf + 1; }));  // rows not 16-byte aligned
