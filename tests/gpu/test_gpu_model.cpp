@@ -144,6 +144,30 @@ class GpuModelSeams : public ::testing::Test {
   void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
 };
 
+// A model of 40 heads of 128 (tiny otherwise): its attention runs on the 64-head kernel
+// (cuda::sparse_attention_uses_head_tiles; one tile, 24 heads of it unused), and every tensor,
+// decision and log-probability of both profiles equals the CPU's.
+TEST_F(GpuModelSeams, ManyHeadsEqualTheCpu) {
+  ModelConfig c = preset("tiny");
+  c.num_attention_heads = 40;
+  c.head_dim = 128;
+  validate(c, "the 40-head test config");
+  static const Weights w = Weights::init(c, 13);
+  alignas(16) static float buf[4];
+  SparseAttnParams probe;
+  probe.T = 1, probe.H = c.num_attention_heads, probe.Dh = c.head_dim, probe.N = 1,
+  probe.K = c.sliding_window + c.index_topk, probe.q = buf, probe.kv = buf, probe.o = buf;
+  ASSERT_TRUE(cuda::sparse_attention_uses_head_tiles(probe));
+  for (const char* profile : {"train", "rollout"}) {
+    SCOPED_TRACE(profile);
+    const auto toks = random_tokens(130, c.vocab_size, 77);
+    const NumericsProfile p = profile_by_name(profile);
+    auto cpu = run(w, toks, p, Device::cpu);
+    auto gpu = run(w, toks, p, Device::cuda);
+    expect_same_run(*cpu, *gpu);
+  }
+}
+
 // Forcing the rollout profile's decisions into a train run: the CUDA run takes them exactly as the
 // CPU run does (and reproduces the CPU's margins for the free choice).
 TEST_F(GpuModelSeams, OverridesBehaveLikeTheCpu) {
