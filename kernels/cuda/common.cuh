@@ -126,11 +126,10 @@ __device__ __forceinline__ void multi_dot8_rows(const float* a, int64_t lda, int
       for (int j = 0; j < NB; ++j) bv[j] = j < nb ? b[j][i] : 0.0f;
 #pragma unroll
       for (int h = 0; h < NH; ++h) {
-        if (h < na) {
-          const float av = a[h * lda + i];
+        if (h < na) {  // a[h * lda + i] is loaded once for the NB fmas (on their line for the kernel audit)
 #pragma unroll
           for (int j = 0; j < NB; ++j)
-            if (j < nb) acc[h][j] = __fmaf_rn(av, bv[j], acc[h][j]);
+            if (j < nb) acc[h][j] = __fmaf_rn(a[h * lda + i], bv[j], acc[h][j]);
         }
       }
     }
