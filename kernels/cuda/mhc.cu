@@ -28,6 +28,7 @@ struct MixArgs {
   int64_t D = 0;
   const float* X = nullptr;
   const float* fn = nullptr;   // [rows, hc * D]
+  const float* fs = nullptr;   // fn in stage order (fn_stage_kernel), for the fused kernel
   const float* raw = nullptr;  // [T, rows] fn . x (the GEMM path)
   int64_t rows = 0;            // (2 + hc) * hc for hc_pre, hc for hc_head
   const float* scale = nullptr;
@@ -84,13 +85,18 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt)
 // rows are staged through shared memory 64 elements (8 steps) at a time with cp.async, 3 stages deep:
 // the copies of the next two stages are in flight while the fmas of the current one run, and the
 // stage loads are plain coalesced row segments (the lane split would otherwise make every warp load
-// touch 4 tokens' rows for 32 useful bytes each). In a step every thread of a warp reads the same 8
-// fn values per row (a broadcast) and its tokens' x values from rows 72 floats apart (the 4 groups of
-// a warp hit distinct banks). At the end of a chain a group halves its lane values three times with
+// touch 4 tokens' rows for 32 useful bytes each). The fn rows come from a copy in stage order made
+// once a call (fn_stage_kernel), in which a lane's 8 values of a row are two float4: a thread reads 4
+// steps of a row with one 16-byte load (a broadcast across the warp) and its tokens' x values from
+// rows 72 floats apart (the 4 groups of a warp hit distinct banks); each accumulator still takes its
+// fmas in step order. At the end of a chain a group halves its lane values three times with
 // shuffles (partners l ^ 4, l ^ 2, l ^ 1: each round adds the partner's copy of the outputs it keeps,
 // which is exactly the pairing of the lane combination above), so that lane l ends up holding about
 // 1/8 of the outputs, and adds those chain results to its running sums. After the last chain the
-// results go through shared memory to lanes a < A, which form token a's weights.
+// results go through shared memory to the lanes that form the weights: hc_pre's with hc lanes a
+// token (pre_weights_lanes: lane j forms row j of the Sinkhorn, whose column steps move the columns
+// across the lanes, so the serial divisions of a token's Sinkhorn are one row's, not hc rows'), hc_head's
+// by lane a < A for token a. The weights' code is the CPU's (kernels/detail/mhc.h) with hc a constant.
 constexpr int kChunk = 64, kChunkSteps = kChunk / 8;  // elements (steps) of a stage
 constexpr int kStages = 3;
 constexpr int kXStride = kChunk + 8;  // shared row of a token: groups of a warp 8 banks apart
@@ -144,12 +150,103 @@ __device__ __forceinline__ void halve(float (&v)[NV], int lane) {
   }
 }
 
-// Whether NR fn rows can be hc_pre's, (2 + hc) * hc (else only hc_head's: the kernel then has no
-// hc_pre code).
-constexpr bool pre_rows(int NR) {
+// The hc whose hc_pre has NR = (2 + hc) * hc fn rows, or 0 where NR rows can only be hc_head's (the
+// kernel then has no hc_pre code).
+constexpr int pre_hc(int NR) {
   for (int hc = 1; (2 + hc) * hc <= NR; ++hc)
-    if ((2 + hc) * hc == NR) return true;
-  return false;
+    if ((2 + hc) * hc == NR) return hc;
+  return 0;
+}
+
+// The fn rows in stage order (fn_stage_kernel): stage c of row r is 64 floats in which lane l's 8
+// steps lie as two float4, steps 0-3 and 4-7, at float4 index 2l + (h ^ bit 2 of l) for half h. A
+// thread then reads 4 steps of a row with one 16-byte load, and the 8 lanes of a group (a quarter
+// warp) hit 32 distinct banks. Elements past n are zeros (never used: lanes past n skip their steps).
+__host__ __device__ constexpr int fn_stage_pos(int lane, int u) {
+  return 4 * (2 * lane + ((u >> 2) ^ ((lane >> 2) & 1))) + (u & 3);
+}
+
+// fs[(c * NR + r) * kChunk + fn_stage_pos(l, u)] = fn[r, c * kChunk + 8u + l], one thread an element.
+__global__ void __launch_bounds__(kThreads)
+    fn_stage_kernel(const float* fn, int64_t rows, int64_t n, int64_t nchunks, float* fs) {
+  const int64_t total = nchunks * rows * kChunk;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t cr = e / kChunk, c = cr / rows, r = cr - c * rows;
+    const int p = int(e - cr * kChunk), q = p / 4;  // fn_stage_pos inverted
+    const int lane = q / 2, u = 4 * ((q & 1) ^ ((lane >> 2) & 1)) + p % 4;
+    const int64_t k = c * kChunk + 8 * u + lane;
+    fs[e] = k < n ? fn[r * n + k] : 0.0f;
+  }
+}
+
+// Lane j of a token's hc lanes holds row j of its comb matrix; afterwards it holds column j (row i in
+// v[i]) and the column steps are row steps. All 32 threads of the warp call it; `src0` is the warp
+// lane of the token's lane 0 (a lane outside any token passes its own lane and j = 0).
+template <int HC>
+__device__ __forceinline__ void transpose_lanes(float (&v)[HC], int j, int src0) {
+  float w[HC];
+#pragma unroll
+  for (int r = 0; r < HC; ++r) {
+    const int give = (j - r + HC) % HC, from = (j + r) % HC;  // lane j + r receives our entry j + r
+    float send = v[0];
+#pragma unroll
+    for (int q = 1; q < HC; ++q) send = q == give ? v[q] : send;
+    const float got = __shfl_sync(0xffffffffu, send, src0 + from);
+#pragma unroll
+    for (int q = 0; q < HC; ++q)
+      if (q == from) w[q] = got;
+  }
+#pragma unroll
+  for (int q = 0; q < HC; ++q) v[q] = w[q];
+}
+
+// hc_pre's weights of the tokens whose fn products lie in res (token a of the group at res +
+// a * (rows + 1), the sum of squares last), HC lanes a token: lane j forms pre_j, post_j and comb row
+// j with common::'s functions, and the Sinkhorn's column steps run on columns moved across the lanes
+// (transpose_lanes), so a token's Sinkhorn takes one row's latency instead of hc. The values are
+// common::hc_pre_weights's: the same operations on the same operands in the same order. A group's
+// 8 lanes take 8 / HC tokens at a time; all 32 threads of the warp call it.
+template <int HC, int A>
+__device__ void pre_weights_lanes(const MixArgs& a, const float* res, int64_t t0, int G, int grp, int lane,
+                                  int64_t n, float* wt) {
+  constexpr int NR = (2 + HC) * HC, PER = 8 / HC;  // tokens a round
+  const int sub = lane / HC;                       // the lane's token of the round (PER: none)
+  const int j = sub < PER ? lane % HC : 0;
+  const int src0 = (threadIdx.x & 31) - (sub < PER ? j : 0);
+#pragma unroll 1
+  for (int a0 = 0; a0 < A; a0 += PER) {
+    const int tok = a0 + sub;
+    const bool live = sub < PER && tok < A && t0 + int64_t(tok) * G + grp < a.T;
+    const float* raw = res + (live ? tok : 0) * (NR + 1);
+    const float rho = common::rms_scale(raw[NR], n, a.rms_eps);
+    float v[HC];
+#pragma unroll
+    for (int k = 0; k < HC; ++k)
+      v[k] = common::hc_pre_logit(raw, rho, HC, a.scale, a.base, 2 * HC + j * HC + k);
+    const float eps = a.hc_eps;
+    common::sinkhorn_steps(
+        a.sinkhorn_iters,
+        [&] {
+          common::line_softmax(v, v, HC, 1);
+#pragma unroll
+          for (int k = 0; k < HC; ++k) v[k] = v[k] + eps;
+        },
+        [&] { common::line_normalize(v, v, HC, 1, eps); },
+        [&] {
+          transpose_lanes<HC>(v, j, src0);
+          common::line_normalize(v, v, HC, 1, eps);
+          transpose_lanes<HC>(v, j, src0);
+        });
+    if (live) {
+      const int64_t t = t0 + int64_t(tok) * G + grp;
+      wt[t * HC + j] = common::hc_pre_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, j), eps);
+      a.post[t * HC + j] =
+          common::hc_post_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, HC + j));
+#pragma unroll
+      for (int k = 0; k < HC; ++k) a.comb[t * HC * HC + j * HC + k] = v[k];
+    }
+  }
 }
 
 template <int NR, int A>
@@ -175,6 +272,7 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
   constexpr int G = NT / 8, TOK = G * A;  // groups, tokens of a block
   constexpr int FSZ = NR * kChunk, STAGE = fused_stage_floats<NR, A, NT>();
   static_assert(NT % 32 == 0 && STAGE % 4 == 0 && TOK * S::NO / A <= kStages * STAGE, "shared layout");
+  static_assert(TOK * 16 % NT == 0 && TOK * 16 / NT < 32, "vec copies: whole rounds, one bit each");
   extern __shared__ float4 fused_smem4[];
   float* const smem = reinterpret_cast<float*>(fused_smem4);
   const int tid = threadIdx.x, lane = tid & 7, grp = tid >> 3;
@@ -182,34 +280,50 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
   // Steps per chain: the block's, or "never" for a single chain (the last step always ends a chain).
   const int64_t chain_steps = (a.order.block > 0 && n > a.order.block) ? a.order.block / 8 : INT64_MAX;
+  // The 16-byte copies: fn's stage is NR * 16 float4 in a row of a.fs; of the tokens, a thread copies
+  // column kq of rows tid / 16 + i * (NT / 16) (vec).
+  constexpr int kVecF = (NR * 16 + NT - 1) / NT, kVecX = TOK * 16 / NT;
+  const int kq = 4 * (tid % 16);
+  const int64_t x_step = (NT / 16) * n;
 
   for (int64_t t0 = int64_t(blockIdx.x) * TOK; t0 < a.T; t0 += int64_t(gridDim.x) * TOK) {
     // Stage c: fn [NR][kChunk] then the block's tokens [TOK][kXStride], elements c * kChunk + k; zeros
-    // past n and for tokens past T.
-    auto issue = [&](int64_t c) {
-      float* st = smem + (c % kStages) * STAGE;
+    // past n and for tokens past T. With vec, thread tid copies the 4 floats at column kq of the fn
+    // rows and token rows tid / 16 + i * (NT / 16): the row offsets are formed here once, and a stage
+    // adds only its k0.
+    const int64_t tok_row = t0 + tid / 16;  // the thread's first token row
+    unsigned x_ok = 0;                      // bit i: token row tok_row + i * (NT / 16) exists
+#pragma unroll
+    for (int i = 0; i < kVecX; ++i)
+      if (tok_row + i * (NT / 16) < a.T) x_ok |= 1u << i;
+    const float* const x_src = a.X + (x_ok & 1u ? tok_row : 0) * n + kq;  // row 0 when the first is past T
+    const bool all_x = x_ok == (1u << kVecX) - 1u;                        // uniform over most blocks
+    auto issue = [&](int64_t c, float* st) {
       const int64_t k0 = c * kChunk;
-      if (vec) {
+      const float* fsc = a.fs + c * FSZ;
 #pragma unroll
-        for (int e = tid; e < NR * (kChunk / 4); e += NT) {
-          const int r = e / (kChunk / 4), k = 4 * (e % (kChunk / 4));
-          const bool ok = k0 + k < n;
-          copy_async16(st + r * kChunk + k, ok ? a.fn + r * n + k0 + k : a.fn, ok);
+      for (int i = 0; i < kVecF; ++i) {
+        const int e = tid + i * NT;
+        if (kVecF * NT > NR * 16 && e >= NR * 16) break;  // NR * 16 not a multiple of NT: the last round
+        copy_async16(st + 4 * e, fsc + 4 * e, true);
+      }
+      if (vec && all_x && k0 + kChunk <= n) {  // the usual stage: one pointer walks down the rows
+        const float* src = x_src + k0;
+        float* dst = st + FSZ + (tid / 16) * kXStride + kq;
+#pragma unroll
+        for (int i = 0; i < kVecX; ++i) {
+          copy_async16(dst + i * (NT / 16) * kXStride, src, true);
+          src += x_step;
         }
+      } else if (vec) {
+        const bool kin = k0 + kq < n;
 #pragma unroll
-        for (int e = tid; e < TOK * (kChunk / 4); e += NT) {
-          const int tk = e / (kChunk / 4), k = 4 * (e % (kChunk / 4));
-          const int64_t t = t0 + tk;
-          const bool ok = t < a.T && k0 + k < n;
-          copy_async16(st + FSZ + tk * kXStride + k, ok ? a.X + t * n + k0 + k : a.X, ok);
+        for (int i = 0; i < kVecX; ++i) {
+          const bool ok = kin && ((x_ok >> i) & 1u);
+          copy_async16(st + FSZ + (tid / 16 + i * (NT / 16)) * kXStride + kq,
+                       ok ? x_src + i * x_step + k0 : a.X, ok);
         }
       } else {
-#pragma unroll 4
-        for (int e = tid; e < FSZ; e += NT) {
-          const int r = e / kChunk, k = e % kChunk;
-          const bool ok = k0 + k < n;
-          copy_async4(st + r * kChunk + k, ok ? a.fn + r * n + k0 + k : a.fn, ok);
-        }
 #pragma unroll 4
         for (int e = tid; e < TOK * kChunk; e += NT) {
           const int tk = e / kChunk, k = e % kChunk;
@@ -229,8 +343,37 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
     bool started = false;  // a finished chain has been added to sum
     int64_t pos = 0;       // steps of the current chain done
 
-    // The step at chunk offset 8u: fn from `f` (lane's column of row 0), x from `x` (lane's column
-    // of this group's first token).
+    // Steps 4h .. 4h + 3 of a stage (st): each row's 4 fn values in one 16-byte load, x from `x`
+    // (lane's column of this group's first token at step 0). Every accumulator takes its 4 fmas in
+    // step order, as in `step`.
+    auto step4 = [&](const float* st, const float* x, int h) {
+      float xv[4][A];
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int t = 0; t < A; ++t) xv[s][t] = x[t * G * kXStride + 8 * (4 * h + s)];
+      const float* f = st + fn_stage_pos(lane, 4 * h);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const float4 fv = *reinterpret_cast<const float4*>(f + r * kChunk);
+#pragma unroll
+        for (int t = 0; t < A; ++t) {
+          float& c = acc[t * (NR + 1) + r];
+          c = __fmaf_rn(xv[0][t], fv.x, c);
+          c = __fmaf_rn(xv[1][t], fv.y, c);
+          c = __fmaf_rn(xv[2][t], fv.z, c);
+          c = __fmaf_rn(xv[3][t], fv.w, c);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < A; ++t) {
+        float& c = acc[t * (NR + 1) + NR];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) c = __fmaf_rn(xv[s][t], xv[s][t], c);
+      }
+    };
+    // One step: fn from `f` (lane's value of row 0 at this step), x from `x` (lane's column of this
+    // group's first token at this step).
     auto step = [&](const float* f, const float* x) {
       float xv[A];
 #pragma unroll
@@ -260,29 +403,31 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
 
 #pragma unroll
     for (int c = 0; c < kStages - 1; ++c) {
-      if (c < nchunks) issue(c);
+      if (c < nchunks) issue(c, smem + c * STAGE);
       copy_commit();
     }
+    int cur = 0;  // the stage buffer of chunk c; chunk c + kStages - 1 goes into the one before it
     for (int64_t c = 0; c < nchunks; ++c) {
       copy_wait<kStages - 2>();  // this thread's copies of stage c are done
       __syncthreads();           // everyone's, and everyone is done with stage c - 1
-      if (c + kStages - 1 < nchunks) issue(c + kStages - 1);  // into the buffer of stage c - 1
+      const int prev = cur == 0 ? kStages - 1 : cur - 1;
+      if (c + kStages - 1 < nchunks) issue(c + kStages - 1, smem + prev * STAGE);
       copy_commit();
-      const float* st = smem + (c % kStages) * STAGE;
-      const float* f = st + lane;
+      const float* st = smem + cur * STAGE;
+      cur = cur == kStages - 1 ? 0 : cur + 1;
       const float* x = st + FSZ + grp * kXStride + lane;
       const int64_t k0 = c * kChunk;
       // Uniform over the block: every thread walks the same steps.
       if (k0 + kChunk <= n && pos + kChunkSteps <= chain_steps) {
         // The whole stage lies inside n and inside one chain (which may end with the stage).
-#pragma unroll
-        for (int u = 0; u < kChunkSteps; ++u) step(f + 8 * u, x + 8 * u);
+        step4(st, x, 0);
+        step4(st, x, 1);
         pos += kChunkSteps;
         if (pos == chain_steps || k0 + kChunk == n) end_chain();
       } else {
 #pragma unroll 1
         for (int u = 0; u < kChunkSteps && k0 + 8 * u < n; ++u) {
-          if (k0 + 8 * u + lane < n) step(f + 8 * u, x + 8 * u);  // lanes past n skip the step
+          if (k0 + 8 * u + lane < n) step(st + fn_stage_pos(lane, u), x + 8 * u);  // lanes past n skip it
           ++pos;
           if (pos == chain_steps || k0 + 8 * u + 8 >= n) end_chain();
         }
@@ -301,20 +446,19 @@ __global__ void __launch_bounds__(NT, 1) fused_weights_kernel(MixArgs a, float* 
       if (i2 < S::H2 && i1 < S::H1 && o < S::NO) res[o] = sum[j];
     }
     __syncwarp();
+    if constexpr (pre_hc(NR) > 0) {
+      if (!a.head) {  // uniform: the whole warp takes hc_pre's lanes path
+        pre_weights_lanes<pre_hc(NR), A>(a, res, t0, G, grp, lane, n, wt);
+        __syncthreads();  // res is read before the next tokens' stages overwrite it
+        continue;
+      }
+    }
     if (lane < A) {
       const int64_t t = t0 + int64_t(lane) * G + grp;
       if (t < a.T) {
         const float* raw = res + lane * (NR + 1);
         const float rho = common::rms_scale(raw[NR], n, a.rms_eps);
-        const int hc = a.hc;
-        if constexpr (pre_rows(NR)) {
-          if (!a.head) {
-            float av[NR];
-            common::hc_pre_weights(raw, rho, hc, a.scale, a.base, a.hc_eps, a.sinkhorn_iters, av, wt + t * hc,
-                                   a.post + t * hc, a.comb + t * hc * hc);
-          }
-        }
-        if (a.head) common::hc_head_weights(raw, rho, hc, a.scale, a.base, a.hc_eps, wt + t * hc);
+        common::hc_head_weights(raw, rho, NR, a.scale, a.base, a.hc_eps, wt + t * NR);  // hc_head: NR = hc
       }
     }
     __syncthreads();  // res is read before the next tokens' stages overwrite it
@@ -347,6 +491,10 @@ void launch_fused(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
 template <int NR>
 bool launch_fused_rows(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
   const int64_t sms = sm_count();
+  if (a.T >= 60 * sms && fused_smem_bytes<NR, 4, 128>() <= smem_optin()) {
+    launch_fused<NR, 4, 128>(a, wt, vec, stream);
+    return true;
+  }
   if (a.T >= 16 * sms && fused_smem_bytes<NR, 2, 128>() <= smem_optin()) {
     launch_fused<NR, 2, 128>(a, wt, vec, stream);
     return true;
@@ -364,11 +512,19 @@ bool launch_fused_rows(const MixArgs& a, float* wt, bool vec, cudaStream_t strea
 
 // Runs the fused kernel when it has an instance for a.rows and the order is an exact one; false
 // otherwise.
-bool try_fused(const MixArgs& a, float* wt, cudaStream_t stream) {
+bool try_fused(MixArgs a, float* wt, cudaStream_t stream) {
   if (a.order.tensor_core) return false;
   const int64_t n = int64_t(a.hc) * a.D;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = n % 4 == 0 && aligned(a.X) && aligned(a.fn);
+  const bool vec = n % 4 == 0 && aligned(a.X);
+  if (a.rows != 1 && a.rows != 2 && a.rows != 3 && a.rows != 4 && a.rows != 8 && a.rows != 15 && a.rows != 24)
+    return false;  // the instances of the switch below
+  const int64_t nchunks = (n + kChunk - 1) / kChunk, staged = nchunks * a.rows * kChunk;
+  detail::Scratch<float> fs(staged, stream);
+  fn_stage_kernel<<<detail::grid_for(staged, kThreads), kThreads, 0, stream>>>(a.fn, a.rows, n, nchunks,
+                                                                               fs.get());
+  DSV4_LAUNCH_CHECK();
+  a.fs = fs.get();
   switch (a.rows) {
     case 1: return launch_fused_rows<1>(a, wt, vec, stream);
     case 2: return launch_fused_rows<2>(a, wt, vec, stream);

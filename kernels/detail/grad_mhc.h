@@ -41,41 +41,29 @@ DSV4_HD int64_t sinkhorn_saved_floats(int hc, int iters) {
 // Each value is formed by the forward's operations, so slot 2 * iters is bitwise common::sinkhorn.
 DSV4_HD void sinkhorn_forward_saved(const float* c0, int hc, int iters, float eps, float* saved) {
   const int hh = hc * hc;
-  float* p = saved;
-  float* c1 = saved + hh;
-  for (int j = 0; j < hc; ++j) {
-    const float* r = c0 + j * hc;
-    float mx = r[0];
-    for (int k = 1; k < hc; ++k) mx = (mx < r[k]) ? r[k] : mx;
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      p[j * hc + k] = num::exp_f(r[k] - mx);
-      s += p[j * hc + k];
-    }
-    for (int k = 0; k < hc; ++k) {
-      p[j * hc + k] = p[j * hc + k] / s;
-      c1[j * hc + k] = p[j * hc + k] + eps;
-    }
-  }
-  for (int st = 1; st < 2 * iters; ++st) {
-    const float* in = saved + int64_t(st) * hh;
-    float* out = saved + int64_t(st + 1) * hh;
-    if (st % 2 == 1) {  // column normalisation: sum over the source index j
-      for (int k = 0; k < hc; ++k) {
-        float s = 0.0f;
-        for (int j = 0; j < hc; ++j) s += in[j * hc + k];
-        const float d = s + eps;
-        for (int j = 0; j < hc; ++j) out[j * hc + k] = in[j * hc + k] / d;
-      }
-    } else {  // row normalisation: sum over the destination index k
-      for (int j = 0; j < hc; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += in[j * hc + k];
-        const float d = s + eps;
-        for (int k = 0; k < hc; ++k) out[j * hc + k] = in[j * hc + k] / d;
-      }
-    }
-  }
+  int st = 1;  // the next normalisation step: reads slot st, writes slot st + 1
+  sinkhorn_steps(
+      iters,
+      [&] {
+        float* p = saved;
+        float* c1 = saved + hh;
+        for (int j = 0; j < hc; ++j) {
+          line_softmax(c0 + j * hc, p + j * hc, hc, 1);
+          for (int k = 0; k < hc; ++k) c1[j * hc + k] = p[j * hc + k] + eps;
+        }
+      },
+      [&] {  // row normalisation: sum over the destination index k
+        const float* in = saved + int64_t(st) * hh;
+        float* out = saved + int64_t(st + 1) * hh;
+        for (int j = 0; j < hc; ++j) line_normalize(in + j * hc, out + j * hc, hc, 1, eps);
+        ++st;
+      },
+      [&] {  // column normalisation: sum over the source index j
+        const float* in = saved + int64_t(st) * hh;
+        float* out = saved + int64_t(st + 1) * hh;
+        for (int k = 0; k < hc; ++k) line_normalize(in + k, out + k, hc, hc, eps);
+        ++st;
+      });
 }
 
 // Backward of sinkhorn_forward_saved: dc holds dcomb on entry and dC0 on return. Walks the steps

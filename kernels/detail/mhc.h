@@ -9,56 +9,90 @@
 
 namespace dsv4::common {
 
-// Sinkhorn on one hc x hc matrix in place (the contract of dsv4::sinkhorn): row softmax (row max
-// kept as mx < r[k] ? r[k] : mx, exp_f of the differences, each divided by the sequential row sum)
-// + eps; a column normalisation; then iters - 1 times a row and a column normalisation. A
-// normalisation divides every entry by (sequential sum of its row or column) + eps.
-DSV4_HD void sinkhorn(float* c, int hc, int iters, float eps) {
-  for (int j = 0; j < hc; ++j) {
-    float* r = c + j * hc;
-    float mx = r[0];
-    for (int k = 1; k < hc; ++k) mx = (mx < r[k]) ? r[k] : mx;
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      r[k] = num::exp_f(r[k] - mx);
-      s += r[k];
-    }
-    for (int k = 0; k < hc; ++k) r[k] = r[k] / s + eps;
+// ---- Sinkhorn (the contract of dsv4::sinkhorn) ----------------------------------------------------
+// A line is hc entries v[0], v[s], ..., v[(hc - 1) s] of the matrix (a row: s = 1, a column: s = hc),
+// or of a thread's registers.
+
+// p = the line's softmax: the max kept as mx < v[k] ? v[k] : mx from v[0], exp_f of the differences,
+// each divided by their sequential sum. p may be v.
+DSV4_HD void line_softmax(const float* v, float* p, int hc, int s) {
+  float mx = v[0];
+  for (int k = 1; k < hc; ++k) mx = (mx < v[k * s]) ? v[k * s] : mx;
+  float sum = 0.0f;
+  for (int k = 0; k < hc; ++k) {
+    p[k * s] = num::exp_f(v[k * s] - mx);
+    sum += p[k * s];
   }
+  for (int k = 0; k < hc; ++k) p[k * s] = p[k * s] / sum;
+}
+
+// A normalisation: out = in / ((sequential sum of in) + eps), entry by entry. out may be in.
+DSV4_HD void line_normalize(const float* in, float* out, int hc, int s, float eps) {
+  float sum = 0.0f;
+  for (int k = 0; k < hc; ++k) sum += in[k * s];
+  const float d = sum + eps;
+  for (int k = 0; k < hc; ++k) out[k * s] = in[k * s] / d;
+}
+
+// The order of the Sinkhorn steps: the row softmax, each entry + eps (softmax_rows); a column
+// normalisation; then iters - 1 times a row and a column normalisation. Every Sinkhorn (the CPU's in
+// place, the saved iterates of the backward, the GPU's across lanes) walks this schedule.
+template <class SoftmaxRows, class NormalizeRows, class NormalizeColumns>
+DSV4_HD void sinkhorn_steps(int iters, SoftmaxRows&& softmax_rows, NormalizeRows&& normalize_rows,
+                            NormalizeColumns&& normalize_columns) {
+  softmax_rows();
   for (int it = 0; it < iters; ++it) {
-    if (it > 0) {  // row normalisation (the first row step was the softmax above)
-      for (int j = 0; j < hc; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += c[j * hc + k];
-        const float d = s + eps;
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / d;
-      }
-    }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s += c[j * hc + k];
-      const float d = s + eps;
-      for (int j = 0; j < hc; ++j) c[j * hc + k] = c[j * hc + k] / d;
-    }
+    if (it > 0) normalize_rows();
+    normalize_columns();
   }
 }
 
-// hc_pre's per-token weights from raw[i] = dot(fn_i, x) and rho (rms_scale over the token's hc * D
-// values): a_i = (rho * raw_i) * scale[g(i)] + base_i for the (2 + hc) * hc rows (g = 0, 1, 2 for
-// the pre, post and comb rows); pre_j = sigmoid(a_j) + hc_eps; post_j = 2 sigmoid(a_(hc+j));
-// comb = sinkhorn(a[2hc..]). `a` is scratch for (2 + hc) * hc values.
+// Sinkhorn on one hc x hc matrix in place.
+DSV4_HD void sinkhorn(float* c, int hc, int iters, float eps) {
+  sinkhorn_steps(
+      iters,
+      [&] {
+        for (int j = 0; j < hc; ++j) {
+          float* r = c + j * hc;
+          line_softmax(r, r, hc, 1);
+          for (int k = 0; k < hc; ++k) r[k] = r[k] + eps;
+        }
+      },
+      [&] {
+        for (int j = 0; j < hc; ++j) line_normalize(c + j * hc, c + j * hc, hc, 1, eps);
+      },
+      [&] {
+        for (int k = 0; k < hc; ++k) line_normalize(c + k, c + k, hc, hc, eps);
+      });
+}
+
+// ---- hc_pre's weights ------------------------------------------------------------------------------
+// From raw[i] = dot(fn_i, x) and rho (rms_scale over the token's hc * D values): the logit
+// a_i = (rho * raw_i) * scale[g(i)] + base_i for the (2 + hc) * hc rows (g = 0, 1, 2 for the pre,
+// post and comb rows); pre_j = sigmoid(a_j) + hc_eps; post_j = 2 sigmoid(a_(hc+j));
+// comb = sinkhorn(a[2hc..]).
+DSV4_HD float hc_pre_logit(const float* raw, float rho, int hc, const float* scale, const float* base,
+                           int i) {
+  const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
+  const float mix = rho * raw[i];
+  return mix * scale[g] + base[i];
+}
+DSV4_HD float hc_pre_weight(float a, float hc_eps) {
+  return num::sigmoid_f(a) + hc_eps;
+}
+DSV4_HD float hc_post_weight(float a) {
+  return 2.0f * num::sigmoid_f(a);
+}
+
+// A token's weights. `a` is scratch for (2 + hc) * hc values.
 DSV4_HD void hc_pre_weights(const float* raw, float rho, int hc, const float* scale, const float* base,
                             float hc_eps, int sinkhorn_iters, float* a, float* pre, float* post,
                             float* comb) {
   const int rows = (2 + hc) * hc;
-  for (int i = 0; i < rows; ++i) {
-    const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
-    const float mix = rho * raw[i];
-    a[i] = mix * scale[g] + base[i];
-  }
+  for (int i = 0; i < rows; ++i) a[i] = hc_pre_logit(raw, rho, hc, scale, base, i);
   for (int j = 0; j < hc; ++j) {
-    pre[j] = num::sigmoid_f(a[j]) + hc_eps;
-    post[j] = 2.0f * num::sigmoid_f(a[hc + j]);
+    pre[j] = hc_pre_weight(a[j], hc_eps);
+    post[j] = hc_post_weight(a[hc + j]);
   }
   float* cm = a + 2 * hc;  // normalised in place, then copied out
   sinkhorn(cm, hc, sinkhorn_iters, hc_eps);

@@ -845,11 +845,12 @@ void register_other_cases() {
       hc_case(op, 3, 3, 100, o);
     }
   }
-  // The fused weights kernel (kernels/cuda/mhc.cu: 1, 2, 3, 4, 8, 15 or 24 fn rows) in its three
+  // The fused weights kernel (kernels/cuda/mhc.cu: 1, 2, 3, 4, 8, 15 or 24 fn rows) in its four
   // shapes: A = 1 token a thread in blocks of 32 threads below 8 tokens per multiprocessor, A = 1 in
-  // blocks of 128 from there, A = 2 from 16 (T = 1500 and T = 2700 on a 132-SM H200, with part-filled
-  // last blocks); hc * D a multiple of 64 or not (a partial last
-  // stage and step), of 4 or not (16-byte or 4-byte stage copies), D a multiple of 4 or not (the
+  // blocks of 128 from there, A = 2 from 16, A = 4 from 60 (T = 1500, 2700 and 8010 on a 132-SM H200,
+  // with part-filled last blocks, whose stage copies take the checked path); hc_pre's weights by hc
+  // lanes a token for hc = 1 to 4 (3: two lanes of each group idle); hc * D a multiple of 64 or not (a
+  // partial last stage and step), of 4 or not (16-byte or 4-byte stage copies), D a multiple of 4 or not (the
   // float4 mix or the scalar one); T = 1; blocked orders whose chains end inside a stage (8, 24) or
   // span stages (128). hc_pre with hc = 5 and hc_head with hc = 6 take the GEMM path.
   for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
@@ -865,6 +866,8 @@ void register_other_cases() {
       hc_case(op, 1500, 4, 260, o);
       hc_case(op, 1123, 2, 33, o);
       hc_case(op, 11, 5, 48, o);
+      hc_case(op, 8010, 4, 130, o);
+      hc_case(op, 8010, 3, 64, o);
     }
     hc_case("hc_head", 70, 8, 40, o);
     hc_case("hc_head", 2700, 8, 36, o);
@@ -874,6 +877,7 @@ void register_other_cases() {
     hc_case("hc_pre", 2700, 4, 130, o);
     hc_case("hc_pre", 1500, 4, 130, o);
     hc_case("hc_pre", 7, 4, 67, o);
+    hc_case("hc_pre", 8010, 4, 130, o);
     hc_case("hc_head", 2700, 4, 130, o);
     hc_case("hc_head", 5, 3, 41, o);
   }
