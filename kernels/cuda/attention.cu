@@ -317,9 +317,13 @@ static_assert(2 * VS * kMaxDh <= kStageFloats, "the P.V stages fit in the score 
 static_assert(lanes::NT == kThreads, "the block helpers above count kThreads threads");
 }  // namespace heads
 
-// The scores of a block in shared memory: [slot][HT], a whole number of score tiles.
+// A block's shared memory: the stages (kStageFloats), the scores [slot][HT] of a whole number of score
+// tiles (heads_score_floats), then the K valid slots. One rule for the host's size and the kernel's pointers.
+__host__ __device__ constexpr int64_t heads_score_floats(int64_t K) {
+  return (K + heads::SB - 1) / heads::SB * heads::SB * heads::HT;
+}
 size_t heads_smem(const SparseAttnParams& p) {
-  return sizeof(float) * size_t(heads::kStageFloats + ceil_div(p.K, heads::SB) * heads::SB * heads::HT) +
+  return sizeof(float) * size_t(heads::kStageFloats + heads_score_floats(p.K)) +
          sizeof(int32_t) * size_t(p.K);
 }
 
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(lanes::NT, 1)
   auto Xs = reinterpret_cast<float(*)[KS][SX]>(stage);         // [2][KS][SX]: kv rows of a score tile
   auto Ws = reinterpret_cast<float(*)[KS][SW]>(&Xs[2][0][0]);  // [2][KS][SW]: q rows of the heads
   float* const zs = stage + heads::kStageFloats;               // [slot][HT]: z, then e, then P
-  int32_t* const slots = reinterpret_cast<int32_t*>(zs + (p.K + SB - 1) / SB * SB * HT);  // [K] valid kv rows
+  int32_t* const slots = reinterpret_cast<int32_t*>(zs + heads_score_floats(p.K));  // [K] valid kv rows
   __shared__ int red[32];
   __shared__ float Ms[HT], Zs[HT];
   const int tid = threadIdx.x, l = tid & 7, u = tid & 31, warp = tid >> 5;
