@@ -19,11 +19,6 @@ constexpr int kMhcMaxHc = 16;                             // as the CUDA forward
 constexpr int kMhcMaxRows = (2 + kMhcMaxHc) * kMhcMaxHc;  // mixer rows of hc_pre
 constexpr int kMhcChunk = 64;                             // columns per mhc_*_range call
 
-// The scale group of mixer row i: hc_pre: 0 (pre), 1 (post), 2 (comb); hc_head: always 0.
-DSV4_HD int mhc_group(int i, int hc, bool head) {
-  return head ? 0 : (i < hc ? 0 : (i < 2 * hc ? 1 : 2));
-}
-
 // ---- Sinkhorn with saved iterates and its backward ----------------------------------------------
 
 // Floats of the saved iterates of one hc x hc Sinkhorn: 2 * iters + 1 matrices.

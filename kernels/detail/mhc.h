@@ -71,11 +71,15 @@ DSV4_HD void sinkhorn(float* c, int hc, int iters, float eps) {
 // a_i = (rho * raw_i) * scale[g(i)] + base_i for the (2 + hc) * hc rows (g = 0, 1, 2 for the pre,
 // post and comb rows); pre_j = sigmoid(a_j) + hc_eps; post_j = 2 sigmoid(a_(hc+j));
 // comb = sinkhorn(a[2hc..]).
+
+// The scale group of mixer row i: hc_pre: 0 (pre), 1 (post), 2 (comb); hc_head: always 0.
+DSV4_HD int mhc_group(int i, int hc, bool head) {
+  return head ? 0 : (i < hc ? 0 : (i < 2 * hc ? 1 : 2));
+}
 DSV4_HD float hc_pre_logit(const float* raw, float rho, int hc, const float* scale, const float* base,
                            int i) {
-  const int g = i < hc ? 0 : (i < 2 * hc ? 1 : 2);
   const float mix = rho * raw[i];
-  return mix * scale[g] + base[i];
+  return mix * scale[mhc_group(i, hc, false)] + base[i];
 }
 DSV4_HD float hc_pre_weight(float a, float hc_eps) {
   return num::sigmoid_f(a) + hc_eps;
