@@ -483,10 +483,14 @@ void launch_fused(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
 }
 
 // The kernel's time is mostly one block's walk over the token's hc * D values, so the split favours
-// more, lighter blocks. Measured on the H200 (hc_pre, Flash shape, ms at T = 8192 / 4096 / 2048):
-// A = 4 with 128 threads 0.61 / 0.53 / 0.50, A = 2 0.60 / 0.40 / 0.37, A = 1 0.90 / 0.49 / 0.35,
-// A = 1 with 32 threads 1.22 / 0.60 / 0.51. Hence A = 2 from T = 16 x SMs, A = 1 (16 tokens a block)
-// from 8 x SMs, and A = 1 with 32 threads (4 tokens a block) below. Every split gives the same bits.
+// more, lighter blocks. Measured on the H200 (hc_pre, Flash shape, ms at T = 8192 / 4096 / 2048, before
+// the stage-order fn and the lanes' Sinkhorn): A = 4 with 128 threads 0.61 / 0.53 / 0.50, A = 2 0.60 /
+// 0.40 / 0.37, A = 1 0.90 / 0.49 / 0.35, A = 1 with 32 threads 1.22 / 0.60 / 0.51. Hence A = 2 from
+// T = 16 x SMs, A = 1 (16 tokens a block) from 8 x SMs, and A = 1 with 32 threads (4 tokens a block)
+// below. Since those two changes (hc_pre with the mix, docs/GPU_RESULTS.md "hc_pre"): at T = 8192 A = 4
+// takes 0.43 ms and A = 2 0.45-0.47; at T = 4096 (mid) A = 2 0.085 and A = 4 0.12. Hence A = 4 from
+// T = 60 x SMs, where its blocks of 64 tokens fill at least 94% of the SMs. Every split gives the same
+// bits.
 // False when the device lacks the shared memory (the caller then takes the GEMM path).
 template <int NR>
 bool launch_fused_rows(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
