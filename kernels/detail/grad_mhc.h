@@ -102,7 +102,7 @@ DSV4_HD void mhc_logits(const float* raw, float rho, int rows, int hc, bool head
                         const float* base, float* m, float* a) {
   for (int i = 0; i < rows; ++i) {
     m[i] = rho * raw[i];
-    a[i] = m[i] * scale[mhc_group(i, hc, head)] + base[i];
+    a[i] = mhc_logit(m[i], i, hc, head, scale, base);
   }
 }
 

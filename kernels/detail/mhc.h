@@ -76,10 +76,14 @@ DSV4_HD void sinkhorn(float* c, int hc, int iters, float eps) {
 DSV4_HD int mhc_group(int i, int hc, bool head) {
   return head ? 0 : (i < hc ? 0 : (i < 2 * hc ? 1 : 2));
 }
+// The logit of mixer row i from its mix m_i = rho * raw_i: m_i * scale[group] + base_i (hc_pre's and
+// hc_head's, forward and backward).
+DSV4_HD float mhc_logit(float mix, int i, int hc, bool head, const float* scale, const float* base) {
+  return mix * scale[mhc_group(i, hc, head)] + base[i];
+}
 DSV4_HD float hc_pre_logit(const float* raw, float rho, int hc, const float* scale, const float* base,
                            int i) {
-  const float mix = rho * raw[i];
-  return mix * scale[mhc_group(i, hc, false)] + base[i];
+  return mhc_logit(rho * raw[i], i, hc, false, scale, base);
 }
 DSV4_HD float hc_pre_weight(float a, float hc_eps) {
   return num::sigmoid_f(a) + hc_eps;
@@ -106,10 +110,8 @@ DSV4_HD void hc_pre_weights(const float* raw, float rho, int hc, const float* sc
 // hc_head's weights: w_j = sigmoid((rho * raw_j) * scale[0] + base_j) + hc_eps.
 DSV4_HD void hc_head_weights(const float* raw, float rho, int hc, const float* scale, const float* base,
                              float hc_eps, float* w) {
-  for (int j = 0; j < hc; ++j) {
-    const float mix = rho * raw[j];
-    w[j] = num::sigmoid_f(mix * scale[0] + base[j]) + hc_eps;
-  }
+  for (int j = 0; j < hc; ++j)
+    w[j] = num::sigmoid_f(mhc_logit(rho * raw[j], j, hc, true, scale, base)) + hc_eps;
 }
 
 // bf16(sum_j wt[j] * X[j, d]) for the hc streams X [hc, D] of one token, as an fma chain over j from 0.
