@@ -167,15 +167,13 @@ __host__ __device__ constexpr int fn_stage_pos(int lane, int u) {
 }
 
 // fs[(c * NR + r) * kChunk + fn_stage_pos(l, u)] = fn[r, c * kChunk + 8u + l], one thread an element.
-__global__ void __launch_bounds__(kThreads)
-    fn_stage_kernel(const float* fn, int64_t rows, int64_t n, int64_t nchunks, float* fs) {
-  const int64_t total = nchunks * rows * kChunk;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t cr = e / kChunk, c = cr / rows, r = cr - c * rows;
-    const int p = int(e - cr * kChunk), q = p / 4;  // fn_stage_pos inverted
+// `total` = nchunks * rows * kChunk elements, which the host keeps within an int (so are fn's rows * n).
+__global__ void __launch_bounds__(kThreads) fn_stage_kernel(const float* fn, int rows, int n, int total, float* fs) {
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+    const int cr = e / kChunk, c = cr / rows, r = cr - c * rows;
+    const int p = e - cr * kChunk, q = p / 4;  // fn_stage_pos inverted
     const int lane = q / 2, u = 4 * ((q & 1) ^ ((lane >> 2) & 1)) + p % 4;
-    const int64_t k = c * kChunk + 8 * u + lane;
+    const int k = c * kChunk + 8 * u + lane;
     fs[e] = k < n ? fn[r * n + k] : 0.0f;
   }
 }
@@ -472,8 +470,14 @@ int smem_optin() {
   return detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
+// Stages fn in stage order (fn_stage_kernel) and launches the instance.
 template <int NR, int A, int NT>
-void launch_fused(const MixArgs& a, float* wt, bool vec, cudaStream_t stream) {
+void launch_fused(MixArgs a, float* wt, bool vec, cudaStream_t stream) {
+  const int n = a.hc * int(a.D), total = int((n + kChunk - 1) / kChunk * NR * kChunk);  // try_fused's bound
+  detail::Scratch<float> fs(total, stream);
+  fn_stage_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(a.fn, NR, n, total, fs.get());
+  DSV4_LAUNCH_CHECK();
+  a.fs = fs.get();
   constexpr int smem = fused_smem_bytes<NR, A, NT>();
   auto kernel = fused_weights_kernel<NR, A, NT>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -516,19 +520,13 @@ bool launch_fused_rows(const MixArgs& a, float* wt, bool vec, cudaStream_t strea
 
 // Runs the fused kernel when it has an instance for a.rows and the order is an exact one; false
 // otherwise.
-bool try_fused(MixArgs a, float* wt, cudaStream_t stream) {
+bool try_fused(const MixArgs& a, float* wt, cudaStream_t stream) {
   if (a.order.tensor_core) return false;
   const int64_t n = int64_t(a.hc) * a.D;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = n % 4 == 0 && aligned(a.X);
-  if (a.rows != 1 && a.rows != 2 && a.rows != 3 && a.rows != 4 && a.rows != 8 && a.rows != 15 && a.rows != 24)
-    return false;  // the instances of the switch below
-  const int64_t nchunks = (n + kChunk - 1) / kChunk, staged = nchunks * a.rows * kChunk;
-  detail::Scratch<float> fs(staged, stream);
-  fn_stage_kernel<<<detail::grid_for(staged, kThreads), kThreads, 0, stream>>>(a.fn, a.rows, n, nchunks,
-                                                                               fs.get());
-  DSV4_LAUNCH_CHECK();
-  a.fs = fs.get();
+  // fn's stage-order copy has at most 24 rows of n rounded up to kChunk: within an int for any model.
+  if ((n + kChunk) * 24 > INT32_MAX) return false;
   switch (a.rows) {
     case 1: return launch_fused_rows<1>(a, wt, vec, stream);
     case 2: return launch_fused_rows<2>(a, wt, vec, stream);
