@@ -261,8 +261,8 @@ __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, ui
 // The same GEMM on Hopper (sm_90a): the order above, the same k16 steps in increasing k, each one
 // warpgroup wgmma.mma_async.m64nBNk16 from shared memory instead of mma.sync.m16n8k16 per 16 x 8 tile
 // (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Tiles of
-// 128 x BN outputs; one persistent block per SM walks the launch's tiles (problem by problem, n
-// fastest) with a stride of the grid, the stages' use counted across its tiles, so the producer fills
+// 128 x BN outputs; one persistent block per SM walks the launch's tiles (problem by problem, each in
+// the order of band_tile) with a stride of the grid, the stages' use counted across its tiles, so the producer fills
 // the next tile's stages while the consumers store the last one. 384 threads, warp-specialised:
 // warpgroup 0 produces (one thread issues the tensor memory accelerator's copies of a stage, whose
 // barrier `full` completes with their bytes), warpgroups 1 and 2 consume, 64 rows each (wgmma from the
@@ -279,6 +279,18 @@ struct TmaProblem {
   int tile0 = 0;  // the launch's index of the problem's first output tile (problems in order)
 };
 constexpr int kTmaThreads = 384;
+
+// The order in which a launch's blocks take a problem's output tiles: bands of kBand tile rows (128 x
+// rows each), n fastest across a band, the band's rows fastest within one n. The tiles in flight at once
+// (one a multiprocessor) then share kBand x tiles and about SMs / kBand w tiles, and the next ones reuse
+// them from L2: with rows-major order and a w larger than L2 (wq_b: 32768 x 1024), every tile row read
+// all of w from memory again. Which block computes a tile never changes its bits.
+constexpr int kBand = 8;
+__device__ __forceinline__ void band_tile(int local, int mtiles, int ntiles, int& mt, int& nt) {
+  const int band = local / (kBand * ntiles), in_band = local - band * kBand * ntiles;
+  const int rows = min(kBand, mtiles - band * kBand);  // the last band may be partial
+  mt = band * kBand + in_band % rows, nt = in_band / rows;
+}
 using TmaProblems = Batch<TmaProblem, kInlineProblems>;  // tensor maps as parameters: __grid_constant__
 
 template <int BN>
@@ -319,8 +331,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         hi = mid - 1;
     }
     z = lo;
-    const int local = tile - problems[z].tile0;
-    m0 = int64_t(local / ntiles) * kBM, n0 = int64_t(local % ntiles) * BN;
+    const int mtiles = int((problems[z].m + kBM - 1) / kBM);
+    int mt, nt;
+    band_tile(tile - problems[z].tile0, mtiles, ntiles, mt, nt);
+    m0 = int64_t(mt) * kBM, n0 = int64_t(nt) * BN;
   };
 
   if (wg == 0) {  // the producer

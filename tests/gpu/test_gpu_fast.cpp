@@ -181,12 +181,13 @@ TEST_F(FastGemm, EmptyShapes) {
 // On Hopper with sm_90a code, cuda::gemm runs the wgmma kernel; its bytes are the mma.sync kernel's, so
 // a fast trace's bits do not depend on which of the two a build holds. Shapes cover both of its tile
 // widths (n <= 128 and wider), m, n and k tails (k padded to 32 past a whole stage of 64), long k, and
-// inputs over a wide range of magnitudes with signed zeros (the products' alignment inside a step).
+// inputs over a wide range of magnitudes with signed zeros (the products' alignment inside a step), and
+// more than one band of tile rows with a partial last band (the wgmma kernel's tile order).
 TEST_F(FastGemm, WgmmaKernelEqualsMmaSyncKernel) {
   if (!cuda::gemm_tensor_core_uses_wgmma()) GTEST_SKIP() << "this device or build runs the mma.sync kernel only";
   const std::vector<Shape> shapes = {{1, 1, 1},       {3, 7, 15},       {129, 130, 100}, {300, 257, 96},
                                      {200, 128, 4000}, {64, 513, 1000},  {257, 640, 4096}, {1000, 300, 32},
-                                     {130, 1024, 2080}};
+                                     {130, 1024, 2080}, {1300, 300, 64},  {2100, 96, 40}};
   std::mt19937 g(21);
   std::uniform_int_distribution<int> expo(-30, 30);
   for (const Shape& s : shapes) {
