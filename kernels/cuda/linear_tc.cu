@@ -262,14 +262,14 @@ __device__ __forceinline__ void wgmma_steps(float (&acc)[BN / 2], uint32_t a, ui
 // warpgroup wgmma.mma_async.m64nBNk16 from shared memory instead of mma.sync.m16n8k16 per 16 x 8 tile
 // (the same bytes: tests/gpu/test_gpu_fast.cpp FastGemm.WgmmaKernelEqualsMmaSyncKernel). Tiles of
 // 128 x BN outputs; one persistent block per SM walks the launch's tiles (problem by problem, each in
-// the order of band_tile) with a stride of the grid, the stages' use counted across its tiles, so the producer fills
-// the next tile's stages while the consumers store the last one. 384 threads, warp-specialised:
-// warpgroup 0 produces (one thread issues the tensor memory accelerator's copies of a stage, whose
-// barrier `full` completes with their bytes), warpgroups 1 and 2 consume, 64 rows each (wgmma from the
-// stage, then, once it has retired, an arrival of each of their warps on the stage's `empty` barrier,
-// which frees it for the producer). Stages hold 128 x 64 x values and BN x 64 w values, 128B-swizzled
-// by the copy as wgmma reads them (kernels/cuda/wgmma.cuh); rows past m or n and k past kp arrive as
-// zeros.
+// the order of band_tile) with a stride of the grid, the stages' use counted across its tiles, so the
+// producer fills the next tile's stages while the consumers store the last one. 384 threads,
+// warp-specialised: warpgroup 0 produces (one thread issues the tensor memory accelerator's copies of a
+// stage, whose barrier `full` completes with their bytes), warpgroups 1 and 2 consume, 64 rows each (wgmma
+// from the stage, then, once it has retired, an arrival of each of their warps on the stage's `empty`
+// barrier, which frees it for the producer). Stages hold 128 x 64 x values and BN x 64 w values,
+// 128B-swizzled by the copy as wgmma reads them (kernels/cuda/wgmma.cuh); rows past m or n and k past kp
+// arrive as zeros.
 struct TmaProblem {
   CUtensorMap a, b;  // the bf16 copies: a [m, kp], b [n, kp]; boxes 64 x kBM and 64 x BN
   float* y = nullptr;

@@ -168,7 +168,8 @@ __host__ __device__ constexpr int fn_stage_pos(int lane, int u) {
 
 // fs[(c * NR + r) * kChunk + fn_stage_pos(l, u)] = fn[r, c * kChunk + 8u + l], one thread an element.
 // `total` = nchunks * rows * kChunk elements, which the host keeps within an int (so are fn's rows * n).
-__global__ void __launch_bounds__(kThreads) fn_stage_kernel(const float* fn, int rows, int n, int total, float* fs) {
+__global__ void __launch_bounds__(kThreads)
+    fn_stage_kernel(const float* fn, int rows, int n, int total, float* fs) {
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
     const int cr = e / kChunk, c = cr / rows, r = cr - c * rows;
     const int p = e - cr * kChunk, q = p / 4;  // fn_stage_pos inverted

@@ -185,9 +185,9 @@ TEST_F(FastGemm, EmptyShapes) {
 // more than one band of tile rows with a partial last band (the wgmma kernel's tile order).
 TEST_F(FastGemm, WgmmaKernelEqualsMmaSyncKernel) {
   if (!cuda::gemm_tensor_core_uses_wgmma()) GTEST_SKIP() << "this device or build runs the mma.sync kernel only";
-  const std::vector<Shape> shapes = {{1, 1, 1},       {3, 7, 15},       {129, 130, 100}, {300, 257, 96},
-                                     {200, 128, 4000}, {64, 513, 1000},  {257, 640, 4096}, {1000, 300, 32},
-                                     {130, 1024, 2080}, {1300, 300, 64},  {2100, 96, 40}};
+  const std::vector<Shape> shapes = {{1, 1, 1},         {3, 7, 15},      {129, 130, 100},  {300, 257, 96},
+                                     {200, 128, 4000},  {64, 513, 1000}, {257, 640, 4096}, {1000, 300, 32},
+                                     {130, 1024, 2080}, {1300, 300, 64}, {2100, 96, 40}};
   std::mt19937 g(21);
   std::uniform_int_distribution<int> expo(-30, 30);
   for (const Shape& s : shapes) {
