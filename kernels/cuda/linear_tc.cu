@@ -285,12 +285,14 @@ constexpr int kTmaThreads = 384;
 // (one a multiprocessor) then share kBand x tiles and about SMs / kBand w tiles, and the next ones reuse
 // them from L2: with rows-major order and a w larger than L2 (wq_b: 32768 x 1024), every tile row read
 // all of w from memory again. Which block computes a tile never changes its bits.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // as the kernel's body, its only user
 constexpr int kBand = 8;
 __device__ __forceinline__ void band_tile(int local, int mtiles, int ntiles, int& mt, int& nt) {
   const int band = local / (kBand * ntiles), in_band = local - band * kBand * ntiles;
   const int rows = min(kBand, mtiles - band * kBand);  // the last band may be partial
   mt = band * kBand + in_band % rows, nt = in_band / rows;
 }
+#endif
 using TmaProblems = Batch<TmaProblem, kInlineProblems>;  // tensor maps as parameters: __grid_constant__
 
 template <int BN>
