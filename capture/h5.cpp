@@ -438,37 +438,32 @@ std::string read_attr_string(const Object& o, const std::string& name) {
   return s;
 }
 
-int64_t read_attr_int(const Object& o, const std::string& name) {
+namespace {
+// A scalar numeric attribute of class `cls` read as `mem` (HDF5 converts between integer widths and
+// signedness, and between float widths, and fails on values out of range); `kind` names the class.
+template <typename T>
+T read_numeric_attr(const Object& o, const std::string& name, H5T_class_t cls, hid_t mem, const char* kind) {
   ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
-  if (H5Tget_class(type.get()) != H5T_INTEGER) a.fail("expected an integer");
-  int64_t v = 0;
-  check(H5Aread(a.get(), H5T_NATIVE_INT64, &v), a, "cannot read");
+  if (H5Tget_class(type.get()) != cls) a.fail(std::string("expected ") + kind);
+  T v{};
+  check(H5Aread(a.get(), mem, &v), a, "cannot read");
   return v;
+}
+}  // namespace
+
+int64_t read_attr_int(const Object& o, const std::string& name) {
+  return read_numeric_attr<int64_t>(o, name, H5T_INTEGER, H5T_NATIVE_INT64, "an integer");
 }
 
 float read_attr_f32(const Object& o, const std::string& name) {
-  ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
-  Object a = open_attr(o, name);
-  check_scalar_attr(a);
-  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
-  if (H5Tget_class(type.get()) != H5T_FLOAT) a.fail("expected a floating-point value");
-  float v = 0;
-  check(H5Aread(a.get(), H5T_NATIVE_FLOAT, &v), a, "cannot read");
-  return v;
+  return read_numeric_attr<float>(o, name, H5T_FLOAT, H5T_NATIVE_FLOAT, "a floating-point value");
 }
 
 uint64_t read_attr_u64(const Object& o, const std::string& name) {
-  ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
-  Object a = open_attr(o, name);
-  check_scalar_attr(a);
-  Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
-  if (H5Tget_class(type.get()) != H5T_INTEGER) a.fail("expected an integer");
-  uint64_t v = 0;
-  check(H5Aread(a.get(), H5T_NATIVE_UINT64, &v), a, "cannot read");
-  return v;
+  return read_numeric_attr<uint64_t>(o, name, H5T_INTEGER, H5T_NATIVE_UINT64, "an integer");
 }
 
 std::vector<std::string> attr_names(const Object& o) {
