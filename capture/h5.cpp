@@ -20,6 +20,7 @@
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 #include "capture/chunk_codec.h"
 #include "capture/errors.h"
@@ -439,15 +440,17 @@ std::string read_attr_string(const Object& o, const std::string& name) {
 }
 
 namespace {
-// A scalar numeric attribute of class `cls` read as `mem` (HDF5 converts between integer widths and
-// signedness, and between float widths, and fails on values out of range); `kind` names the class.
+// A scalar numeric attribute read as `mem`, the native type of T; its stored class must be an integer
+// for an integral T and a floating-point value otherwise.
 template <typename T>
-T read_numeric_attr(const Object& o, const std::string& name, H5T_class_t cls, hid_t mem, const char* kind) {
+T read_numeric_attr(const Object& o, const std::string& name, hid_t mem) {
+  constexpr bool integral = std::is_integral_v<T>;
   ReadScope scope(o.file, o.path + "@" + name, "reading an attribute");
   Object a = open_attr(o, name);
   check_scalar_attr(a);
   Id type(check(H5Aget_type(a.get()), a, "cannot read the type"));
-  if (H5Tget_class(type.get()) != cls) a.fail(std::string("expected ") + kind);
+  if (H5Tget_class(type.get()) != (integral ? H5T_INTEGER : H5T_FLOAT))
+    a.fail(integral ? "expected an integer" : "expected a floating-point value");
   T v{};
   check(H5Aread(a.get(), mem, &v), a, "cannot read");
   return v;
@@ -455,15 +458,15 @@ T read_numeric_attr(const Object& o, const std::string& name, H5T_class_t cls, h
 }  // namespace
 
 int64_t read_attr_int(const Object& o, const std::string& name) {
-  return read_numeric_attr<int64_t>(o, name, H5T_INTEGER, H5T_NATIVE_INT64, "an integer");
+  return read_numeric_attr<int64_t>(o, name, H5T_NATIVE_INT64);
 }
 
 float read_attr_f32(const Object& o, const std::string& name) {
-  return read_numeric_attr<float>(o, name, H5T_FLOAT, H5T_NATIVE_FLOAT, "a floating-point value");
+  return read_numeric_attr<float>(o, name, H5T_NATIVE_FLOAT);
 }
 
 uint64_t read_attr_u64(const Object& o, const std::string& name) {
-  return read_numeric_attr<uint64_t>(o, name, H5T_INTEGER, H5T_NATIVE_UINT64, "an integer");
+  return read_numeric_attr<uint64_t>(o, name, H5T_NATIVE_UINT64);
 }
 
 std::vector<std::string> attr_names(const Object& o) {
