@@ -22,6 +22,10 @@ struct GemmParams {
   int64_t ldy = 0;  // row stride of y (>= n)
   OutRound round = OutRound::bf16;
   ReduceOrder order{};
+  // The tensor_core order on CUDA only: x already as the bf16 copy that the GEMM would make of it
+  // (cuda::gemm_x_to_bf16: bf16 patterns, rows of cuda::gemm_bf16_row_width(k) values), so that GEMMs
+  // reading the same x share one copy. The bits are those of the GEMM from x; x must still be given.
+  const uint16_t* x16 = nullptr;
 };
 const char* gemm_check(const GemmParams& p);
 void gemm(const GemmParams& p);

@@ -331,8 +331,9 @@ class SequenceForward {
     return c;
   }
 
+  // x16: x's bf16 copy for the tensor_core order when the caller shares one (Backend::gemm_x_copy).
   FBuf linear(const FBuf& x, int64_t rows, int64_t k, const std::string& wname, int64_t n, OutRound round,
-              int layer) {
+              int layer, const uint16_t* x16 = nullptr) {
     FBuf y = be_.floats(rows * n);
     GemmParams g;
     g.m = rows;
@@ -346,6 +347,7 @@ class SequenceForward {
     g.ldy = n;
     g.round = round;
     g.order = P_.reduce.gemm;
+    g.x16 = x16;
     require(gemm_check(g), "gemm", layer);
     be_.gemm(g);
     return y;
@@ -410,11 +412,12 @@ class SequenceForward {
   // A whole sequence keeps no state: the same code with nothing kept. Returns the new groups' rows
   // [groups_after - groups_before, d].
   // keep_kvp / keep_sc (whole sequences only): receive the projections, for the tape.
-  FBuf compress(const FBuf& x, int layer, const std::string& prefix, int64_t d, int ratio, bool hadamard_rot,
-                CacheStream stream, FBuf* keep_kvp = nullptr, FBuf* keep_sc = nullptr) {
+  // x16: x's shared bf16 copy, or nullptr.
+  FBuf compress(const FBuf& x, const uint16_t* x16, int layer, const std::string& prefix, int64_t d, int ratio,
+                bool hadamard_rot, CacheStream stream, FBuf* keep_kvp = nullptr, FBuf* keep_sc = nullptr) {
     const int64_t cw = common::compressor_row_width(ratio, d);
-    FBuf kvp = linear(x, T_, c_.hidden_size, prefix + "wkv.weight", cw, OutRound::f32, layer);
-    FBuf sc = linear(x, T_, c_.hidden_size, prefix + "wgate.weight", cw, OutRound::f32, layer);
+    FBuf kvp = linear(x, T_, c_.hidden_size, prefix + "wkv.weight", cw, OutRound::f32, layer, x16);
+    FBuf sc = linear(x, T_, c_.hidden_size, prefix + "wgate.weight", cw, OutRound::f32, layer, x16);
     int64_t row0 = p0_, rows = T_;
     CompressorState* st = cache_ ? &cache_->compressor_state(layer, stream) : nullptr;
     if (st && st->rows > 0) {  // prepend the kept projections of tokens [st->row0, p0)
@@ -572,7 +575,10 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
 
   // Query path: qr feeds both the main query and the indexer.
   AttentionTape* tp = tape_ ? &tape_->attn[size_t(L)] : nullptr;
-  FBuf qr = linear(x, T_, D, a + "wq_a.weight", ql, OutRound::bf16, L);
+  // The GEMMs that read x (wq_a, wkv, the compressors' wkv and wgate, weights_proj) share one bf16 copy
+  // of it in the tensor_core order, instead of each making the same copy; x does not change here.
+  const backend::Buffer<uint16_t> x16 = be_.gemm_x_copy(x.data(), T_, D, D, P_.reduce.gemm);
+  FBuf qr = linear(x, T_, D, a + "wq_a.weight", ql, OutRound::bf16, L, x16.data());
   if (tp) tp->qa = clone(qr);
   norm_rows(qr, T_, ql, be_.weight(a + "q_norm.weight"), L);
   report(L, "attn.qr", DType::bf16, {T_, ql}, qr.data());
@@ -584,7 +590,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
 
   // Window KV: one shared K=V head. A chunk stores its last W rows in the cache, around the KV site's
   // simulation as quant_around_store orders them.
-  FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L);
+  FBuf kv = linear(x, T_, D, a + "wkv.weight", Dh, OutRound::bf16, L, x16.data());
   if (tp) tp->kv_lin = clone(kv);
   norm_rows(kv, T_, Dh, be_.weight(a + "kv_norm.weight"), L);
   rope_rows(kv, 1, Dh, freq, false, L);
@@ -607,7 +613,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
   // to this chunk: g_before from the cache, then the groups completing in the chunk.
   if (ratio > 0) {
     const int64_t g_before = groups_before(ratio);
-    FBuf fresh = compress(x, L, a + "compressor.", Dh, ratio, false, CacheStream::compressed,
+    FBuf fresh = compress(x, x16.data(), L, a + "compressor.", Dh, ratio, false, CacheStream::compressed,
                           tp ? &tp->kvp : nullptr, tp ? &tp->sc : nullptr);
     const int64_t n = G - g_before;
     quant_around_store(fresh, n, Dh - rd, Dh, kvq, "the compressed KV", L, [&] {
@@ -630,7 +636,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
     report(L, "indexer.q", DType::bf16, {T_, Hi * Di}, qi.data());
     const int64_t g_before = groups_before(4), n = G - g_before;
     const bool keep = tp && tape_->keep_indexer;
-    FBuf kfresh = compress(x, L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys,
+    FBuf kfresh = compress(x, x16.data(), L, ix + "compressor.", Di, 4, true, CacheStream::indexer_keys,
                            keep ? &tp->ikvp : nullptr, keep ? &tp->isc : nullptr);
     quant_around_store(kfresh, n, Di, Di, iq, "the indexer keys", L, [&] {
       if (cache_ && n > 0) cache_->store(L, CacheStream::indexer_keys, g_before, n, kfresh.data());
@@ -643,7 +649,7 @@ FBuf SequenceForward::attention(const FBuf& x, int L) {
       ki = be_.floats(G * Di);
       put_with_history(L, CacheStream::indexer_keys, g_before, kfresh, Di, ki.data());
     }
-    FBuf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L);
+    FBuf wt = linear(x, T_, D, ix + "weights_proj.weight", Hi, OutRound::bf16, L, x16.data());
     const float wscale = float(1.0 / std::sqrt(double(Hi) * double(Di)));
     be_.scale_bf16(wt.data(), wt.size(), wscale);
     report(L, "indexer.weights", DType::f32, {T_, Hi}, wt.data());

@@ -343,6 +343,14 @@ TEST(Gemm, CheckRejectsBadParams) {
   q = p;
   q.m = -1;
   EXPECT_NE(gemm_check(q), nullptr);
+  // A bf16 copy of x is for the tensor_core order only.
+  const std::vector<uint16_t> x16(64);
+  q = p;
+  q.x16 = x16.data();
+  ASSERT_NE(gemm_check(q), nullptr);
+  EXPECT_NE(std::string(gemm_check(q)).find("x16"), std::string::npos) << gemm_check(q);
+  q.order.tensor_core = true;
+  EXPECT_EQ(gemm_check(q), nullptr);
 }
 
 }  // namespace

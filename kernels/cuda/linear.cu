@@ -527,6 +527,7 @@ GemmProblem single_problem(const GemmParams& p) {
   g.y = p.y;
   g.ldy = p.ldy;
   g.m = p.m;
+  g.x16 = reinterpret_cast<const __nv_bfloat16*>(p.x16);
   return g;
 }
 

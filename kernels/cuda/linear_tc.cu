@@ -716,6 +716,21 @@ void forget_bf16_weights(const void* begin, const void* end) {
   }
 }
 
+int64_t gemm_bf16_row_width(int64_t k) {
+  return detail::gemm_bf16_width(k);
+}
+
+void gemm_x_to_bf16(const float* x, int64_t rows, int64_t k, int64_t ldx, uint16_t* out, cudaStream_t stream) {
+  if (rows < 0 || k <= 0) throw Error("cuda gemm_x_to_bf16: rows must be >= 0 and k > 0");
+  if (ldx < k) throw Error("cuda gemm_x_to_bf16: ldx < k");
+  if (rows == 0) return;
+  if (!x || !out) throw Error("cuda gemm_x_to_bf16: x or out is null");
+  const int64_t width = detail::gemm_bf16_width(k);
+  if (width > INT32_MAX) throw Error("cuda gemm_x_to_bf16: k is too large for one row copy");
+  detail::gathered_rows_to_bf16(x, ldx, nullptr, rows, k, int(width), reinterpret_cast<__nv_bfloat16*>(out),
+                                stream);
+}
+
 KeptWeights kept_bf16_weights() {
   detail::KeptRegistry& r = detail::kept_registry();
   const std::lock_guard<std::mutex> lock(r.mu);

@@ -71,6 +71,12 @@ struct KeptWeights {
   int64_t registered = 0, copied = 0, copy_bytes = 0;
 };
 KeptWeights kept_bf16_weights();
+// The bf16 copy of x that a GEMM of the tensor_core order reads (GemmParams::x16): rows [rows, width]
+// of bf16 patterns, width = gemm_bf16_row_width(k) (k rounded up to the order's k tile of 32), x's
+// values rounded to nearest even and zeros past k. GEMMs that read the same x can share one copy
+// instead of each making its own: the bits are the same. `out` holds rows * width values.
+int64_t gemm_bf16_row_width(int64_t k);
+void gemm_x_to_bf16(const float* x, int64_t rows, int64_t k, int64_t ldx, uint16_t* out, cudaStream_t stream);
 void rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 // pos [rows] and freq [rd/2] are device arrays (freq from dsv4::rope_freqs on the host, uploaded).
 void rope_apply(const RopeApplyParams& p, cudaStream_t stream);

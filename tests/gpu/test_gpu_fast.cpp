@@ -270,6 +270,57 @@ TEST_F(FastGemm, KeptBf16WeightsGiveTheSameBytes) {
   }
 }
 
+// GEMMs that read the same x can share its bf16 copy (cuda::gemm_x_to_bf16, GemmParams::x16): the copy
+// holds x's values rounded to bf16 (num::bf16_bits) with zeros past k in rows of gemm_bf16_row_width(k),
+// and a GEMM handed it gives the bytes of the GEMM that converts x itself, with either kernel, for
+// k tails, a padded x stride and kept weights. The exact orders refuse a copy.
+TEST_F(FastGemm, SharedBf16CopyOfXGivesTheSameBytes) {
+  for (const Shape s : std::vector<Shape>{{1, 1, 1}, {3, 7, 15}, {129, 130, 100}, {300, 257, 256}, {257, 640, 4096}}) {
+    SCOPED_TRACE(std::to_string(s.m) + " x " + std::to_string(s.n) + " x " + std::to_string(s.k));
+    const int64_t ldx = s.k + 5, width = cuda::gemm_bf16_row_width(s.k);
+    EXPECT_EQ(width, (s.k + 31) / 32 * 32);
+    auto x = random_bf16(size_t(s.m * ldx), 51, 1.0f);
+    for (size_t i = 0; i < x.size(); i += 9) x[i] = x[i] * 1.001f;  // not bf16 values: the copy rounds them
+    const auto w = random_bf16(size_t(s.n * s.k), 52, 0.05f);
+    test::DeviceBuffers d;
+    std::vector<float> y0(size_t(s.m * s.n), -7.0f);
+    GemmParams p;
+    p.m = s.m, p.n = s.n, p.k = s.k, p.ldx = ldx, p.ldw = s.k, p.ldy = s.n, p.round = OutRound::bf16,
+    p.order = kTensorCore;
+    p.x = d.upload(x, "x"), p.w = d.upload(w, "w"), p.y = d.upload(y0, "y");
+    const std::vector<uint16_t> unset(size_t(s.m * width), 0xffff);
+    uint16_t* x16 = d.upload(unset, "x16");
+    cuda::gemm_x_to_bf16(p.x, s.m, s.k, ldx, x16, nullptr);
+    const auto copy = d.download(x16, unset.size());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < s.m; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        wrong += copy[size_t(r * width + c)] != (c < s.k ? num::bf16_bits(x[size_t(r * ldx + c)]) : uint16_t(0));
+    EXPECT_EQ(wrong, 0) << "values of the copy that are not x's bf16 patterns (or zero past k)";
+
+    auto run = [&](bool shared, bool mma_sync) {
+      GemmParams q = p;
+      q.x16 = shared ? x16 : nullptr;
+      if (mma_sync)
+        cuda::gemm_tiled(q, nullptr);
+      else
+        cuda::gemm(q, nullptr);
+      return d.download(q.y, y0.size());
+    };
+    EXPECT_TRUE(same_bytes(run(true, false), run(false, false))) << "the kernel gemm picks";
+    EXPECT_TRUE(same_bytes(run(true, true), run(false, true))) << "the mma.sync kernel";
+    cuda::keep_bf16_weights(p.w, s.n, s.k);
+    EXPECT_TRUE(same_bytes(run(true, false), run(false, false))) << "kept w";
+    cuda::forget_bf16_weights(p.w, p.w + s.n * s.k);
+
+    GemmParams exact = p;
+    exact.order = ReduceOrder{};
+    exact.x16 = x16;
+    EXPECT_THROW(cuda::gemm(exact, nullptr), Error);
+    EXPECT_TRUE(d.guards_intact());
+  }
+}
+
 // The experts in the tensor_core order make their GEMMs' bf16 copies of x (gathered once for w1 and w3)
 // and of A (written by the activation) themselves (kernels/cuda/moe.cu). Their output must be the bytes
 // of the definition: each expert's G, U and y as separate tensor_core GEMMs over its tokens' rows, the
