@@ -252,11 +252,12 @@ void print_fast_gemm_table(bool quick) {
   std::printf("\nFast GEMM (tensor_core order, %s kernel), GFLOP/s (m=%ld) with the operands' bf16 copies, against "
               "cuBLAS bf16 at the same shape and the mma.sync kernel\n",
               kernel, long(m));
-  std::printf("(kept w: w registered with keep_bf16_weights, as the model's weights are, so only x is copied "
-              "each call; bf16 x: also x handed over as its bf16 copy, made once outside the timing, as cuBLAS "
-              "is handed bf16 x and as the model shares one copy among the GEMMs that read the same x)\n");
-  std::printf("%-18s %12s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s\n", "n x k", "tensor_core", "kept w", "ratio",
-              "bf16 x", "ratio", "cuBLAS", "ratio", "mma.sync", "x mma", "exact", "speedup");
+  std::printf(
+      "(kept w: w registered with keep_bf16_weights, as the model's weights are, so only x is copied "
+      "each call; bf16 x: also x handed over as its bf16 copy, made once outside the timing, as cuBLAS "
+      "is handed bf16 x and as the model shares one copy among the GEMMs that read the same x)\n");
+  std::printf("%-18s %12s %12s %8s %12s %8s %12s %8s %12s %8s %12s %8s\n", "n x k", "tensor_core", "kept w",
+              "ratio", "bf16 x", "ratio", "cuBLAS", "ratio", "mma.sync", "x mma", "exact", "speedup");
   for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
            {1024, 4096}, {32768, 1024}, {4096, 8192}, {8192, 8192}, {2048, 4096}, {4096, 2048}}) {
     Dev d;
@@ -269,7 +270,8 @@ void print_fast_gemm_table(bool quick) {
     cuda::keep_bf16_weights(g.w, n, k);  // from here on w is read from its kept bf16 copy
     const double kept = flop / (time_ms([&] { cuda::gemm(g, nullptr); }) * 1e6);
     uint16_t* x16 = nullptr;
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x16), sizeof(uint16_t) * size_t(m * cuda::gemm_bf16_row_width(k))));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x16),
+                          sizeof(uint16_t) * size_t(m * cuda::gemm_bf16_row_width(k))));
     cuda::gemm_x_to_bf16(g.x, m, k, g.ldx, x16, nullptr);
     g.x16 = x16;
     const double given = flop / (time_ms([&] { cuda::gemm(g, nullptr); }) * 1e6);
@@ -280,11 +282,11 @@ void print_fast_gemm_table(bool quick) {
     const double cublas = bf16_gemm_gflops(m, n, k);
     const std::string shape = std::to_string(n) + " x " + std::to_string(k);
     const auto of_cublas = [&](double r) { return cublas > 0 ? r / cublas : 0.0; };
-    std::printf("%-18s %12.0f %12.0f %8.2f %12.0f %8.2f %12.0f %8.2f %12.0f %8.2f %12.0f %8.1f\n", shape.c_str(),
-                fast, kept, of_cublas(kept), given, of_cublas(given), cublas, of_cublas(fast), mma, fast / mma, exact,
-                kept / exact);
-    std::printf("RESULT fast_gemm %s %.1f kept_w %.1f bf16_x %.1f cublas %.1f mma_sync %.1f\n", shape.c_str(), fast,
-                kept, given, cublas, mma);
+    std::printf("%-18s %12.0f %12.0f %8.2f %12.0f %8.2f %12.0f %8.2f %12.0f %8.2f %12.0f %8.1f\n",
+                shape.c_str(), fast, kept, of_cublas(kept), given, of_cublas(given), cublas, of_cublas(fast),
+                mma, fast / mma, exact, kept / exact);
+    std::printf("RESULT fast_gemm %s %.1f kept_w %.1f bf16_x %.1f cublas %.1f mma_sync %.1f\n", shape.c_str(),
+                fast, kept, given, cublas, mma);
     std::fflush(stdout);
   }
 }
@@ -356,12 +358,14 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
   // of its own, as the model does (model/forward.cpp attention); each such GEMM then reads bf16 x.
   float* xs = d.floats(T * D);
   uint16_t* xs16 = nullptr;
-  auto gemm_op = [&](const std::string& op, int64_t m, int64_t n, int64_t k, OutRound r, bool reads_xs = false) {
+  auto gemm_op = [&](const std::string& op, int64_t m, int64_t n, int64_t k, OutRound r,
+                     bool reads_xs = false) {
     GemmParams g;
     g.m = m, g.n = n, g.k = k, g.ldx = k, g.ldw = k, g.ldy = n, g.round = r, g.order = s.tc_site_order();
     g.x = reads_xs ? xs : d.floats(m * k), g.w = d.weights(n, k, 0.02f), g.y = d.floats(m * n);
     g.x16 = reads_xs ? xs16 : nullptr;
-    add(op, 2.0 * m * n * k, (g.x16 ? 2.0 : 4.0) * m * k + 4.0 * (n * k + m * n), [=] { cuda::gemm(g, nullptr); });
+    add(op, 2.0 * m * n * k, (g.x16 ? 2.0 : 4.0) * m * k + 4.0 * (n * k + m * n),
+        [=] { cuda::gemm(g, nullptr); });
     return g;
   };
   // mHC pre (attention sublayer)

@@ -602,7 +602,8 @@ class CudaBackend final : public Backend {
   }
 
   void gemm(const GemmParams& p) override { cuda::gemm(p, s_); }
-  Buffer<uint16_t> gemm_x_copy(const float* x, int64_t rows, int64_t k, int64_t ldx, ReduceOrder order) override {
+  Buffer<uint16_t> gemm_x_copy(const float* x, int64_t rows, int64_t k, int64_t ldx,
+                               ReduceOrder order) override {
     if (!order.tensor_core || rows <= 0 || k <= 0) return {};
     Buffer<uint16_t> copy = alloc<uint16_t>(rows * cuda::gemm_bf16_row_width(k));
     cuda::gemm_x_to_bf16(x, rows, k, ldx, copy.data(), s_);

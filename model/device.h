@@ -109,7 +109,8 @@ class Backend {
   // The bf16 copy of x [rows, k] (row stride ldx) that a GEMM of `order` would make, for GemmParams::x16:
   // GEMMs that read the same x share it instead of each converting x (the same bits). Empty where the
   // order reads no copy (the exact orders; the CPU). The caller keeps x unchanged while the copy is used.
-  virtual Buffer<uint16_t> gemm_x_copy(const float* x, int64_t rows, int64_t k, int64_t ldx, ReduceOrder order) {
+  virtual Buffer<uint16_t> gemm_x_copy(const float* x, int64_t rows, int64_t k, int64_t ldx,
+                                       ReduceOrder order) {
     (void)x, (void)rows, (void)k, (void)ldx, (void)order;
     return {};
   }

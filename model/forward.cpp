@@ -413,8 +413,9 @@ class SequenceForward {
   // [groups_after - groups_before, d].
   // keep_kvp / keep_sc (whole sequences only): receive the projections, for the tape.
   // x16: x's shared bf16 copy, or nullptr.
-  FBuf compress(const FBuf& x, const uint16_t* x16, int layer, const std::string& prefix, int64_t d, int ratio,
-                bool hadamard_rot, CacheStream stream, FBuf* keep_kvp = nullptr, FBuf* keep_sc = nullptr) {
+  FBuf compress(const FBuf& x, const uint16_t* x16, int layer, const std::string& prefix, int64_t d,
+                int ratio, bool hadamard_rot, CacheStream stream, FBuf* keep_kvp = nullptr,
+                FBuf* keep_sc = nullptr) {
     const int64_t cw = common::compressor_row_width(ratio, d);
     FBuf kvp = linear(x, T_, c_.hidden_size, prefix + "wkv.weight", cw, OutRound::f32, layer, x16);
     FBuf sc = linear(x, T_, c_.hidden_size, prefix + "wgate.weight", cw, OutRound::f32, layer, x16);

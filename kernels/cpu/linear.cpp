@@ -37,7 +37,8 @@ const char* gemm_check(const GemmParams& p) {
   }
   if (p.order.block < 0 || p.order.block % 8 != 0)
     return "gemm: reduce block must be 0 or a positive multiple of 8";
-  if (p.x16 && !p.order.tensor_core) return "gemm: a bf16 copy of x (x16) is read by the tensor_core order only";
+  if (p.x16 && !p.order.tensor_core)
+    return "gemm: a bf16 copy of x (x16) is read by the tensor_core order only";
   return nullptr;
 }
 

@@ -720,7 +720,8 @@ int64_t gemm_bf16_row_width(int64_t k) {
   return detail::gemm_bf16_width(k);
 }
 
-void gemm_x_to_bf16(const float* x, int64_t rows, int64_t k, int64_t ldx, uint16_t* out, cudaStream_t stream) {
+void gemm_x_to_bf16(const float* x, int64_t rows, int64_t k, int64_t ldx, uint16_t* out,
+                    cudaStream_t stream) {
   if (rows < 0 || k <= 0) throw Error("cuda gemm_x_to_bf16: rows must be >= 0 and k > 0");
   if (ldx < k) throw Error("cuda gemm_x_to_bf16: ldx < k");
   if (rows == 0) return;

@@ -275,7 +275,8 @@ TEST_F(FastGemm, KeptBf16WeightsGiveTheSameBytes) {
 // and a GEMM handed it gives the bytes of the GEMM that converts x itself, with either kernel, for
 // k tails, a padded x stride and kept weights. The exact orders refuse a copy.
 TEST_F(FastGemm, SharedBf16CopyOfXGivesTheSameBytes) {
-  for (const Shape s : std::vector<Shape>{{1, 1, 1}, {3, 7, 15}, {129, 130, 100}, {300, 257, 256}, {257, 640, 4096}}) {
+  for (const Shape s :
+       std::vector<Shape>{{1, 1, 1}, {3, 7, 15}, {129, 130, 100}, {300, 257, 256}, {257, 640, 4096}}) {
     SCOPED_TRACE(std::to_string(s.m) + " x " + std::to_string(s.n) + " x " + std::to_string(s.k));
     const int64_t ldx = s.k + 5, width = cuda::gemm_bf16_row_width(s.k);
     EXPECT_EQ(width, (s.k + 31) / 32 * 32);
@@ -295,7 +296,8 @@ TEST_F(FastGemm, SharedBf16CopyOfXGivesTheSameBytes) {
     int64_t wrong = 0;
     for (int64_t r = 0; r < s.m; ++r)
       for (int64_t c = 0; c < width; ++c)
-        wrong += copy[size_t(r * width + c)] != (c < s.k ? num::bf16_bits(x[size_t(r * ldx + c)]) : uint16_t(0));
+        wrong +=
+            copy[size_t(r * width + c)] != (c < s.k ? num::bf16_bits(x[size_t(r * ldx + c)]) : uint16_t(0));
     EXPECT_EQ(wrong, 0) << "values of the copy that are not x's bf16 patterns (or zero past k)";
 
     auto run = [&](bool shared, bool mma_sync) {
