@@ -9,6 +9,7 @@
 #include "kernels/grad.h"
 #include "kernels/rope.h"
 #include "model/error.h"
+#include "model/mhc_mixer.h"
 
 namespace dsv4 {
 
@@ -201,17 +202,7 @@ FBuf SequenceBackward::mhc_sublayer_bwd(const FBuf& dH, const FBuf& H_in, const 
   const FBuf dy = sub_bwd(df);
 
   HcPreBwdParams p;
-  p.T = T_;
-  p.hc = hc;
-  p.D = D;
-  p.X = H_in.data();
-  p.fn = be_.weight(hc_prefix + "fn");
-  p.scale = be_.weight(hc_prefix + "scale");
-  p.base = be_.weight(hc_prefix + "base");
-  p.rms_eps = c_.rms_norm_eps;
-  p.hc_eps = c_.hc_eps;
-  p.sinkhorn_iters = c_.hc_sinkhorn_iters;
-  p.order = R_.mhc;
+  set_mhc_mixer(p, be_, c_, hc_prefix, T_, H_in.data(), R_.mhc);
   p.dy = dy.data();
   p.dpost = dpost.data();
   p.dcomb = dcomb.data();
@@ -522,23 +513,15 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
   report(-1, "grad.head.hc", dyhc, T_, D);
   FBuf dH = zeros(T_ * hc * D);
   HcHeadBwdParams hp;
-  hp.T = T_;
-  hp.hc = hc;
-  hp.D = D;
-  hp.X = tape_.H_final.data();
-  hp.fn = be_.weight("model.hc_head_fn");
-  hp.scale = be_.weight("model.hc_head_scale");
-  hp.base = be_.weight("model.hc_head_base");
-  hp.rms_eps = c_.rms_norm_eps;
-  hp.hc_eps = c_.hc_eps;
-  hp.order = R_.mhc;
+  const std::string head = kHeadMhcPrefix;
+  set_mhc_mixer(hp, be_, c_, head, T_, tape_.H_final.data(), R_.mhc);
   hp.dy = dyhc.data();
   hp.train_mixer = bo_.train_mixer;
   hp.dX = dH.data();
   if (bo_.train_mixer) {
-    hp.dfn = grad("model.hc_head_fn");
-    hp.dscale = grad("model.hc_head_scale");
-    hp.dbase = grad("model.hc_head_base");
+    hp.dfn = grad(head + "fn");
+    hp.dscale = grad(head + "scale");
+    hp.dbase = grad(head + "base");
   }
   backend::require(hc_head_backward_check(hp), "hc_head_backward", -1);
   be_.hc_head_backward(hp);
@@ -547,7 +530,7 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
     const std::string p = layer_prefix(L);
     report(L, "grad.ffn.hc_post", dH, T_, hc * D);
     const FfnTape& ft = tape_.ffn[size_t(L)];
-    dH = mhc_sublayer_bwd(dH, ft.H_in, ft.post, ft.comb, ft.out, p + "hc_ffn_", L, [&](const FBuf& df) {
+    dH = mhc_sublayer_bwd(dH, ft.H_in, ft.post, ft.comb, ft.out, mhc_prefix(L, Sublayer::ffn), L, [&](const FBuf& df) {
       report(L, "grad.moe.out", df, T_, D);
       FBuf dx = moe_bwd(df, L);
       report(L, "grad.ffn.norm", dx, T_, D);
@@ -558,7 +541,7 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
     });
     report(L, "grad.attn.hc_post", dH, T_, hc * D);
     const AttentionTape& at = tape_.attn[size_t(L)];
-    dH = mhc_sublayer_bwd(dH, at.H_in, at.post, at.comb, at.out, p + "hc_attn_", L, [&](const FBuf& da) {
+    dH = mhc_sublayer_bwd(dH, at.H_in, at.post, at.comb, at.out, mhc_prefix(L, Sublayer::attn), L, [&](const FBuf& da) {
       report(L, "grad.attn.out", da, T_, D);
       FBuf dx = attention_bwd(da, L);
       FBuf dain = be_.floats(T_ * D);

@@ -24,6 +24,7 @@
 #include "model/expert_parallel.h"
 #include "model/late_reports.h"
 #include "model/error.h"
+#include "model/mhc_mixer.h"
 #include "model/tape.h"
 #include "model/threads.h"
 
@@ -511,24 +512,13 @@ class SequenceForward {
 SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, Sublayer sub) {
   const int hc = c_.hc_mult;
   const int64_t D = c_.hidden_size;
-  const std::string p = layer_prefix(layer) + (sub == Sublayer::attn ? "hc_attn_" : "hc_ffn_");
   Mix m;
   m.y = be_.floats(T_ * D);
   m.pre = be_.floats(T_ * hc);
   m.post = be_.floats(T_ * hc);
   m.comb = be_.floats(T_ * hc * hc);
   HcPreParams hp;
-  hp.T = T_;
-  hp.hc = hc;
-  hp.D = D;
-  hp.X = H.data();
-  hp.fn = be_.weight(p + "fn");
-  hp.scale = be_.weight(p + "scale");
-  hp.base = be_.weight(p + "base");
-  hp.rms_eps = c_.rms_norm_eps;
-  hp.hc_eps = c_.hc_eps;
-  hp.sinkhorn_iters = c_.hc_sinkhorn_iters;
-  hp.order = P_.reduce.mhc;
+  set_mhc_mixer(hp, be_, c_, mhc_prefix(layer, sub), T_, H.data(), P_.reduce.mhc);
   hp.y = m.y.data();
   hp.pre = m.pre.data();
   hp.post = m.post.data();
@@ -931,16 +921,7 @@ SequenceResult SequenceForward::run() {
 
   FBuf y = be_.floats(T_ * D);
   HcHeadParams hp;
-  hp.T = T_;
-  hp.hc = hc;
-  hp.D = D;
-  hp.X = H.data();
-  hp.fn = be_.weight("model.hc_head_fn");
-  hp.scale = be_.weight("model.hc_head_scale");
-  hp.base = be_.weight("model.hc_head_base");
-  hp.rms_eps = c_.rms_norm_eps;
-  hp.hc_eps = c_.hc_eps;
-  hp.order = P_.reduce.mhc;
+  set_mhc_mixer(hp, be_, c_, kHeadMhcPrefix, T_, H.data(), P_.reduce.mhc);
   hp.y = y.data();
   be_.hc_head(hp);
   report(-1, "head.hc", DType::bf16, {T_, D}, y.data());

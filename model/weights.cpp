@@ -27,6 +27,10 @@ std::string layer_prefix(int layer) {
   return fmt::format("model.layers.{}.", layer);
 }
 
+std::string mhc_prefix(int layer, Sublayer sub) {
+  return layer_prefix(layer) + (sub == Sublayer::attn ? "hc_attn_" : "hc_ffn_");
+}
+
 namespace {
 
 void add(std::vector<WeightSpec>& out, std::string name, std::vector<int64_t> shape, StDType dtype,
@@ -65,17 +69,19 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   add(s, "model.embed_tokens.weight", {V, D}, StDType::BF16, InitKind::normal);
   add(s, "model.norm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
   add(s, "lm_head.weight", {V, D}, StDType::BF16, InitKind::normal);
-  add(s, "model.hc_head_fn", {hc, hc * D}, StDType::F32, InitKind::normal, 0.01f);
-  add(s, "model.hc_head_base", {hc}, StDType::F32, InitKind::normal, 1.0f);
-  add(s, "model.hc_head_scale", {1}, StDType::F32, InitKind::ones);
+  const std::string head = kHeadMhcPrefix;
+  add(s, head + "fn", {hc, hc * D}, StDType::F32, InitKind::normal, 0.01f);
+  add(s, head + "base", {hc}, StDType::F32, InitKind::normal, 1.0f);
+  add(s, head + "scale", {1}, StDType::F32, InitKind::ones);
   for (int L = 0; L < c.num_hidden_layers; ++L) {
     const std::string p = layer_prefix(L);
     add(s, p + "input_layernorm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
     add(s, p + "post_attention_layernorm.weight", {D}, StDType::BF16, InitKind::ones_jitter);
-    for (const char* sub : {"attn", "ffn"}) {
-      add(s, p + fmt::format("hc_{}_fn", sub), {mix, hc * D}, StDType::F32, InitKind::normal, 0.01f);
-      add(s, p + fmt::format("hc_{}_base", sub), {mix}, StDType::F32, InitKind::normal, 1.0f);
-      add(s, p + fmt::format("hc_{}_scale", sub), {3}, StDType::F32, InitKind::ones);
+    for (const Sublayer sub : {Sublayer::attn, Sublayer::ffn}) {
+      const std::string m = mhc_prefix(L, sub);
+      add(s, m + "fn", {mix, hc * D}, StDType::F32, InitKind::normal, 0.01f);
+      add(s, m + "base", {mix}, StDType::F32, InitKind::normal, 1.0f);
+      add(s, m + "scale", {3}, StDType::F32, InitKind::ones);
     }
     const std::string a = p + "self_attn.";
     add(s, a + "wq_a.weight", {ql, D}, StDType::BF16, InitKind::normal);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/observer.h"
 #include "model/safetensors.h"
 
 namespace dsv4 {
@@ -97,6 +98,11 @@ class Weights {
 };
 
 std::string layer_prefix(int layer);  // "model.layers.{i}."
+
+// The mHC mixers' weights are prefix + "fn", prefix + "base" and prefix + "scale": a sublayer's under
+// mhc_prefix ("model.layers.{layer}.hc_attn_" / "...hc_ffn_"), the head's under kHeadMhcPrefix.
+std::string mhc_prefix(int layer, Sublayer sub);
+inline constexpr const char* kHeadMhcPrefix = "model.hc_head_";
 
 // Where a weight sits: its layer (−1 for model-level weights: embedding, head, final norm, the head's
 // mHC), its routed expert (−1 otherwise) and its kind, the name without the "model.layers.N." prefix
