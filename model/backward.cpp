@@ -530,7 +530,8 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
     const std::string p = layer_prefix(L);
     report(L, "grad.ffn.hc_post", dH, T_, hc * D);
     const FfnTape& ft = tape_.ffn[size_t(L)];
-    dH = mhc_sublayer_bwd(dH, ft.H_in, ft.post, ft.comb, ft.out, mhc_prefix(L, Sublayer::ffn), L, [&](const FBuf& df) {
+    const std::string ffn_mixer = mhc_prefix(L, Sublayer::ffn), attn_mixer = mhc_prefix(L, Sublayer::attn);
+    dH = mhc_sublayer_bwd(dH, ft.H_in, ft.post, ft.comb, ft.out, ffn_mixer, L, [&](const FBuf& df) {
       report(L, "grad.moe.out", df, T_, D);
       FBuf dx = moe_bwd(df, L);
       report(L, "grad.ffn.norm", dx, T_, D);
@@ -541,7 +542,7 @@ GradSet SequenceBackward::run(const std::vector<float>& dlogprobs) {
     });
     report(L, "grad.attn.hc_post", dH, T_, hc * D);
     const AttentionTape& at = tape_.attn[size_t(L)];
-    dH = mhc_sublayer_bwd(dH, at.H_in, at.post, at.comb, at.out, mhc_prefix(L, Sublayer::attn), L, [&](const FBuf& da) {
+    dH = mhc_sublayer_bwd(dH, at.H_in, at.post, at.comb, at.out, attn_mixer, L, [&](const FBuf& da) {
       report(L, "grad.attn.out", da, T_, D);
       FBuf dx = attention_bwd(da, L);
       FBuf dain = be_.floats(T_ * D);
