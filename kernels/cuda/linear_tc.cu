@@ -18,7 +18,8 @@
 //      copies with k padded to kp = 32 ceil(k / 32) (zeros), one launch for the whole group (one job
 //      per operand and problem). The padded, aligned copies let the GEMM read whole 16-byte chunks.
 //      A weight matrix registered with keep_bf16_weights (kernels/cuda/ops.h) is copied once, by the
-//      first call that reads it, and that copy is read from then on.
+//      first call that reads it, and that copy is read from then on; an x handed over as its copy
+//      (GemmParams::x16, made by gemm_x_to_bf16 and shared by the GEMMs that read that x) is not copied.
 //   2. On Hopper with sm_90a code in the build, gemm_tma_tensor_core_kernel (wgmma fed by the tensor
 //      memory accelerator, below); elsewhere gemm_tensor_core_kernel: block tile 128 x 128 outputs, 256
 //      threads (8 warps, 2 x 4, each 64 x 32 outputs, i.e. 4 x 4 mma tiles of 16 x 8); k arrives 64 at
