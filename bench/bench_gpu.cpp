@@ -104,6 +104,15 @@ struct Dev {
     cuda::bf16_round(p, n, nullptr);
     return p;
   }
+  // x [rows, k] (row stride k) as the bf16 copy a tensor_core GEMM reads (GemmParams::x16).
+  uint16_t* bf16_copy_of(const float* x, int64_t rows, int64_t k) {
+    uint16_t* p = nullptr;
+    const size_t n = size_t(std::max<int64_t>(rows * cuda::gemm_bf16_row_width(k), 1));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(uint16_t)));
+    owned.push_back(p);
+    cuda::gemm_x_to_bf16(x, rows, k, k, p, nullptr);
+    return p;
+  }
   template <typename T>
   T* upload(const std::vector<T>& h) {
     T* p = nullptr;
@@ -269,14 +278,9 @@ void print_fast_gemm_table(bool quick) {
     const double mma = flop / (time_ms([&] { cuda::gemm_tiled(g, nullptr); }) * 1e6);  // the mma.sync kernel
     cuda::keep_bf16_weights(g.w, n, k);  // from here on w is read from its kept bf16 copy
     const double kept = flop / (time_ms([&] { cuda::gemm(g, nullptr); }) * 1e6);
-    uint16_t* x16 = nullptr;
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x16),
-                          sizeof(uint16_t) * size_t(m * cuda::gemm_bf16_row_width(k))));
-    cuda::gemm_x_to_bf16(g.x, m, k, g.ldx, x16, nullptr);
-    g.x16 = x16;
+    g.x16 = d.bf16_copy_of(g.x, m, k);
     const double given = flop / (time_ms([&] { cuda::gemm(g, nullptr); }) * 1e6);
     g.x16 = nullptr;
-    CUDA_CHECK(cudaFree(x16));
     g.order = ReduceOrder{};
     const double exact = flop / (time_ms([&] { cuda::gemm(g, nullptr); }, 1) * 1e6);
     const double cublas = bf16_gemm_gflops(m, n, k);
@@ -387,11 +391,9 @@ std::vector<OpTime> bench_layer(const LayerShape& s, const std::string& dump_dir
     add("rmsnorm", 4.0 * T * D, 8.0 * T * D, [=] { cuda::rmsnorm(p, nullptr); });
   }
   if (s.fast) {
-    const int64_t width = cuda::gemm_bf16_row_width(D);
-    xs16 = reinterpret_cast<uint16_t*>(d.floats((T * width + 1) / 2));
-    add("bf16 copy of x (shared)", 0, 4.0 * T * D + 2.0 * T * width,
+    xs16 = d.bf16_copy_of(xs, T, D);
+    add("bf16 copy of x (shared)", 0, 4.0 * T * D + 2.0 * T * cuda::gemm_bf16_row_width(D),
         [=] { cuda::gemm_x_to_bf16(xs, T, D, D, xs16, nullptr); });
-    cuda::gemm_x_to_bf16(xs, T, D, D, xs16, nullptr);
   }
   const GemmParams g_wq_a = gemm_op("gemm wq_a", T, s.ql, D, OutRound::bf16, true);
   const GemmParams g_wq_b = gemm_op("gemm wq_b", T, s.H * s.Dh, s.ql, OutRound::bf16);
