@@ -11,6 +11,7 @@
 
 #include "capture/chunk_codec.h"
 #include "capture/cupti.h"
+#include "kernels/reduce.h"
 
 #if defined(DSV4_HAVE_CUPTI)
 #include <cuda_runtime_api.h>
@@ -108,6 +109,7 @@ EnvFingerprint environment_fingerprint() {
   for (const char* k : {"gpu", "gpu_driver", "cuda", "cupti", "nccl"}) e[k] = "none";
   gpu_fields(e);
   e[kEnvGpuArch] = gpu_arch();
+  e[kEnvTensorCoreRevision] = std::to_string(kTensorCoreRevision);
   e["threads"] = std::to_string(omp_get_max_threads());
   return e;
 }

@@ -23,6 +23,9 @@ inline std::string recorded_layout(const EnvFingerprint& env) {
 // step in fast numerics reproducible (model/profile.h Numerics).
 inline constexpr char kEnvGpuArch[] = "gpu_arch";
 std::string gpu_arch();
+// The revision of this build's tensor-core kernels (kernels/reduce.h kTensorCoreRevision), recorded in
+// every trace: with gpu_arch it says which builds reproduce a fast step bit for bit.
+inline constexpr char kEnvTensorCoreRevision[] = "tensor_core_revision";
 EnvFingerprint environment_fingerprint();
 // The instruction set this build was compiled for: "x86-64-v3" (AVX2 and FMA), "x86-64" (the
 // baseline, DSV4_X86_64_V3=OFF), "aarch64", or the compiler's name for another target. The env key

@@ -20,6 +20,9 @@
 // kernels/cuda/attention_tc.cu (sparse attention), fixed for one GPU architecture. It is not defined
 // here and the CPU does not compute it: dot() is never called with it (the CPU GEMM, experts, indexer
 // and attention refuse it with cpu_order_check).
+//
+// The tensor_core order's bits are those of this build's kernels: kTensorCoreRevision (below) names
+// them, and a trace records it (env key tensor_core_revision).
 #pragma once
 
 #include <cmath>
@@ -42,6 +45,13 @@ inline const char* cpu_order_check(ReduceOrder o) {
                          "compute it (run on --device cuda)"
                        : nullptr;
 }
+
+// The revision of the tensor_core order's bits: one more whenever a change to those kernels changes
+// any byte they compute (a kernel that only runs faster, with the same bytes, keeps it). A fast step
+// replays bit for bit only on a GPU of the recorded architecture with kernels of the recorded revision
+// (replay/replay.h fast_replay_obstacle). Revision 1 is also the bits of the builds that did not record
+// the key yet, so a trace without it is taken at revision 1.
+inline constexpr int kTensorCoreRevision = 1;
 
 namespace detail {
 DSV4_HD float combine_lanes8(const float acc[8]) {

@@ -27,6 +27,7 @@
 #include "capture/env.h"
 #include "capture/errors.h"
 #include "kernels/logits.h"
+#include "kernels/reduce.h"
 #include "model/collect.h"
 #include "model/decision_sets.h"
 #include "model/forward.h"
@@ -377,10 +378,26 @@ int env_rank(const std::string& key) {
   // Another instruction set first: exact mode is written to give the same bits on every ISA, so a
   // divergence across ISAs points at the one place where it does not (an intrinsic, a contraction).
   static const std::map<std::string, int> ranks = {
-      {"isa", 0},      {"machine", 0},    {"compile_flags", 1}, {"compiler", 2},   {"cpu_flags", 3},
-      {"build_id", 4}, {"threads", 5},    {"parallel", 5},      {"gpu", 6},        {"gpu_arch", 6},   {"gpu_driver", 6},
-      {"cuda", 6},     {"cupti", 6},      {"nccl", 6},          {"hdf5", 7},       {"deflate", 7},
-      {"os", 7},       {"cpu_model", 7},  {"host", 9},
+      {"isa", 0},
+      {"machine", 0},
+      {"compile_flags", 1},
+      {"compiler", 2},
+      {"cpu_flags", 3},
+      {"build_id", 4},
+      {"threads", 5},
+      {"parallel", 5},
+      {"gpu", 6},
+      {"gpu_arch", 6},
+      {"tensor_core_revision", 6},
+      {"gpu_driver", 6},
+      {"cuda", 6},
+      {"cupti", 6},
+      {"nccl", 6},
+      {"hdf5", 7},
+      {"deflate", 7},
+      {"os", 7},
+      {"cpu_model", 7},
+      {"host", 9},
   };
   const auto it = ranks.find(key);
   return it == ranks.end() ? 8 : it->second;
@@ -410,41 +427,60 @@ bool same_decision_shape(const ModelConfig& a, const ModelConfig& b) {
          a.vocab_size == b.vocab_size;
 }
 
-
-// A step in fast numerics (model/profile.h Numerics) is reproducible only by a GPU of the architecture
-// that recorded it (its tensor-core order is the hardware's). Where a step in `p` would be replayed
-// (device `d`) when that is not such a GPU; nullopt when it can be replayed bit for bit here.
+// Where a step in `p` would be replayed (device `d`) when that cannot reproduce its bits
+// (fast_replay_obstacle); nullopt when it can be replayed bit for bit here, or is exact.
 struct FastElsewhere {
-  std::string sites;     // "reduce.gemm, reduce.moe"
-  std::string recorded;  // the recorded gpu_arch
-  std::string here;      // "the cpu", "a GPU of architecture sm_80"
+  std::string sites;  // "reduce.gemm, reduce.moe"
+  FastReplayObstacle obstacle;
 };
 std::optional<FastElsewhere> fast_elsewhere(const NumericsProfile& p, const TraceReader& r, Device d) {
   const std::vector<std::string> tc = tensor_core_sites(p);
   if (tc.empty()) return std::nullopt;
-  const EnvFingerprint env = r.env();
-  const auto it = env.find(kEnvGpuArch);
-  const std::string recorded = it == env.end() ? "(not recorded)" : it->second;
-  const std::string here = d == Device::cuda ? gpu_arch() : "none";
-  if (d == Device::cuda && here == recorded) return std::nullopt;
-  return FastElsewhere{fmt::format("{}", fmt::join(tc, ", ")), recorded,
-                       d == Device::cuda ? "a GPU of architecture " + here : std::string("the ") + to_string(d)};
+  std::optional<FastReplayObstacle> o =
+      fast_replay_obstacle(r.env(), d, d == Device::cuda ? gpu_arch() : "none", kTensorCoreRevision);
+  if (!o) return std::nullopt;
+  return FastElsewhere{fmt::format("{}", fmt::join(tc, ", ")), std::move(*o)};
 }
 
 // Without --tolerance, a fast step that cannot be replayed bit for bit here (fast_elsewhere) is refused
 // before it runs, with where it was recorded, where it would run and the two ways out.
 [[noreturn]] void refuse_fast_step(const NumericsProfile& p, const TraceReader& r, int step, const FastElsewhere& f) {
+  const FastReplayObstacle& o = f.obstacle;
   throw InputError(fmt::format(
-      "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on a GPU of architecture {}; its "
-      "bits are reproducible only by a GPU of that architecture, and this replay would run on {}: replay it with "
-      "--device cuda on a {} GPU, or give --tolerance to re-execute it in exact numerics with its recorded "
-      "decisions and compare it within documented tolerances (docs/NUMERICS.md \"Fast numerics\")",
-      r.path(), step, p.name, f.sites, f.recorded, f.here, f.recorded));
+      "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on {}; its bits are "
+      "reproducible only "
+      "by {}, and this replay would run on {}: {}, or give --tolerance to re-execute it in exact numerics "
+      "with its "
+      "recorded decisions and compare it within documented tolerances (docs/NUMERICS.md \"Fast numerics\")",
+      r.path(), step, p.name, f.sites, o.recorded, o.only, o.here, o.remedy));
 }
 
 }  // namespace
 
 // ---- public -----------------------------------------------------------------------------------------
+
+std::optional<FastReplayObstacle> fast_replay_obstacle(const EnvFingerprint& recorded, Device device,
+                                                       const std::string& here_arch, int here_revision) {
+  const auto arch_it = recorded.find(kEnvGpuArch);
+  const std::string arch = arch_it == recorded.end() ? "(not recorded)" : arch_it->second;
+  const std::string on = "a GPU of architecture " + arch;
+  if (device != Device::cuda || here_arch != arch)
+    return FastReplayObstacle{on, "a GPU of that architecture",
+                              device == Device::cuda ? "a GPU of architecture " + here_arch
+                                                     : std::string("the ") + to_string(device),
+                              fmt::format("replay it with --device cuda on a {} GPU", arch)};
+  const auto rev_it = recorded.find(kEnvTensorCoreRevision);
+  const std::string rev = rev_it == recorded.end() ? "1" : rev_it->second;
+  if (rev == std::to_string(here_revision)) return std::nullopt;
+  const auto build_it = recorded.find("build_id");
+  return FastReplayObstacle{
+      fmt::format("{} by tensor-core kernels of revision {}", on, rev),
+      "tensor-core kernels of that revision",
+      fmt::format("{} with this build's tensor-core kernels, revision {}", on, here_revision),
+      fmt::format(
+          "replay it with a build whose tensor-core kernels are revision {} (the recording's build_id: {})",
+          rev, build_it == recorded.end() ? "(not recorded)" : build_it->second)};
+}
 
 bool ReplayReport::identical() const {
   if (!weight_mismatches.empty()) return false;
@@ -628,9 +664,8 @@ static StepReplay replay_step_within_tolerance(const TraceReader& r, int index, 
   RecordedStep rec = read_recorded_step(r, index, n_seqs);
   ToleranceReplay& tol = sr.tolerance.emplace();
   tol.bounds = *opt.tolerance;
-  tol.why_not_bitwise =
-      fmt::format("recorded in fast numerics ({} = tensor_core) on a GPU of architecture {}, replayed on {}", where.sites,
-                  where.recorded, where.here);
+  tol.why_not_bitwise = fmt::format("recorded in fast numerics ({} = tensor_core) on {}, replayed on {}",
+                                    where.sites, where.obstacle.recorded, where.obstacle.here);
   tol.recorded_profile = recorded_profile_.name;
   const ExactReplayProfile exact = exact_replay_profile(recorded_profile_);
   tol.replay_profile = exact.profile.name;
@@ -988,9 +1023,10 @@ ReplayReport replay_trace(const std::string& trace, const ReplayOptions& opt) {
                                       "applies only to a fast-numerics step that cannot be replayed bit for bit here)",
                                       steps_named(exact)));
     if (!fast.empty())
-      rep.notes.push_back(fmt::format("--tolerance: {} in fast numerics, replayed bit for bit as usual on a GPU of the "
-                                      "architecture that recorded {} ({})",
-                                      steps_named(fast), fast.size() == 1 ? "it" : "them", gpu_arch()));
+      rep.notes.push_back(
+          fmt::format("--tolerance: {} in fast numerics, replayed bit for bit as usual on a GPU of the "
+                      "architecture that recorded {} ({}) with tensor-core kernels of its revision ({})",
+                      steps_named(fast), fast.size() == 1 ? "it" : "them", gpu_arch(), kTensorCoreRevision));
   }
 
   // The thread count this replay ran with

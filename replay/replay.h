@@ -166,9 +166,26 @@ std::optional<uint64_t> init_seed(const std::string& source);
 // only), sorted.
 std::vector<std::string> weight_mismatches(const TraceReader& r, const Weights& w);
 // Every key whose value differs (absent on one side reads "(absent)"), sorted by rank then key:
-// compile_flags 0, compiler 1, cpu_flags 2, build_id 3, threads 4 (never changes results),
-// gpu/gpu_driver/cuda/cupti/nccl 5, hdf5/os/cpu_model 6, other keys 7, host 8 (expected to differ).
+// isa/machine 0, compile_flags 1, compiler 2, cpu_flags 3, build_id 4, threads/parallel 5 (never change
+// results), gpu/gpu_arch/tensor_core_revision/gpu_driver/cuda/cupti/nccl 6, hdf5/deflate/os/cpu_model 7,
+// other keys 8, host 9 (expected to differ).
 std::vector<EnvDifference> compare_env(const EnvFingerprint& recorded, const EnvFingerprint& here);
+
+// ---- fast numerics (docs/NUMERICS.md "Fast numerics") -------------------------------------------
+// Why this build cannot replay bit for bit a step in fast numerics recorded with env `recorded`: the
+// tensor_core order's bits are those of one GPU architecture (gpu_arch) and of one revision of the
+// kernels (tensor_core_revision, kernels/reduce.h kTensorCoreRevision; a trace without the key is taken
+// at revision 1). `device` is where the replay would run, `here_arch` its GPU's architecture ("none"
+// without one), `here_revision` this build's. nullopt when the replay is bitwise. The architecture is
+// checked first. The fields complete the sentences of the refusal and of the tolerance report.
+struct FastReplayObstacle {
+  std::string recorded;  // "a GPU of architecture sm_90" (+ " by tensor-core kernels of revision 1")
+  std::string only;      // what alone reproduces the bits: "a GPU of that architecture", ...
+  std::string here;      // where this replay would run: "the cpu", "a GPU of architecture sm_80", ...
+  std::string remedy;    // "replay it with --device cuda on a sm_90 GPU", ...
+};
+std::optional<FastReplayObstacle> fast_replay_obstacle(const EnvFingerprint& recorded, Device device,
+                                                       const std::string& here_arch, int here_revision);
 
 // `dsv4 trace bundle`: copies the trace and its weights directory into `out_dir` with a manifest
 // (MANIFEST.json: file names, sizes and XXH3 digests; the model digest) so both move together.

@@ -12,6 +12,7 @@
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/policy.h"
+#include "kernels/reduce.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/forward.h"
@@ -429,13 +430,16 @@ TEST(ModelDigest, OneUlpChangesOneTensor) {
 
 TEST(Env, EveryKeyOfTheFormat) {
   const EnvFingerprint e = environment_fingerprint();
-  for (const char* key :
-       {"host", "os", "machine", "isa", "cpu_model", "cpu_flags", "compiler", "compile_flags", "build_id",
-        "gpu", "gpu_arch", "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
+  for (const char* key : {"host", "os", "machine", "isa", "cpu_model", "cpu_flags", "compiler",
+                          "compile_flags", "build_id", "gpu", "gpu_arch", "tensor_core_revision",
+                          "gpu_driver", "cuda", "cupti", "nccl", "hdf5", "deflate", "threads"}) {
     ASSERT_TRUE(e.count(key)) << key;
     EXPECT_FALSE(e.at(key).empty()) << key;
   }
-  EXPECT_EQ(e.size(), 18u);
+  EXPECT_EQ(e.size(), 19u);
+  // Every build records its tensor-core kernels' revision, a CPU build too (it names the bits such a
+  // build's GPU kernels compute; a trace of it holds no fast step).
+  EXPECT_EQ(e.at("tensor_core_revision"), std::to_string(kTensorCoreRevision));
   EXPECT_TRUE(e.at("gpu_arch") == "none" || e.at("gpu_arch").rfind("sm_", 0) == 0) << e.at("gpu_arch");
   EXPECT_EQ(e.at("gpu_arch"), gpu_arch());
   // The build's instruction set, as the compiler targets it (the default build is x86-64-v3).

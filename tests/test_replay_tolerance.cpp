@@ -23,6 +23,7 @@
 #include "capture/trace_reader.h"
 #include "cli_util.h"
 #include "h5_edit.h"
+#include "kernels/reduce.h"
 #include "model/error.h"
 #include "model/profile.h"
 #include "replay/replay.h"
@@ -108,6 +109,68 @@ TEST(ReplayTolerance, FastStepIsRefusedWithoutTolerance) {
   } catch (const InputError& e) {
     EXPECT_TRUE(has(e.what(), "--tolerance")) << e.what();
   }
+}
+
+// A fast step replays bit for bit only on a GPU of the recorded architecture with tensor-core kernels of
+// the recorded revision (a trace without the revision is taken at revision 1); every other case says what
+// was recorded, what alone reproduces it, where the replay would run and what to do instead.
+TEST(ReplayTolerance, FastReplayNeedsTheRecordedArchitectureAndRevision) {
+  const EnvFingerprint env = {{"gpu_arch", "sm_90"}, {"tensor_core_revision", "3"}, {"build_id", "abc123"}};
+  EXPECT_FALSE(fast_replay_obstacle(env, Device::cuda, "sm_90", 3));
+
+  // Another architecture, or no GPU: the architecture is named, whatever the revisions.
+  for (const int rev : {3, 4}) {
+    const auto o = fast_replay_obstacle(env, Device::cuda, "sm_80", rev);
+    ASSERT_TRUE(o);
+    EXPECT_EQ(o->recorded, "a GPU of architecture sm_90");
+    EXPECT_EQ(o->only, "a GPU of that architecture");
+    EXPECT_EQ(o->here, "a GPU of architecture sm_80");
+    EXPECT_EQ(o->remedy, "replay it with --device cuda on a sm_90 GPU");
+  }
+  const auto cpu = fast_replay_obstacle(env, Device::cpu, "sm_90", 3);
+  ASSERT_TRUE(cpu);
+  EXPECT_EQ(cpu->here, "the cpu");
+
+  // The recorded architecture, another revision: the revision and the recording's build are named.
+  const auto rev = fast_replay_obstacle(env, Device::cuda, "sm_90", 4);
+  ASSERT_TRUE(rev);
+  EXPECT_EQ(rev->recorded, "a GPU of architecture sm_90 by tensor-core kernels of revision 3");
+  EXPECT_EQ(rev->only, "tensor-core kernels of that revision");
+  EXPECT_EQ(rev->here, "a GPU of architecture sm_90 with this build's tensor-core kernels, revision 4");
+  EXPECT_EQ(
+      rev->remedy,
+      "replay it with a build whose tensor-core kernels are revision 3 (the recording's build_id: abc123)");
+
+  // A value that is not this build's number never matches it.
+  EXPECT_TRUE(fast_replay_obstacle({{"gpu_arch", "sm_90"}, {"tensor_core_revision", "03"}}, Device::cuda,
+                                   "sm_90", 3));
+
+  // Written before the key existed: revision 1. Written before gpu_arch existed: never bitwise.
+  const EnvFingerprint old = {{"gpu_arch", "sm_90"}};
+  EXPECT_FALSE(fast_replay_obstacle(old, Device::cuda, "sm_90", 1));
+  const auto old2 = fast_replay_obstacle(old, Device::cuda, "sm_90", 2);
+  ASSERT_TRUE(old2);
+  EXPECT_EQ(old2->remedy,
+            "replay it with a build whose tensor-core kernels are revision 1 (the recording's build_id: "
+            "(not recorded))");
+  const auto older = fast_replay_obstacle({}, Device::cuda, "sm_90", 1);
+  ASSERT_TRUE(older);
+  EXPECT_EQ(older->recorded, "a GPU of architecture (not recorded)");
+}
+
+// A recording's env holds this build's revision. A fast trace of another revision replayed on the CPU is
+// refused for its architecture, which is checked first.
+TEST(ReplayTolerance, TracesRecordTheTensorCoreRevision) {
+  test::TempDir d;
+  const std::string t = fast_trace(d, "fast.h5");
+  EXPECT_EQ(TraceReader::open(t).env().at("tensor_core_revision"), std::to_string(kTensorCoreRevision));
+  H5Edit(t).set_attr("/meta/env", "tensor_core_revision", std::to_string(kTensorCoreRevision + 1));
+  const auto r = test::run_cli("replay " + t);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "on a GPU of architecture sm_90; its bits are reproducible only by a GPU of that "
+                  "architecture, and this replay would run on the cpu"))
+      << r.out;
 }
 
 // The same numbers: every tensor and the log-probs at rel-L2 0, reported as within tolerance and not

@@ -20,12 +20,14 @@
 #include "capture/trace_writer.h"
 #include "cli_util.h"
 #include "gpu_test_util.h"
-#include "test_util.h"
+#include "h5_edit.h"
+#include "kernels/reduce.h"
 #include "model/collect.h"
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
 #include "replay/tolerance.h"
+#include "test_util.h"
 
 namespace dsv4 {
 namespace {
@@ -99,6 +101,26 @@ TEST(GpuRecord, FastNumericsReplayOnTheSameArchitectureOnly) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("this replay would run on the cpu"), std::string::npos) << r.out;
+  // Recorded by tensor-core kernels of another revision: the GPU of the architecture refuses it too,
+  // naming both revisions, and --tolerance compares it within tolerance instead.
+  const std::string other = temp_trace("fast_other_revision.h5");
+  fs::copy_file(t, other, fs::copy_options::overwrite_existing);
+  test::H5Edit(other).set_attr("/meta/env", "tensor_core_revision", std::to_string(kTensorCoreRevision + 1));
+  r = test::run_cli("replay " + other + " --device cuda");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("by tensor-core kernels of revision {}; its bits are reproducible only by "
+                                   "tensor-core kernels of that revision",
+                                   kTensorCoreRevision + 1)),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(
+      r.out.find(fmt::format("with this build's tensor-core kernels, revision {}", kTensorCoreRevision)),
+      std::string::npos)
+      << r.out;
+  r = test::run_cli("replay " + other + " --device cuda --tolerance");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 0: WITHIN TOLERANCE, not bitwise: recorded in fast numerics"), std::string::npos)
+      << r.out;
   const std::string g = temp_trace("fast_gen.h5");
   const std::string prompts = temp_trace("prompts.jsonl");
   {
