@@ -1,6 +1,7 @@
 // Capture cost: the tiny preset's forward at T = 4096 without capture, with `--capture decisions`
-// and with `--capture full`, in one run (compare the times directly), and the write throughput of
-// `full` against a plain sequential write of the same number of bytes to the same disk.
+// and with `--capture full`, in one run (compare the times directly), a generation with and without
+// its recording, and the write throughput of `full` against a plain sequential write of the same
+// number of bytes to the same disk.
 //
 // With a CUDA device (a DSV4_CUDA build) the same three cases also run on the GPU with the mid preset
 // (hidden 1024, 8 layers), at T = 4096 (`full` at T = 512, like on the CPU): row digests are computed
@@ -25,6 +26,8 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
+#include "replay/generation.h"
+#include "rollout/engine.h"
 
 namespace {
 
@@ -234,6 +237,52 @@ void BM_ForwardCuda(benchmark::State& state, const char* policy) {
   }
 }
 
+// A whole generation (8 requests, prompts of 256 tokens, 64 new tokens each): the engine alone
+// (state.range(0) = 0), with the recorder's collector filing every row's digest and every decision (1:
+// what `generate --record --capture decisions` adds while it decodes; on a device the collector takes
+// its reports late, one wait per chunk), and recorded into a trace file (2: the collector, the layout
+// of the step and the writer). Tiny on the CPU (2 threads), mid on a GPU. Compare the three times
+// directly; scripts/gpu-capture-check.sh prints their ratios.
+void run_generate(benchmark::State& state, const dsv4::Weights& w, dsv4::Device device) {
+  std::vector<dsv4::rollout::Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    dsv4::rollout::Request q;
+    q.id = "b";
+    q.id += std::to_string(i);
+    q.prompt = dsv4::random_tokens(256, w.config().vocab_size, uint64_t(i + 1));
+    q.max_new_tokens = 64;
+    reqs.push_back(q);
+  }
+  dsv4::rollout::EngineOptions o;
+  o.device = device;
+  o.threads = device == dsv4::Device::cpu ? 2 : 0;
+  const std::string path = scratch("generate.h5");
+  const auto once = [&](int64_t mode) {
+    if (mode == 0) {
+      dsv4::rollout::Engine e(w, o);
+      for (const auto& q : reqs) e.submit(q);
+      benchmark::DoNotOptimize(e.run());
+    } else if (mode == 1) {
+      benchmark::DoNotOptimize(
+          dsv4::run_collected(w, reqs, o, [](std::string_view, int) { return false; }).gens);
+    } else {
+      std::remove(path.c_str());
+      benchmark::DoNotOptimize(dsv4::record_generation(w, reqs, o, path, dsv4::GenerateRecordOptions{}).gens);
+    }
+  };
+  if (device != dsv4::Device::cpu) once(0);  // uploads the weights, warms up
+  for (auto _ : state) once(state.range(0));
+  std::remove(path.c_str());
+  state.counters["generated tok/s"] =
+      benchmark::Counter(8.0 * 64 * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+void BM_GenerateTinyCpu(benchmark::State& state) {
+  run_generate(state, tiny(), dsv4::Device::cpu);
+}
+void BM_GenerateMidCuda(benchmark::State& state) {
+  run_generate(state, mid(), dsv4::Device::cuda);
+}
+
 // The writer alone: one step's Observer calls (tiny preset, T = 4096, computed once) replayed into a
 // new trace with `--capture decisions`, with the row digests precomputed as a device backend supplies
 // them. This is the per-step cost that a fast (GPU) forward leaves exposed.
@@ -400,6 +449,7 @@ BENCHMARK_CAPTURE(BM_Forward, full, "full")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(2);
+BENCHMARK(BM_GenerateTinyCpu)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_WriterOnly)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5);
 BENCHMARK(BM_WriterSteps)->Args({4096, 8})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_PlainWrite)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
@@ -425,6 +475,11 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime()
           ->Iterations(3);
+    benchmark::RegisterBenchmark("BM_GenerateMidCuda", BM_GenerateMidCuda)
+        ->DenseRange(0, 2)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(2);
     // Each policy against the same steps without a trace, at T = 4096 (full: T = 512), measured
     // one after the other in this run.
     for (const char* policy : {static_cast<const char*>(nullptr), "decisions", "full"})

@@ -13,7 +13,6 @@
 #include "model/forward.h"
 #include "model/tokens.h"
 #include "model/weights.h"
-#include "replay/generation.h"
 #include "rollout/engine.h"
 #include "rollout/kv_cache.h"
 
@@ -85,47 +84,6 @@ void BM_DecodeTinyCuda(benchmark::State& s) {
 void BM_DecodeMidCuda(benchmark::State& s) {
   run(s, "mid", Device::cuda);
 }
-
-// A whole generation (8 requests, prompts of 256, 64 new tokens, 2 threads): the engine alone
-// (state.range(0) = 0), with the recorder's collector filing every row and digest (1: what
-// `--record --capture decisions` adds while decoding), and recorded into a trace file (2).
-void BM_GenerateTinyCpu(benchmark::State& state) {
-  const Weights& w = model("tiny");
-  std::vector<rollout::Request> reqs;
-  for (int i = 0; i < 8; ++i) {
-    rollout::Request q;
-    q.id = "b" + std::to_string(i);
-    q.prompt = random_tokens(256, w.config().vocab_size, uint64_t(i + 1));
-    q.max_new_tokens = 64;
-    reqs.push_back(q);
-  }
-  rollout::EngineOptions o;
-  o.threads = 2;
-  const std::string path = "/tmp/dsv4-bench-generate.h5";
-  for (auto _ : state) {
-    if (state.range(0) == 0) {
-      rollout::Engine e(w, o);
-      for (const auto& q : reqs) e.submit(q);
-      benchmark::DoNotOptimize(e.run());
-    } else if (state.range(0) == 1) {
-      benchmark::DoNotOptimize(run_collected(w, reqs, o, [](std::string_view, int) { return false; }).gens);
-    } else {
-      std::remove(path.c_str());
-      GenerateRecordOptions ro;
-      benchmark::DoNotOptimize(record_generation(w, reqs, o, path, ro).gens);
-    }
-  }
-  std::remove(path.c_str());
-  state.counters["generated tok/s"] =
-      benchmark::Counter(8.0 * 64 * state.iterations(), benchmark::Counter::kIsRate);
-}
-BENCHMARK(BM_GenerateTinyCpu)
-    ->Arg(0)
-    ->Arg(1)
-    ->Arg(2)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->Iterations(2);
 
 BENCHMARK(BM_DecodeTinyCpu)
     ->ArgsProduct({{1, 8, 64}, {512, 4096}})

@@ -71,6 +71,21 @@ GenerationCollector::Request& GenerationCollector::req(int seq) {
   return reqs_[size_t(seq)];
 }
 
+namespace {
+// The indexer scores: rows as wide as the chunk's indexer width, widened to index_topk at emission.
+bool is_indexer_scores(std::string_view name) {
+  return name == "indexer.score";
+}
+// The model's logits, from which the prompt's log-probs are taken.
+bool is_model_logits(std::string_view name, int layer) {
+  return name == "logits" && layer == -1;
+}
+}  // namespace
+
+bool GenerationCollector::wants_values(std::string_view name, int layer) const {
+  return keep_(name, layer) || is_indexer_scores(name) || is_model_logits(name, layer);
+}
+
 void GenerationCollector::on_tensor(const TensorRecord& t) {
   Request& r = req(t.seq);
   const std::pair<int, std::string> key{t.layer, std::string(t.name)};
@@ -78,7 +93,7 @@ void GenerationCollector::on_tensor(const TensorRecord& t) {
   Rows& rows = it->second;
   // Indexer score rows are as wide as the chunk's indexer width (the prefill width of the positions
   // seen so far): they are kept at the widest, index_topk, with empty slots (NaN) after the chunk's.
-  const bool scores = t.name == "indexer.score";
+  const bool scores = is_indexer_scores(t.name);
   if (fresh) {
     r.order.push_back(key);
     rows.dtype = t.dtype;
@@ -98,11 +113,11 @@ void GenerationCollector::on_tensor(const TensorRecord& t) {
     rows.digests[size_t(t.pos0 + i)] = d[size_t(i)];
     rows.have[size_t(t.pos0 + i)] = 1;
   }
-  // The values a later emission needs: what the caller keeps, the indexer scores (widened then), and
-  // the logits of prompt rows (for the prompt's log-probs).
+  // The values a later emission needs (wants_values): what the caller keeps, the indexer scores
+  // (widened then), and the logits of prompt rows (for the prompt's log-probs).
+  if (!wants_values(t.name, t.layer)) return;
   const bool keep = keep_(t.name, t.layer) || scores;
-  const bool logits = t.name == "logits" && t.layer == -1;
-  if (!keep && !logits) return;
+  const bool logits = is_model_logits(t.name, t.layer);
   const auto* v = static_cast<const float*>(t.data());
   if (keep) {
     grow(rows.values, size_t(end * rows.elems), std::numeric_limits<float>::quiet_NaN());
@@ -236,7 +251,7 @@ void GenerationCollector::report_request(int request, int64_t T, int seq,
     const Rows& proto = reqs_[size_t(order_from)].tensors.at(key);
     const bool per_group = name == "attn.compressed_kv" || name == "indexer.k";
     const int64_t R = per_group ? compressor_groups(T, c_.ratio(layer)) : T;
-    const bool widened = name == "indexer.score";
+    const bool widened = is_indexer_scores(name);
     const int64_t elems = widened ? k_full : proto.elems;
     TensorRecord t;
     t.seq = seq;

@@ -79,6 +79,12 @@ class GenerationCollector final : public Observer {
   void on_indexer(const IndexerDecision& d) override;
   void on_routing(const RoutingDecision& d) override;
   void on_mhc(const MhcDecision& d) override;
+  // Its reports may come late (Observer::deferrable): with a device backend each chunk of the engine then
+  // waits once for its reports' copies instead of once per report. The values it reads come down with
+  // them (wants_values): the kept tensors, the indexer scores (widened at emission) and the model's
+  // logits (the prompt's log-probs); of every other tensor only the row digests.
+  bool deferrable() const override { return true; }
+  bool wants_values(std::string_view name, int layer) const override;
 
   // Reports request `request` as sequence `seq` of T computed tokens to `out`, as a prefill of them
   // would: every named tensor (rows [0, T) or the groups of T), the `logprobs` [T-1] (the prompt's

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the capture path: builds what it needs (Hopper only, a few minutes),
 # runs the recording tests on CUDA (late reports against the CPU's immediate ones, a several-step
-# trace against the CPU's, record on GPU -> replay on CPU), compute-sanitizer memcheck over the
-# late-report test, then bench_capture's CUDA cases, and prints a table of each capture mode's step
-# time against the same steps without a trace, measured in the same run. Logs under $OUT (or
+# trace against the CPU's, record on GPU -> replay on CPU, a recorded generation against the CPU's),
+# compute-sanitizer memcheck over the late-report test, then bench_capture's CUDA cases, and prints a
+# table of each capture mode's step time against the same steps without a trace (and of a generation
+# against the engine alone), measured in the same run. Logs under $OUT (or
 # build-gpu/logs).
 #
 # Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
@@ -30,7 +31,7 @@ source scripts/gpu-env.sh
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a-real}" -DDSV4_GUI=OFF -DDSV4_PYTHON=OFF \
   ${xx:+-DDSV4_XXHASH_INCLUDE=$xx} >"$logs/configure.log" 2>&1 &&
-  ninja -C "$build" -j "$jobs" dsv4 test_gpu_record bench_capture ${EXTRA_TESTS:-} >"$logs/build.log" 2>&1
+  ninja -C "$build" -j "$jobs" dsv4 test_gpu_record test_gpu_decode bench_capture ${EXTRA_TESTS:-} >"$logs/build.log" 2>&1
 if [[ $? -ne 0 ]]; then
   status build "FAILED (see build.log)"
   tail -30 "$logs/build.log"
@@ -45,6 +46,14 @@ if [[ $tests == 1 ]]; then
   else
     status "test_gpu_record" "FAILED (see test_gpu_record.log)"
     grep -E "FAILED|Failure|error" "$logs/test_gpu_record.log" | head -20
+    rc=1
+  fi
+  # A recorded generation on the GPU (its collector takes the reports late) against the CPU's.
+  if timeout 300 "$build/tests/gpu/test_gpu_decode" --gtest_filter='*Collected*' >"$logs/test_gpu_decode.log" 2>&1; then
+    status "test_gpu_decode Collected (recorded generation)" "$(grep -E '^\[  PASSED  \]' "$logs/test_gpu_decode.log")"
+  else
+    status "test_gpu_decode Collected (recorded generation)" "FAILED (see test_gpu_decode.log)"
+    grep -E "FAILED|Failure|error" "$logs/test_gpu_decode.log" | head -20
     rc=1
   fi
   if command -v compute-sanitizer >/dev/null; then
@@ -90,8 +99,11 @@ def base(name):
     return next((v for k, v in rows.items() if k.startswith("BM_RecordStepsCuda/none/") and t and f"/{t.group(1)}/" in k + "/"), None)
 print(f"{'case':52} {'ms':>9} {'x uncaptured':>13}")
 fwd = next((v for k, v in rows.items() if k.startswith("BM_ForwardCuda/none")), None)
+# BM_GenerateMidCuda/0: the engine alone; /1 with the recorder's collector; /2 recorded into a trace.
+gen = next((v for k, v in rows.items() if k.startswith("BM_GenerateMidCuda/0")), None)
 for k, v in rows.items():
-    ref = base(k) if k.startswith("BM_RecordStepsCuda") else (fwd if k.startswith("BM_ForwardCuda/observed") else None)
+    ref = base(k) if k.startswith("BM_RecordStepsCuda") else (fwd if k.startswith("BM_ForwardCuda/observed") else
+                                                              gen if k.startswith("BM_GenerateMidCuda") else None)
     ratio = f"{v / ref:.3f}" if ref else ""
     print(f"{k:52} {v:9.2f} {ratio:>13}")
 EOF

@@ -12,6 +12,10 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "capture/digest.h"
 #include "model/observer.h"
 
 namespace dsv4::test {
@@ -80,6 +84,41 @@ class RowCollector : public Observer {
   void put(Key k, std::vector<unsigned char> b) {
     if (!rows.emplace(std::move(k), std::move(b)).second) ++duplicates;
   }
+};
+
+// Everything an observer is told, as text to compare: each tensor's sequence, layer, name, shape and row
+// digests (capture/digest.h, from the values or from the backend's digests), each decision's arrays.
+class ReportTranscript final : public Observer {
+ public:
+  void on_tensor(const TensorRecord& t) override {
+    text += fmt::format("T {} {} {} {}:", t.seq, t.layer, t.name, fmt::join(t.shape, "x"));
+    for (uint64_t d : digest_rows(t)) text += fmt::format(" {:016x}", d);
+    text += "\n";
+  }
+  void on_indexer(const IndexerDecision& d) override {
+    text += fmt::format("I {} {} {}{}\n", d.seq, d.layer, words(d.ids, d.T * d.k), words(d.margin, d.T));
+  }
+  void on_routing(const RoutingDecision& d) override {
+    text += fmt::format("R {} {} {}{}{}\n", d.seq, d.layer, words(d.ids, d.T * d.k),
+                        words(d.weights, d.T * d.k), words(d.margin, d.T));
+  }
+  void on_mhc(const MhcDecision& d) override {
+    text += fmt::format("M {} {} {}{}{}\n", d.seq, d.layer, words(d.pre, d.T * d.hc),
+                        words(d.post, d.T * d.hc), words(d.comb, d.T * d.hc * d.hc));
+  }
+  // 4-byte values (int32 or float) as hex words.
+  template <typename T>
+  static std::string words(const T* p, int64_t n) {
+    static_assert(sizeof(T) == 4);
+    std::string out;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, p + i, 4);
+      out += fmt::format("{:08x}", u);
+    }
+    return out;
+  }
+  std::string text;
 };
 
 // Every row of `want` is in `got` with the same bytes (names: `skip` are left out); reports the first

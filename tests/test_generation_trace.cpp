@@ -3,14 +3,20 @@
 // and log-probs equal those of a recorded prefill of the same tokens — plus the sampling record;
 // replay re-runs the engine and is bit-identical; a doctored token, log-prob or digest is named at
 // its request, position and decode step.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "capture/digest.h"
+#include "capture/generation.h"
 #include "capture/layout.h"
+#include "capture/policy.h"
 #include "capture/record.h"
 #include "capture/trace_reader.h"
 #include "cli_util.h"
@@ -20,6 +26,7 @@
 #include "replay/attribution.h"
 #include "replay/generation.h"
 #include "replay/replay.h"
+#include "rollout_test_util.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -115,7 +122,9 @@ TEST(GenerationTrace, RecordsAPrefillLayoutAndReplaysBitIdentically) {
     for (int L : r.decision_layers(0, s)) {
       const auto a = r.indexer(0, s, L), b = p.indexer(0, s, L);
       ASSERT_EQ(a.has_value(), b.has_value());
-      if (a) EXPECT_EQ(a->ids, b->ids) << "indexer layer " << L;
+      if (a) {
+        EXPECT_EQ(a->ids, b->ids) << "indexer layer " << L;
+      }
       const auto ra = r.routing(0, s, L), rb = p.routing(0, s, L);
       ASSERT_TRUE(ra && rb);
       EXPECT_EQ(ra->ids, rb->ids);
@@ -130,6 +139,87 @@ TEST(GenerationTrace, RecordsAPrefillLayoutAndReplaysBitIdentically) {
   // A second prefill-recorded step in the same file stays version-2 readable; the prefill trace alone
   // is version 1.
   EXPECT_EQ(p.format_version(), 1);
+}
+
+// Hands every report on the way a late report reaches a deferrable observer (model/late_reports.h): a
+// tensor with its row digests and no host values, whose data() throws unless the observer asked for its
+// values (wants_values). A deferrable observer that reads what it did not ask for fails here, on the
+// CPU, as it would with a device backend.
+class AsLateReports final : public Observer {
+ public:
+  explicit AsLateReports(Observer& o) : o_(o) {}
+  void on_tensor(const TensorRecord& t) override {
+    struct Values final : TensorFetch {
+      const void* v = nullptr;
+      bool wanted = false;
+      std::string what;
+      const void* fetch() override {
+        if (!wanted) throw std::logic_error("the values of " + what + " were read, not asked for");
+        return v;
+      }
+    };
+    const std::vector<uint64_t> digests = digest_rows(t);
+    Values f;
+    f.v = t.data();
+    f.wanted = o_.wants_values(t.name, t.layer);
+    f.what = std::string(t.name) + " layer " + std::to_string(t.layer);
+    TensorRecord late = t;
+    late.host = nullptr;
+    late.fetch = &f;
+    late.row_digests = digests.data();
+    ++tensors;
+    values += f.wanted ? 1 : 0;
+    o_.on_tensor(late);
+  }
+  void on_indexer(const IndexerDecision& d) override { o_.on_indexer(d); }
+  void on_routing(const RoutingDecision& d) override { o_.on_routing(d); }
+  void on_mhc(const MhcDecision& d) override { o_.on_mhc(d); }
+  bool deferrable() const override { return o_.deferrable(); }
+  int64_t tensors = 0, values = 0;
+
+ private:
+  Observer& o_;
+};
+
+// The collector takes its reports late (deferrable): with only the row digests and the values it asks
+// for, it emits the same sequences, byte for byte, as with every report on time — with the values of
+// the tensors the policy keeps, and with none beyond its own needs.
+TEST(GenerationTrace, CollectorTakesItsReportsLate) {
+  for (const std::string capture : {"decisions", "decisions,logits,attn.q"}) {
+    SCOPED_TRACE(capture);
+    const CapturePolicy policy = CapturePolicy::parse(capture);
+    const auto keep = [&](std::string_view name, int layer) { return policy.wants_tensor(name, layer); };
+    const auto run = [&](bool late, int64_t* asked) {
+      GenerationCollector c(tiny().config(), keep);
+      EXPECT_TRUE(c.deferrable());
+      const auto reqs = requests();
+      for (const auto& r : reqs)
+        c.add_request(r.prompt, r.sampling.temperature > 0 ? r.sampling.temperature : 1.0f);
+      AsLateReports as_late(c);
+      rollout::EngineOptions o = engine_options();
+      o.feed_last_token = true;
+      o.observer = late ? static_cast<Observer*>(&as_late) : &c;
+      rollout::Engine engine(tiny(), o);
+      for (const auto& r : reqs) engine.submit(r);
+      const std::vector<rollout::Generation> gens = engine.run();
+      if (asked) *asked = as_late.values;
+      if (late) {
+        EXPECT_GT(as_late.tensors, as_late.values);
+      }
+      test::ReportTranscript out;
+      for (size_t i = 0; i < gens.size(); ++i) {
+        if (gens[i].prefix_source >= 0) c.set_prefix(int(i), gens[i].prefix_source, gens[i].shared_prefix);
+        const int64_t T = int64_t(gens[i].prompt.size() + gens[i].tokens.size());
+        c.report_request(int(i), T, int(i), gens[i].logprobs, out);
+      }
+      return out.text;
+    };
+    int64_t asked = 0;
+    const std::string on_time = run(false, nullptr), late = run(true, &asked);
+    EXPECT_GT(asked, 0);
+    EXPECT_FALSE(on_time.empty());
+    EXPECT_TRUE(on_time == late) << "the late collector emitted other bytes";
+  }
 }
 
 TEST(GenerationTrace, DoctoredTraceIsNamedAtTheRightPlace) {

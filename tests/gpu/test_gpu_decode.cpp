@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
+#include "capture/policy.h"
 #include "gpu_test_util.h"
 #include "model/config.h"
+#include "replay/generation.h"
 #include "rollout/engine.h"
 #include "rollout_test_util.h"
 #include "test_util.h"
@@ -19,7 +22,7 @@ struct Result {
   test::RowCollector rows;
 };
 
-std::unique_ptr<Result> generate(const Weights& w, Device d, const char* profile, int chunk, int page) {
+std::vector<rollout::Request> requests(const Weights& w) {
   std::vector<rollout::Request> reqs;
   std::uniform_int_distribution<int32_t> tok(0, w.config().vocab_size - 1);
   for (int i = 0; i < 6; ++i) {
@@ -34,6 +37,11 @@ std::unique_ptr<Result> generate(const Weights& w, Device d, const char* profile
     q.sampling.seed = 5;
     reqs.push_back(q);
   }
+  return reqs;
+}
+
+std::unique_ptr<Result> generate(const Weights& w, Device d, const char* profile, int chunk, int page) {
+  const std::vector<rollout::Request> reqs = requests(w);
   auto r = std::make_unique<Result>();
   rollout::EngineOptions o;
   o.profile = profile_by_name(profile);
@@ -69,6 +77,40 @@ TEST(GpuDecode, EngineMatchesTheCpu) {
         EXPECT_TRUE(test::bitwise_equal(gpu->gens[i].logprobs, gpu2->gens[i].logprobs))
             << name << " " << profile;
     }
+  }
+}
+
+// A recorded generation (replay/generation.h run_collected) on the GPU, where its collector takes the
+// reports late, emits the CPU's sequences: every row digest, kept value's digest, decision and log-prob,
+// with only decisions kept and with the logits and a tensor kept too.
+TEST(GpuDecode, CollectedGenerationMatchesTheCpu) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const Weights w = Weights::init(preset("tiny"), 7);
+  const std::vector<rollout::Request> reqs = requests(w);
+  for (const std::string capture : {"decisions", "decisions,logits,attn.q"}) {
+    SCOPED_TRACE(capture);
+    const CapturePolicy policy = CapturePolicy::parse(capture);
+    const auto transcript = [&](Device d) {
+      rollout::EngineOptions o;
+      o.profile = profile_rollout();
+      o.device = d;
+      o.prefill_chunk = 16;
+      o.page_size = 16;
+      o.max_batch = 4;
+      const CollectedGeneration c = run_collected(
+          w, reqs, o, [&](std::string_view name, int layer) { return policy.wants_tensor(name, layer); });
+      EXPECT_TRUE(c.collector->deferrable());
+      test::ReportTranscript t;
+      for (size_t i = 0; i < c.gens.size(); ++i) {
+        c.collector->report_request(int(i), int64_t(c.computed[i].size()), int(i), c.gens[i].logprobs, t);
+        t.text += "logprobs " +
+                  test::ReportTranscript::words(c.logprobs[i].data(), int64_t(c.logprobs[i].size())) + "\n";
+      }
+      return t.text;
+    };
+    const std::string cpu = transcript(Device::cpu), gpu = transcript(Device::cuda);
+    EXPECT_FALSE(cpu.empty());
+    EXPECT_TRUE(cpu == gpu) << "the GPU's recorded generation differs from the CPU's";
   }
 }
 
