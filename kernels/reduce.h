@@ -49,8 +49,8 @@ inline const char* cpu_order_check(ReduceOrder o) {
 // The revision of the tensor_core order's bits: one more whenever a change to those kernels changes
 // any byte they compute (a kernel that only runs faster, with the same bytes, keeps it). A fast step
 // replays bit for bit only on a GPU of the recorded architecture with kernels of the recorded revision
-// (replay/replay.h fast_replay_obstacle). Revision 1 is also the bits of the builds that did not record
-// the key yet, so a trace without it is taken at revision 1.
+// (replay/replay.h fast_replay_obstacle). Revision 1: the kernels as they were when traces began to
+// record the key; a trace without it is taken at revision 1.
 inline constexpr int kTensorCoreRevision = 1;
 
 namespace detail {
