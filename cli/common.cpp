@@ -50,10 +50,11 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& p, bool with_dp) {
 
 CLI::Option* add_numerics_option(CLI::App* cmd, std::string& numerics) {
   return cmd
-      ->add_option("--numerics", numerics,
-                   "exact: the CPU's bits on every device; fast: GEMMs, experts, indexer and attention on bf16 "
-                   "tensor cores "
-                   "(--device cuda only; bitwise on one GPU architecture; the profile becomes NAME.fast)")
+      ->add_option(
+          "--numerics", numerics,
+          "exact: the CPU's bits on every device; fast: GEMMs, experts, indexer and attention on bf16 "
+          "tensor cores (--device cuda only; bitwise on one GPU architecture with one revision of the "
+          "kernels; the profile becomes NAME.fast)")
       ->check(CLI::IsMember({"exact", "fast"}))
       ->capture_default_str();
 }

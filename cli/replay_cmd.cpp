@@ -288,13 +288,15 @@ void register_replay_commands(CLI::App& app) {
                  "Training steps: the optimizer state the step started from, when it is no longer at the "
                  "recorded path");
   CLI::Option* tolerance =
-      rp->add_option("--tolerance", ra->tolerance,
-                     fmt::format("A step in fast numerics that cannot be replayed bit for bit here (another GPU "
-                                 "architecture, the CPU): re-execute it in exact numerics with its recorded decisions "
-                                 "and compare it within tolerances instead of refusing it: every recorded full tensor "
-                                 "within rel-L2 X (default {:g}), the log-probs within rel-L2 {:g} (docs/NUMERICS.md "
-                                 "\"Fast numerics\"); exit 0 within, 1 outside. Other steps replay bit for bit",
-                                 kDefaultTensorRelL2, kDefaultLogprobRelL2))
+      rp->add_option(
+            "--tolerance", ra->tolerance,
+            fmt::format("A step in fast numerics that cannot be replayed bit for bit here (another GPU "
+                        "architecture, the CPU, tensor-core kernels of another revision): re-execute it in "
+                        "exact numerics with its recorded decisions and compare it within tolerances instead "
+                        "of refusing it: every recorded full tensor "
+                        "within rel-L2 X (default {:g}), the log-probs within rel-L2 {:g} (docs/NUMERICS.md "
+                        "\"Fast numerics\"); exit 0 within, 1 outside. Other steps replay bit for bit",
+                        kDefaultTensorRelL2, kDefaultLogprobRelL2))
           ->expected(0, 1)
           ->type_name("[X]");
   rp->add_option("--tolerance-logprobs", ra->tolerance_logprobs,
