@@ -448,10 +448,9 @@ std::optional<FastElsewhere> fast_elsewhere(const NumericsProfile& p, const Trac
   const FastReplayObstacle& o = f.obstacle;
   throw InputError(fmt::format(
       "{} step {}: recorded in fast numerics (profile '{}': {} = tensor_core) on {}; its bits are "
-      "reproducible only "
-      "by {}, and this replay would run on {}: {}, or give --tolerance to re-execute it in exact numerics "
-      "with its "
-      "recorded decisions and compare it within documented tolerances (docs/NUMERICS.md \"Fast numerics\")",
+      "reproducible only by {}, and this replay would run on {}: {}, or give --tolerance to re-execute it in "
+      "exact numerics with its recorded decisions and compare it within documented tolerances "
+      "(docs/NUMERICS.md \"Fast numerics\")",
       r.path(), step, p.name, f.sites, o.recorded, o.only, o.here, o.remedy));
 }
 
