@@ -57,7 +57,8 @@ namespace dsv4 {
 //
 // order.tensor_core (CUDA only, the fast numerics of docs/NUMERICS.md) replaces all of the above by
 // the tensor_core order of kernels/cuda/attention_tc.cu: q, kv and the probabilities in bf16,
-// tensor-core products with fp32 accumulation, an online softmax over blocks of 64 valid slots;
+// tensor-core products with fp32 accumulation, an online softmax over blocks of 64 valid slots whose
+// exponent is exp_fast_nonpos (kernels/numerics/numerics.h; the sink's stays exp_f);
 // splits and online_block are not used (a decode step's row equals the prefill's). The CPU refuses it
 // (cpu_order_check).
 struct SparseAttnParams {

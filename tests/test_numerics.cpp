@@ -1,6 +1,7 @@
 // Numerics (kernels/numerics/numerics.h): storage-type rounding checked against independent
 // implementations, and the accuracy of the transcendental functions measured in ulp against the
 // long double functions of the C library (the only place libm is used: as the reference).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -331,6 +332,40 @@ TEST(Transcendental, ExpNonPositiveIsExpF) {
       ADD_FAILURE() << "x = " << x << " (bits " << std::hex << num::f32_bits(x) << std::dec << "): " << a << " vs " << b;
   }
   EXPECT_EQ(differ, 0) << "of " << xs.size();
+}
+
+// exp_fast_nonpos (the tensor_core order's softmax exponent) against long double on its domain [-87, 0]:
+// every 61st float of it, a dense sweep, random bit patterns, and the neighbourhoods of -87 (the cut),
+// of each k's boundary near it and of 0, float by float. Below -87 it returns 0 (where e^x < 1.7e-38),
+// NaN stays NaN and the results are non-increasing as x goes down over every 61st float of the domain.
+TEST(Transcendental, ExpFastNonPositive) {
+  UlpStats st{"exp_fast"};
+  auto xs = inputs_for("exp_fast", -87.0f, 0.0f, 1 << 20, 1 << 20);
+  xs.erase(std::remove_if(xs.begin(), xs.end(), [](float x) { return !(x >= -87.0f && x <= 0.0f); }),
+           xs.end());
+  for (float c : {-87.0f, -86.6434f, -0.3466f, 0.0f}) {
+    float x = c;
+    for (int i = 0; i < 3000 && x > -87.0f; ++i) x = std::nextafter(x, -kInf);
+    for (int i = 0; i < 6000 && x <= 0.0f; ++i, x = std::nextafter(x, kInf)) xs.push_back(x);
+  }
+  float prev = 1.0f;
+  int64_t rising = 0;
+  for (uint32_t b = 0x80000000u; b <= f32_bits(-87.0f); b += 61) {
+    const float x = f32_from_bits(b), y = num::exp_fast_nonpos(x);
+    xs.push_back(x);
+    if (y > prev && rising++ < 3)
+      ADD_FAILURE() << "exp_fast rises at x = " << x << ": " << y << " > " << prev;
+    prev = y;
+  }
+  EXPECT_EQ(rising, 0);
+  measure(st, xs, num::exp_fast_nonpos, [](long double x) { return std::exp(x); });
+  st.report(1.0);
+  EXPECT_EQ(num::exp_fast_nonpos(0.0f), 1.0f);
+  EXPECT_EQ(num::exp_fast_nonpos(-0.0f), 1.0f);
+  EXPECT_GT(num::exp_fast_nonpos(-87.0f), FLT_MIN);  // normal down to the cut
+  for (float x : {std::nextafter(-87.0f, -kInf), -100.0f, -104.0f, -FLT_MAX, -kInf})
+    EXPECT_EQ(f32_bits(num::exp_fast_nonpos(x)), 0u) << x;
+  for (float x : {kNaN, -kNaN}) EXPECT_TRUE(std::isnan(num::exp_fast_nonpos(x)));
 }
 
 // exp_f64 (the loss's and the diff's fp64 exp) against long double: a dense sweep of [-745, 710], random

@@ -11,10 +11,11 @@
 //     s_v  = q . kv_v: DP / 16 mma.sync.m16n8k16 steps (k = 0..15, 16..31, ...) into one fp32
 //            accumulator from 0; z_v = scale * s_v (one fp32 multiply)
 //     mb   = max over the block's z (`z > m` scans: a NaN never becomes the maximum);
-//            mn = max(m, mb); alpha = exp_f(m - mn) (0 for the first block)
-//     p_v  = exp_f(z_v - mn); the block's sum s = (sum over its first 32 slots) + (sum over its last
-//            32), each half summed per row in the fixed order of the kernel's fragments (a thread's
-//            eight values in order, then the four threads of a row by xor-1 then xor-2 butterflies)
+//            mn = max(m, mb); alpha = exp_fast_nonpos(m - mn) (0 for the first block)
+//     p_v  = exp_fast_nonpos(z_v - mn) (kernels/numerics: e^x within 1 ulp, 0 below -87); the block's
+//            sum s = (sum over its first 32 slots) + (sum over its last 32), each half summed per row in the
+//            fixed order of the kernel's fragments (a thread's eight values in order, then the four threads
+//            of a row by xor-1 then xor-2 butterflies)
 //     l    = l * alpha + s
 //     acc  = acc * alpha, then acc += bf16(p_v) . kv_v by mma over the block's slots in steps of 16
 //            (a step past nv is skipped; the slots of a partial step past nv enter as 0 · 0)
@@ -226,15 +227,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mb = red_max[r];
         if (red_max[kRows + r] > mb) mb = red_max[kRows + r];
         mn[i] = mb > m[i] ? mb : m[i];
-        alpha[i] = num::exp_f_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp_f(-inf) = 0
+        alpha[i] = num::exp_fast_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp(-inf) = 0
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int v = vb + half * 32 + j * 8 + 2 * c;
-          const float p0 = v < nv ? num::exp_f_nonpos(s[j][2 * i] - mn[i]) : 0.0f;
-          const float p1 = v + 1 < nv ? num::exp_f_nonpos(s[j][2 * i + 1] - mn[i]) : 0.0f;
+          const float p0 = v < nv ? num::exp_fast_nonpos(s[j][2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_fast_nonpos(s[j][2 * i + 1] - mn[i]) : 0.0f;
           sum[i] = sum[i] + p0;
           sum[i] = sum[i] + p1;
           *reinterpret_cast<uint32_t*>(&ps[(wr + g + 8 * i) * kLdp + half * 32 + j * 8 + 2 * c]) = pack_bf16(p0, p1);
@@ -468,15 +469,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mb = R[r];
         if (R[kRows + r] > mb) mb = R[kRows + r];
         mn[i] = mb > m[i] ? mb : m[i];
-        alpha[i] = num::exp_f_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp_f(-inf) = 0
+        alpha[i] = num::exp_fast_nonpos(m[i] - mn[i]);  // m <= mn; the first block: exp(-inf) = 0
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int v = vb + half * 32 + j * 8 + 2 * c, r = row0 + 8 * i;
-          const float p0 = v < nv ? num::exp_f_nonpos(s[4 * j + 2 * i] - mn[i]) : 0.0f;
-          const float p1 = v + 1 < nv ? num::exp_f_nonpos(s[4 * j + 2 * i + 1] - mn[i]) : 0.0f;
+          const float p0 = v < nv ? num::exp_fast_nonpos(s[4 * j + 2 * i] - mn[i]) : 0.0f;
+          const float p1 = v + 1 < nv ? num::exp_fast_nonpos(s[4 * j + 2 * i + 1] - mn[i]) : 0.0f;
           sum[i] = sum[i] + p0;
           sum[i] = sum[i] + p1;
           *reinterpret_cast<uint32_t*>(gb + L::kP + pb * kPanel + panel_offset(r, half * 32 + j * 8 + 2 * c)) =
@@ -603,7 +604,19 @@ void launch_tc(const SparseAttnParams& p, bool wgmma_allowed, cudaStream_t strea
   DSV4_LAUNCH_CHECK();
 }
 
+__global__ void exp_fast_nonpos_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = num::exp_fast_nonpos(x[i]);
+}
+
 }  // namespace
+
+void exp_fast_nonpos(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  exp_fast_nonpos_kernel<<<detail::grid_for(n, kThreads, 1 << 16), kThreads, 0, stream>>>(x, y, n);
+  DSV4_LAUNCH_CHECK();
+}
 
 namespace detail {
 

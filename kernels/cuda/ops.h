@@ -110,6 +110,9 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
 // The tensor_core order (same contract, same bits) with the mma.sync kernel only: the reference of the
 // wgmma kernel that sparse_attention runs on Hopper. Throws for another order.
 void sparse_attention_mma_sync(const SparseAttnParams& p, cudaStream_t stream);
+// num::exp_fast_nonpos, the tensor_core attention's exponent, of n values on the device: the tests
+// compare its bits with the host's, whose accuracy they measure.
+void exp_fast_nonpos(const float* x, float* y, int64_t n, cudaStream_t stream);
 // The exact orders by the kernels for any shape (tiles of up to 8 heads, each kv row loaded once per
 // tile), which sparse_attention leaves for its 64-head kernel where that one takes the call: the
 // latter's reference in tests and baseline in bench_gpu. Throws for the tensor_core order.

@@ -70,6 +70,12 @@ DSV4_HD float exp_f(float x);
 // exp_f for x <= 0 or NaN, with the same bits and no branches: a softmax's exponent once its maximum
 // has been subtracted (the tensor-core attention kernels). x > 0 is outside its contract.
 DSV4_HD float exp_f_nonpos(float x);
+// The tensor_core order's softmax exponent (kernels/cuda/attention_tc.cu; fast numerics only, the exact
+// order keeps exp_f): e^x for x in [-87, 0] within 1 ulp, 0 below -87 (where e^x < 1.7e-38, far under
+// an ulp of any softmax sum, which holds a term of 1), NaN -> NaN; x > 0 is outside its contract. About
+// 16 instructions against exp_f_nonpos's 40: 2^k by an integer add to the exponent field, one rounded
+// argument reduction, a degree-7 polynomial, no subnormal results.
+DSV4_HD float exp_fast_nonpos(float x);
 DSV4_HD float log_f(float x);
 DSV4_HD float log1p_f(float x);
 DSV4_HD float sin_f(float x);

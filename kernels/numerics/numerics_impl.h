@@ -322,6 +322,29 @@ DSV4_HD float exp_f_nonpos(float x) {
   return nan ? x : tiny ? 0.0f : r;
 }
 
+// x = k ln2 + r with k = round(x log2 e), taken by the add of 1.5 * 2^23 (j's low mantissa bits then hold
+// k, so j's bits shifted up by 23 are k in the exponent field: the multiple of 2^32 that bits(1.5 * 2^23)
+// << 23 leaves is dropped by the 32-bit add), r by the two-part reduction (|r| <= ln2/2 + tiny, an
+// absolute error under 2^-35). e^r = sum r^n / n! to n = 7 (remainder < 7.5e-9 relative) in Horner form;
+// for x >= -87, k >= -126 and e^r >= 1 when k = -126, so p 2^k is a normal float.
+DSV4_HD float exp_fast_nonpos(float x) {
+  const float j = std::fma(x, detail::kLog2e, detail::kRoundMagic);
+  const float kf = j - detail::kRoundMagic;
+  float r = std::fma(-kf, detail::kLn2Hi, x);
+  r = std::fma(-kf, detail::kLn2Lo, r);
+  float p = 0x1.a01a02p-13f;            // 1/7!
+  p = std::fma(p, r, 0x1.6c16c2p-10f);  // 1/6!
+  p = std::fma(p, r, 0x1.111112p-7f);   // 1/5!
+  p = std::fma(p, r, 0x1.555556p-5f);   // 1/4!
+  p = std::fma(p, r, 0x1.555556p-3f);   // 1/3!
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const float y = f32_from_bits(f32_bits(p) + (f32_bits(j) << 23));
+  const float z = x < -87.0f ? 0.0f : y;
+  return detail::is_nan(x) ? x : z;
+}
+
 // ---- log ----------------------------------------------------------------------------------------
 DSV4_HD float log_f(float x) {
   if (detail::is_nan(x)) return x;

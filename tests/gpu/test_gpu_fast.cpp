@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -505,9 +507,39 @@ class FastAttention : public ::testing::Test {
   void SetUp() override { DSV4_REQUIRE_CUDA_DEVICE(); }
 };
 
+// The attention's exponent on the device (num::exp_fast_nonpos, tensor-core revision 2) gives the host's
+// bits, whose accuracy test_numerics measures (Transcendental.ExpFastNonPositive): every 61st float of
+// [-87, 0], the neighbourhood of the cut and the specials.
+TEST_F(FastAttention, ExponentHasTheHostsBits) {
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          -87.0f,
+                          -100.0f,
+                          -FLT_MAX,
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  for (uint32_t b = 0x80000000u; b <= num::f32_bits(-87.0f); b += 61) x.push_back(num::f32_from_bits(b));
+  float c = -87.0f;
+  for (int i = 0; i < 1000; ++i) c = std::nextafter(c, -std::numeric_limits<float>::infinity());
+  for (int i = 0; i < 2000; ++i, c = std::nextafter(c, 0.0f)) x.push_back(c);
+  test::DeviceBuffers d;
+  const float* dx = d.upload(x, "x");
+  float* dy = d.upload(std::vector<float>(x.size(), -7.0f), "y");
+  cuda::exp_fast_nonpos(dx, dy, int64_t(x.size()), nullptr);
+  const std::vector<float> y = d.download(dy, x.size());
+  EXPECT_TRUE(d.guards_intact());
+  int64_t differ = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float h = num::exp_fast_nonpos(x[i]);
+    if (std::memcmp(&h, &y[i], sizeof h) != 0 && differ++ < 5)
+      ADD_FAILURE() << "x = " << x[i] << ": device " << y[i] << ", host " << h;
+  }
+  EXPECT_EQ(differ, 0) << "of " << x.size();
+}
+
 // Against softmax attention with the sink in float64, written here: per element
 // |o - ref| <= 2^-7 (|ref| + sum_j P_j |kv_j[d]|) + 1e-6 — the unnormalised probabilities enter P.V
-// rounded to bf16 (2^-9 relative each), o is rounded to bf16 once (2^-9), the fp32 scores and exp_f
+// rounded to bf16 (2^-9 relative each), o is rounded to bf16 once (2^-9), the fp32 scores and exp_fast_nonpos
 // add a few 1e-6; the bound leaves a factor 4. |lse - ref| <= 1e-4 (the sums are fp32). Head counts
 // 1, 3, 43, 61 and 67 (two tiles), Dh 32 .. 512 (every padded width), rows of 0 .. 200 valid slots
 // (partial 16- and 64-slot blocks).
