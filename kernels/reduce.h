@@ -51,7 +51,7 @@ inline const char* cpu_order_check(ReduceOrder o) {
 // replays bit for bit only on a GPU of the recorded architecture with kernels of the recorded revision
 // (replay/replay.h fast_replay_obstacle). Revision 1: the kernels as they were when traces began to
 // record the key; a trace without it is taken at revision 1.
-//   1: the attention's exponent is exp_f_nonpos (exp_f's bits).
+//   1: the attention's softmax exponent has exp_f's bits.
 //   2: the attention's softmax exponent is exp_fast_nonpos (kernels/numerics/numerics.h).
 inline constexpr int kTensorCoreRevision = 2;
 

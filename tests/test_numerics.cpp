@@ -314,26 +314,6 @@ TEST(Transcendental, Exp) {
   EXPECT_GT(num::exp_f(-103.0f), 0.0f);  // subnormal results are produced
 }
 
-// exp_f_nonpos is exp_f bit for bit on x <= 0 and NaN: every 257th float from -0 down to -2^7 (which
-// crosses the subnormal results near -87.3 and the zero cut at -104), the neighbourhood of each
-// threshold float by float, and the specials.
-TEST(Transcendental, ExpNonPositiveIsExpF) {
-  std::vector<float> xs = {0.0f, -0.0f, -kInf, kNaN, -kNaN, -104.0f, -0x1p-149f, -FLT_MIN, -FLT_MAX};
-  for (uint32_t b = 0x80000000u; b <= 0xC3000000u; b += 257) xs.push_back(num::f32_from_bits(b));
-  for (float c : {-87.3365f, -103.2789f, -103.9721f, -104.0f, -0.0f}) {
-    float x = c;
-    for (int i = 0; i < 3000; ++i) x = std::nextafter(x, -kInf);
-    for (int i = 0; i < 6000 && x <= 0.0f; ++i, x = std::nextafter(x, kInf)) xs.push_back(x);
-  }
-  int64_t differ = 0;
-  for (float x : xs) {
-    const float a = num::exp_f_nonpos(x), b = num::exp_f(x);
-    if (std::memcmp(&a, &b, sizeof a) != 0 && differ++ < 5)
-      ADD_FAILURE() << "x = " << x << " (bits " << std::hex << num::f32_bits(x) << std::dec << "): " << a << " vs " << b;
-  }
-  EXPECT_EQ(differ, 0) << "of " << xs.size();
-}
-
 // exp_fast_nonpos (the tensor_core order's softmax exponent) against long double on its domain [-87, 0]:
 // every 61st float of it, a dense sweep, random bit patterns, and the neighbourhoods of -87 (the cut),
 // of each k's boundary near it and of 0, float by float. Below -87 it returns 0 (where e^x < 1.7e-38),

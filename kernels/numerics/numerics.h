@@ -67,14 +67,11 @@ DSV4_HD float e2m1_to_f32(uint8_t b);
 //            that the result is deterministic and in [-1, 1] but not accurate; +-inf -> NaN
 //   sigmoid_f <= 1 ulp; softplus_f <= 2 ulp, softplus_f(x) = x for x > 20 (as torch does)
 DSV4_HD float exp_f(float x);
-// exp_f for x <= 0 or NaN, with the same bits and no branches: a softmax's exponent once its maximum
-// has been subtracted (the tensor-core attention kernels). x > 0 is outside its contract.
-DSV4_HD float exp_f_nonpos(float x);
 // The tensor_core order's softmax exponent (kernels/cuda/attention_tc.cu; fast numerics only, the exact
 // order keeps exp_f): e^x for x in [-87, 0] within 1 ulp, 0 below -87 (where e^x < 1.7e-38, far under
 // an ulp of any softmax sum, which holds a term of 1), NaN -> NaN; x > 0 is outside its contract. About
-// 16 instructions against exp_f_nonpos's 40: 2^k by an integer add to the exponent field, one rounded
-// argument reduction, a degree-7 polynomial, no subnormal results.
+// 16 instructions against about 40 for exp_f's bits without branches: 2^k by an integer add to the exponent
+// field, one rounded argument reduction, a degree-7 polynomial, no subnormal results.
 DSV4_HD float exp_fast_nonpos(float x);
 DSV4_HD float log_f(float x);
 DSV4_HD float log1p_f(float x);

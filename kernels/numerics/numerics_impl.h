@@ -310,18 +310,6 @@ DSV4_HD float exp_f(float x) {
   return p * detail::pow2i(k);
 }
 
-// exp_f's steps with selects instead of returns: for x in [-104, 0] exp_core gives k in [-150, 0], so
-// exp_f's overflow cases never apply; below -104 the result is 0, NaN is returned as it came.
-DSV4_HD float exp_f_nonpos(float x) {
-  const bool nan = detail::is_nan(x), tiny = x < -104.0f;
-  float ph, pl;
-  const int k = detail::exp_core(nan || tiny ? 0.0f : x, ph, pl);
-  const float sub = (ph * detail::pow2i(k + 64)) * 0x1p-64f;  // exp_f's subnormal branch (k < -126)
-  const float normal = ph * detail::pow2i(k < -126 ? 0 : k);
-  const float r = k < -126 ? sub : normal;
-  return nan ? x : tiny ? 0.0f : r;
-}
-
 // x = k ln2 + r with k = round(x log2 e), taken by the add of 1.5 * 2^23 (j's low mantissa bits then hold
 // k, so j's bits shifted up by 23 are k in the exponent field: the multiple of 2^32 that bits(1.5 * 2^23)
 // << 23 leaves is dropped by the 32-bit add), r by the two-part reduction (|r| <= ln2/2 + tiny, an
