@@ -6,8 +6,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -227,6 +229,14 @@ void Backend::attention_mass(const AttentionMassParams&) { no_backward(*this, "a
 void Backend::indexer_kl(const IndexerKlParams&) { no_backward(*this, "indexer_kl"); }
 void Backend::indexer_score_backward(const IndexerScoreBwdParams&) {
   no_backward(*this, "indexer_score_backward");
+}
+
+namespace {
+std::atomic<int> digest_delay_us{0};  // set_digest_delay_for_tests
+}  // namespace
+
+void set_digest_delay_for_tests(int microseconds) {
+  digest_delay_us.store(std::max(microseconds, 0));
 }
 
 namespace {
@@ -564,11 +574,19 @@ class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const Weights& w) : w_(w), dw_(device_weights(w)) {
     cuda::keep_scratch_memory();
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    // The model's kernels go first: the digests of late reports (digests_) fill the SMs they leave.
+    int lowest = 0, highest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, highest));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
     cudaStreamDestroy(s_);
+    if (digests_) {
+      cudaStreamSynchronize(digests_);
+      cudaStreamDestroy(digests_);
+      for (const Reads& r : reads_) event_pool().give(r.done, 0);
+    }
     if (copies_) {  // downloads still in flight keep their own events; their copies complete
       cudaStreamSynchronize(copies_);
       cudaStreamDestroy(copies_);
@@ -681,16 +699,21 @@ class CudaBackend final : public Backend {
   bool row_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) override {
     if (rows <= 0) return true;
     Buffer<uint64_t> d = alloc<uint64_t>(rows);
-    enqueue_digests(data, dt, rows, row_elems, d.data());
+    enqueue_digests(data, dt, rows, row_elems, d.data(), s_);
     download(out, d.data(), size_t(rows) * sizeof(uint64_t));
     return true;
   }
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+  void synchronize() override {
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    if (digests_) CUDA_CHECK(cudaStreamSynchronize(digests_));
+  }
 
-  // The snapshot is one device buffer filled on the compute stream (copies of the parts, or the
-  // digest kernels' output), laid out as the pinned block it goes to; the copy stream waits for it,
-  // copies it in one piece and frees it, stream-ordered, so the compute stream never waits for a
-  // download and the caller's buffers are free at once.
+  // The snapshot is one device buffer, laid out as the pinned block it goes to: the copied parts are
+  // copied into it on the compute stream; the digest parts' kernels write it on the digest stream,
+  // which waits for the compute stream's work so far and reads the reported buffers while the model
+  // goes on (those buffers are not written again, and their frees wait: release()). The copy stream
+  // waits for both, copies the snapshot in one piece and frees it, stream-ordered, so the compute
+  // stream never waits for a download.
   std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) override {
     constexpr size_t kAlign = 256;
     auto align = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
@@ -702,13 +725,18 @@ class CudaBackend final : public Backend {
       total += align(a.host_bytes());
     }
     if (!copies_) {
+      int lowest = 0, highest = 0;
+      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
       CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaStreamCreateWithPriority(&digests_, cudaStreamNonBlocking, lowest));
       CUDA_CHECK(cudaEventCreateWithFlags(&taken_, cudaEventDisableTiming));
     }
+    settle_reads();
     auto d = std::make_unique<CudaAsyncDownload>(offsets, sizes, total);
     if (total == 0) return d;
     char* snap = nullptr;
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total, s_));
+    Reads reads{nullptr, {}};
     try {  // digest parts: a kernel each; the other parts: copied together, whole words in one launch
       std::vector<cuda::WordCopy> words;
       auto copy_words = [&] {
@@ -720,7 +748,15 @@ class CudaBackend final : public Backend {
         if (!sizes[i]) continue;
         char* at = snap + offsets[i];
         if (a.digests) {
-          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, reinterpret_cast<uint64_t*>(at));
+          if (!reads.done) {  // the first digest part: the digest stream catches up with the model
+            reads.done = event_pool().take(0);
+            CUDA_CHECK(cudaEventRecord(reads.done, s_));
+            CUDA_CHECK(cudaStreamWaitEvent(digests_, reads.done, 0));
+            cuda::digest_delay(digest_delay_us.load(), digests_);
+          }
+          const char* src = static_cast<const char*>(a.src);
+          reads.ranges.push_back({src, src + size_t(a.rows) * size_t(a.row_elems) * 4});
+          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, reinterpret_cast<uint64_t*>(at), digests_);
         } else if (sizes[i] % 4 == 0 && reinterpret_cast<uintptr_t>(a.src) % 4 == 0) {
           words.push_back({reinterpret_cast<uint32_t*>(at), static_cast<const uint32_t*>(a.src), int64_t(sizes[i] / 4)});
           if (words.size() == size_t(cuda::kMaxWordCopies)) copy_words();
@@ -731,7 +767,16 @@ class CudaBackend final : public Backend {
       if (!words.empty()) copy_words();
       CUDA_CHECK(cudaEventRecord(taken_, s_));
       CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
+      if (reads.done) {
+        CUDA_CHECK(cudaEventRecord(reads.done, digests_));
+        CUDA_CHECK(cudaStreamWaitEvent(copies_, reads.done, 0));
+        reads_.push_back(std::move(reads));
+      }
     } catch (...) {
+      if (reads.done) {  // the digest stream may have started: nothing may reuse what it reads
+        cudaStreamSynchronize(digests_);
+        event_pool().give(reads.done, 0);
+      }
       cudaFreeAsync(snap, s_);
       throw;
     }
@@ -814,29 +859,61 @@ class CudaBackend final : public Backend {
   void indexer_score_backward(const IndexerScoreBwdParams& p) override { cuda::indexer_score_backward(p, s_); }
 
  private:
-  // The per-row digests of [rows, row_elems] of `dt` at `data` into out[rows] (device memory), on the
-  // compute stream.
-  void enqueue_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out) {
+  // The per-row digests of [rows, row_elems] of `dt` at `data` into out[rows] (device memory), on
+  // `stream`.
+  static void enqueue_digests(const void* data, DType dt, int64_t rows, int64_t row_elems, uint64_t* out,
+                              cudaStream_t stream) {
     if (dt != DType::bf16)
-      cuda::digest_rows(data, rows, row_elems * 4, out, s_);
+      cuda::digest_rows(data, rows, row_elems * 4, out, stream);
     else
-      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, s_);
+      cuda::digest_rows_bf16(static_cast<const float*>(data), rows, row_elems, out, stream);
   }
 
   template <typename T>
   Buffer<T> alloc(int64_t n) {
     if (n <= 0) return {};
     void* p = nullptr;
-    CUDA_CHECK(cudaMallocAsync(&p, size_t(n) * sizeof(T), s_));
-    const cudaStream_t s = s_;
-    return Buffer<T>(static_cast<T*>(p), n, [s](void* q) { cudaFreeAsync(q, s); });
+    const size_t bytes = size_t(n) * sizeof(T);
+    CUDA_CHECK(cudaMallocAsync(&p, bytes, s_));
+    return Buffer<T>(static_cast<T*>(p), n, [this, bytes](void* q) { release(q, bytes); });
+  }
+  // Frees a buffer in stream order; first, the compute stream waits for the digests still reading it
+  // (the memory may go to the next allocation at once).
+  void release(void* p, size_t bytes) noexcept {
+    const char* b = static_cast<const char*>(p);
+    const char* e = b + bytes;
+    cudaEvent_t last = nullptr;  // the events complete in order: the last one reading p is enough
+    for (const Reads& r : reads_)
+      for (const auto& [rb, re] : r.ranges)
+        if (rb < e && b < re) last = r.done;
+    if (last) cudaStreamWaitEvent(s_, last, 0);
+    cudaFreeAsync(p, s_);
+    if (reads_.size() > kReadsKept) settle_reads();
+  }
+  // Forgets the reads that have finished.
+  void settle_reads() noexcept {
+    while (!reads_.empty()) {
+      const cudaEvent_t e = reads_.front().done;
+      if (cudaEventQuery(e) != cudaSuccess) break;
+      event_pool().give(e, 0);
+      reads_.pop_front();
+    }
   }
 
   const Weights& w_;
   const DeviceWeights& dw_;
   cudaStream_t s_ = nullptr;
   cudaStream_t copies_ = nullptr;  // asynchronous downloads (created on the first)
+  cudaStream_t digests_ = nullptr;  // their digest kernels (created with copies_)
   cudaEvent_t taken_ = nullptr;    // recorded on s_ after a download's snapshot; copies_ waits for it
+  // The buffers the digest stream reads, a download's ranges with the event recorded after its digests,
+  // oldest first; finished ones are forgotten at the next download or past kReadsKept.
+  struct Reads {
+    cudaEvent_t done;
+    std::vector<std::pair<const char*, const char*>> ranges;
+  };
+  static constexpr size_t kReadsKept = 64;
+  std::deque<Reads> reads_;
 };
 
 #endif  // DSV4_HAVE_CUDA

@@ -209,10 +209,11 @@ class Backend {
     virtual const void* part(size_t i) const = 0;
     virtual size_t bytes() const = 0;  // host memory held
   };
-  // Snapshots the parts in stream order after the work enqueued so far (so their buffers may be
-  // changed or freed at once) and copies the snapshots into pinned host memory on a stream of their
-  // own, ordered by events; nothing waits. nullptr from a backend whose memory is the host's (the
-  // CPU: its observers read the buffers where they are).
+  // Snapshots the parts after the work enqueued so far and copies the snapshots into pinned host
+  // memory on a stream of their own, ordered by events; nothing waits. The copied parts' buffers may
+  // be changed or freed at once. A digest part's buffer may be freed at once (the free waits for the
+  // digests) but must not be written again: its digests may run while later work goes on. nullptr from
+  // a backend whose memory is the host's (the CPU: its observers read the buffers where they are).
   virtual std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) {
     (void)parts;
     return nullptr;
@@ -244,6 +245,11 @@ RopeTables rope_tables(Backend& be, const ModelConfig& c, int64_t p0, int64_t T)
 // [T, heads * head_dim] of x, at positions `pos` with frequencies `freq` (from RopeTables).
 RopeApplyParams rope_rows_params(const ModelConfig& c, float* x, int64_t T, int heads, int64_t head_dim,
                                  const int64_t* pos, const float* freq, bool inverse, bool round_bf16);
+
+// Tests of late reports only: each asynchronous download's digests start `microseconds` late on the
+// device's digest stream, so that a reported buffer written or freed before its digests ran shows in
+// them. 0 (the default): none. Process-wide; a no-op without CUDA.
+void set_digest_delay_for_tests(int microseconds);
 
 // The backend for `d` over the weights `w` (which must outlive it). Device::cuda throws InputError
 // when this dsv4 was built without CUDA or no CUDA device is usable.

@@ -239,6 +239,8 @@ class SequenceForward {
   // Reports a tensor held in backend memory. With a device backend the row digests are computed on
   // the device and the values are downloaded only if an observer asks for them (TensorRecord::data).
   // row0: the index of the tensor's row 0 within the sequence (default: the chunk's first position).
+  // The graph does not write a reported buffer again: a late report's digests may still be reading it
+  // (Backend::download_async). A step that changes it makes a new buffer (normed(), not norm_rows()).
   void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data,
               int64_t row0 = -1) {
     if (!want_tensors()) return;
@@ -355,13 +357,23 @@ class SequenceForward {
   }
 
   void norm_rows(FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer, Arith arith = Arith::fp32) {
+    norm_rows_into(x, x, rows, dim, weight, layer, arith);
+  }
+  // The normalised rows in a new buffer; x is kept (it was reported, or the tape keeps it).
+  FBuf normed(const FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer) {
+    FBuf y = be_.floats(x.size());
+    norm_rows_into(x, y, rows, dim, weight, layer, Arith::fp32);
+    return y;
+  }
+  void norm_rows_into(const FBuf& x, FBuf& y, int64_t rows, int64_t dim, const float* weight, int layer,
+                      Arith arith) {
     RmsNormParams p;
     p.rows = rows;
     p.dim = dim;
     p.x = x.data();
     p.ldx = dim;
     p.w = weight;
-    p.y = x.data();
+    p.y = y.data();
     p.ldy = dim;
     p.eps = c_.rms_norm_eps;
     p.order = P_.reduce.norm;
@@ -883,36 +895,34 @@ SequenceResult SequenceForward::run() {
   for (int L = 0; L < c_.num_hidden_layers; ++L) {
     const std::string p = layer_prefix(L);
     Mix ma = hc_pre_sublayer(H, L, Sublayer::attn);
-    FBuf a_in = tape_ ? clone(ma.y) : FBuf();
-    norm_rows(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L);
-    report(L, "attn.norm", DType::bf16, {T_, D}, ma.y.data());
-    FBuf a = attention(ma.y, L);
+    FBuf xa = normed(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L);
+    report(L, "attn.norm", DType::bf16, {T_, D}, xa.data());
+    FBuf a = attention(xa, L);
     FBuf Ha = hc_post_sublayer(a, H, ma);
     if (tape_) {
       AttentionTape& tp = tape_->attn[size_t(L)];
       tp.H_in = std::move(H);
       tp.post = std::move(ma.post);
       tp.comb = std::move(ma.comb);
-      tp.a_in = std::move(a_in);
-      tp.x = std::move(ma.y);
+      tp.a_in = std::move(ma.y);
+      tp.x = std::move(xa);
       tp.out = std::move(a);
     }
     H = std::move(Ha);
     report(L, "attn.hc_post", DType::bf16, {T_, hc * D}, H.data());
 
     Mix mf = hc_pre_sublayer(H, L, Sublayer::ffn);
-    FBuf f_in = tape_ ? clone(mf.y) : FBuf();
-    norm_rows(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L);
-    report(L, "ffn.norm", DType::bf16, {T_, D}, mf.y.data());
-    FBuf f = moe(mf.y, L);
+    FBuf xf = normed(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L);
+    report(L, "ffn.norm", DType::bf16, {T_, D}, xf.data());
+    FBuf f = moe(xf, L);
     FBuf Hf = hc_post_sublayer(f, H, mf);
     if (tape_) {
       FfnTape& tp = tape_->ffn[size_t(L)];
       tp.H_in = std::move(H);
       tp.post = std::move(mf.post);
       tp.comb = std::move(mf.comb);
-      tp.f_in = std::move(f_in);
-      tp.x = std::move(mf.y);
+      tp.f_in = std::move(mf.y);
+      tp.x = std::move(xf);
       tp.out = std::move(f);
     }
     H = std::move(Hf);
@@ -925,11 +935,10 @@ SequenceResult SequenceForward::run() {
   hp.y = y.data();
   be_.hc_head(hp);
   report(-1, "head.hc", DType::bf16, {T_, D}, y.data());
-  if (tape_) tape_->y_hc = clone(y);
-  norm_rows(y, T_, D, be_.weight("model.norm.weight"), -1);
-  report(-1, "head.norm", DType::bf16, {T_, D}, y.data());
+  FBuf yn = normed(y, T_, D, be_.weight("model.norm.weight"), -1);
+  report(-1, "head.norm", DType::bf16, {T_, D}, yn.data());
 
-  FBuf logits = linear(y, T_, D, "lm_head.weight", V, OutRound::f32, -1);
+  FBuf logits = linear(yn, T_, D, "lm_head.weight", V, OutRound::f32, -1);
   if (opt_.temperature != 1.0f) be_.divide(logits.data(), logits.size(), opt_.temperature);
   report(-1, "logits", DType::f32, {T_, V}, logits.data());
 
@@ -947,7 +956,8 @@ SequenceResult SequenceForward::run() {
   report(-1, "logprobs", DType::f32, {T_ - 1}, lp.data());
   if (tape_) {
     tape_->H_final = std::move(H);
-    tape_->y = std::move(y);
+    tape_->y_hc = std::move(y);
+    tape_->y = std::move(yn);
     tape_->logits = std::move(logits);
     tape_->tokens = std::move(tokens_dev_);
   }

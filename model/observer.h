@@ -106,8 +106,9 @@ class Observer {
   // Whether reports may reach this observer late: still in execution order and all of them before the
   // forward returns, but after the model has gone on. A device backend then downloads them without
   // waiting (model/device.h download_async), so recording costs the compute stream nothing but the
-  // digest kernels and copies. A late TensorRecord carries its row digests, and its values only when
-  // wants_values() said so when it was made (data() of any other throws std::logic_error).
+  // snapshot copies: the digest kernels run on a stream of their own. A late TensorRecord carries its row
+  // digests, and its values only when wants_values() said so when it was made (data() of any other throws
+  // std::logic_error).
   virtual bool deferrable() const { return false; }
   virtual bool wants_values(std::string_view name, int layer) const {
     (void)name, (void)layer;

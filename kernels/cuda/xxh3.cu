@@ -139,7 +139,22 @@ void launch_digests(Src data, int64_t rows, int64_t row_stride, uint64_t len, ui
   CUDA_CHECK(cudaGetLastError());
 }
 
+__global__ void digest_delay_kernel(uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 }  // namespace
+
+void digest_delay(int microseconds, cudaStream_t stream) {
+  if (microseconds <= 0) return;
+  digest_delay_kernel<<<1, 1, 0, stream>>>(uint64_t(microseconds) * 1000);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* out, cudaStream_t stream) {
   if (rows < 0 || row_bytes < 0)

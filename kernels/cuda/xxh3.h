@@ -197,5 +197,9 @@ void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* ou
 // once and nothing else is written.
 void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream);
 
+// Tests of the digest stream only: one thread on `stream` waits `microseconds` (the device's global
+// timer), so that digests enqueued after it run late. A report kernel (capture/cupti.h).
+void digest_delay(int microseconds, cudaStream_t stream);
+
 }  // namespace dsv4::cuda
 #endif
