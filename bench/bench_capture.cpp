@@ -104,6 +104,8 @@ class NullObserver final : public dsv4::Observer {
 // time, the report kernels' share (capture/cupti.h is_report_kernel) and the time from the first
 // kernel's start to the last one's end. Wall time above that span is host time before the first
 // kernel and after the last; the span above the summed kernel time is the GPU waiting between kernels.
+// The report kernels may run beside the model's (the digests have a stream of their own):
+// model_busy_ms is the time some model kernel runs, report_alone_ms the time only report kernels run.
 void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens, const dsv4::RunOptions& ro) {
   dsv4::KernelRecorder rec;
   if (!rec.start()) return;
@@ -112,13 +114,31 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   if (!k.available || k.kernels.empty()) return;
   double all = 0, report = 0;
   int64_t first = k.kernels.front().start_ns, last = k.kernels.front().end_ns, reports = 0;
+  std::vector<std::pair<int64_t, int>> edges;  // (time, +1/-1 model, +2/-2 report)
   for (const dsv4::KernelRecord& r : k.kernels) {
     const double ms = double(r.end_ns - r.start_ns) * 1e-6;
     all += ms;
-    if (dsv4::is_report_kernel(r)) report += ms, ++reports;
+    const bool rep = dsv4::is_report_kernel(r);
+    if (rep) report += ms, ++reports;
     first = std::min(first, r.start_ns), last = std::max(last, r.end_ns);
+    edges.push_back({r.start_ns, rep ? 2 : 1});
+    edges.push_back({r.end_ns, rep ? -2 : -1});
+  }
+  std::sort(edges.begin(), edges.end());
+  int64_t model_busy = 0, report_alone = 0, prev = edges.front().first;
+  int models = 0, reps = 0;
+  for (const auto& [t, e] : edges) {
+    if (models > 0) model_busy += t - prev;
+    if (models == 0 && reps > 0) report_alone += t - prev;
+    prev = t;
+    if (e == 1 || e == -1)
+      models += e;
+    else
+      reps += e / 2;
   }
   state.counters["kernels_ms"] = all;
+  state.counters["model_busy_ms"] = double(model_busy) * 1e-6;
+  state.counters["report_alone_ms"] = double(report_alone) * 1e-6;
   state.counters["report_kernels_ms"] = report;
   state.counters["span_ms"] = double(last - first) * 1e-6;
   state.counters["launches"] = double(k.kernels.size());
