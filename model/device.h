@@ -86,6 +86,9 @@ class Buffer {
 // Turns a kernel's `*_check` answer into an exception naming the op and the layer.
 void require(const char* why, const char* op, int layer);
 
+// One thread at a time uses a backend and frees its buffers (a device backend's work goes to one
+// compute stream, and its buffers' frees consult the downloads still reading them). Its buffers are
+// freed before it is destroyed.
 class Backend {
  public:
   virtual ~Backend() = default;
