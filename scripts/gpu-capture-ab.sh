@@ -93,7 +93,9 @@ def read(path):
         if not m:
             continue
         per_step = re.search(r"ms_per_step=([\d.eE+-]+)([kmunµ]?)s?\b", line)
-        rows[m.group(1)] = float(per_step.group(1)) * scale[per_step.group(2)] * 1e3 if per_step else float(m.group(3))
+        close = re.search(r"close_ms=([\d.eE+-]+)([kmunµ]?)\b", line)
+        rows[m.group(1)] = (float(per_step.group(1)) * scale[per_step.group(2)] * 1e3 if per_step else float(m.group(3)),
+                            float(close.group(1)) * scale[close.group(2)] if close else None)
     return rows
 def reference(name):  # the uncaptured case a case is measured against
     if name.startswith("BM_ForwardCuda/"):
@@ -102,14 +104,15 @@ def reference(name):  # the uncaptured case a case is measured against
         return "BM_GenerateMidCuda/0"
     m = re.match(r"BM_RecordStepsCuda/\w+/(\d+/\d+)", name)
     return f"BM_RecordStepsCuda/none/{m.group(1)}" if m else None
-print(f"{'case':42} {'version':8} {'round':>5} {'ms':>9} {'x uncaptured':>13}")
+print(f"{'case':42} {'version':8} {'round':>5} {'ms':>9} {'x uncaptured':>13} {'close ms':>9}")
 for r in range(1, rounds + 1):
     for v in ("tree", "base"):
         rows = read(f"{logs}/bench_{v}_{r}.log")
-        for name, ms in rows.items():
+        for name, (ms, close) in rows.items():
             ref = rows.get(reference(name)) if reference(name) != name else None
-            ratio = f"{ms / ref:.3f}" if ref else ""
-            print(f"{name:42} {v:8} {r:5} {ms:9.2f} {ratio:>13}")
+            ratio = f"{ms / ref[0]:.3f}" if ref else ""
+            close = f"{close:.1f}" if close is not None else ""
+            print(f"{name:42} {v:8} {r:5} {ms:9.2f} {ratio:>13} {close:>9}")
 EOF
 echo "================ dsv4 GPU capture A/B ================"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
