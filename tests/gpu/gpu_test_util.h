@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "model/device.h"
 
 namespace dsv4::test {
 
@@ -137,5 +138,15 @@ template <typename T>
              << what << ": first difference at " << i << ": cpu " << +cpu[i] << " vs gpu " << +gpu[i];
   return ::testing::AssertionSuccess();
 }
+
+// Holds each late report's digests back `microseconds` on the digest stream while in scope
+// (backend::set_digest_delay_for_tests), and resets the delay however the scope is left.
+class DigestDelay {
+ public:
+  explicit DigestDelay(int microseconds) { backend::set_digest_delay_for_tests(microseconds); }
+  ~DigestDelay() { backend::set_digest_delay_for_tests(0); }
+  DigestDelay(const DigestDelay&) = delete;
+  DigestDelay& operator=(const DigestDelay&) = delete;
+};
 
 }  // namespace dsv4::test

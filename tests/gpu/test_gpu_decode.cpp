@@ -112,9 +112,10 @@ TEST(GpuDecode, CollectedGenerationMatchesTheCpu) {
     EXPECT_FALSE(cpu.empty());
     EXPECT_TRUE(cpu == gpu) << "the GPU's recorded generation differs from the CPU's";
     if (capture == "decisions") {  // each chunk's digests held back on their stream, as in GpuRecord
-      backend::set_digest_delay_for_tests(500);
-      const std::string late = transcript(Device::cuda);
-      backend::set_digest_delay_for_tests(0);
+      const std::string late = [&] {
+        const test::DigestDelay delay(500);
+        return transcript(Device::cuda);
+      }();
       EXPECT_TRUE(cpu == late)
           << "the GPU's recorded generation, digests 0.5 ms late, differs from the CPU's";
     }

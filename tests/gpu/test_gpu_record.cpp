@@ -369,10 +369,7 @@ TEST(GpuRecord, LateReportsEqualTheCpusImmediateOnes) {
 // other bytes and differ from the CPU's digests.
 TEST(GpuRecord, LateDigestsSeeTheReportedBytesWhenTheyRunLate) {
   DSV4_REQUIRE_CUDA_DEVICE();
-  struct Delay {
-    Delay() { backend::set_digest_delay_for_tests(3000); }
-    ~Delay() { backend::set_digest_delay_for_tests(0); }
-  } delay;
+  const test::DigestDelay delay(3000);
   for (const char* preset_name : {"tiny", "tiny-b"}) {
     const Weights w = Weights::init(preset(preset_name), 5);
     for (int64_t T : {37, 300}) {
