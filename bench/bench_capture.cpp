@@ -383,7 +383,7 @@ void BM_WriterSteps(benchmark::State& state) {
   ro.observer = &calls;
   const dsv4::ForwardResult r = dsv4::forward(mid(), step.seqs, ro);
   const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
-  double writing = 0, closing = 0, writeback = 0;
+  double writing = 0, closing = 0;
   for (auto _ : state) {
     const std::string path = scratch("writer_steps.h5");
     fs::remove(path);
@@ -399,12 +399,10 @@ void BM_WriterSteps(benchmark::State& state) {
     w->close();
     closing += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     writing += w->stats().seconds_writing;
-    writeback += w->stats().seconds_writeback;
     fs::remove(path);
   }
   const double n = double(state.iterations());
   state.counters["writer_ms_per_step"] = writing * 1e3 / n / double(steps);
-  state.counters["writeback_ms_per_step"] = writeback * 1e3 / n / double(steps);
   state.counters["close_ms"] = closing * 1e3 / n;
   state.counters["ms_per_step"] = benchmark::Counter(double(steps) * n, benchmark::Counter::kIsRate |
                                                                           benchmark::Counter::kInvert,

@@ -40,37 +40,6 @@ void fsync_path(const std::string& path, bool directory) {
   if (r != 0) throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(err)));
 }
 
-// Starts the kernel's write-back of the pages written to a file so far and returns without waiting
-// for it (Linux: sync_file_range). The writer thread calls it after each batch, so the disk writes a
-// trace while it is recorded and the close's fsync finds little left: on a disk at ~1 GB/s the fsync
-// of an 8-step decisions trace (mid, T = 4096) otherwise takes ~50 ms of the close, which the steps
-// wait for. A hint only: where the file cannot be opened or the call fails, the close's fsync still
-// makes the trace durable.
-class EarlyWriteback {
- public:
-  explicit EarlyWriteback(const std::string& path) {
-#if defined(__linux__)
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-#else
-    (void)path;
-#endif
-  }
-  ~EarlyWriteback() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  EarlyWriteback(const EarlyWriteback&) = delete;
-  EarlyWriteback& operator=(const EarlyWriteback&) = delete;
-
-  void start() {
-#if defined(__linux__)
-    if (fd_ >= 0) (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
-#endif
-  }
-
- private:
-  int fd_ = -1;
-};
-
 // What the compute side hands to the writer thread: a record of the step, or a call.
 struct Msg : StepRecord {
   bool call = false;
@@ -179,7 +148,6 @@ struct TraceWriter::Impl {
   void writer_loop() {
     constexpr int64_t kBatchBytes = int64_t(64) << 20;
     h5::quiet();
-    EarlyWriteback writeback(writing_path);
     while (true) {
       std::vector<Msg> batch;
       {
@@ -207,12 +175,9 @@ struct TraceWriter::Impl {
           std::lock_guard lk(mu);
           if (!error) error = std::current_exception();
         }
-        const auto t1 = Clock::now();
-        writeback.start();
         const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
         std::lock_guard lk(mu);
         st.seconds_writing += seconds;
-        st.seconds_writeback += std::chrono::duration<double>(Clock::now() - t1).count();
         if (batch.front().call) {
           st.seconds_steps += seconds;
         } else {

@@ -65,12 +65,11 @@ struct WriterStats {
   int64_t bytes_queued = 0;      // payload handed to the writer thread
   int64_t queue_high_water = 0;  // largest number of bytes in flight
   double seconds_blocked = 0;    // time the compute side waited on a full queue
-  double seconds_writing = 0;    // time the writer thread was busy, of which:
+  double seconds_writing = 0;    // time the writer thread spent in HDF5 calls, of which:
   double seconds_steps = 0;      //   laying out and finishing steps (begin_step, end_step)
   double seconds_staging = 0;    //   checking records and planning their writes
   double seconds_encoding = 0;   //   encoding their chunks (on the encoder threads)
   double seconds_storing = 0;    //   storing the chunks
-  double seconds_writeback = 0;  //   starting the kernel's write-back after each batch
   int64_t records = 0, batches = 0;  // records written, in this many batches
 };
 
