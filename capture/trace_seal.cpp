@@ -11,18 +11,27 @@
 #define XXH_INLINE_ALL
 #endif
 #include <xxhash.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "capture/errors.h"
 #include "capture/h5.h"
+#include "kernels/cuda/xxh3.h"
 
 namespace dsv4 {
 namespace {
@@ -164,27 +173,221 @@ std::string hex(const XXH128_canonical_t& d) {
   return s;
 }
 
-// XXH3-128 of bytes [kHeaderBytes, size) of the file: the rest of the user block and the HDF5 file.
-XXH128_canonical_t hash_body(int fd, const std::string& path, uint64_t size) {
-  XXH3_state_t* st = XXH3_createState();
-  if (!st) throw Error(fmt::format("{}: not enough memory for the seal's hash state", path));
-  XXH3_128bits_reset(st);
-  std::vector<unsigned char> buf(kReadBlock);
-  uint64_t at = kHeaderBytes;
-  try {
-    while (at < size) {
-      const size_t n = size_t(std::min<uint64_t>(kReadBlock, size - at));
-      if (!read_at(fd, path, at, buf.data(), n)) break;  // shorter than stat said: hash what is there
-      XXH3_128bits_update(st, buf.data(), n);
-      at += n;
+// Reads up to n bytes at `at`, fewer only at the end of the file; throws on an I/O error.
+size_t read_some(int fd, const std::string& path, uint64_t at, unsigned char* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out + got, n - got, off_t(at + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw TraceError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
     }
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  return got;
+}
+
+XXH128_canonical_t canonical(XXH3_state_t* st) {
+  XXH128_canonical_t out;
+  XXH128_canonicalFromHash(&out, XXH3_128bits_digest(st));
+  return out;
+}
+
+// The range read and hashed by this thread alone, 256 KiB at a time (hashed while still in the L2
+// cache). For ranges of at most two rounds of the parallel reads.
+void hash_sequential(XXH3_state_t* st, int fd, const std::string& path, uint64_t begin, uint64_t end) {
+  std::vector<unsigned char> buf(kReadBlock);
+  for (uint64_t at = begin; at < end;) {
+    const size_t want = size_t(std::min<uint64_t>(kReadBlock, end - at));
+    const size_t n = read_some(fd, path, at, buf.data(), want);
+    XXH3_128bits_update(st, buf.data(), n);
+    if (n < want) return;  // shorter than asked: hash what is there
+    at += n;
+  }
+}
+
+// XXH3-128 over many threads. For inputs over 240 bytes, XXH3 folds the input into 8 accumulators in
+// 1024-byte blocks: each block adds to accumulator j the sum of its 16 stripes' terms
+// (xxh3::stripe_term), then scrambles. The sums are integer sums (mod 2^64), so the threads form
+// each block's 8 sums (its "delta") in any order, each from its own range read into a cache-sized
+// buffer, and one thread then runs the scrambles over the deltas in block order: the same bits as
+// libxxhash. The tail (the last, partial block and the last stripe) and the 128-bit merge follow
+// XXH3_hashLong_128b.
+
+// The deltas of `blocks` whole blocks at `in`: out[8 b + j] = sum over the stripes st of block b of
+// stripe_term(stripe, secret + 8 st, j).
+void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
+  const uint8_t* s = xxh3::kSecret;
+#if defined(__AVX2__)
+  __m256i key[xxh3::kStripesPerBlock][2];
+  for (int st = 0; st < xxh3::kStripesPerBlock; ++st)
+    for (int h = 0; h < 2; ++h)
+      key[st][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 8 * st + 32 * h));
+  for (uint64_t b = 0; b < blocks; ++b) {
+    __m256i d[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int st = 0; st < xxh3::kStripesPerBlock; ++st)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(in + b * xxh3::kBlockLen + st * xxh3::kStripeLen + 32 * h));
+        const __m256i k = _mm256_xor_si256(w, key[st][h]);
+        const __m256i product = _mm256_mul_epu32(k, _mm256_srli_epi64(k, 32));   // lo32 x hi32 of each lane
+        const __m256i other = _mm256_shuffle_epi32(w, _MM_SHUFFLE(1, 0, 3, 2));  // lane j ^ 1's word
+        d[h] = _mm256_add_epi64(d[h], _mm256_add_epi64(other, product));
+      }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * b), d[0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * b + 4), d[1]);
+  }
+#else
+  for (uint64_t b = 0; b < blocks; ++b)
+    for (int j = 0; j < 8; ++j) {
+      uint64_t d = 0;
+      for (int st = 0; st < xxh3::kStripesPerBlock; ++st)
+        d += xxh3::stripe_term(in + b * xxh3::kBlockLen + st * xxh3::kStripeLen, s + 8 * st, j);
+      out[8 * b + j] = d;
+    }
+#endif
+}
+
+// XXH3_mergeAccs.
+uint64_t merge_accs(const uint64_t acc[8], const uint8_t* s, uint64_t start) {
+  uint64_t r = start;
+  for (int i = 0; i < 4; ++i)
+    r += xxh3::mul128_fold64(acc[2 * i] ^ xxh3::read64(s + 16 * i),
+                             acc[2 * i + 1] ^ xxh3::read64(s + 16 * i + 8));
+  return xxh3::avalanche(r);
+}
+
+// XXH3-128 of [begin, end) (more than 240 bytes) by `threads` threads, in windows of threads x 16 MiB:
+// thread i forms the deltas of its 16 MiB of a window, 256 KiB read at a time; at the window's end
+// one thread scrambles them into the accumulators. False when the file ended early (the caller then
+// hashes what is there, alone).
+bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t begin, uint64_t end,
+                   int threads) {
+  constexpr uint64_t kPart = uint64_t(16) << 20, kPiece = kReadBlock;  // kPiece: whole blocks
+  static_assert(kPart % kPiece == 0 && kPiece % xxh3::kBlockLen == 0);
+  const uint64_t len = end - begin, nb_blocks = (len - 1) / xxh3::kBlockLen;
+  const uint64_t window = uint64_t(threads) * kPart,
+                 windows = (nb_blocks * xxh3::kBlockLen + window - 1) / window;
+  std::vector<uint64_t> deltas(size_t(window / xxh3::kBlockLen) * 8);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  std::atomic<bool> cut{false};  // a read failed or came up short
+  uint64_t w = 0;                // the window the threads are in
+  auto chain = [&]() noexcept {
+    const uint64_t first = w * (window / xxh3::kBlockLen);
+    const uint64_t count = std::min(nb_blocks - first, window / xxh3::kBlockLen);
+    for (uint64_t b = 0; b < count; ++b)
+      for (int j = 0; j < 8; ++j)
+        acc[j] = xxh3::scramble(acc[j] + deltas[size_t(8 * b + uint64_t(j))],
+                                xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen, j);
+    ++w;
+  };
+  std::barrier phase(threads, chain);
+  auto worker = [&](int i) {
+    std::vector<unsigned char> buf(kPiece);
+    for (uint64_t k = 0; k < windows; ++k) {
+      const uint64_t from = k * window + uint64_t(i) * kPart;  // in bytes of the range
+      const uint64_t to = std::min(from + kPart, nb_blocks * xxh3::kBlockLen);
+      for (uint64_t at = from; at < to && !cut; at += kPiece) {
+        const size_t want = size_t(std::min(kPiece, to - at));
+        try {
+          if (read_some(fd, path, begin + at, buf.data(), want) < want) cut = true;
+        } catch (...) {
+          errors[size_t(i)] = std::current_exception();
+          cut = true;
+        }
+        if (!cut)
+          block_deltas(buf.data(), want / xxh3::kBlockLen,
+                       &deltas[size_t((at - k * window) / xxh3::kBlockLen) * 8]);
+      }
+      phase.arrive_and_wait();
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    std::exception_ptr no_thread;
+    for (int i = 1; i < threads; ++i) {
+      try {
+        pool.emplace_back(worker, i);
+      } catch (const std::system_error&) {
+        no_thread = std::current_exception();
+        cut = true;  // the started threads run out their windows without reading
+        for (int k = i; k < threads; ++k) phase.arrive_and_drop();
+        break;
+      }
+    }
+    worker(0);
+    pool.clear();
+    if (no_thread) std::rethrow_exception(no_thread);
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  if (cut) return false;
+  // The tail: the stripes of the last, partial block, then the last 64 bytes (which may overlap them).
+  const uint64_t tail_at = std::min(nb_blocks * xxh3::kBlockLen, len - xxh3::kStripeLen);
+  std::vector<unsigned char> tail(size_t(len - tail_at));
+  if (read_some(fd, path, begin + tail_at, tail.data(), tail.size()) < tail.size()) return false;
+  const unsigned char* last_block = tail.data() + (nb_blocks * xxh3::kBlockLen - tail_at);
+  const int nb_stripes = int(((len - 1) - xxh3::kBlockLen * nb_blocks) / xxh3::kStripeLen);
+  for (int st = 0; st < nb_stripes; ++st)
+    for (int j = 0; j < 8; ++j)
+      acc[j] += xxh3::stripe_term(last_block + st * xxh3::kStripeLen, xxh3::kSecret + 8 * st, j);
+  for (int j = 0; j < 8; ++j)
+    acc[j] += xxh3::stripe_term(tail.data() + tail.size() - xxh3::kStripeLen,
+                                xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen - 7, j);
+  return true;
+}
+
+}  // namespace
+
+std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, uint64_t begin, uint64_t end,
+                                              int threads) {
+  // Each thread takes at least two 16 MiB parts; by default one a core (up to 8), and at least two.
+  const uint64_t len = end > begin ? end - begin : 0;
+  const bool asked = threads > 0;
+  if (!asked) threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  threads = int(std::min<uint64_t>(uint64_t(threads), len / (uint64_t(32) << 20)));
+  std::array<unsigned char, 16> out;
+  if (threads >= (asked ? 1 : 2)) {
+    uint64_t acc[8];
+    xxh3::init_acc(acc);
+    bool whole = false;
+    try {
+      whole = hash_parallel(acc, fd, path, begin, end, threads);
+    } catch (const std::system_error&) {  // no thread to share the work: hashed here alone
+    }
+    if (whole) {
+      XXH128_hash_t h;
+      h.low64 = merge_accs(acc, xxh3::kSecret + 11, len * xxh3::kP64_1);
+      h.high64 = merge_accs(acc, xxh3::kSecret + xxh3::kSecretSize - 64 - 11, ~(len * xxh3::kP64_2));
+      XXH128_canonical_t c;
+      XXH128_canonicalFromHash(&c, h);
+      std::memcpy(out.data(), c.digest, out.size());
+      return out;
+    }
+  }
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw Error(fmt::format("{}: not enough memory for the hash state", path));
+  XXH3_128bits_reset(st);
+  try {
+    hash_sequential(st, fd, path, begin, end);
   } catch (...) {
     XXH3_freeState(st);
     throw;
   }
-  XXH128_canonical_t out;
-  XXH128_canonicalFromHash(&out, XXH3_128bits_digest(st));
+  const XXH128_canonical_t c = canonical(st);
   XXH3_freeState(st);
+  std::memcpy(out.data(), c.digest, out.size());
+  return out;
+}
+
+namespace {
+
+// XXH3-128 of bytes [kHeaderBytes, size) of the file: the rest of the user block and the HDF5 file.
+XXH128_canonical_t hash_body(int fd, const std::string& path, uint64_t size) {
+  const std::array<unsigned char, 16> d = hash_file_range(fd, path, kHeaderBytes, size);
+  XXH128_canonical_t out;
+  std::memcpy(out.digest, d.data(), d.size());
   return out;
 }
 

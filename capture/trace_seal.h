@@ -25,6 +25,7 @@
 // and is read as before. traces/FORMAT.md ("Seal") says what the digest covers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -57,6 +58,14 @@ std::string seal_summary(const SealCheck& c);
 // recorder took the file for `--append`), the file is reported open. Throws TraceError naming the file
 // when it cannot be read.
 SealCheck check_seal(const std::string& path);
+
+// XXH3-128 (seed 0) of bytes [begin, end) of the open file `fd`, in canonical (big-endian) form: the
+// digest libxxhash's XXH3_128bits gives for those bytes, and the seal's. `threads` threads share the
+// work, each reading and hashing 16 MiB parts of the range (at most one thread per 32 MiB); 0: one a
+// core, up to 8, and the calling thread alone below 64 MiB. A file shorter than `end` is hashed up
+// to its end. Throws TraceError naming `path` on a read error.
+std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, uint64_t begin, uint64_t end,
+                                              int threads = 0);
 
 // The writer's side. Both do nothing on a file without a seal header slot (no 512-byte user block
 // starting with zeros or the magic), so appending to a trace written before seals keeps it unsealed.

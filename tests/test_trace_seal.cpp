@@ -5,7 +5,10 @@
 #include <hdf5.h>
 #include <xxhash.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +120,73 @@ TEST_F(TraceSeal, HeaderMatchesTheDocumentedLayout) {
   EXPECT_EQ(r.seal().state, SealCheck::State::verified);
   EXPECT_EQ(r.steps().size(), 2u);
   EXPECT_TRUE(validate_trace(t).ok());
+}
+
+// The seal's file hash on 1 to 3 threads (its parallel path: at least 32 MiB a thread) against
+// libxxhash's one-shot XXH3-128 over the same bytes in memory: sizes at the switch, at block and window
+// ends, ranges that start mid-file at odd offsets, and a file shorter than the range asked for.
+TEST_F(TraceSeal, FileHashEqualsLibxxhashForEveryThreadCount) {
+  constexpr uint64_t kPart = uint64_t(16) << 20;
+  const std::string f = p("bytes.bin");
+  std::vector<char> b(size_t(2 * 3 * kPart + kPart + 1123));
+  std::mt19937_64 g(7);
+  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
+    const uint64_t v = g();
+    std::memcpy(&b[i], &v, 8);
+  }
+  spit(f, b);
+  const int fd = ::open(f.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  auto expected = [&](uint64_t begin, uint64_t end) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(b.data() + begin, size_t(end - begin)));
+    return std::vector<unsigned char>(c.digest, c.digest + 16);
+  };
+  auto got = [&](uint64_t begin, uint64_t end, int threads) {
+    const std::array<unsigned char, 16> d = hash_file_range(fd, f, begin, end, threads);
+    return std::vector<unsigned char>(d.begin(), d.end());
+  };
+  const uint64_t n = b.size();
+  for (int threads = 1; threads <= 3; ++threads) {
+    const uint64_t window = uint64_t(threads) * kPart;
+    for (uint64_t begin : {uint64_t(56), uint64_t(3)})
+      for (uint64_t size : {uint64_t(0), uint64_t(100), 2 * window, 2 * window + 1, 2 * window + 64,
+                            2 * window + 1000, 3 * window - 1, 3 * window, n - begin}) {
+        if (begin + size > n) continue;
+        EXPECT_EQ(got(begin, begin + size, threads), expected(begin, begin + size))
+            << threads << " threads, bytes " << begin << ".." << begin + size;
+      }
+    // Asked past the end: the hash of what is there.
+    EXPECT_EQ(got(56, n + 5 * kPart + 7, threads), expected(56, n)) << threads << " threads, past the end";
+  }
+  EXPECT_EQ(got(56, n, 0), expected(56, n)) << "the default thread count";
+  ::close(fd);
+}
+
+// A sealed file above the parallel hash's threshold (with 3 threads or fewer): the header's digest is
+// libxxhash's over the bytes after the header, and the seal checks.
+TEST_F(TraceSeal, LargeFileSealsWithLibxxhashsDigest) {
+  const std::string f = p("large.h5");
+  std::vector<char> b(size_t(105) << 20);
+  std::memcpy(&b[512], "\x89HDF\r\n\x1a\n", 8);  // an empty user block before a (fake) superblock
+  std::mt19937_64 g(11);
+  for (size_t i = 1024; i + 8 <= b.size(); i += 8) {
+    const uint64_t v = g();
+    std::memcpy(&b[i], &v, 8);
+  }
+  spit(f, b);
+  seal_trace(f);
+  const std::vector<char> sealed = slurp(f);
+  ASSERT_EQ(sealed.size(), b.size());
+  EXPECT_EQ(le(&sealed[12], 4), 2u);
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(sealed.data() + 56, sealed.size() - 56));
+  EXPECT_EQ(std::memcmp(&sealed[32], c.digest, 16), 0);
+  EXPECT_EQ(check_seal(f).state, SealCheck::State::verified);
+  std::vector<char> damaged = sealed;
+  damaged[damaged.size() - (size_t(13) << 20)] ^= 1;  // in a middle piece of the parallel read
+  spit(f, damaged);
+  EXPECT_EQ(check_seal(f).state, SealCheck::State::mismatch);
 }
 
 // Open while recording and while appending; sealed again at each close, with every step.
