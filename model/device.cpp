@@ -735,13 +735,11 @@ class CudaBackend final : public Backend {
     char* snap = nullptr;
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total, s_));
     Reads reads{nullptr, {}};
-    bool copied = false;  // a part was copied on the compute stream
     try {  // digest parts: a kernel each; the other parts: copied together, whole words in one launch
       std::vector<cuda::WordCopy> words;
       auto copy_words = [&] {
         cuda::copy_words(words.data(), int(words.size()), s_);
         words.clear();
-        copied = true;
       };
       for (size_t i = 0; i < parts.size(); ++i) {
         const AsyncPart& a = parts[i];
@@ -762,16 +760,11 @@ class CudaBackend final : public Backend {
           if (words.size() == size_t(cuda::kMaxWordCopies)) copy_words();
         } else {
           CUDA_CHECK(cudaMemcpyAsync(at, a.src, sizes[i], cudaMemcpyDeviceToDevice, s_));
-          copied = true;
         }
       }
       if (!words.empty()) copy_words();
-      // Without copied parts the digest stream's wait already orders the snapshot after the compute
-      // stream's work (its allocation included): two host calls fewer a report.
-      if (copied) {
-        CUDA_CHECK(cudaEventRecord(taken_, s_));
-        CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
-      }
+      CUDA_CHECK(cudaEventRecord(taken_, s_));
+      CUDA_CHECK(cudaStreamWaitEvent(copies_, taken_, 0));
       if (reads.done) {
         CUDA_CHECK(cudaEventRecord(reads.done, digests_));
         CUDA_CHECK(cudaStreamWaitEvent(copies_, reads.done, 0));
