@@ -249,15 +249,6 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 #endif
 }
 
-// XXH3_mergeAccs.
-uint64_t merge_accs(const uint64_t acc[8], const uint8_t* s, uint64_t start) {
-  uint64_t r = start;
-  for (int i = 0; i < 4; ++i)
-    r += xxh3::mul128_fold64(acc[2 * i] ^ xxh3::read64(s + 16 * i),
-                             acc[2 * i + 1] ^ xxh3::read64(s + 16 * i + 8));
-  return xxh3::avalanche(r);
-}
-
 // XXH3-128 of [begin, end) (more than 240 bytes) by `threads` threads, in windows of threads x 16 MiB:
 // thread i forms the deltas of its 16 MiB of a window, 256 KiB read at a time; at the window's end
 // one thread scrambles them into the accumulators. False when the file ended early (the caller then
@@ -329,12 +320,8 @@ bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t be
   if (read_some(fd, path, begin + tail_at, tail.data(), tail.size()) < tail.size()) return false;
   const unsigned char* last_block = tail.data() + (nb_blocks * xxh3::kBlockLen - tail_at);
   const int nb_stripes = int(((len - 1) - xxh3::kBlockLen * nb_blocks) / xxh3::kStripeLen);
-  for (int st = 0; st < nb_stripes; ++st)
-    for (int j = 0; j < 8; ++j)
-      acc[j] += xxh3::stripe_term(last_block + st * xxh3::kStripeLen, xxh3::kSecret + 8 * st, j);
-  for (int j = 0; j < 8; ++j)
-    acc[j] += xxh3::stripe_term(tail.data() + tail.size() - xxh3::kStripeLen,
-                                xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen - 7, j);
+  xxh3::accumulate_tail(acc, last_block, nb_stripes, tail.data() + tail.size() - xxh3::kStripeLen,
+                        xxh3::kSecret);
   return true;
 }
 
@@ -358,8 +345,8 @@ std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, u
     }
     if (whole) {
       XXH128_hash_t h;
-      h.low64 = merge_accs(acc, xxh3::kSecret + 11, len * xxh3::kP64_1);
-      h.high64 = merge_accs(acc, xxh3::kSecret + xxh3::kSecretSize - 64 - 11, ~(len * xxh3::kP64_2));
+      h.low64 = xxh3::merge(acc, xxh3::kSecret, len);
+      h.high64 = xxh3::merge_accs(acc, xxh3::kSecret + xxh3::kSecretSize - 64 - 11, ~(len * xxh3::kP64_2));
       XXH128_canonical_t c;
       XXH128_canonicalFromHash(&c, h);
       std::memcpy(out.data(), c.digest, out.size());

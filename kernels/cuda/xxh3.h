@@ -146,11 +146,25 @@ DSV4_XXH3_HD void init_acc(uint64_t acc[8]) {
   acc[0] = kP32_3, acc[1] = kP64_1, acc[2] = kP64_2, acc[3] = kP64_3;
   acc[4] = kP64_4, acc[5] = kP32_2, acc[6] = kP64_5, acc[7] = kP32_1;
 }
-DSV4_XXH3_HD uint64_t merge(const uint64_t acc[8], const uint8_t* s, uint64_t len) {
-  uint64_t r = len * kP64_1;
+// XXH3_mergeAccs: the accumulators folded against 64 bytes of secret at `s`, from `start`.
+DSV4_XXH3_HD uint64_t merge_accs(const uint64_t acc[8], const uint8_t* s, uint64_t start) {
+  uint64_t r = start;
   for (int i = 0; i < 4; ++i)
-    r += mul128_fold64(acc[2 * i] ^ read64(s + 11 + 16 * i), acc[2 * i + 1] ^ read64(s + 11 + 16 * i + 8));
+    r += mul128_fold64(acc[2 * i] ^ read64(s + 16 * i), acc[2 * i + 1] ^ read64(s + 16 * i + 8));
   return avalanche(r);
+}
+// The 64-bit result of a long input; XXH3-128's low half is the same, its high half
+// merge_accs(acc, s + kSecretSize - 64 - 11, ~(len * kP64_2)).
+DSV4_XXH3_HD uint64_t merge(const uint64_t acc[8], const uint8_t* s, uint64_t len) {
+  return merge_accs(acc, s + 11, len * kP64_1);
+}
+// The end of a long input after its whole blocks: the `nb_stripes` stripes of the last, partial block
+// at `partial`, then the input's last 64 bytes at `last` (which may overlap them).
+DSV4_XXH3_HD void accumulate_tail(uint64_t acc[8], const uint8_t* partial, int nb_stripes,
+                                  const uint8_t* last, const uint8_t* s) {
+  for (int st = 0; st < nb_stripes; ++st)
+    for (int j = 0; j < 8; ++j) acc[j] += stripe_term(partial + st * kStripeLen, s + 8 * st, j);
+  for (int j = 0; j < 8; ++j) acc[j] += stripe_term(last, s + kSecretSize - kStripeLen - 7, j);
 }
 
 // Lengths > 240, sequentially (the scalar path of libxxhash).
@@ -164,11 +178,7 @@ DSV4_XXH3_HD uint64_t hash_long(const uint8_t* in, uint64_t len, const uint8_t* 
     for (int j = 0; j < 8; ++j) acc[j] = scramble(acc[j], s + kSecretSize - kStripeLen, j);
   }
   const int nb_stripes = int(((len - 1) - kBlockLen * nb_blocks) / kStripeLen);
-  for (int st = 0; st < nb_stripes; ++st)
-    for (int j = 0; j < 8; ++j)
-      acc[j] += stripe_term(in + nb_blocks * kBlockLen + st * kStripeLen, s + 8 * st, j);
-  for (int j = 0; j < 8; ++j)
-    acc[j] += stripe_term(in + len - kStripeLen, s + kSecretSize - kStripeLen - 7, j);
+  accumulate_tail(acc, in + nb_blocks * kBlockLen, nb_stripes, in + len - kStripeLen, s);
   return merge(acc, s, len);
 }
 
