@@ -195,7 +195,7 @@ XXH128_canonical_t canonical(XXH3_state_t* st) {
 }
 
 // The range read and hashed by this thread alone, 256 KiB at a time (hashed while still in the L2
-// cache). For ranges of at most two rounds of the parallel reads.
+// cache): ranges below the parallel path's threshold, and files that end before the range does.
 void hash_sequential(XXH3_state_t* st, int fd, const std::string& path, uint64_t begin, uint64_t end) {
   std::vector<unsigned char> buf(kReadBlock);
   for (uint64_t at = begin; at < end;) {
