@@ -43,6 +43,7 @@ constexpr uint32_t kStateSealed = 2;
 constexpr size_t kHeaderBytes = 56;  // magic .. header checksum
 constexpr size_t kChecked = 48;      // bytes covered by the header checksum
 constexpr size_t kReadBlock = size_t(1) << 18;  // hashed while still in the L2 cache
+constexpr uint64_t kHashPart = uint64_t(16) << 20;  // a thread's part of a window (hash_parallel)
 
 std::atomic<bool> g_checks{true};
 
@@ -80,19 +81,24 @@ class Fd {
   int fd_;
 };
 
-// Reads exactly n bytes at `at`; false at the end of the file, throws on an I/O error.
-bool read_at(int fd, const std::string& path, uint64_t at, void* out, size_t n) {
-  auto* p = static_cast<unsigned char*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, off_t(at));
+// Reads up to n bytes at `at`, fewer only at the end of the file; throws on an I/O error.
+size_t read_some(int fd, const std::string& path, uint64_t at, unsigned char* out, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out + got, n - got, off_t(at + got));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw TraceError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
     }
-    if (r == 0) return false;
-    p += r, at += uint64_t(r), n -= size_t(r);
+    if (r == 0) break;
+    got += size_t(r);
   }
-  return true;
+  return got;
+}
+
+// Reads exactly n bytes at `at`; false at the end of the file, throws on an I/O error.
+bool read_at(int fd, const std::string& path, uint64_t at, void* out, size_t n) {
+  return read_some(fd, path, at, static_cast<unsigned char*>(out), n) == n;
 }
 
 void write_at(int fd, const std::string& path, uint64_t at, const void* data, size_t n) {
@@ -173,27 +179,6 @@ std::string hex(const XXH128_canonical_t& d) {
   return s;
 }
 
-// Reads up to n bytes at `at`, fewer only at the end of the file; throws on an I/O error.
-size_t read_some(int fd, const std::string& path, uint64_t at, unsigned char* out, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd, out + got, n - got, off_t(at + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw TraceError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
-    }
-    if (r == 0) break;
-    got += size_t(r);
-  }
-  return got;
-}
-
-XXH128_canonical_t canonical(XXH3_state_t* st) {
-  XXH128_canonical_t out;
-  XXH128_canonicalFromHash(&out, XXH3_128bits_digest(st));
-  return out;
-}
-
 // The range read and hashed by this thread alone, 256 KiB at a time (hashed while still in the L2
 // cache): ranges below the parallel path's threshold, and files that end before the range does.
 void hash_sequential(XXH3_state_t* st, int fd, const std::string& path, uint64_t begin, uint64_t end) {
@@ -255,7 +240,7 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 // hashes what is there, alone).
 bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t begin, uint64_t end,
                    int threads) {
-  constexpr uint64_t kPart = uint64_t(16) << 20, kPiece = kReadBlock;  // kPiece: whole blocks
+  constexpr uint64_t kPart = kHashPart, kPiece = kReadBlock;  // kPiece: whole blocks
   static_assert(kPart % kPiece == 0 && kPiece % xxh3::kBlockLen == 0);
   const uint64_t len = end - begin, nb_blocks = (len - 1) / xxh3::kBlockLen;
   const uint64_t window = uint64_t(threads) * kPart,
@@ -333,7 +318,7 @@ std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, u
   const uint64_t len = end > begin ? end - begin : 0;
   const bool asked = threads > 0;
   if (!asked) threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  threads = int(std::min<uint64_t>(uint64_t(threads), len / (uint64_t(32) << 20)));
+  threads = int(std::min<uint64_t>(uint64_t(threads), len / (2 * kHashPart)));
   std::array<unsigned char, 16> out;
   if (threads >= (asked ? 1 : 2)) {
     uint64_t acc[8];
@@ -362,7 +347,8 @@ std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, u
     XXH3_freeState(st);
     throw;
   }
-  const XXH128_canonical_t c = canonical(st);
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
   XXH3_freeState(st);
   std::memcpy(out.data(), c.digest, out.size());
   return out;
