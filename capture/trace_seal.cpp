@@ -240,10 +240,10 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 // hashes what is there, alone).
 bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t begin, uint64_t end,
                    int threads) {
-  constexpr uint64_t kPart = kHashPart, kPiece = kReadBlock;  // kPiece: whole blocks
-  static_assert(kPart % kPiece == 0 && kPiece % xxh3::kBlockLen == 0);
+  constexpr uint64_t kPiece = kReadBlock;  // whole blocks
+  static_assert(kHashPart % kPiece == 0 && kPiece % xxh3::kBlockLen == 0);
   const uint64_t len = end - begin, nb_blocks = (len - 1) / xxh3::kBlockLen;
-  const uint64_t window = uint64_t(threads) * kPart,
+  const uint64_t window = uint64_t(threads) * kHashPart,
                  windows = (nb_blocks * xxh3::kBlockLen + window - 1) / window;
   std::vector<uint64_t> deltas(size_t(window / xxh3::kBlockLen) * 8);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
@@ -262,8 +262,8 @@ bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t be
   auto worker = [&](int i) {
     std::vector<unsigned char> buf(kPiece);
     for (uint64_t k = 0; k < windows; ++k) {
-      const uint64_t from = k * window + uint64_t(i) * kPart;  // in bytes of the range
-      const uint64_t to = std::min(from + kPart, nb_blocks * xxh3::kBlockLen);
+      const uint64_t from = k * window + uint64_t(i) * kHashPart;  // in bytes of the range
+      const uint64_t to = std::min(from + kHashPart, nb_blocks * xxh3::kBlockLen);
       for (uint64_t at = from; at < to && !cut; at += kPiece) {
         const size_t want = size_t(std::min(kPiece, to - at));
         try {
