@@ -7,14 +7,16 @@
 // (hidden 1024, 8 layers), at T = 4096 (`full` at T = 512, like on the CPU): row digests are computed
 // on the device, so `decisions` moves 8 bytes per tensor row to the host while `full` downloads and
 // writes every tensor.
-// Run: build/bench/bench_capture
+// Run: build/bench/bench_capture [--dsv4_gaps] [Google Benchmark flags]; --dsv4_gaps lists the
+// compute stream's longest waits in each GPU forward case (compute_stream_idle).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -100,13 +102,65 @@ class NullObserver final : public dsv4::Observer {
   bool late_;
 };
 
+bool g_print_gaps = false;  // --dsv4_gaps: list the compute stream's longest waits
+
+// When the compute stream (the stream of most model kernels) sits idle between two of its kernels
+// in one more forward, and why, from CUPTI's kernel records and their launch calls' host times:
+// idle_ms sums the gaps; idle_host_ms is their part before the next kernel's launch call began (the
+// GPU waiting for the host); idle_wait_ms the part after it, in gaps whose part exceeds 10 us (the
+// stream waiting for an event, such as a free waiting for the digests still reading the buffer); the
+// rest is launch latency between dependent kernels. The runtime records cost every call host time, so
+// the host part is an upper bound. Copies on the stream (not recorded) count as idle.
+void compute_stream_idle(benchmark::State& state, const std::vector<int32_t>& tokens,
+                         const dsv4::RunOptions& ro, const char* what) {
+  dsv4::KernelRecorder rec;
+  if (!rec.start(dsv4::KernelRecorder::LaunchTimes::on)) return;
+  dsv4::forward(mid(), {tokens}, ro);
+  const dsv4::KernelRecords k = rec.stop();
+  if (!k.available || k.kernels.empty()) return;
+  std::map<int64_t, int> per_stream;
+  for (const dsv4::KernelRecord& r : k.kernels)
+    if (!dsv4::is_report_kernel(r)) ++per_stream[r.stream];
+  const int64_t stream = std::max_element(per_stream.begin(), per_stream.end(), [](auto& a, auto& b) {
+                           return a.second < b.second;
+                         })->first;
+  std::vector<const dsv4::KernelRecord*> s;
+  for (const dsv4::KernelRecord& r : k.kernels)
+    if (r.stream == stream) s.push_back(&r);
+  std::sort(s.begin(), s.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
+  constexpr int64_t kWaitNs = 10'000;
+  int64_t idle = 0, host = 0, wait = 0;
+  std::vector<std::tuple<int64_t, const dsv4::KernelRecord*, const dsv4::KernelRecord*>> waits;
+  for (size_t i = 1; i < s.size(); ++i) {
+    const int64_t gap = s[i]->start_ns - s[i - 1]->end_ns;
+    if (gap <= 0) continue;
+    const int64_t h =
+        s[i]->launch_start_ns ? std::clamp(s[i]->launch_start_ns - s[i - 1]->end_ns, int64_t(0), gap) : 0;
+    idle += gap, host += h;
+    if (gap - h > kWaitNs) wait += gap - h, waits.push_back({gap - h, s[i - 1], s[i]});
+  }
+  state.counters["idle_ms"] = double(idle) * 1e-6;
+  state.counters["idle_host_ms"] = double(host) * 1e-6;
+  state.counters["idle_wait_ms"] = double(wait) * 1e-6;
+  if (!g_print_gaps) return;
+  std::sort(waits.begin(), waits.end(), [](auto& a, auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::fprintf(stderr, "%s, T = %zu: %zu waits over 10 us on the compute stream, %.3f ms; the longest:\n",
+               what, tokens.size(), waits.size(), double(wait) * 1e-6);
+  for (size_t i = 0; i < std::min<size_t>(waits.size(), 12); ++i) {
+    const auto& [ns, before, after] = waits[i];
+    std::fprintf(stderr, "  %8.1f us  after %.60s\n              before %.60s\n", double(ns) * 1e-3,
+                 before->name.c_str(), after->name.c_str());
+  }
+}
+
 // Where a forward's GPU time goes, from CUPTI's kernel records of one more forward: the kernels' summed
 // time, the report kernels' share (capture/cupti.h is_report_kernel) and the time from the first
 // kernel's start to the last one's end. Wall time above that span is host time before the first
 // kernel and after the last; the span above the summed kernel time is the GPU waiting between kernels.
 // The report kernels may run beside the model's (the digests have a stream of their own):
 // model_busy_ms is the time some model kernel runs, report_alone_ms the time only report kernels run.
-void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens, const dsv4::RunOptions& ro) {
+void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens, const dsv4::RunOptions& ro,
+                     const char* what) {
   dsv4::KernelRecorder rec;
   if (!rec.start()) return;
   dsv4::forward(mid(), {tokens}, ro);
@@ -143,6 +197,7 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   state.counters["span_ms"] = double(last - first) * 1e-6;
   state.counters["launches"] = double(k.kernels.size());
   state.counters["report_launches"] = double(reports);
+  compute_stream_idle(state, tokens, ro, what);
 }
 
 void BM_ForwardCudaObserved(benchmark::State& state, bool late) {
@@ -159,7 +214,7 @@ void BM_ForwardCudaObserved(benchmark::State& state, bool late) {
   }
   state.counters["tokens/s"] =
       benchmark::Counter(double(T) * state.iterations(), benchmark::Counter::kIsRate);
-  kernel_counters(state, tokens, ro);
+  kernel_counters(state, tokens, ro, late ? "forward, late reports" : "forward, reports at once");
 }
 
 // Steady state: `steps` steps recorded into one open trace, as a rollout or training loop records
@@ -253,7 +308,8 @@ void BM_ForwardCuda(benchmark::State& state, const char* policy) {
   if (!policy) {
     dsv4::RunOptions ro;
     ro.device = dsv4::Device::cuda;
-    kernel_counters(state, dsv4::random_tokens(state.range(0), mid().config().vocab_size, 1), ro);
+    kernel_counters(state, dsv4::random_tokens(state.range(0), mid().config().vocab_size, 1), ro,
+                    "forward, no reports");
   }
 }
 
@@ -518,6 +574,13 @@ int main(int argc, char** argv) {
         }
       }
   }
+  for (int i = 1; i < argc; ++i)  // our own flag, taken out before the benchmark library sees argv
+    if (std::string(argv[i]) == "--dsv4_gaps") {
+      g_print_gaps = true;
+      std::copy(argv + i + 1, argv + argc + 1, argv + i);
+      --argc;
+      break;
+    }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

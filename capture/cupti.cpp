@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
 
 #if defined(DSV4_HAVE_CUPTI)
 #include <cuda_runtime_api.h>
@@ -42,6 +45,7 @@ constexpr size_t kAlign = 8;
 std::mutex g_mu;
 bool g_active = false;  // a recorder is between start() and stop()
 std::vector<KernelRecord> g_records;
+std::unordered_map<int64_t, std::pair<int64_t, int64_t>> g_calls;  // correlation id -> runtime call's times
 
 std::string demangle(const char* name) {
   if (!name) return "?";
@@ -68,8 +72,14 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   std::vector<KernelRecord> got;
+  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> calls;
   CUpti_Activity* rec = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
+      calls.push_back({int64_t(a->correlationId), {int64_t(a->start), int64_t(a->end)}});
+      continue;
+    }
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
       continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
@@ -87,9 +97,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   }
   std::free(buffer);
   std::lock_guard lk(g_mu);
-  if (g_active)
-    g_records.insert(g_records.end(), std::make_move_iterator(got.begin()),
-                     std::make_move_iterator(got.end()));
+  if (!g_active) return;
+  g_records.insert(g_records.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
+  g_calls.insert(calls.begin(), calls.end());
+}
+
+// Gives up the active slot after a failed start.
+bool fail_start(std::string& reason, std::string why) {
+  reason = std::move(why);
+  std::lock_guard lk(g_mu);
+  g_active = false;
+  return false;
 }
 
 }  // namespace
@@ -100,7 +118,7 @@ KernelRecorder::~KernelRecorder() {
   if (running_) stop();
 }
 
-bool KernelRecorder::start() {
+bool KernelRecorder::start(LaunchTimes launch_times) {
   if (running_) return available_;
   available_ = false;
   int n = 0;
@@ -118,21 +136,18 @@ bool KernelRecorder::start() {
     }
     g_active = true;
     g_records.clear();
+    g_calls.clear();
   }
   CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-  if (r == CUPTI_SUCCESS) {
-    r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-    if (r != CUPTI_SUCCESS) {
-      reason_ = cupti_error("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
-      std::lock_guard lk(g_mu);
-      g_active = false;
-      return false;
-    }
-  } else {
-    reason_ = cupti_error("cuptiActivityRegisterCallbacks", r);
-    std::lock_guard lk(g_mu);
-    g_active = false;
-    return false;
+  if (r != CUPTI_SUCCESS) return fail_start(reason_, cupti_error("cuptiActivityRegisterCallbacks", r));
+  r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  if (r != CUPTI_SUCCESS)
+    return fail_start(reason_, cupti_error("cuptiActivityEnable(CONCURRENT_KERNEL)", r));
+  launch_times_ = launch_times == LaunchTimes::on;
+  if (launch_times_ && (r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME)) != CUPTI_SUCCESS) {
+    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    launch_times_ = false;
+    return fail_start(reason_, cupti_error("cuptiActivityEnable(RUNTIME)", r));
   }
   running_ = true;
   available_ = true;
@@ -151,6 +166,7 @@ KernelRecords KernelRecorder::stop() {
   cudaGetLastError();
   const CUptiResult f = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  if (launch_times_) cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard lk(g_mu);
   g_active = false;
@@ -159,11 +175,16 @@ KernelRecords KernelRecorder::stop() {
     reason_ = cupti_error("cuptiActivityFlushAll", f);
     out.reason = reason_;
     g_records.clear();
+    g_calls.clear();
     return out;
   }
   out.available = true;
   out.kernels = std::move(g_records);
   g_records.clear();
+  for (KernelRecord& k : out.kernels)
+    if (const auto c = g_calls.find(k.correlation); c != g_calls.end())
+      std::tie(k.launch_start_ns, k.launch_end_ns) = c->second;
+  g_calls.clear();
   std::stable_sort(out.kernels.begin(), out.kernels.end(), [](const KernelRecord& a, const KernelRecord& b) {
     return a.correlation < b.correlation;
   });
@@ -180,7 +201,7 @@ std::string cupti_version_string() {
 
 KernelRecorder::KernelRecorder() = default;
 KernelRecorder::~KernelRecorder() = default;
-bool KernelRecorder::start() {
+bool KernelRecorder::start(LaunchTimes) {
   reason_ = "built without CUDA";
   return false;
 }

@@ -20,6 +20,9 @@ struct KernelRecord {
   int64_t stream = 0;        // CUPTI stream id
   int64_t start_ns = 0, end_ns = 0;
   int64_t correlation = 0;  // CUPTI correlation id (launch order on the host)
+  // The host's launch call (cudaLaunchKernel and the like) on CUPTI's clock, which start_ns/end_ns
+  // share; 0 unless the recorder ran with LaunchTimes::on. Not part of a trace.
+  int64_t launch_start_ns = 0, launch_end_ns = 0;
 };
 
 // The kernels of one step in launch order (ascending correlation id). available = false: nothing was
@@ -53,8 +56,11 @@ class KernelRecorder {
   KernelRecorder(const KernelRecorder&) = delete;
   KernelRecorder& operator=(const KernelRecorder&) = delete;
 
+  // With `on`, each kernel also gets its launch call's host times (CUPTI's runtime API records; they
+  // cost every runtime call some host time, so recording steps leaves them off).
+  enum class LaunchTimes { off, on };
   // Enables CUPTI kernel activity records. Returns available().
-  bool start();
+  bool start(LaunchTimes launch_times = LaunchTimes::off);
   // Synchronizes the device, flushes CUPTI's buffers, disables the records and returns the kernels
   // run since start(), sorted by correlation id.
   KernelRecords stop();
@@ -65,6 +71,7 @@ class KernelRecorder {
  private:
   bool available_ = false;
   bool running_ = false;
+  bool launch_times_ = false;
   std::string reason_ = "not started";
 };
 

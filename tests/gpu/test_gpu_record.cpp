@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "capture/cupti.h"
 #include "capture/digest.h"
 #include "capture/trace_reader.h"
 #include "capture/trace_writer.h"
@@ -379,6 +382,35 @@ TEST(GpuRecord, LateDigestsSeeTheReportedBytesWhenTheyRunLate) {
                                          fmt::format("{} T={}, digests 3 ms late", preset_name, T));
     }
   }
+}
+
+// With LaunchTimes::on, the kernel records carry their launch calls' host times, on the clock of the
+// kernels' own times: a call ends after it starts, and a kernel starts after its call began.
+TEST(GpuRecord, KernelRecordsCarryTheirLaunchCallsTimes) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const Weights w = Weights::init(preset("tiny"), 5);
+  RunOptions o;
+  o.device = Device::cuda;
+  const std::vector<std::vector<int32_t>> batch = {random_tokens(100, w.config().vocab_size, 3)};
+  forward(w, batch, o);  // uploads the weights
+  KernelRecorder rec;
+  ASSERT_TRUE(rec.start(KernelRecorder::LaunchTimes::on)) << rec.reason();
+  forward(w, batch, o);
+  const KernelRecords k = rec.stop();
+  ASSERT_TRUE(k.available) << k.reason;
+  ASSERT_FALSE(k.kernels.empty());
+  size_t timed = 0;
+  for (const KernelRecord& r : k.kernels) {
+    if (!r.launch_start_ns) continue;  // launched by a driver API call (not a runtime one)
+    ++timed;
+    EXPECT_LE(r.launch_start_ns, r.launch_end_ns) << r.name;
+    EXPECT_LE(r.launch_start_ns, r.start_ns) << r.name;
+  }
+  EXPECT_GE(timed * 10, k.kernels.size() * 9) << "kernels with their launch call's times";
+
+  ASSERT_TRUE(rec.start()) << rec.reason();  // off: none
+  forward(w, batch, o);
+  for (const KernelRecord& r : rec.stop().kernels) EXPECT_EQ(r.launch_start_ns, 0) << r.name;
 }
 
 // A trace recorded on the GPU (late reports, each step's end queued to the writer while the next step
