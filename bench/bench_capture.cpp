@@ -102,7 +102,7 @@ class NullObserver final : public dsv4::Observer {
   bool late_;
 };
 
-bool g_print_gaps = false;  // --dsv4_gaps: list the compute stream's longest waits
+bool g_print_gaps = false;  // --dsv4_gaps: list the compute stream's longest waits and the kernels' times
 
 // When the compute stream (the stream of most model kernels) sits idle between two of its kernels
 // in one more forward, and why, from CUPTI's kernel records and their launch calls' host times:
@@ -151,6 +151,21 @@ void compute_stream_idle(benchmark::State& state, const std::vector<int32_t>& to
     std::fprintf(stderr, "  %8.1f us  after %.60s\n              before %.60s\n", double(ns) * 1e-3,
                  before->name.c_str(), after->name.c_str());
   }
+  std::map<std::string, std::pair<int64_t, int>> by_name;  // every stream's kernels: ns, launches
+  for (const dsv4::KernelRecord& r : k.kernels) {
+    std::string name = r.name;  // without its namespaces and parameters
+    for (size_t at; (at = name.find("(anonymous namespace)::")) != std::string::npos;) name.erase(at, 23);
+    name = name.substr(0, name.find('('));
+    if (const size_t at = name.rfind("::", name.find('<')); at != std::string::npos) name.erase(0, at + 2);
+    auto& [ns, n] = by_name[name];
+    ns += r.end_ns - r.start_ns, ++n;
+  }
+  std::vector<std::pair<std::string, std::pair<int64_t, int>>> top(by_name.begin(), by_name.end());
+  std::sort(top.begin(), top.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+  std::fprintf(stderr, "  kernels by time:\n");
+  for (size_t i = 0; i < std::min<size_t>(top.size(), 16); ++i)
+    std::fprintf(stderr, "  %8.3f ms %5d x  %.90s\n", double(top[i].second.first) * 1e-6, top[i].second.second,
+                 top[i].first.c_str());
 }
 
 // Where a forward's GPU time goes, from CUPTI's kernel records of one more forward: the kernels' summed
