@@ -581,12 +581,15 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(s_);
-    cudaStreamDestroy(s_);
     if (digests_) {
       cudaStreamSynchronize(digests_);
+      settle_reads();  // every read is done: the deferred frees go out on s_
+      for (const Reads& r : reads_) event_pool().give(r.done, 0);  // left only after an error
+      for (const Deferred& d : deferred_) cudaFreeAsync(d.p, s_);
+      cudaStreamSynchronize(s_);
       cudaStreamDestroy(digests_);
-      for (const Reads& r : reads_) event_pool().give(r.done, 0);
     }
+    cudaStreamDestroy(s_);
     if (copies_) {  // downloads still in flight keep their own events; their copies complete
       cudaStreamSynchronize(copies_);
       cudaStreamDestroy(copies_);
@@ -705,7 +708,10 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(s_));
-    if (digests_) CUDA_CHECK(cudaStreamSynchronize(digests_));
+    if (digests_) {
+      CUDA_CHECK(cudaStreamSynchronize(digests_));
+      settle_reads();
+    }
   }
 
   // The snapshot is one device buffer, laid out as the pinned block it goes to: the copied parts are
@@ -734,7 +740,7 @@ class CudaBackend final : public Backend {
     if (total == 0) return d;
     char* snap = nullptr;
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&snap), total, s_));
-    Reads reads{nullptr, {}};
+    Reads reads{nullptr, {}, 0};
     try {  // digest parts: a kernel each; the other parts: copied together, whole words in one launch
       std::vector<cuda::WordCopy> words;
       auto copy_words = [&] {
@@ -768,6 +774,7 @@ class CudaBackend final : public Backend {
       if (reads.done) {
         CUDA_CHECK(cudaEventRecord(reads.done, digests_));
         CUDA_CHECK(cudaStreamWaitEvent(copies_, reads.done, 0));
+        reads.seq = next_read_++;
         reads_.push_back(std::move(reads));
       }
     } catch (...) {
@@ -875,27 +882,43 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMallocAsync(&p, bytes, s_));
     return Buffer<T>(static_cast<T*>(p), n, [this, bytes](void* q) { release(q, bytes); });
   }
-  // Frees a buffer in stream order; first, the compute stream waits for the digests still reading it
-  // (the memory may go to the next allocation at once).
+  // Frees a buffer in stream order. A buffer that digests still read is freed once they have
+  // (settle_reads), so the compute stream does not wait for the digest stream, which runs at the
+  // lowest priority and may be far behind; past kDeferredBytes of such buffers the compute stream
+  // waits for the digests instead (the memory may go to the next allocation at once).
   void release(void* p, size_t bytes) noexcept {
     const char* b = static_cast<const char*>(p);
     const char* e = b + bytes;
-    cudaEvent_t last = nullptr;  // the events complete in order: the last one reading p is enough
+    const Reads* last = nullptr;  // the events complete in order: the last one reading p is enough
     for (const Reads& r : reads_)
       for (const auto& [rb, re] : r.ranges)
-        if (rb < e && b < re) last = r.done;
-    if (last) cudaStreamWaitEvent(s_, last, 0);
-    cudaFreeAsync(p, s_);
-    if (reads_.size() > kReadsKept) settle_reads();
+        if (rb < e && b < re) last = &r;
+    bool deferred = false;
+    if (last && deferred_bytes_ + bytes <= kDeferredBytes) try {
+        deferred_.push_back({p, bytes, last->seq});
+        deferred_bytes_ += bytes;
+        deferred = true;
+      } catch (...) {  // no memory for the list: wait, as past the bound
+      }
+    if (last && !deferred) cudaStreamWaitEvent(s_, last->done, 0);
+    if (!deferred) cudaFreeAsync(p, s_);
+    if (reads_.size() > kReadsKept || !deferred_.empty()) settle_reads();
   }
-  // Forgets the reads that have finished.
+  // Forgets the reads that have finished and frees the buffers that waited for them.
   void settle_reads() noexcept {
     while (!reads_.empty()) {
       const cudaEvent_t e = reads_.front().done;
       if (cudaEventQuery(e) != cudaSuccess) break;
       event_pool().give(e, 0);
+      settled_ = reads_.front().seq + 1;
       reads_.pop_front();
     }
+    std::erase_if(deferred_, [&](const Deferred& d) {
+      if (d.read >= settled_) return false;
+      cudaFreeAsync(d.p, s_);
+      deferred_bytes_ -= d.bytes;
+      return true;
+    });
   }
 
   const Weights& w_;
@@ -910,9 +933,21 @@ class CudaBackend final : public Backend {
   struct Reads {
     cudaEvent_t done;
     std::vector<std::pair<const char*, const char*>> ranges;
+    uint64_t seq;  // the downloads' count before this one's
   };
   static constexpr size_t kReadsKept = 64;
   std::deque<Reads> reads_;
+  uint64_t next_read_ = 0;  // the next Reads' seq
+  uint64_t settled_ = 0;    // every Reads before this seq has finished
+  // Buffers released while digests read them (Reads `read` and earlier), not yet freed.
+  struct Deferred {
+    void* p;
+    size_t bytes;
+    uint64_t read;
+  };
+  static constexpr size_t kDeferredBytes = size_t(1) << 30;
+  std::vector<Deferred> deferred_;
+  size_t deferred_bytes_ = 0;
 };
 
 #endif  // DSV4_HAVE_CUDA

@@ -413,6 +413,40 @@ TEST(GpuRecord, KernelRecordsCarryTheirLaunchCallsTimes) {
   for (const KernelRecord& r : rec.stop().kernels) EXPECT_EQ(r.launch_start_ns, 0) << r.name;
 }
 
+// The model's stream never waits for late digests: with each download's digests held back 30 ms on
+// their stream, a free of a buffer they still read would hold the compute stream until they pass;
+// release() defers such frees instead, so every model kernel ends before the first held-back digest.
+TEST(GpuRecord, TheModelDoesNotWaitForLateDigests) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const Weights w = Weights::init(preset("tiny"), 5);
+  const std::vector<std::vector<int32_t>> batch = {random_tokens(300, w.config().vocab_size, 3)};
+  RunOptions o;
+  o.device = Device::cuda;
+  o.late_report_bytes = size_t(256) << 20;
+  ReportLog warm(true, {}), log(true, {});
+  o.observer = &warm;
+  forward(w, batch, o);  // uploads the weights and makes the streams
+  const test::DigestDelay delay(30000);
+  KernelRecorder rec;
+  ASSERT_TRUE(rec.start()) << rec.reason();
+  o.observer = &log;
+  forward(w, batch, o);
+  const KernelRecords k = rec.stop();
+  ASSERT_TRUE(k.available) << k.reason;
+  int64_t first_delay_end = INT64_MAX, last_model_end = 0;
+  for (const KernelRecord& r : k.kernels) {
+    if (r.name.find("digest_delay_kernel") != std::string::npos)
+      first_delay_end = std::min(first_delay_end, r.end_ns);
+    if (!is_report_kernel(r)) last_model_end = std::max(last_model_end, r.end_ns);
+  }
+  ASSERT_NE(first_delay_end, INT64_MAX) << "no digest was held back";
+  EXPECT_LT(last_model_end, first_delay_end)
+      << "the model's last kernel ended " << double(last_model_end - first_delay_end) * 1e-6
+      << " ms after the first held-back digest";
+  EXPECT_EQ(log.names, warm.names);
+  EXPECT_EQ(log.digests, warm.digests);
+}
+
 // A trace recorded on the GPU (late reports, each step's end queued to the writer while the next step
 // computes) holds what the CPU's holds: every decision, digest and stored tensor, over three steps of
 // two sequences into one writer.
