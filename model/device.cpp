@@ -717,7 +717,7 @@ class CudaBackend final : public Backend {
   // The snapshot is one device buffer, laid out as the pinned block it goes to: the copied parts are
   // copied into it on the compute stream; the digest parts' kernels write it on the digest stream,
   // which waits for the compute stream's work so far and reads the reported buffers while the model
-  // goes on (those buffers are not written again, and their frees wait: release()). The copy stream
+  // goes on (those buffers are not written again, and their frees are deferred: release()). The copy stream
   // waits for both, copies the snapshot in one piece and frees it, stream-ordered, so the compute
   // stream never waits for a download.
   std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) override {

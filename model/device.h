@@ -214,9 +214,10 @@ class Backend {
   };
   // Snapshots the parts after the work enqueued so far and copies the snapshots into pinned host
   // memory on a stream of their own, ordered by events; nothing waits. The copied parts' buffers may
-  // be changed or freed at once. A digest part's buffer may be freed at once (the free waits for the
-  // digests) but must not be written again: its digests may run while later work goes on. nullptr from
-  // a backend whose memory is the host's (the CPU: its observers read the buffers where they are).
+  // be changed or freed at once. A digest part's buffer may be freed at once (its memory is given
+  // back once the digests have read it) but must not be written again: its digests may run while later work
+  // goes on. nullptr from a backend whose memory is the host's (the CPU: its observers read the buffers where
+  // they are).
   virtual std::unique_ptr<AsyncDownload> download_async(const std::vector<AsyncPart>& parts) {
     (void)parts;
     return nullptr;
