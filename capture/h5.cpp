@@ -24,6 +24,7 @@
 
 #include "capture/chunk_codec.h"
 #include "capture/errors.h"
+#include "capture/h5_tracked.h"
 
 namespace dsv4::h5 {
 
@@ -971,11 +972,7 @@ ChunkFile::ChunkFile(const Object& file, Type t, int streams)
     if (!at.id.valid()) at.fail("cannot create the dataset");
     streams_.push_back(Stream{std::move(at)});
   }
-  Id fapl(H5Fget_access_plist(file.get()));
-  void* handle = nullptr;
-  if (fapl.valid() && H5Pget_driver(fapl.get()) == H5FD_SEC2 &&
-      H5Fget_vfd_handle(file.get(), fapl.get(), &handle) >= 0 && handle)
-    fd_ = *static_cast<int*>(handle);
+  fd_ = posix_descriptor(file.get());
   H5Eclear2(H5E_DEFAULT);
 }
 

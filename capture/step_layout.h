@@ -16,6 +16,7 @@
 #include "capture/generation.h"
 #include "capture/h5.h"
 #include "capture/policy.h"
+#include "capture/trace_seal.h"
 #include "capture/trace_writer.h"
 #include "capture/training.h"
 #include "model/config.h"
@@ -100,6 +101,8 @@ class StepLayout {
                    const TrainingRecord* training);
   // Closes whatever is still open (a step abandoned mid-way); never throws.
   void close_file();
+  // Told of every write this layout made to the file (h5::track_writes), for its seal.
+  SealHasher& written() { return written_; }
 
  private:
   // What the layout knows about one sequence of the open step.
@@ -129,8 +132,12 @@ class StepLayout {
   void stage_mhc(const StepRecord& m, h5::StagedWrites& w);
   void write_kernels(const h5::Object& f, const KernelRecords& k);
 
+  // A file access list for the file, its writes told to written_.
+  h5::Id access();
+
   const std::string writing_path;
   const ModelConfig cfg;
+  SealHasher written_;
   const std::vector<std::string> names;  // /meta/tensor_names
   std::map<std::string, int32_t> name_index;
 

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <barrier>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -234,6 +235,41 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 #endif
 }
 
+// Scrambles the deltas of `count` blocks (8 a block) into the accumulators, in block order.
+void chain_deltas(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
+  for (uint64_t b = 0; b < count; ++b)
+    for (int j = 0; j < 8; ++j)
+      acc[j] = xxh3::scramble(acc[j] + deltas[8 * b + uint64_t(j)],
+                              xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen, j);
+}
+
+// After the whole blocks of a range of `len` bytes (more than 240) at `begin`: the stripes of the last,
+// partial block, then the last 64 bytes (which may overlap them), read from the file. False when the
+// file ends before the range does.
+bool accumulate_file_tail(uint64_t acc[8], int fd, const std::string& path, uint64_t begin, uint64_t len) {
+  const uint64_t nb_blocks = (len - 1) / xxh3::kBlockLen;
+  const uint64_t tail_at = std::min(nb_blocks * xxh3::kBlockLen, len - xxh3::kStripeLen);
+  std::vector<unsigned char> tail(size_t(len - tail_at));
+  if (read_some(fd, path, begin + tail_at, tail.data(), tail.size()) < tail.size()) return false;
+  const unsigned char* last_block = tail.data() + (nb_blocks * xxh3::kBlockLen - tail_at);
+  const int nb_stripes = int(((len - 1) - xxh3::kBlockLen * nb_blocks) / xxh3::kStripeLen);
+  xxh3::accumulate_tail(acc, last_block, nb_stripes, tail.data() + tail.size() - xxh3::kStripeLen,
+                        xxh3::kSecret);
+  return true;
+}
+
+// XXH3-128 of a range of `len` bytes (more than 240) from its accumulators after the tail, canonical.
+std::array<unsigned char, 16> digest_of(const uint64_t acc[8], uint64_t len) {
+  XXH128_hash_t h;
+  h.low64 = xxh3::merge(acc, xxh3::kSecret, len);
+  h.high64 = xxh3::merge_accs(acc, xxh3::kSecret + xxh3::kSecretSize - 64 - 11, ~(len * xxh3::kP64_2));
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  std::array<unsigned char, 16> out;
+  std::memcpy(out.data(), c.digest, out.size());
+  return out;
+}
+
 // XXH3-128 of [begin, end) (more than 240 bytes) by `threads` threads, in windows of threads x 16 MiB:
 // thread i forms the deltas of its 16 MiB of a window, 256 KiB read at a time; at the window's end
 // one thread scrambles them into the accumulators. False when the file ended early (the caller then
@@ -251,11 +287,7 @@ bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t be
   uint64_t w = 0;                // the window the threads are in
   auto chain = [&]() noexcept {
     const uint64_t first = w * (window / xxh3::kBlockLen);
-    const uint64_t count = std::min(nb_blocks - first, window / xxh3::kBlockLen);
-    for (uint64_t b = 0; b < count; ++b)
-      for (int j = 0; j < 8; ++j)
-        acc[j] = xxh3::scramble(acc[j] + deltas[size_t(8 * b + uint64_t(j))],
-                                xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen, j);
+    chain_deltas(acc, deltas.data(), std::min(nb_blocks - first, window / xxh3::kBlockLen));
     ++w;
   };
   std::barrier phase(threads, chain);
@@ -299,15 +331,7 @@ bool hash_parallel(uint64_t acc[8], int fd, const std::string& path, uint64_t be
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   if (cut) return false;
-  // The tail: the stripes of the last, partial block, then the last 64 bytes (which may overlap them).
-  const uint64_t tail_at = std::min(nb_blocks * xxh3::kBlockLen, len - xxh3::kStripeLen);
-  std::vector<unsigned char> tail(size_t(len - tail_at));
-  if (read_some(fd, path, begin + tail_at, tail.data(), tail.size()) < tail.size()) return false;
-  const unsigned char* last_block = tail.data() + (nb_blocks * xxh3::kBlockLen - tail_at);
-  const int nb_stripes = int(((len - 1) - xxh3::kBlockLen * nb_blocks) / xxh3::kStripeLen);
-  xxh3::accumulate_tail(acc, last_block, nb_stripes, tail.data() + tail.size() - xxh3::kStripeLen,
-                        xxh3::kSecret);
-  return true;
+  return accumulate_file_tail(acc, fd, path, begin, len);
 }
 
 }  // namespace
@@ -328,15 +352,7 @@ std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, u
       whole = hash_parallel(acc, fd, path, begin, end, threads);
     } catch (const std::system_error&) {  // no thread to share the work: hashed here alone
     }
-    if (whole) {
-      XXH128_hash_t h;
-      h.low64 = xxh3::merge(acc, xxh3::kSecret, len);
-      h.high64 = xxh3::merge_accs(acc, xxh3::kSecret + xxh3::kSecretSize - 64 - 11, ~(len * xxh3::kP64_2));
-      XXH128_canonical_t c;
-      XXH128_canonicalFromHash(&c, h);
-      std::memcpy(out.data(), c.digest, out.size());
-      return out;
-    }
+    if (whole) return digest_of(acc, len);
   }
   XXH3_state_t* st = XXH3_createState();
   if (!st) throw Error(fmt::format("{}: not enough memory for the hash state", path));
@@ -500,25 +516,166 @@ SealCheck check_seal(const std::string& path) {
   return r;
 }
 
-void mark_trace_open(const std::string& path) {
+void mark_trace_open(const std::string& path, bool sync) {
   Fd fd(path, O_RDWR);
   if (fd.get() < 0) throw Error(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
   Block b{};
   if (!read_block(fd.get(), path, b) || !has_slot(fd.get(), path, b)) return;
   write_header(fd.get(), path, kStateOpen, 0, XXH128_canonical_t{});
-  if (::fsync(fd.get()) != 0) throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
+  if (sync && ::fsync(fd.get()) != 0)
+    throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
 }
 
-void seal_trace(const std::string& path) {
+SealTimes seal_trace(const std::string& path, SealHasher* written) {
+  using Clock = std::chrono::steady_clock;
   Fd fd(path, O_RDWR);
   if (fd.get() < 0) throw Error(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
   Block b{};
-  if (!read_block(fd.get(), path, b) || !has_slot(fd.get(), path, b)) return;
+  SealTimes t;
+  if (!read_block(fd.get(), path, b) || !has_slot(fd.get(), path, b)) return t;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw Error(fmt::format("{}: cannot read the file's size: {}", path, std::strerror(errno)));
   const uint64_t size = uint64_t(st.st_size);
-  write_header(fd.get(), path, kStateSealed, size, hash_body(fd.get(), path, size));
+  const auto t0 = Clock::now();
+  XXH128_canonical_t d;
+  if (written) {
+    const std::array<unsigned char, 16> h = written->digest(fd.get(), path, size);
+    std::memcpy(d.digest, h.data(), h.size());
+    t.bytes_read = written->bytes_read();
+  } else {
+    d = hash_body(fd.get(), path, size);
+    t.bytes_read = size > kHeaderBytes ? size - kHeaderBytes : 0;
+  }
+  const auto t1 = Clock::now();
+  write_header(fd.get(), path, kStateSealed, size, d);
   if (::fsync(fd.get()) != 0) throw Error(fmt::format("{}: fsync failed: {}", path, std::strerror(errno)));
+  t.hash_seconds = std::chrono::duration<double>(t1 - t0).count();
+  t.sync_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  return t;
+}
+
+// ---- SealHasher
+
+namespace {
+constexpr uint64_t kBlock = xxh3::kBlockLen;
+}  // namespace
+
+static_assert(kBlock == 1024, "SealHasher::Partial holds one block");
+
+SealHasher::SealHasher(uint64_t max_file_bytes) : max_blocks_(max_file_bytes / kBlock) {}
+
+void SealHasher::set_sums(uint64_t block, const unsigned char* bytes, uint64_t count) {
+  if (known_.size() < block + count) {
+    known_.resize(size_t(block + count), 0);
+    sums_.resize(size_t(block + count) * 8);
+  }
+  block_deltas(bytes, count, &sums_[size_t(block) * 8]);
+  std::fill(known_.begin() + ptrdiff_t(block), known_.begin() + ptrdiff_t(block + count), uint8_t(1));
+}
+
+// Bytes [from, to) of the file, which lie in `block`, written from data (data[0] at file offset at).
+void SealHasher::add_partial(uint64_t block, uint64_t at, const unsigned char* data, uint64_t from,
+                             uint64_t to) {
+  const uint64_t start = kHeaderBytes + block * kBlock;
+  auto it = partial_.find(block);
+  if (it == partial_.end()) {
+    if (partial_.size() >= kMaxPartial) return;  // left unknown: read at the seal
+    it = partial_.emplace(block, Partial{}).first;
+  }
+  Partial& p = it->second;
+  std::memcpy(p.bytes.data() + (from - start), data + (from - at), size_t(to - from));
+  for (uint64_t i = from - start; i < to - start; ++i) p.have.set(size_t(i));
+  if (!p.have.all()) return;
+  set_sums(block, p.bytes.data(), 1);
+  partial_.erase(it);
+}
+
+void SealHasher::wrote(uint64_t at, const void* data, size_t n) {
+  const uint64_t end = at + n;
+  if (n == 0 || end <= kHeaderBytes) return;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  // Blocks [first, last] are touched; [whole_from, whole_to) lie wholly inside [at, end).
+  const uint64_t first = at <= kHeaderBytes ? 0 : (at - kHeaderBytes) / kBlock,
+                 last = (end - 1 - kHeaderBytes) / kBlock;
+  const uint64_t whole_from = at <= kHeaderBytes ? 0 : (at - kHeaderBytes + kBlock - 1) / kBlock;
+  const uint64_t whole_to = (end - kHeaderBytes) / kBlock;
+  std::lock_guard lk(mu_);
+  for (const uint64_t b : {first, last}) {  // covered in part: no longer what was known
+    if (b >= whole_from && b < whole_to) continue;
+    if (b < known_.size()) known_[size_t(b)] = 0;
+    if (b < max_blocks_) {
+      const uint64_t start = kHeaderBytes + b * kBlock;
+      add_partial(b, at, bytes, std::max(at, start), std::min(end, start + kBlock));
+    }
+    if (first == last) break;
+  }
+  const uint64_t to = std::min(whole_to, max_blocks_);
+  if (whole_to > to && known_.size() > to)  // past the limit (a digest() may have read them): forgotten
+    std::fill(known_.begin() + ptrdiff_t(std::max(to, whole_from)),
+              known_.begin() + ptrdiff_t(std::min<uint64_t>(whole_to, known_.size())), uint8_t(0));
+  if (whole_from >= whole_to) return;
+  partial_.erase(partial_.lower_bound(whole_from), partial_.lower_bound(whole_to));
+  if (whole_from < to)
+    set_sums(whole_from, bytes + (kHeaderBytes + whole_from * kBlock - at), to - whole_from);
+}
+
+void SealHasher::resized(uint64_t size) {
+  std::lock_guard lk(mu_);
+  const uint64_t keep =
+      size > kHeaderBytes ? (size - kHeaderBytes) / kBlock : 0;  // blocks wholly before size
+  if (known_.size() > keep) {
+    known_.resize(size_t(keep));
+    sums_.resize(size_t(keep) * 8);
+  }
+  partial_.erase(partial_.lower_bound(keep), partial_.end());
+}
+
+uint64_t SealHasher::bytes_read() const {
+  std::lock_guard lk(mu_);
+  return read_;
+}
+
+std::array<unsigned char, 16> SealHasher::digest(int fd, const std::string& path, uint64_t size) {
+  std::lock_guard lk(mu_);
+  const uint64_t len = size > kHeaderBytes ? size - kHeaderBytes : 0;
+  const uint64_t nb = len > 240 ? (len - 1) / kBlock : 0;  // whole blocks before the tail
+  // Block 0 is always read: the header's writes (mark_trace_open, the seal) reach it without telling.
+  uint64_t unknown = 1;
+  for (uint64_t b = 1; b < nb; ++b) unknown += b >= known_.size() || !known_[size_t(b)];
+  if (nb == 0 || unknown * kBlock > kMaxReadBack) {
+    read_ = len;
+    return hash_file_range(fd, path, kHeaderBytes, size);
+  }
+  if (known_.size() < nb) {
+    known_.resize(size_t(nb), 0);
+    sums_.resize(size_t(nb) * 8);
+  }
+  known_[0] = 0;
+  read_ = 0;
+  std::vector<unsigned char> buf(kReadBlock);
+  for (uint64_t b = 0; b < nb;) {
+    if (known_[size_t(b)]) {
+      ++b;
+      continue;
+    }
+    uint64_t e = b + 1;  // a run of unknown blocks, read at most kReadBlock at a time
+    while (e < nb && !known_[size_t(e)] && (e - b) * kBlock < kReadBlock) ++e;
+    const size_t want = size_t((e - b) * kBlock);
+    if (read_some(fd, path, kHeaderBytes + b * kBlock, buf.data(), want) < want)
+      throw TraceError(fmt::format("{}: the file ended at {} bytes while its seal was formed", path, size));
+    block_deltas(buf.data(), e - b, &sums_[size_t(b) * 8]);
+    std::fill(known_.begin() + ptrdiff_t(b), known_.begin() + ptrdiff_t(e), uint8_t(1));
+    read_ += want;
+    b = e;
+  }
+  known_[0] = 0;
+  uint64_t acc[8];
+  xxh3::init_acc(acc);
+  chain_deltas(acc, sums_.data(), nb);
+  if (!accumulate_file_tail(acc, fd, path, kHeaderBytes, len))
+    throw TraceError(fmt::format("{}: the file ended at {} bytes while its seal was formed", path, size));
+  read_ += len - std::min(nb * kBlock, len - xxh3::kStripeLen);
+  return digest_of(acc, len);
 }
 
 }  // namespace dsv4

@@ -26,8 +26,14 @@
 #pragma once
 
 #include <array>
+#include <bitset>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
+
+#include "capture/h5_tracked.h"
 
 namespace dsv4 {
 
@@ -67,13 +73,66 @@ SealCheck check_seal(const std::string& path);
 std::array<unsigned char, 16> hash_file_range(int fd, const std::string& path, uint64_t begin, uint64_t end,
                                               int threads = 0);
 
+// The seal's hash formed while the file is written. Told of each write (h5::track_writes), it keeps
+// the XXH3 sums of every 1024-byte block of the digested range (bytes 56 to the end) that the write
+// covered whole, formed from the bytes written; a block that a later write covers in part, or that a
+// truncation cuts, is forgotten. The seal then reads back only the blocks it does not know (the edges
+// of writes, the header's block, what the file held before the tracking began) and the tail, instead of
+// the whole file, and its digest is the same: XXH3-128 of the file's bytes, whatever the writes were.
+// A block that one write covers in part and the next covers the rest of (consecutive chunks) is
+// put together from the two. Memory: 65 bytes a KiB of file written, up to `max_file_bytes` of file
+// (blocks past it are read at the seal), and at most 4 MiB of blocks written in part. Thread-safe.
+class SealHasher final : public h5::WriteListener {
+ public:
+  static constexpr uint64_t kDefaultMaxFileBytes = uint64_t(4) << 30;  // 260 MiB of sums at most
+  // Past this many unknown bytes the seal hashes the whole file as hash_file_range does, on its threads.
+  static constexpr uint64_t kMaxReadBack = uint64_t(64) << 20;
+  explicit SealHasher(uint64_t max_file_bytes = kDefaultMaxFileBytes);
+  void wrote(uint64_t at, const void* data, size_t n) override;
+  void resized(uint64_t size) override;
+  // XXH3-128 of bytes [56, size) of the open file `fd`, canonical, as hash_file_range gives it: the
+  // known blocks' sums, the rest read from the file (and then known). Throws TraceError naming `path`
+  // on a read error or a file shorter than `size`.
+  std::array<unsigned char, 16> digest(int fd, const std::string& path, uint64_t size);
+  uint64_t bytes_read() const;  // bytes the last digest() read from the file
+
+ private:
+  // A block that writes have covered in part, since it was last known or forgotten: the bytes they
+  // wrote. Once they cover it whole (the next chunk of an append), its sums are formed from them.
+  struct Partial {
+    std::array<unsigned char, 1024> bytes{};
+    std::bitset<1024> have;
+  };
+  static constexpr size_t kMaxPartial = 4096;  // blocks kept in part at most (4 MiB)
+  void add_partial(uint64_t block, uint64_t at, const unsigned char* data, uint64_t from, uint64_t to);
+  void set_sums(uint64_t block, const unsigned char* bytes, uint64_t count);
+
+  mutable std::mutex mu_;
+  uint64_t max_blocks_;
+  std::vector<uint64_t> sums_;  // 8 a block (the block's delta: the sums of its stripes' terms)
+  std::vector<uint8_t> known_;  // 1: sums_ of the block are those of the file's bytes
+  std::map<uint64_t, Partial> partial_;
+  uint64_t read_ = 0;
+};
+
 // The writer's side. Both do nothing on a file without a seal header slot (no 512-byte user block
 // starting with zeros or the magic), so appending to a trace written before seals keeps it unsealed.
-// Marks `path` open (a writer is about to change it). Throws Error naming the file on an I/O error.
-void mark_trace_open(const std::string& path);
+// Marks `path` open (a writer is about to change it) and syncs the header, so that a writer that dies
+// while it changes the file leaves it marked open. `sync` false: for a file just created under a name
+// that says it is incomplete (NAME.h5.incomplete), whose header goes to disk with its first steps.
+// Throws Error naming the file on an I/O error.
+void mark_trace_open(const std::string& path, bool sync = true);
+// What a seal took.
+struct SealTimes {
+  double hash_seconds = 0;  // the digest
+  double sync_seconds = 0;  // the header written and the file synced
+  uint64_t bytes_read = 0;  // of the file, for the digest
+};
 // Seals `path`: digest of its bytes after the header, written with the file size into the header,
-// then fsync. Call with the file closed by HDF5. Throws Error naming the file on an I/O error.
-void seal_trace(const std::string& path);
+// then fsync. `written`: the hasher its writer told of every write since the file was created or
+// opened (it then reads back only what they did not cover); without one the whole file is read. Call
+// with the file closed by HDF5. Throws Error naming the file on an I/O error.
+SealTimes seal_trace(const std::string& path, SealHasher* written = nullptr);
 
 // What a reader does with a seal that does not match: `enforce` throws TraceCorrupt naming the file,
 // what differs and `dsv4 trace salvage` (every command's reader); `report` opens the file anyway and

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -454,17 +455,28 @@ void TraceWriter::close() {
   if (w.closed) return;
   if (w.step_open)
     throw Error(fmt::format("close(): step {} is still open; call end_step() first", w.next_step));
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   w.stop(false);
   {
     std::lock_guard lk(w.mu);
     w.rethrow_locked();
   }
-  publish_trace(w.writing_path, w.final_path);
+  const auto t1 = Clock::now();
+  // The writer thread has ended: the layout's hasher is this thread's now.
+  const SealTimes seal = publish_trace(w.writing_path, w.final_path, &w.layout.written());
+  const double publish = std::chrono::duration<double>(Clock::now() - t1).count();
   w.closed = true;
+  std::lock_guard lk(w.mu);
+  w.st.seconds_close_file = std::chrono::duration<double>(t1 - t0).count();
+  w.st.seconds_seal_hash = seal.hash_seconds;
+  w.st.seconds_seal_sync = seal.sync_seconds;
+  w.st.seconds_rename = std::max(0.0, publish - seal.hash_seconds - seal.sync_seconds);
+  w.st.seal_bytes_read = int64_t(seal.bytes_read);
 }
 
-void publish_trace(const std::string& writing_path, const std::string& final_path) {
-  seal_trace(writing_path);  // digest of the finished file, then fsync (capture/trace_seal.h)
+SealTimes publish_trace(const std::string& writing_path, const std::string& final_path, SealHasher* written) {
+  const SealTimes t = seal_trace(writing_path, written);  // digest of the finished file, then fsync
   if (writing_path != final_path) {
     std::error_code ec;
     fs::rename(writing_path, final_path, ec);
@@ -472,6 +484,7 @@ void publish_trace(const std::string& writing_path, const std::string& final_pat
     const fs::path dir = fs::absolute(final_path).parent_path();
     fsync_path(dir.string(), true);
   }
+  return t;
 }
 
 const std::string& TraceWriter::final_path() const {

@@ -25,6 +25,7 @@
 #include "capture/env.h"
 #include "capture/generation.h"
 #include "capture/policy.h"
+#include "capture/trace_seal.h"
 #include "capture/training.h"
 #include "model/config.h"
 #include "model/forward.h"
@@ -71,6 +72,11 @@ struct WriterStats {
   double seconds_encoding = 0;   //   encoding their chunks (on the encoder threads)
   double seconds_storing = 0;    //   storing the chunks
   int64_t records = 0, batches = 0;  // records written, in this many batches
+  // close(), once: the queue drained and the file closed by HDF5; the seal's digest (and the bytes it
+  // read back from the file: what no write covered whole, capture/trace_seal.h SealHasher); the
+  // header written and the file synced; the rename and the directory's sync.
+  double seconds_close_file = 0, seconds_seal_hash = 0, seconds_seal_sync = 0, seconds_rename = 0;
+  int64_t seal_bytes_read = 0;
 };
 
 class TraceWriter {
@@ -123,9 +129,11 @@ class TraceWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// The last act of every trace writer: seals the finished file at `writing_path`, flushes it to disk and
-// renames it to `final_path` (when they differ), so a trace under its final name is always whole.
-void publish_trace(const std::string& writing_path, const std::string& final_path);
+// The last act of every trace writer: seals the finished file at `writing_path` (`written`: the
+// hasher told of the writer's writes, or none), flushes it to disk and renames it to `final_path`
+// (when they differ), so a trace under its final name is always whole. Returns what the seal took.
+SealTimes publish_trace(const std::string& writing_path, const std::string& final_path,
+                        SealHasher* written = nullptr);
 
 // Points the complete trace `path` at other weights: /meta/model weights_path becomes
 // `weights_path` and the previous value is kept as weights_path_recorded (a bundle's trace names the
