@@ -173,7 +173,8 @@ void compute_stream_idle(benchmark::State& state, const std::vector<int32_t>& to
 // kernel's start to the last one's end. Wall time above that span is host time before the first
 // kernel and after the last; the span above the summed kernel time is the GPU waiting between kernels.
 // The report kernels may run beside the model's (the digests have a stream of their own):
-// model_busy_ms is the time some model kernel runs, report_alone_ms the time only report kernels run.
+// model_busy_ms is the time some model kernel runs, report_alone_ms the time only report kernels run,
+// report_tail_ms the part of it after the model's last kernel.
 void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens, const dsv4::RunOptions& ro,
                      const char* what) {
   dsv4::KernelRecorder rec;
@@ -183,12 +184,14 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   if (!k.available || k.kernels.empty()) return;
   double all = 0, report = 0;
   int64_t first = k.kernels.front().start_ns, last = k.kernels.front().end_ns, reports = 0;
+  int64_t last_model = 0;  // the last model kernel's end
   std::vector<std::pair<int64_t, int>> edges;  // (time, +1/-1 model, +2/-2 report)
   for (const dsv4::KernelRecord& r : k.kernels) {
     const double ms = double(r.end_ns - r.start_ns) * 1e-6;
     all += ms;
     const bool rep = dsv4::is_report_kernel(r);
     if (rep) report += ms, ++reports;
+    if (!rep) last_model = std::max(last_model, r.end_ns);
     first = std::min(first, r.start_ns), last = std::max(last, r.end_ns);
     edges.push_back({r.start_ns, rep ? 2 : 1});
     edges.push_back({r.end_ns, rep ? -2 : -1});
@@ -210,6 +213,7 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   state.counters["report_alone_ms"] = double(report_alone) * 1e-6;
   state.counters["report_kernels_ms"] = report;
   state.counters["span_ms"] = double(last - first) * 1e-6;
+  state.counters["report_tail_ms"] = double(last - last_model) * 1e-6;  // report kernels after the model's last
   state.counters["launches"] = double(k.kernels.size());
   state.counters["report_launches"] = double(reports);
   compute_stream_idle(state, tokens, ro, what);
