@@ -24,7 +24,8 @@ bool same_launch(const KernelRecord& a, const KernelRecord& b) {
 }
 
 bool is_report_kernel(const KernelRecord& k) {
-  for (const char* name : {"digest_rows_kernel", "digest_delay_kernel", "copy_words_kernel"})
+  for (const char* name : {"digest_rows_kernel", "digest_row_sums_kernel", "digest_from_sums_kernel",
+                           "digest_delay_kernel", "copy_words_kernel"})
     if (k.name.find(name) != std::string::npos) return true;
   return false;
 }

@@ -37,7 +37,8 @@ struct KernelRecords {
 bool same_launch(const KernelRecord& a, const KernelRecord& b);
 
 // A kernel that the recording machinery launches for an observer rather than the model: the row
-// digests (kernels/cuda/xxh3.cu) and the snapshot copies of late reports (cuda::copy_words). Which of
+// digests, and the block sums of rows whose op could not form them (kernels/cuda/xxh3.cu), and the
+// snapshot copies of late reports (cuda::copy_words). Which of
 // them run depends on the observer (reports taken late or at once, values wanted or not), not on the
 // computation, so replay compares the model's launches only.
 bool is_report_kernel(const KernelRecord& k);

@@ -29,6 +29,7 @@ struct HcPreParams {
   float* pre = nullptr;   // [T, hc]
   float* post = nullptr;  // [T, hc]
   float* comb = nullptr;  // [T, hc, hc], comb[j][k]: j source (row), k destination (column)
+  uint64_t* y_sums = nullptr;  // [T, D / 512, 8] or nullptr: y's block sums (kernels/row_sums.h)
 };
 // Per token: x = X[t] flattened; rho = 1/sqrt(sum_squares(x)/(hc*D) + rms_eps);
 // mix_i = rho * dot(fn_i, x); a_i = mix_i * scale[g(i)] + base_i; pre = sigmoid(a) + hc_eps;
@@ -46,6 +47,7 @@ struct HcPostParams {
   const float* post = nullptr;  // [T, hc]
   const float* comb = nullptr;  // [T, hc, hc]
   float* out = nullptr;         // [T, hc, D] bf16; must not alias R
+  uint64_t* out_sums = nullptr;  // [T, hc * D / 512, 8] or nullptr: out's block sums (kernels/row_sums.h)
 };
 // out[t,k,d] = bf16(post_k * f[t,d] + sum_j comb[j][k] * R[t,j,d]) computed as
 // acc = post_k * f; for j in 0..hc-1: acc = fma(comb[j][k], R[t,j,d], acc).
@@ -63,6 +65,7 @@ struct HcHeadParams {
   ReduceOrder order{};
   float* y = nullptr;  // [T, D] bf16
   float* w = nullptr;  // [T, hc] the mixing weights, may be nullptr
+  uint64_t* y_sums = nullptr;  // [T, D / 512, 8] or nullptr: y's block sums (kernels/row_sums.h)
 };
 // w_j = sigmoid(rho * dot(fn_j, x) * scale[0] + base_j) + hc_eps; y = bf16(sum_j w_j X[t,j]).
 void hc_head(const HcHeadParams& p);

@@ -24,6 +24,7 @@ struct RmsNormParams {
   // weight): v[i] = bf16(x[i]^2), s = sum of v in `order`, r = bf16(1 / sqrt(bf16(bf16(s / dim) + eps))),
   // y[i] = bf16(x[i] * r). false: the fp32 arithmetic above.
   bool bf16_arith = false;
+  uint64_t* y_sums = nullptr;  // [rows, dim / 512, 8] or nullptr: y's block sums (kernels/row_sums.h)
 };
 const char* rmsnorm_check(const RmsNormParams& p);
 void rmsnorm(const RmsNormParams& p);

@@ -258,6 +258,7 @@ class CpuBackend final : public Backend {
   Buffer<int32_t> ints(int64_t n) override { return host_buffer<int32_t>(n); }
   Buffer<int64_t> longs(int64_t n) override { return host_buffer<int64_t>(n); }
   Buffer<uint8_t> bytes(int64_t n) override { return host_buffer<uint8_t>(n); }
+  Buffer<uint64_t> u64s(int64_t n) override { return host_buffer<uint64_t>(n); }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) std::memcpy(dst, host, bytes);
   }
@@ -602,6 +603,7 @@ class CudaBackend final : public Backend {
   Buffer<int32_t> ints(int64_t n) override { return alloc<int32_t>(n); }
   Buffer<int64_t> longs(int64_t n) override { return alloc<int64_t>(n); }
   Buffer<uint8_t> bytes(int64_t n) override { return alloc<uint8_t>(n); }
+  Buffer<uint64_t> u64s(int64_t n) override { return alloc<uint64_t>(n); }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s_));
   }
@@ -758,9 +760,18 @@ class CudaBackend final : public Backend {
             CUDA_CHECK(cudaStreamWaitEvent(digests_, reads.done, 0));
             cuda::digest_delay(digest_delay_us.load(), digests_);
           }
-          const char* src = static_cast<const char*>(a.src);
-          reads.ranges.push_back({src, src + size_t(a.rows) * size_t(a.row_elems) * 4});
-          enqueue_digests(a.src, a.dt, a.rows, a.row_elems, reinterpret_cast<uint64_t*>(at), digests_);
+          if (a.sums) {
+            const int64_t nb = a.row_elems / xxh3::kSumRowValues;
+            if (a.dt != DType::bf16 || !xxh3::bf16_row_has_sums(a.row_elems))
+              throw std::logic_error("download_async: block sums of rows that have none");
+            const char* src = reinterpret_cast<const char*>(a.sums);
+            reads.ranges.push_back({src, src + size_t(a.rows * nb) * 64});
+            cuda::digests_from_sums(a.sums, a.rows, nb, reinterpret_cast<uint64_t*>(at), digests_);
+          } else {
+            const char* src = static_cast<const char*>(a.src);
+            reads.ranges.push_back({src, src + size_t(a.rows) * size_t(a.row_elems) * 4});
+            enqueue_digests(a.src, a.dt, a.rows, a.row_elems, reinterpret_cast<uint64_t*>(at), digests_);
+          }
         } else if (sizes[i] % 4 == 0 && reinterpret_cast<uintptr_t>(a.src) % 4 == 0) {
           words.push_back({reinterpret_cast<uint32_t*>(at), static_cast<const uint32_t*>(a.src), int64_t(sizes[i] / 4)});
           if (words.size() == size_t(cuda::kMaxWordCopies)) copy_words();

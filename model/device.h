@@ -99,6 +99,7 @@ class Backend {
   virtual Buffer<int32_t> ints(int64_t n) = 0;
   virtual Buffer<int64_t> longs(int64_t n) = 0;
   virtual Buffer<uint8_t> bytes(int64_t n) = 0;
+  virtual Buffer<uint64_t> u64s(int64_t n) = 0;
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host -> backend
   virtual void download(void* host, const void* src,
                         size_t bytes) = 0;                          // backend -> host, complete on return
@@ -193,13 +194,16 @@ class Backend {
 
   // ---- downloads that do not wait (device backends)
   // One part of an asynchronous download: `bytes` of backend memory at `src`; or, with `digests`, the
-  // per-row digests of the tensor at `src` ([rows, row_elems] of `dt`, as row_digests gives them).
+  // per-row digests of the tensor at `src` ([rows, row_elems] of `dt`, as row_digests gives them),
+  // hashed from the rows, or, with `sums`, from the rows' block sums that the op writing them formed
+  // (kernels/row_sums.h; bf16 rows; `src` is then not read).
   struct AsyncPart {
     const void* src = nullptr;
     size_t bytes = 0;
     bool digests = false;
     DType dt = DType::f32;
     int64_t rows = 0, row_elems = 0;
+    const uint64_t* sums = nullptr;  // [rows, row_elems / 512, 8] in backend memory, or nullptr
     size_t host_bytes() const { return digests ? size_t(std::max<int64_t>(rows, 0)) * 8 : bytes; }
   };
   // Host copies of the parts, landing while the caller goes on enqueuing work.

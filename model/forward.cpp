@@ -20,6 +20,7 @@
 #include "kernels/numerics/numerics.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
+#include "kernels/row_sums.h"
 #include "model/device.h"
 #include "model/error.h"
 #include "model/expert_parallel.h"
@@ -150,6 +151,7 @@ using backend::Backend;
 using backend::require;
 using FBuf = backend::Buffer<float>;
 using IBuf = backend::Buffer<int32_t>;
+using SumsBuf = backend::Buffer<uint64_t>;  // block sums of reported rows (kernels/row_sums.h)
 
 // A layer's MoE problem without its tokens (T = 0): dimensions, the experts' weights, the profile's
 // rules. The weights' pointer arrays live as long as the MoeLayer.
@@ -239,10 +241,11 @@ class SequenceForward {
   // Reports a tensor held in backend memory. With a device backend the row digests are computed on
   // the device and the values are downloaded only if an observer asks for them (TensorRecord::data).
   // row0: the index of the tensor's row 0 within the sequence (default: the chunk's first position).
+  // sums: the rows' block sums from the op that wrote them (sums_for), hashed instead of the rows.
   // The graph does not write a reported buffer again: a late report's digests may still be reading it
   // (Backend::download_async). A step that changes it makes a new buffer (normed(), not norm_rows()).
   void report(int layer, const char* name, DType dt, std::vector<int64_t> shape, const void* data,
-              int64_t row0 = -1) {
+              int64_t row0 = -1, SumsBuf sums = {}) {
     if (!want_tensors()) return;
     TensorRecord r;
     r.seq = seq_;
@@ -256,13 +259,21 @@ class SequenceForward {
       opt_.observer->on_tensor(r);
       return;
     }
-    if (late_) return late_->tensor(r, data);
+    if (late_) return late_->tensor(r, data, std::move(sums));
     const int64_t rows = std::max<int64_t>(r.rows(), 0), elems = r.row_elems();
     std::vector<uint64_t> digests(static_cast<size_t>(rows));
     if (be_.row_digests(data, dt, rows, elems, digests.data())) r.row_digests = digests.data();
     DownloadOnce fetch(be_, data, dt, rows * elems);
     r.fetch = &fetch;
     opt_.observer->on_tensor(r);
+  }
+  // The buffer for the block sums of a bf16 tensor of `rows` rows of n values that is about to be
+  // written and then reported late: the op that writes it forms them (kernels/row_sums.h), and the
+  // report's digests come from them instead of a second pass over the rows. Empty (ask the op for
+  // none) where reports are not late or such rows have no sums.
+  SumsBuf sums_for(int64_t rows, int64_t n) {
+    if (!late_ || !want_tensors() || !xxh3::bf16_row_has_sums(n)) return {};
+    return be_.u64s(rows * (n / xxh3::kSumRowValues) * 8);
   }
   // Downloads a reported tensor on the first fetch() and keeps the copy for the rest of the report.
   class DownloadOnce final : public TensorFetch {
@@ -359,14 +370,16 @@ class SequenceForward {
   void norm_rows(FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer, Arith arith = Arith::fp32) {
     norm_rows_into(x, x, rows, dim, weight, layer, arith);
   }
-  // The normalised rows in a new buffer; x is kept (it was reported, or the tape keeps it).
-  FBuf normed(const FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer) {
+  // The normalised rows in a new buffer, to be reported (with the block sums `sums` asks for); x is
+  // kept (it was reported, or the tape keeps it).
+  FBuf normed(const FBuf& x, int64_t rows, int64_t dim, const float* weight, int layer, SumsBuf& sums) {
     FBuf y = be_.floats(x.size());
-    norm_rows_into(x, y, rows, dim, weight, layer, Arith::fp32);
+    sums = sums_for(rows, dim);
+    norm_rows_into(x, y, rows, dim, weight, layer, Arith::fp32, sums.data());
     return y;
   }
   void norm_rows_into(const FBuf& x, FBuf& y, int64_t rows, int64_t dim, const float* weight, int layer,
-                      Arith arith) {
+                      Arith arith, uint64_t* y_sums = nullptr) {
     RmsNormParams p;
     p.rows = rows;
     p.dim = dim;
@@ -378,6 +391,7 @@ class SequenceForward {
     p.eps = c_.rms_norm_eps;
     p.order = P_.reduce.norm;
     p.bf16_arith = arith == Arith::bf16;
+    p.y_sums = y_sums;
     require(rmsnorm_check(p), "rmsnorm", layer);
     be_.rmsnorm(p);
   }
@@ -499,8 +513,12 @@ class SequenceForward {
   struct Mix {
     FBuf y, pre, post, comb;
   };
+  struct Streams {  // hc_post's output, to be reported with its block sums
+    FBuf H;
+    SumsBuf sums;
+  };
   Mix hc_pre_sublayer(const FBuf& H, int layer, Sublayer sub);
-  FBuf hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m);
+  Streams hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m);
   FBuf attention(const FBuf& x, int layer);
   FBuf moe(const FBuf& x, int layer);
 
@@ -535,6 +553,8 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
   hp.pre = m.pre.data();
   hp.post = m.post.data();
   hp.comb = m.comb.data();
+  SumsBuf y_sums = sums_for(T_, D);
+  hp.y_sums = y_sums.data();
   require(hc_pre_check(hp), "hc_pre", layer);
   be_.hc_pre(hp);
   if (opt_.observer) {
@@ -550,12 +570,14 @@ SequenceForward::Mix SequenceForward::hc_pre_sublayer(const FBuf& H, int layer, 
     d.comb = m.comb.data();
     report(d);
   }
-  report(layer, sub == Sublayer::attn ? "attn.hc_pre" : "ffn.hc_pre", DType::bf16, {T_, D}, m.y.data());
+  report(layer, sub == Sublayer::attn ? "attn.hc_pre" : "ffn.hc_pre", DType::bf16, {T_, D}, m.y.data(), -1,
+         std::move(y_sums));
   return m;
 }
 
-FBuf SequenceForward::hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m) {
-  FBuf out = be_.floats(H.size());
+SequenceForward::Streams SequenceForward::hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& m) {
+  Streams s{be_.floats(H.size()), sums_for(T_, c_.hc_mult * c_.hidden_size)};
+  FBuf& out = s.H;
   HcPostParams p;
   p.T = T_;
   p.hc = c_.hc_mult;
@@ -565,8 +587,9 @@ FBuf SequenceForward::hc_post_sublayer(const FBuf& f, const FBuf& H, const Mix& 
   p.post = m.post.data();
   p.comb = m.comb.data();
   p.out = out.data();
+  p.out_sums = s.sums.data();
   be_.hc_post(p);
-  return out;
+  return s;
 }
 
 FBuf SequenceForward::attention(const FBuf& x, int L) {
@@ -895,10 +918,11 @@ SequenceResult SequenceForward::run() {
   for (int L = 0; L < c_.num_hidden_layers; ++L) {
     const std::string p = layer_prefix(L);
     Mix ma = hc_pre_sublayer(H, L, Sublayer::attn);
-    FBuf xa = normed(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L);
-    report(L, "attn.norm", DType::bf16, {T_, D}, xa.data());
+    SumsBuf sums;
+    FBuf xa = normed(ma.y, T_, D, be_.weight(p + "input_layernorm.weight"), L, sums);
+    report(L, "attn.norm", DType::bf16, {T_, D}, xa.data(), -1, std::move(sums));
     FBuf a = attention(xa, L);
-    FBuf Ha = hc_post_sublayer(a, H, ma);
+    Streams Ha = hc_post_sublayer(a, H, ma);
     if (tape_) {
       AttentionTape& tp = tape_->attn[size_t(L)];
       tp.H_in = std::move(H);
@@ -908,14 +932,14 @@ SequenceResult SequenceForward::run() {
       tp.x = std::move(xa);
       tp.out = std::move(a);
     }
-    H = std::move(Ha);
-    report(L, "attn.hc_post", DType::bf16, {T_, hc * D}, H.data());
+    H = std::move(Ha.H);
+    report(L, "attn.hc_post", DType::bf16, {T_, hc * D}, H.data(), -1, std::move(Ha.sums));
 
     Mix mf = hc_pre_sublayer(H, L, Sublayer::ffn);
-    FBuf xf = normed(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L);
-    report(L, "ffn.norm", DType::bf16, {T_, D}, xf.data());
+    FBuf xf = normed(mf.y, T_, D, be_.weight(p + "post_attention_layernorm.weight"), L, sums);
+    report(L, "ffn.norm", DType::bf16, {T_, D}, xf.data(), -1, std::move(sums));
     FBuf f = moe(xf, L);
-    FBuf Hf = hc_post_sublayer(f, H, mf);
+    Streams Hf = hc_post_sublayer(f, H, mf);
     if (tape_) {
       FfnTape& tp = tape_->ffn[size_t(L)];
       tp.H_in = std::move(H);
@@ -925,18 +949,20 @@ SequenceResult SequenceForward::run() {
       tp.x = std::move(xf);
       tp.out = std::move(f);
     }
-    H = std::move(Hf);
-    report(L, "ffn.hc_post", DType::bf16, {T_, hc * D}, H.data());
+    H = std::move(Hf.H);
+    report(L, "ffn.hc_post", DType::bf16, {T_, hc * D}, H.data(), -1, std::move(Hf.sums));
   }
 
   FBuf y = be_.floats(T_ * D);
   HcHeadParams hp;
   set_mhc_mixer(hp, be_, c_, kHeadMhcPrefix, T_, H.data(), P_.reduce.mhc);
   hp.y = y.data();
+  SumsBuf sums = sums_for(T_, D);
+  hp.y_sums = sums.data();
   be_.hc_head(hp);
-  report(-1, "head.hc", DType::bf16, {T_, D}, y.data());
-  FBuf yn = normed(y, T_, D, be_.weight("model.norm.weight"), -1);
-  report(-1, "head.norm", DType::bf16, {T_, D}, yn.data());
+  report(-1, "head.hc", DType::bf16, {T_, D}, y.data(), -1, std::move(sums));
+  FBuf yn = normed(y, T_, D, be_.weight("model.norm.weight"), -1, sums);
+  report(-1, "head.norm", DType::bf16, {T_, D}, yn.data(), -1, std::move(sums));
 
   FBuf logits = linear(yn, T_, D, "lm_head.weight", V, OutRound::f32, -1);
   if (opt_.temperature != 1.0f) be_.divide(logits.data(), logits.size(), opt_.temperature);

@@ -46,7 +46,7 @@ LateReports::LateReports(Download download, Observer& observer, size_t max_bytes
 
 LateReports::~LateReports() = default;
 
-void LateReports::tensor(const TensorRecord& r, const void* data) {
+void LateReports::tensor(const TensorRecord& r, const void* data, backend::Buffer<uint64_t> sums) {
   Pending p;
   TensorRecord t = r;
   t.host = nullptr;
@@ -58,6 +58,8 @@ void LateReports::tensor(const TensorRecord& r, const void* data) {
   digests.dt = t.dtype;
   digests.rows = std::max<int64_t>(t.rows(), 0);
   digests.row_elems = t.row_elems();
+  digests.sums = sums.data();
+  p.sums = std::move(sums);
   std::vector<Part> parts{digests};
   p.values = observer_.wants_values(t.name, t.layer);
   if (p.values) parts.push_back(bytes_of(data, digests.rows * digests.row_elems, 4));  // f32/bf16/i32: 4 bytes

@@ -28,7 +28,9 @@ class LateReports {
   LateReports& operator=(const LateReports&) = delete;
 
   // The record's data is `data` in backend memory (host, fetch and row_digests of `r` are ignored).
-  void tensor(const TensorRecord& r, const void* data);
+  // With `sums` (the rows' block sums, formed by the op that wrote them: kernels/row_sums.h) the
+  // digests come from those; the buffer is kept until the report is handed on.
+  void tensor(const TensorRecord& r, const void* data, backend::Buffer<uint64_t> sums = {});
   // The decisions' arrays are backend memory.
   void indexer(const IndexerDecision& d);
   void routing(const RoutingDecision& d);
@@ -40,6 +42,7 @@ class LateReports {
   struct Pending {
     std::variant<TensorRecord, IndexerDecision, RoutingDecision, MhcDecision> what;
     bool values = false;  // a tensor whose values were downloaded too
+    backend::Buffer<uint64_t> sums;  // read by the download's digests: freed after it (declared first)
     std::unique_ptr<backend::Backend::AsyncDownload> copies;
   };
   void push(Pending p, const std::vector<backend::Backend::AsyncPart>& parts);

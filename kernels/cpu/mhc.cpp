@@ -5,8 +5,11 @@
 
 #include <vector>
 
+#include "kernels/error.h"
+
 #include "kernels/detail/mhc.h"
 #include "kernels/linear.h"
+#include "kernels/row_sums.h"
 
 namespace dsv4 {
 
@@ -49,7 +52,7 @@ const char* hc_pre_check(const HcPreParams& p) {
     return "hc_pre: reduce block must be 0 or a positive multiple of 8";
   if (p.T > 0 && (!p.X || !p.fn || !p.scale || !p.base || !p.y || !p.pre || !p.post || !p.comb))
     return "hc_pre: null pointer";
-  return nullptr;
+  return row_sums_check(p.y_sums, p.D, "hc_pre: y_sums asked for rows of D values, D not a multiple of 512");
 }
 
 void hc_pre(const HcPreParams& p) {
@@ -70,11 +73,16 @@ void hc_pre(const HcPreParams& p) {
       mix_streams(x, pre, hc, D, p.y + t * D);
     }
   }
+  if (p.y_sums) bf16_row_sums(p.y, p.T, D, D, p.y_sums);
 }
 
 void hc_post(const HcPostParams& p) {
   const int hc = p.hc;
   const int64_t D = p.D;
+  if (const char* why = row_sums_check(p.out_sums, hc * D,
+                                       "hc_post: out_sums asked for rows of hc * D values, "
+                                       "not a multiple of 512"))
+    throw Error(why);
 #pragma omp parallel for schedule(static) if (p.T * hc * D >= kParallelMin)
   for (int64_t t = 0; t < p.T; ++t) {
     const float* f = p.f + t * D;
@@ -86,9 +94,14 @@ void hc_post(const HcPostParams& p) {
       for (int64_t d = 0; d < D; ++d) out[d] = common::hc_post_at(f, R, post, comb, hc, D, k, d);
     }
   }
+  if (p.out_sums) bf16_row_sums(p.out, p.T, hc * D, hc * D, p.out_sums);
 }
 
 void hc_head(const HcHeadParams& p) {
+  if (const char* why = row_sums_check(p.y_sums, p.D,
+                                       "hc_head: y_sums asked for rows of D values, D not a "
+                                       "multiple of 512"))
+    throw Error(why);
   if (p.T <= 0) return;
   const int hc = p.hc;
   const int64_t D = p.D, hcD = int64_t(hc) * D;
@@ -106,6 +119,7 @@ void hc_head(const HcHeadParams& p) {
       mix_streams(x, wt.data(), hc, D, p.y + t * D);
     }
   }
+  if (p.y_sums) bf16_row_sums(p.y, p.T, D, D, p.y_sums);
 }
 
 }  // namespace dsv4

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/detail/norm.h"
+#include "kernels/row_sums.h"
 
 namespace dsv4 {
 
@@ -18,7 +19,7 @@ const char* rmsnorm_check(const RmsNormParams& p) {
   if (p.order.block < 0 || p.order.block % 8 != 0)
     return "rmsnorm: reduce block must be 0 or a positive multiple of 8";
   if (p.bf16_arith && p.w) return "rmsnorm: bf16 arithmetic is defined without a weight";
-  return nullptr;
+  return row_sums_check(p.y_sums, p.dim, "rmsnorm: y_sums asked for rows whose dim is not a multiple of 512");
 }
 
 void rmsnorm(const RmsNormParams& p) {
@@ -35,6 +36,7 @@ void rmsnorm(const RmsNormParams& p) {
         common::rmsnorm_apply(x, p.y + r * p.ldy, nullptr, rs, 0, n, 1);
       }
     }
+    if (p.y_sums) bf16_row_sums(p.y, p.rows, n, p.ldy, p.y_sums);
     return;
   }
 #pragma omp parallel for schedule(static) if (p.rows * p.dim >= (int64_t(1) << 15))
@@ -44,6 +46,7 @@ void rmsnorm(const RmsNormParams& p) {
     const float rs = common::rms_scale(sum_squares(x, n, p.order), n, p.eps);
     common::rmsnorm_apply(x, y, p.w, rs, 0, n, 1);
   }
+  if (p.y_sums) bf16_row_sums(p.y, p.rows, n, p.ldy, p.y_sums);
 }
 
 }  // namespace dsv4

@@ -11,10 +11,18 @@
 // Then mix_kernel, one thread per (t, d) or per 4 consecutive d (mix4_kernel, rows 16-byte aligned):
 // y = bf16(fma chain over j of w_j * X[t, j, d]).
 // hc_post: one thread per (t, d), each of its hc outputs (t, k, d) with the CPU's fma chain over j;
-// for hc = 4 and aligned rows of D % 4 == 0 (the model's case), one thread per 4 consecutive d.
+// for hc = 4 and aligned rows of D % 4 == 0, one thread per 4 consecutive d.
+// Rows of D % 512 == 0 (the models' widths; aligned, hc = 4 for hc_post) take a warp per 512
+// consecutive d of a token instead (mix4_blocks_kernel, hc_post4_blocks_kernel): the warp then holds
+// whole 1024-byte blocks of the output rows' bf16 patterns and forms their digest sums when asked
+// (kernels/row_sums.h). The same kernel runs whether or not sums are asked for, so a recorded step
+// launches what its replay does. Other rows asked for sums get them from cuda::row_sums_bf16 after
+// the op.
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/xxh3_sums.cuh"
 #include "kernels/detail/mhc.h"
+#include "kernels/row_sums.h"
 
 namespace dsv4::cuda {
 
@@ -40,6 +48,7 @@ struct MixArgs {
   float* y = nullptr;
   float* post = nullptr;  // hc_pre only
   float* comb = nullptr;  // hc_pre only
+  uint64_t* y_sums = nullptr;
 };
 
 // One aligned group of 8 threads per token (32 tokens per block, grid-stride). The group forms rho
@@ -542,6 +551,54 @@ bool try_fused(const MixArgs& a, float* wt, cudaStream_t stream) {
 
 // Index: int where every (t, d) fits one (the integer division and remainder of the element index are
 // then 32-bit), else int64_t.
+// Whether y's rows take mix4_blocks_kernel.
+bool mix_blocks(const MixArgs& a) {
+  return a.D % xxh3::kSumRowValues == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+}
+
+// One warp per 512 consecutive d of a token (grid-stride over the warps' (t, chunk)), lane l the 4 d
+// at 4 (l + 32 i), i < 4: y = bf16(fma chain over j of wt[t, j] * X[t, j, d]) as mix4_kernel, and
+// with a.y_sums the chunk's block sums.
+__global__ void __launch_bounds__(kThreads) mix4_blocks_kernel(MixArgs a, const float* wt) {
+  constexpr int kW = sums::kWordsPerLane;
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = a.D / xxh3::kSumRowValues, D4 = a.D / 4;
+  const sums::LaneKeys keys = sums::lane_keys(lane);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < a.T * chunks; wi += warps) {
+    const int64_t t = wi / chunks, c = wi - t * chunks;
+    const float4* x = reinterpret_cast<const float4*>(a.X + t * a.hc * a.D) + c * 128 + lane;
+    const float* w = wt + t * a.hc;
+    float4 acc[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < a.hc; ++j) {
+      const float wj = w[j];
+      float4 v[kW];
+#pragma unroll
+      for (int i = 0; i < kW; ++i) v[i] = x[int64_t(j) * D4 + 32 * i];
+#pragma unroll
+      for (int i = 0; i < kW; ++i) {
+        acc[i].x = __fmaf_rn(wj, v[i].x, acc[i].x);
+        acc[i].y = __fmaf_rn(wj, v[i].y, acc[i].y);
+        acc[i].z = __fmaf_rn(wj, v[i].z, acc[i].z);
+        acc[i].w = __fmaf_rn(wj, v[i].w, acc[i].w);
+      }
+    }
+    float4* y = reinterpret_cast<float4*>(a.y + t * a.D) + c * 128 + lane;
+    uint64_t words[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const float4 o = make_float4(num::bf16_round(acc[i].x), num::bf16_round(acc[i].y),
+                                   num::bf16_round(acc[i].z), num::bf16_round(acc[i].w));
+      y[32 * i] = o;
+      words[i] = sums::bf16_word(o);
+    }
+    if (a.y_sums) sums::warp_block_sums(words, c == chunks - 1, keys, lane, a.y_sums + wi * 8);
+  }
+}
+
 // One thread per (t, d): y = bf16(fma chain over j of wt[t, j] * X[t, j, d]).
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* wt) {
@@ -603,6 +660,55 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
   }
 }
 
+// hc_post for hc = HC (16-byte aligned rows of D % 512 == 0): one warp per 512 consecutive d of a
+// token (grid-stride over the warps' (t, chunk)), lane l the 4 d at 4 (l + 32 i), i < 4, each output by
+// common::hc_post_of as below; with p.out_sums the block sums of the chunk in each of the hc rows.
+template <int HC>
+__global__ void __launch_bounds__(kThreads) hc_post4_blocks_kernel(HcPostParams p) {
+  constexpr int kW = sums::kWordsPerLane;
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = p.D / xxh3::kSumRowValues, D4 = p.D / 4;
+  const sums::LaneKeys keys = sums::lane_keys(lane);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < p.T * chunks; wi += warps) {
+    const int64_t t = wi / chunks, c = wi - t * chunks;
+    float post[HC], comb[HC * HC];
+#pragma unroll
+    for (int i = 0; i < HC; ++i) post[i] = p.post[t * HC + i];
+#pragma unroll
+    for (int i = 0; i < HC * HC; ++i) comb[i] = p.comb[t * HC * HC + i];
+    const float4* R = reinterpret_cast<const float4*>(p.R + t * HC * p.D) + c * 128 + lane;
+    const float4* f = reinterpret_cast<const float4*>(p.f + t * p.D) + c * 128 + lane;
+    float4* out = reinterpret_cast<float4*>(p.out + t * HC * p.D) + c * 128 + lane;
+    uint64_t words[HC][kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const float4 fv = f[32 * i];
+      float rx[HC], ry[HC], rz[HC], rw[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) {
+        const float4 r = R[int64_t(j) * D4 + 32 * i];
+        rx[j] = r.x, ry[j] = r.y, rz[j] = r.z, rw[j] = r.w;
+      }
+#pragma unroll
+      for (int k = 0; k < HC; ++k) {
+        const float4 o = make_float4(common::hc_post_of(fv.x, LoadedColumn{rx}, post, comb, HC, k),
+                                     common::hc_post_of(fv.y, LoadedColumn{ry}, post, comb, HC, k),
+                                     common::hc_post_of(fv.z, LoadedColumn{rz}, post, comb, HC, k),
+                                     common::hc_post_of(fv.w, LoadedColumn{rw}, post, comb, HC, k));
+        out[int64_t(k) * D4 + 32 * i] = o;
+        words[k][i] = sums::bf16_word(o);
+      }
+    }
+    if (p.out_sums) {
+#pragma unroll
+      for (int k = 0; k < HC; ++k)  // block k * chunks + c of the token's row of HC * D values
+        sums::warp_block_sums(words[k], k == HC - 1 && c == chunks - 1, keys, lane,
+                              p.out_sums + ((t * HC + k) * chunks + c) * 8);
+    }
+  }
+}
+
 // hc_post for hc = HC, 4 consecutive d a thread (D % 4 == 0; f, R and out 16-byte aligned): float4
 // loads and stores, the token's post and comb read once into registers for its 4 columns, each output
 // by common::hc_post_of as above.
@@ -658,6 +764,12 @@ void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
   }
   const bool vec4 = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  if (mix_blocks(a)) {
+    mix4_blocks_kernel<<<detail::grid_for(a.T * (a.D / xxh3::kSumRowValues), kThreads / 32), kThreads, 0,
+                         stream>>>(a, wt);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
   if (vec4) {
     if (fits_int(a.T * a.D / 4))
       mix4_kernel<int><<<detail::grid_for(a.T * a.D / 4, kThreads), kThreads, 0, stream>>>(a, wt);
@@ -669,6 +781,7 @@ void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
     mix_kernel<int64_t><<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
   }
   DSV4_LAUNCH_CHECK();
+  if (a.y_sums) row_sums_bf16(a.y, a.T, a.D, a.D, a.y_sums, stream);
 }
 
 }  // namespace
@@ -680,7 +793,7 @@ void hc_pre(const HcPreParams& p, cudaStream_t stream) {
   a.T = p.T, a.hc = p.hc, a.D = p.D, a.X = p.X, a.fn = p.fn, a.rows = int64_t(2 + p.hc) * p.hc;
   a.scale = p.scale, a.base = p.base, a.rms_eps = p.rms_eps, a.hc_eps = p.hc_eps;
   a.sinkhorn_iters = p.sinkhorn_iters, a.order = p.order, a.head = false;
-  a.y = p.y, a.post = p.post, a.comb = p.comb;
+  a.y = p.y, a.post = p.post, a.comb = p.comb, a.y_sums = p.y_sums;
   launch_mix(a, p.pre, stream);
 }
 
@@ -691,14 +804,29 @@ const char* hc_post_check(const HcPostParams& p) {
   if (p.D < 1) return "hc_post: D < 1";
   if (p.T > 0 && (!p.f || !p.R || !p.post || !p.comb || !p.out)) return "hc_post: null pointer";
   if (p.T > 0 && p.out == p.R) return "hc_post: out must not alias R";
-  return nullptr;
+  return row_sums_check(p.out_sums, p.hc * p.D,
+                        "hc_post: out_sums asked for rows of hc * D values, not a multiple of 512");
 }
 
 void hc_post(const HcPostParams& p, cudaStream_t stream) {
   require(cuda::hc_post_check(p), "hc_post");
   if (p.T <= 0) return;
   const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  if (p.hc == 4 && p.D % 4 == 0 && aligned(p.f) && aligned(p.R) && aligned(p.out)) {  // the model's hc
+  const bool hc4 = p.hc == 4 && aligned(p.f) && aligned(p.R) && aligned(p.out);  // the model's hc
+  if (hc4 && p.D % xxh3::kSumRowValues == 0) {
+    hc_post4_blocks_kernel<4>
+        <<<detail::grid_for(p.T * (p.D / xxh3::kSumRowValues), kThreads / 32), kThreads, 0, stream>>>(p);
+    DSV4_LAUNCH_CHECK();
+    return;
+  }
+  if (p.out_sums) {  // another kernel writes out; its sums are formed from it afterwards
+    HcPostParams q = p;
+    q.out_sums = nullptr;
+    hc_post(q, stream);
+    row_sums_bf16(p.out, p.T, p.hc * p.D, p.hc * p.D, p.out_sums, stream);
+    return;
+  }
+  if (hc4 && p.D % 4 == 0) {
     const int64_t n = p.T * p.D / 4;
     if (fits_int(n))
       hc_post4_kernel<4, int><<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(p);
@@ -721,7 +849,7 @@ const char* hc_head_check(const HcHeadParams& p) {
   if (p.order.block < 0 || p.order.block % 8 != 0)
     return "hc_head: reduce block must be 0 or a positive multiple of 8";
   if (p.T > 0 && (!p.X || !p.fn || !p.scale || !p.base || !p.y)) return "hc_head: null pointer";
-  return nullptr;
+  return row_sums_check(p.y_sums, p.D, "hc_head: y_sums asked for rows of D values, D not a multiple of 512");
 }
 
 void hc_head(const HcHeadParams& p, cudaStream_t stream) {
@@ -731,7 +859,7 @@ void hc_head(const HcHeadParams& p, cudaStream_t stream) {
   a.T = p.T, a.hc = p.hc, a.D = p.D, a.X = p.X, a.fn = p.fn, a.rows = p.hc;
   a.scale = p.scale, a.base = p.base, a.rms_eps = p.rms_eps, a.hc_eps = p.hc_eps;
   a.order = p.order, a.head = true;
-  a.y = p.y;
+  a.y = p.y, a.y_sums = p.y_sums;
   detail::Scratch<float> w(p.w ? 0 : p.T * p.hc, stream);
   launch_mix(a, p.w ? p.w : w.get(), stream);
 }

@@ -17,9 +17,13 @@
 // the chain, then the apply, and a model-width row no longer sits in L1 for the second read), and
 // the serial chain of one block overlaps the copies of the other blocks on the multiprocessor (up to
 // 13 blocks of a 4096-wide row each). In place is safe: a row is read completely before the barrier
-// that precedes its stores, and only its own block touches it.
+// that precedes its stores, and only its own block touches it. Asked for y's block sums
+// (kernels/row_sums.h), its warps write y in chunks of 512 values, lane l the 4 values at
+// 4 (l + 32 i), i < 4, and form each chunk's sums; the other kernel's rows get them from
+// cuda::row_sums_bf16 afterwards.
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/xxh3_sums.cuh"
 #include "kernels/detail/norm.h"
 
 namespace dsv4::cuda {
@@ -67,6 +71,34 @@ constexpr int kStagedBatch = 8;            // loads in flight per thread while a
 constexpr int64_t kStagedMinDim = 1024;    // shorter rows keep rmsnorm_kernel (they stay in L1 there)
 constexpr int64_t kStagedMaxBytes = 96 << 10;  // shared memory per block: at least 2 blocks per SM
 
+// The staged kernel's stores with y's block sums (n % 512 == 0): warp v writes chunks v, v + 4, ... of
+// 512 values and forms their sums into sums[chunk * 8 ..].
+__device__ void write_with_sums(const float* staged, float* y, int64_t n, float rs, const float* w,
+                                uint64_t* sums, int tid) {
+  constexpr int kW = sums::kWordsPerLane;
+  const int lane = tid & 31;
+  const int64_t chunks = n / xxh3::kSumRowValues;
+  const sums::LaneKeys keys = sums::lane_keys(lane);
+  const bool vec = (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+  for (int64_t c = tid / 32; c < chunks; c += kStagedThreads / 32) {
+    uint64_t words[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int64_t q = c * 128 + lane + 32 * i, j = 4 * q;
+      const float4 v = reinterpret_cast<const float4*>(staged)[q];
+      const float4 o =
+          make_float4(common::rmsnorm_value(v.x, rs, w, j), common::rmsnorm_value(v.y, rs, w, j + 1),
+                      common::rmsnorm_value(v.z, rs, w, j + 2), common::rmsnorm_value(v.w, rs, w, j + 3));
+      if (vec)
+        reinterpret_cast<float4*>(y)[q] = o;
+      else
+        y[j] = o.x, y[j + 1] = o.y, y[j + 2] = o.z, y[j + 3] = o.w;
+      words[i] = sums::bf16_word(o);
+    }
+    sums::warp_block_sums(words, c == chunks - 1, keys, lane, sums + c * 8);
+  }
+}
+
 __global__ void __launch_bounds__(kStagedThreads) rmsnorm_staged_kernel(RmsNormParams p) {
   extern __shared__ float staged_row[];  // [dim]
   __shared__ float scale;
@@ -99,7 +131,10 @@ __global__ void __launch_bounds__(kStagedThreads) rmsnorm_staged_kernel(RmsNormP
     __syncthreads();
     const float rs = scale;
     const float* w = p.bf16_arith ? nullptr : p.w;
-    for (int64_t j = tid; j < n; j += kStagedThreads) y[j] = common::rmsnorm_value(staged_row[j], rs, w, j);
+    if (p.y_sums)
+      write_with_sums(staged_row, y, n, rs, w, p.y_sums + row * (n / xxh3::kSumRowValues) * 8, tid);
+    else
+      for (int64_t j = tid; j < n; j += kStagedThreads) y[j] = common::rmsnorm_value(staged_row[j], rs, w, j);
     __syncthreads();  // the next row overwrites staged_row and scale
   }
 }
@@ -132,6 +167,7 @@ void rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
   }
   rmsnorm_kernel<<<detail::grid_for(p.rows, kRowsPerBlock, 65535), kThreads, 0, stream>>>(p);
   DSV4_LAUNCH_CHECK();
+  if (p.y_sums) row_sums_bf16(p.y, p.rows, p.dim, p.ldy, p.y_sums, stream);
 }
 
 }  // namespace dsv4::cuda

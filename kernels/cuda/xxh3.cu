@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/xxh3_sums.cuh"
 #include "kernels/numerics/numerics.h"
 
 namespace dsv4::cuda {
@@ -139,6 +140,29 @@ void launch_digests(Src data, int64_t rows, int64_t row_stride, uint64_t len, ui
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The block sums of rows of fp32 values taken as bf16 patterns: one warp a block (row r = the warp's
+// index / nb, block b = its remainder), lane l reading words l + 32 i.
+__global__ void digest_row_sums_kernel(const float* data, int64_t rows, int64_t elems, int64_t ld,
+                                       uint64_t* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nb = elems / xxh3::kSumRowValues;
+  const int64_t blk = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (blk >= rows * nb) return;  // whole warps only
+  const int64_t r = blk / nb, b = blk - r * nb;
+  const Bf16Patterns in{data + r * ld};
+  uint64_t w[sums::kWordsPerLane];
+#pragma unroll
+  for (int i = 0; i < sums::kWordsPerLane; ++i)
+    w[i] = in.word(uint64_t(b) * xxh3::kBlockLen + 8 * uint64_t(lane + 32 * i));
+  sums::warp_block_sums(w, b == nb - 1, sums::lane_keys(lane), lane, out + blk * 8);
+}
+
+// out[r] = xxh3::hash_from_sums of row r's nb blocks, one thread a row.
+__global__ void digest_from_sums_kernel(const uint64_t* sums, int64_t rows, int64_t nb, uint64_t* out) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < rows) out[r] = xxh3::hash_from_sums(sums + r * nb * 8, nb, c_secret);
+}
+
 __global__ void digest_delay_kernel(uint64_t ns) {
   uint64_t start = 0, now = 0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -153,6 +177,34 @@ __global__ void digest_delay_kernel(uint64_t ns) {
 void digest_delay(int microseconds, cudaStream_t stream) {
   if (microseconds <= 0) return;
   digest_delay_kernel<<<1, 1, 0, stream>>>(uint64_t(microseconds) * 1000);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void row_sums_bf16(const float* data, int64_t rows, int64_t elems, int64_t ld, uint64_t* sums,
+                   cudaStream_t stream) {
+  if (rows < 0 || !xxh3::bf16_row_has_sums(elems) || ld < elems)
+    throw Error("cuda row_sums_bf16 cannot run: " + std::to_string(rows) + " rows of " +
+                std::to_string(elems) + " values " + std::to_string(ld) +
+                " apart (rows of a positive multiple of " + std::to_string(xxh3::kSumRowValues) +
+                " values only)");
+  if (rows == 0) return;
+  if (!data || !sums) throw Error("cuda row_sums_bf16 cannot run: null data or sums");
+  const int64_t blocks = (rows * (elems / xxh3::kSumRowValues) + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > 0x7fffffff) throw Error("cuda row_sums_bf16 cannot run: too many rows");
+  digest_row_sums_kernel<<<unsigned(blocks), 32 * kWarpsPerBlock, 0, stream>>>(data, rows, elems, ld, sums);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void digests_from_sums(const uint64_t* sums, int64_t rows, int64_t nb, uint64_t* out, cudaStream_t stream) {
+  if (rows < 0 || nb < 1)
+    throw Error("cuda digests_from_sums cannot run: " + std::to_string(rows) + " rows of " +
+                std::to_string(nb) + " blocks");
+  if (rows == 0) return;
+  if (!sums || !out) throw Error("cuda digests_from_sums cannot run: null sums or out");
+  constexpr int kThreads = 128;
+  const int64_t blocks = (rows + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) throw Error("cuda digests_from_sums cannot run: too many rows");
+  digest_from_sums_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(sums, rows, nb, out);
   CUDA_CHECK(cudaGetLastError());
 }
 

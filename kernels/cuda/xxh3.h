@@ -158,13 +158,50 @@ DSV4_XXH3_HD uint64_t merge_accs(const uint64_t acc[8], const uint8_t* s, uint64
 DSV4_XXH3_HD uint64_t merge(const uint64_t acc[8], const uint8_t* s, uint64_t len) {
   return merge_accs(acc, s + 11, len * kP64_1);
 }
+// The secret offset of the key XXH3 hashes a long input's last 64 bytes with.
+inline constexpr int kLastStripeKey = kSecretSize - kStripeLen - 7;
+
 // The end of a long input after its whole blocks: the `nb_stripes` stripes of the last, partial block
 // at `partial`, then the input's last 64 bytes at `last` (which may overlap them).
 DSV4_XXH3_HD void accumulate_tail(uint64_t acc[8], const uint8_t* partial, int nb_stripes,
                                   const uint8_t* last, const uint8_t* s) {
   for (int st = 0; st < nb_stripes; ++st)
     for (int j = 0; j < 8; ++j) acc[j] += stripe_term(partial + st * kStripeLen, s + 8 * st, j);
-  for (int j = 0; j < 8; ++j) acc[j] += stripe_term(last, s + kSecretSize - kStripeLen - 7, j);
+  for (int j = 0; j < 8; ++j) acc[j] += stripe_term(last, s + kLastStripeKey, j);
+}
+
+// ---- Block sums: the hash of an input of whole blocks, formed block by block in any order
+// An input of nb * kBlockLen bytes (nb >= 1) hashes as: for blocks 0 .. nb - 2, acc += the block's
+// stripe terms, then scramble; for the last block, acc += its first 15 stripes' terms and the term of
+// the input's last 64 bytes (= its 16th stripe) under the last-stripe key; then merge. So a block's 8
+// sums (one per accumulator lane j, each the sum mod 2^64 of its 16 stripes' terms, the last block's
+// 16th under kLastStripeKey) can be formed by whichever thread holds the block, and hash_from_sums
+// gives XXH3_64bits of the input from them. A bf16 row of n values is such an input when n is a
+// multiple of kSumRowValues: the kernel that writes the row can then form its sums (the row digests
+// of capture/digest.h).
+inline constexpr int64_t kSumRowValues = kBlockLen / 2;  // bf16 values of a block
+DSV4_XXH3_HD bool bf16_row_has_sums(int64_t n) {
+  return n > 0 && n % kSumRowValues == 0;
+}
+// The secret offset of the key of stripe `st` (0 .. 15) of a block; `last`: the input's last block.
+DSV4_XXH3_HD int block_stripe_key(int st, bool last) {
+  return last && st == kStripesPerBlock - 1 ? kLastStripeKey : 8 * st;
+}
+// The 8 sums of the block at `block` (kBlockLen bytes).
+DSV4_XXH3_HD void block_sums(const uint8_t* block, bool last, const uint8_t* s, uint64_t sums[8]) {
+  for (int j = 0; j < 8; ++j) sums[j] = 0;
+  for (int st = 0; st < kStripesPerBlock; ++st)
+    for (int j = 0; j < 8; ++j)
+      sums[j] += stripe_term(block + st * kStripeLen, s + block_stripe_key(st, last), j);
+}
+// XXH3_64bits of an input of nb blocks (nb >= 1) from its blocks' sums, sums[8 * b + j].
+DSV4_XXH3_HD uint64_t hash_from_sums(const uint64_t* sums, int64_t nb, const uint8_t* s) {
+  uint64_t acc[8];
+  init_acc(acc);
+  for (int64_t b = 0; b + 1 < nb; ++b)
+    for (int j = 0; j < 8; ++j) acc[j] = scramble(acc[j] + sums[8 * b + j], s + kSecretSize - kStripeLen, j);
+  for (int j = 0; j < 8; ++j) acc[j] += sums[8 * (nb - 1) + j];
+  return merge(acc, s, uint64_t(nb) * kBlockLen);
 }
 
 // Lengths > 240, sequentially (the scalar path of libxxhash).
@@ -206,6 +243,17 @@ void digest_rows(const void* data, int64_t rows, int64_t row_bytes, uint64_t* ou
 // value: the trace's storage bytes, capture/digest.h), converted as they are read: the matrix is read
 // once and nothing else is written.
 void digest_rows_bf16(const float* data, int64_t rows, int64_t elems, uint64_t* out, cudaStream_t stream);
+
+// The block sums (xxh3::block_sums) of an fp32 matrix [rows, elems] (row r at data + r * ld) taken as
+// its bf16 patterns, as the
+// kernels that write such rows form them (kernels/cuda/xxh3_sums.cuh): sums[(r * nb + b) * 8 + j] with
+// nb = elems / kSumRowValues blocks a row. elems must satisfy bf16_row_has_sums (Error otherwise). For
+// rows whose producer cannot form them (kernels/cuda/mhc.cu and norm.cu fall back to this).
+void row_sums_bf16(const float* data, int64_t rows, int64_t elems, int64_t ld, uint64_t* sums,
+                   cudaStream_t stream);
+// out[r] = XXH3-64 of row r (rows of nb blocks) from its block sums (xxh3::hash_from_sums), one
+// thread a row.
+void digests_from_sums(const uint64_t* sums, int64_t rows, int64_t nb, uint64_t* out, cudaStream_t stream);
 
 // Tests of the digest stream only: one thread on `stream` waits `microseconds` (the device's global
 // timer), so that digests enqueued after it run late. A report kernel (capture/cupti.h).

@@ -447,6 +447,40 @@ TEST(GpuRecord, TheModelDoesNotWaitForLateDigests) {
   EXPECT_EQ(log.digests, warm.digests);
 }
 
+// Rows of a multiple of 512 values take their digests from block sums that the ops writing them form
+// (kernels/row_sums.h): hc_pre's and hc_head's y, the norms and hc_post's streams, whose kernels hold
+// whole blocks at a hidden size of 1024. The digests still equal the CPU's, also when they run late,
+// and the sums came from those kernels (digests_from_sums ran; no op fell back to a second pass).
+TEST(GpuRecord, LateDigestsFromTheOpsBlockSumsEqualTheCpus) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = preset("tiny");
+  c.hidden_size = 1024;
+  const Weights w = Weights::init(c, 5);
+  for (int delay_us : {0, 3000}) {
+    const test::DigestDelay delay(delay_us);
+    for (const char* profile : {"train", "rollout"}) {
+      for (int64_t T : {1, 300}) {
+        const std::vector<std::vector<int32_t>> batch = {random_tokens(T, c.vocab_size, uint64_t(T)),
+                                                         random_tokens(9, c.vocab_size, 4)};
+        KernelRecorder rec;
+        ASSERT_TRUE(rec.start()) << rec.reason();
+        expect_late_reports_equal_the_cpus(
+            w, profile, batch, size_t(256) << 20,
+            fmt::format("hidden 1024 {} T={}, digests {} us late", profile, T, delay_us));
+        const KernelRecords k = rec.stop();
+        int from_sums = 0, second_pass = 0;
+        for (const KernelRecord& r : k.kernels) {
+          from_sums += r.name.find("digest_from_sums_kernel") != std::string::npos;
+          second_pass += r.name.find("digest_row_sums_kernel") != std::string::npos;
+        }
+        // Per sequence: 2 hc_pre, 2 norms and 2 hc_post a layer, then head.hc and head.norm.
+        EXPECT_EQ(from_sums, int(batch.size()) * (6 * c.num_hidden_layers + 2)) << profile << " T=" << T;
+        EXPECT_EQ(second_pass, 0) << profile << " T=" << T;
+      }
+    }
+  }
+}
+
 // A trace recorded on the GPU (late reports, each step's end queued to the writer while the next step
 // computes) holds what the CPU's holds: every decision, digest and stored tensor, over three steps of
 // two sequences into one writer.

@@ -13,11 +13,17 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/xxh3.h"
+#include "kernels/mhc.h"
+#include "kernels/norm.h"
 #include "kernels/numerics/numerics.h"
+#include "kernels/row_sums.h"
+#include "test_util.h"
 
 namespace dsv4 {
 namespace {
@@ -119,6 +125,150 @@ TEST(Xxh3, GpuBf16PatternsMatchLibxxhash) {
     for (size_t off : {size_t(0), size_t(1), size_t(2)}) check_bf16_rows(longer, off, 2, n / 2);
   for (size_t elems : {size_t(120), size_t(121), size_t(1024), size_t(4096)})
     check_bf16_rows(random_floats(1001 * elems + 4, uint32_t(elems)), 3, 1001, elems);
+}
+
+// ---- block sums (kernels/row_sums.h)
+
+// cuda::row_sums_bf16 (strided rows) then cuda::digests_from_sums: the one-pass row digests'.
+TEST(Xxh3, GpuRowSumsGiveTheRowDigests) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  for (auto [rows, n, ld] : {std::tuple{int64_t(7), int64_t(512), int64_t(512)},
+                             std::tuple{int64_t(300), int64_t(4096), int64_t(4096)},
+                             std::tuple{int64_t(5), int64_t(1536), int64_t(1601)}}) {
+    const std::vector<float> host = random_floats(size_t(rows * ld), uint32_t(n));
+    test::DeviceBuffers bufs;
+    const float* d = bufs.upload(host, "data");
+    const int64_t nb = n / xxh3::kSumRowValues;
+    uint64_t* sums = bufs.upload(std::vector<uint64_t>(size_t(rows * nb * 8), 0), "sums");
+    uint64_t* out = bufs.upload(std::vector<uint64_t>(size_t(rows), 0), "out");
+    cuda::row_sums_bf16(d, rows, n, ld, sums, nullptr);
+    cuda::digests_from_sums(sums, rows, nb, out, nullptr);
+    std::vector<uint64_t> want(static_cast<size_t>(rows)), cpu_sums(static_cast<size_t>(rows * nb * 8));
+    bf16_row_sums(host.data(), rows, n, ld, cpu_sums.data());
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = num::bf16_bits(host[size_t(r * ld + i)]);
+      want[size_t(r)] = XXH3_64bits(bits.data(), size_t(2 * n));
+    }
+    EXPECT_EQ(bufs.download(sums, cpu_sums.size()), cpu_sums) << n;
+    EXPECT_EQ(bufs.download(out, size_t(rows)), want) << n;
+    EXPECT_TRUE(bufs.guards_intact());
+  }
+  EXPECT_THROW(cuda::row_sums_bf16(nullptr, 1, 1000, 1000, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::digests_from_sums(nullptr, 1, 0, nullptr, nullptr), Error);
+}
+
+std::vector<float> bf16_values(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = num::bf16_round(normal(g));
+  return v;
+}
+
+// hc_post with its outputs' block sums on the GPU: outputs and sums as the CPU's, for the kernel that
+// forms them (hc = 4, D % 512 == 0) and for the shapes whose sums come from a second pass.
+TEST(Xxh3, GpuHcPostFormsTheCpusSums) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  for (auto [T, hc, D] :
+       {std::tuple{int64_t(37), 4, int64_t(1024)}, std::tuple{int64_t(5), 4, int64_t(128)},
+        std::tuple{int64_t(3), 3, int64_t(512)}, std::tuple{int64_t(1), 4, int64_t(3584)}}) {
+    const auto f = bf16_values(size_t(T * D), 1), R = bf16_values(size_t(T * hc * D), 2),
+               post = bf16_values(size_t(T * hc), 3), comb = bf16_values(size_t(T * hc * hc), 4, 0.3f);
+    const int64_t n = hc * D, nb = n / xxh3::kSumRowValues;
+    HcPostParams p;
+    p.T = T, p.hc = hc, p.D = D, p.f = f.data(), p.R = R.data(), p.post = post.data(), p.comb = comb.data();
+    std::vector<float> out(size_t(T * n));
+    std::vector<uint64_t> sums(size_t(T * nb * 8));
+    p.out = out.data(), p.out_sums = sums.data();
+    hc_post(p);
+    test::DeviceBuffers bufs;
+    HcPostParams q = p;
+    q.f = bufs.upload(f, "f"), q.R = bufs.upload(R, "R"), q.post = bufs.upload(post, "post");
+    q.comb = bufs.upload(comb, "comb");
+    q.out = bufs.upload(std::vector<float>(out.size(), 0.0f), "out");
+    q.out_sums = bufs.upload(std::vector<uint64_t>(sums.size(), 0), "sums");
+    cuda::hc_post(q, nullptr);
+    EXPECT_TRUE(test::bitwise_equal(bufs.download(q.out, out.size()), out)) << hc << " " << D;
+    EXPECT_EQ(bufs.download(q.out_sums, sums.size()), sums) << hc << " " << D;
+    EXPECT_TRUE(bufs.guards_intact());
+  }
+}
+
+// hc_pre's and hc_head's y with its block sums (mix4_blocks_kernel at D % 512 == 0), as the CPU's.
+TEST(Xxh3, GpuHcPreAndHeadFormTheCpusSums) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  const int hc = 4;
+  for (auto [T, D] : {std::pair{int64_t(37), int64_t(512)}, std::pair{int64_t(3), int64_t(2048)}}) {
+    const int64_t rows = (2 + hc) * hc, nb = D / xxh3::kSumRowValues;
+    const auto X = bf16_values(size_t(T * hc * D), 5), fn = bf16_values(size_t(rows * hc * D), 6, 0.02f),
+               base = bf16_values(size_t(rows), 7);
+    const std::vector<float> scale{0.5f, 0.7f, 0.9f};
+    std::vector<float> pre(size_t(T * hc)), post(pre.size()), comb(size_t(T * hc * hc)), y(size_t(T * D));
+    std::vector<uint64_t> sums(size_t(T * nb * 8));
+    HcPreParams p;
+    p.T = T, p.hc = hc, p.D = D, p.X = X.data(), p.fn = fn.data(), p.scale = scale.data(),
+    p.base = base.data();
+    p.pre = pre.data(), p.post = post.data(), p.comb = comb.data(), p.y = y.data(), p.y_sums = sums.data();
+    hc_pre(p);
+    test::DeviceBuffers bufs;
+    HcPreParams q = p;
+    q.X = bufs.upload(X, "X"), q.fn = bufs.upload(fn, "fn"), q.scale = bufs.upload(scale, "scale");
+    q.base = bufs.upload(base, "base");
+    q.pre = bufs.upload(pre, "pre"), q.post = bufs.upload(post, "post"), q.comb = bufs.upload(comb, "comb");
+    q.y = bufs.upload(std::vector<float>(y.size(), 0.0f), "y");
+    q.y_sums = bufs.upload(std::vector<uint64_t>(sums.size(), 0), "sums");
+    cuda::hc_pre(q, nullptr);
+    EXPECT_TRUE(test::bitwise_equal(bufs.download(q.y, y.size()), y)) << D;
+    EXPECT_EQ(bufs.download(q.y_sums, sums.size()), sums) << D;
+
+    HcHeadParams h;
+    h.T = T, h.hc = hc, h.D = D, h.X = X.data(), h.fn = fn.data(), h.scale = scale.data(),
+    h.base = base.data();
+    std::vector<float> yh(y.size());
+    std::vector<uint64_t> hsums(sums.size());
+    h.y = yh.data(), h.y_sums = hsums.data();
+    hc_head(h);
+    HcHeadParams g = h;
+    g.X = q.X, g.fn = q.fn, g.scale = q.scale, g.base = bufs.upload(base, "head base");
+    g.y = bufs.upload(std::vector<float>(y.size(), 0.0f), "head y");
+    g.y_sums = bufs.upload(std::vector<uint64_t>(sums.size(), 0), "head sums");
+    cuda::hc_head(g, nullptr);
+    EXPECT_TRUE(test::bitwise_equal(bufs.download(g.y, y.size()), yh)) << D;
+    EXPECT_EQ(bufs.download(g.y_sums, sums.size()), hsums) << D;
+    EXPECT_TRUE(bufs.guards_intact());
+  }
+}
+
+// rmsnorm's y with its block sums: the staged kernel forms them (dim 1024, rows 16-byte aligned or
+// not), the other one's rows get a second pass (dim 512), in both arithmetics; as the CPU's.
+TEST(Xxh3, GpuRmsNormFormsTheCpusSums) {
+  DSV4_REQUIRE_CUDA_DEVICE();
+  for (auto [rows, dim, ld] : {std::tuple{int64_t(37), int64_t(1024), int64_t(1024)},
+                               std::tuple{int64_t(9), int64_t(1024), int64_t(1026)},
+                               std::tuple{int64_t(9), int64_t(512), int64_t(512)}}) {
+    for (bool bf16 : {false, true}) {
+      const auto x = bf16_values(size_t(rows * ld), 8), w = bf16_values(size_t(dim), 9);
+      const int64_t nb = dim / xxh3::kSumRowValues;
+      RmsNormParams p;
+      p.rows = rows, p.dim = dim, p.x = x.data(), p.ldx = ld, p.w = bf16 ? nullptr : w.data(), p.ldy = ld;
+      p.bf16_arith = bf16;
+      std::vector<float> y(size_t(rows * ld), 0.0f);
+      std::vector<uint64_t> sums(size_t(rows * nb * 8));
+      p.y = y.data(), p.y_sums = sums.data();
+      rmsnorm(p);
+      test::DeviceBuffers bufs;
+      RmsNormParams q = p;
+      q.x = bufs.upload(x, "x");
+      q.w = bf16 ? nullptr : bufs.upload(w, "w");
+      q.y = bufs.upload(std::vector<float>(y.size(), 0.0f), "y");
+      q.y_sums = bufs.upload(std::vector<uint64_t>(sums.size(), 0), "sums");
+      cuda::rmsnorm(q, nullptr);
+      EXPECT_TRUE(test::bitwise_equal(bufs.download(q.y, y.size()), y)) << dim << " " << ld << " " << bf16;
+      EXPECT_EQ(bufs.download(q.y_sums, sums.size()), sums) << dim << " " << ld << " " << bf16;
+      EXPECT_TRUE(bufs.guards_intact());
+    }
+  }
 }
 
 TEST(Xxh3, GpuRejectsNegativeSizes) {
