@@ -72,6 +72,9 @@ struct MoeParams {
   bool round_each = false;  // each expert's y rounded to bf16 before the sum (see above)
   ReduceOrder order{};
   float* out = nullptr;  // [T, D]
+  // [T, D / 512, 8] or nullptr: the block sums of the rows the call writes (kernels/row_sums.h), out's
+  // (moe_combine: its `out`'s).
+  uint64_t* out_sums = nullptr;
 };
 const char* moe_check(const MoeParams& p);
 void moe_experts(const MoeParams& p);

@@ -884,6 +884,8 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   mp.ids = ids.data();
   mp.weights = weights.data();
   mp.out = out.data();
+  SumsBuf out_sums = sums_for(T_, D);
+  mp.out_sums = out_sums.data();
   if (opt_.experts && opt_.split_sequences) {
     be_.moe_experts_dispatch(mp, L, *opt_.experts);
   } else if (opt_.experts) {
@@ -891,7 +893,7 @@ FBuf SequenceForward::moe(const FBuf& x, int L) {
   } else {
     be_.moe_experts(mp, L);
   }
-  report(L, "moe.out", DType::bf16, {T_, D}, out.data());
+  report(L, "moe.out", DType::bf16, {T_, D}, out.data(), -1, std::move(out_sums));
   if (tape_) {
     FfnTape& tp = tape_->ffn[size_t(L)];
     tp.logits = std::move(logits);

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kernels/moe.h"
+#include "kernels/row_sums.h"
 #include "test_util.h"
 
 namespace dsv4 {
@@ -217,8 +219,8 @@ struct MoeCase {
   std::vector<ExpertData> experts, shared;
 
   MoeCase(const std::string& name, int64_t T_, int E_ = 8, int k_ = 2, int n_shared_ = 1,
-          int64_t I_shared_ = 0)
-      : T(T_), I_shared(I_shared_), E(E_), k(k_), n_shared(n_shared_) {
+          int64_t I_shared_ = 0, int64_t D_ = 64)
+      : T(T_), D(D_), I_shared(I_shared_), E(E_), k(k_), n_shared(n_shared_) {
     auto g = rng_for(name);
     x = test::randn_bf16(g, size_t(T * D));
     for (int e = 0; e < E; ++e) experts.emplace_back(g, D, I);
@@ -236,7 +238,7 @@ struct MoeCase {
     }
   }
 
-  std::vector<float> run() const {
+  std::vector<float> run(uint64_t* out_sums = nullptr) const {
     std::vector<ExpertWeights> ev, sv;
     for (const auto& e : experts) ev.push_back(e.view());
     for (const auto& s : shared) sv.push_back(s.view());
@@ -259,6 +261,7 @@ struct MoeCase {
     p.round_each = round_each;
     p.order = order;
     p.out = out.data();
+    p.out_sums = out_sums;
     EXPECT_EQ(moe_check(p), nullptr);
     moe_experts(p);
     return out;
@@ -472,6 +475,27 @@ TEST(MoeExperts, TwoSharedExpertsAndThreadCounts) {
   EXPECT_TRUE(bitwise_equal(a, b));
   c.expect_matches_float64(a);
   EXPECT_TRUE(bitwise_equal(a, c.contract()));
+}
+
+// Asked for the block sums of its output rows (kernels/row_sums.h), the op forms them: each row's
+// XXH3-64 of its bf16 patterns, from the sums; the output itself does not change. Rows of a D that is
+// not a multiple of 512 have none and are refused.
+TEST(MoeExperts, FormsItsOutputsBlockSums) {
+  const MoeCase c("moe-sums", 3, 4, 2, 1, 0, 1024);
+  std::vector<uint64_t> sums(size_t(c.T * 2 * 8));
+  const std::vector<float> plain = c.run(), with = c.run(sums.data());
+  EXPECT_TRUE(bitwise_equal(plain, with));
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::vector<uint16_t> bits;
+    for (int64_t d = 0; d < c.D; ++d) bits.push_back(num::bf16_bits(with[size_t(t * c.D + d)]));
+    EXPECT_EQ(xxh3::hash_from_sums(sums.data() + t * 16, 2, xxh3::kSecret),
+              xxh3::hash64(bits.data(), bits.size() * 2, xxh3::kSecret))
+        << t;
+  }
+  MoeParams p;
+  p.D = 64, p.I = 8, p.E = 2, p.k = 1, p.out_sums = sums.data();
+  ASSERT_NE(moe_check(p), nullptr);
+  EXPECT_NE(std::string(moe_check(p)).find("out_sums"), std::string::npos);
 }
 
 TEST(MoeExperts, CheckRejectsBadIds) {

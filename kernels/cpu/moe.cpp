@@ -107,6 +107,7 @@ void finish_sum(const MoeParams& p, std::vector<float>& acc, float* gu, float* y
   }
 #pragma omp parallel for schedule(static) if (T * D >= kParallelMin)
   for (int64_t i = 0; i < T * D; ++i) p.out[i] = num::bf16_round(acc[size_t(i)]);
+  if (p.out_sums) bf16_row_sums(p.out, T, D, D, p.out_sums);
 }
 
 }  // namespace

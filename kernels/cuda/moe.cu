@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/xxh3_sums.cuh"
 #include "kernels/detail/indexer.h"
 #include "kernels/detail/moe.h"
 
@@ -149,6 +150,43 @@ void activation(float* g, const float* u, int64_t rows, int64_t I, const float* 
     swiglu_kernel<<<detail::grid_for(rows * I, kThreads), kThreads, 0, stream>>>(g, u, rows, I, weights, src_q,
                                                                                    do_clamp, L);
   DSV4_LAUNCH_CHECK();
+}
+
+// The same for a warp per 512 consecutive d of a token (D % 512 == 0, rows 16-byte aligned), lane l
+// the 4 d at 4 (l + 32 i), i < 4, with the chunk's block sums into sums (kernels/row_sums.h) when asked.
+__global__ void __launch_bounds__(kThreads)
+    combine_blocks_kernel(const float* Y, int64_t T, int k, int64_t D, const float* Ys, int n_shared,
+                          float* out, uint64_t* sums) {
+  constexpr int kW = sums::kWordsPerLane;
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = D / xxh3::kSumRowValues, D4 = D / 4;
+  const sums::LaneKeys keys = sums::lane_keys(lane);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < T * chunks; wi += warps) {
+    const int64_t t = wi / chunks, c = wi - t * chunks, q0 = c * 128 + lane;
+    float4 acc[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto add = [&](const float* rows) {
+      float4 v[kW];
+#pragma unroll
+      for (int i = 0; i < kW; ++i) v[i] = reinterpret_cast<const float4*>(rows)[q0 + 32 * i];
+#pragma unroll
+      for (int i = 0; i < kW; ++i)
+        acc[i] = make_float4(acc[i].x + v[i].x, acc[i].y + v[i].y, acc[i].z + v[i].z, acc[i].w + v[i].w);
+    };
+    for (int i = 0; i < k; ++i) add(Y + (t * k + i) * D);
+    for (int s = 0; s < n_shared; ++s) add(Ys + (int64_t(s) * T + t) * D);
+    uint64_t words[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const float4 o = make_float4(num::bf16_round(acc[i].x), num::bf16_round(acc[i].y),
+                                   num::bf16_round(acc[i].z), num::bf16_round(acc[i].w));
+      reinterpret_cast<float4*>(out + t * D4 * 4)[q0 + 32 * i] = o;
+      words[i] = sums::bf16_word(o);
+    }
+    if (sums) sums::warp_block_sums(words, c == chunks - 1, keys, lane, sums + wi * 8);
+  }
 }
 
 // One thread per (t, d): out = bf16(((0 + Y[t,0]) + Y[t,1]) ... + Ys[0][t] + ...).
@@ -343,9 +381,18 @@ void moe_combine(const MoeParams& p, const float* y_slot, float* out, cudaStream
     down.ldw = Is, down.y = Ys.get() + int64_t(s) * T * D, down.ldy = D;
     detail::gemm_group(detail::GemmShape{D, Is, common::expert_output_round(p), p.order}, &down, 1, stream);
   }
-  combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared,
-                                                                             out);
+  const bool blocks = D % xxh3::kSumRowValues == 0 && reinterpret_cast<uintptr_t>(y_slot) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(Ys.get()) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (blocks) {
+    combine_blocks_kernel<<<detail::grid_for(T * (D / xxh3::kSumRowValues), kThreads / 32), kThreads, 0,
+                            stream>>>(y_slot, T, p.k, D, Ys.get(), p.n_shared, out, p.out_sums);
+  } else {
+    combine_kernel<<<detail::grid_for(T * D, kThreads), kThreads, 0, stream>>>(y_slot, T, p.k, D, Ys.get(),
+                                                                               p.n_shared, out);
+  }
   DSV4_LAUNCH_CHECK();
+  if (p.out_sums && !blocks) row_sums_bf16(out, T, D, D, p.out_sums, stream);
 }
 
 }  // namespace dsv4::cuda

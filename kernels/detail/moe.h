@@ -8,6 +8,7 @@
 #include "kernels/detail/shared.h"
 #include "kernels/linear.h"
 #include "kernels/moe.h"
+#include "kernels/row_sums.h"
 
 namespace dsv4::common {
 
@@ -84,7 +85,7 @@ inline const char* moe_check_dims(const MoeParams& p) {
   if (p.I_shared < 0) return "moe: I_shared < 0";
   if (p.order.block < 0 || p.order.block % 8 != 0)
     return "moe: reduce block must be 0 or a positive multiple of 8";
-  return nullptr;
+  return row_sums_check(p.out_sums, p.D, "moe: out_sums asked for rows of D values, D not a multiple of 512");
 }
 // The top-level pointers (T > 0).
 inline const char* moe_check_pointers(const MoeParams& p) {

@@ -448,9 +448,9 @@ TEST(GpuRecord, TheModelDoesNotWaitForLateDigests) {
 }
 
 // Rows of a multiple of 512 values take their digests from block sums that the ops writing them form
-// (kernels/row_sums.h): hc_pre's and hc_head's y, the norms and hc_post's streams, whose kernels hold
-// whole blocks at a hidden size of 1024. The digests still equal the CPU's, also when they run late,
-// and the sums came from those kernels (digests_from_sums ran; no op fell back to a second pass).
+// (kernels/row_sums.h): hc_pre's and hc_head's y, the norms, hc_post's streams and the MoE's output,
+// whose kernels hold whole blocks at a hidden size of 1024. The digests still equal the CPU's, also when they
+// run late, and the sums came from those kernels (digests_from_sums ran; no op fell back to a second pass).
 TEST(GpuRecord, LateDigestsFromTheOpsBlockSumsEqualTheCpus) {
   DSV4_REQUIRE_CUDA_DEVICE();
   ModelConfig c = preset("tiny");
@@ -473,8 +473,8 @@ TEST(GpuRecord, LateDigestsFromTheOpsBlockSumsEqualTheCpus) {
           from_sums += r.name.find("digest_from_sums_kernel") != std::string::npos;
           second_pass += r.name.find("digest_row_sums_kernel") != std::string::npos;
         }
-        // Per sequence: 2 hc_pre, 2 norms and 2 hc_post a layer, then head.hc and head.norm.
-        EXPECT_EQ(from_sums, int(batch.size()) * (6 * c.num_hidden_layers + 2)) << profile << " T=" << T;
+        // Per sequence: 2 hc_pre, 2 norms, 2 hc_post and moe.out a layer, then head.hc and head.norm.
+        EXPECT_EQ(from_sums, int(batch.size()) * (7 * c.num_hidden_layers + 2)) << profile << " T=" << T;
         EXPECT_EQ(second_pass, 0) << profile << " T=" << T;
       }
     }
