@@ -564,7 +564,6 @@ __global__ void __launch_bounds__(kThreads) mix4_blocks_kernel(MixArgs a, const 
   constexpr int kW = sums::kWordsPerLane;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = a.D / xxh3::kSumRowValues, D4 = a.D / 4;
-  const sums::LaneKeys keys = sums::lane_keys(lane);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < a.T * chunks; wi += warps) {
     const int64_t t = wi / chunks, c = wi - t * chunks;
@@ -595,7 +594,7 @@ __global__ void __launch_bounds__(kThreads) mix4_blocks_kernel(MixArgs a, const 
       y[32 * i] = o;
       words[i] = sums::bf16_word(o);
     }
-    if (a.y_sums) sums::warp_block_sums(words, c == chunks - 1, keys, lane, a.y_sums + wi * 8);
+    if (a.y_sums) sums::warp_block_sums(words, c == chunks - 1, lane, a.y_sums + wi * 8);
   }
 }
 
@@ -663,12 +662,12 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(HcPostParams p) {
 // hc_post for hc = HC (16-byte aligned rows of D % 512 == 0): one warp per 512 consecutive d of a
 // token (grid-stride over the warps' (t, chunk)), lane l the 4 d at 4 (l + 32 i), i < 4, each output by
 // common::hc_post_of as below; with p.out_sums the block sums of the chunk in each of the hc rows.
+// 3 blocks an SM: 80 registers (a few spilled) rather than 94 at 2.
 template <int HC>
-__global__ void __launch_bounds__(kThreads) hc_post4_blocks_kernel(HcPostParams p) {
+__global__ void __launch_bounds__(kThreads, 3) hc_post4_blocks_kernel(HcPostParams p) {
   constexpr int kW = sums::kWordsPerLane;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = p.D / xxh3::kSumRowValues, D4 = p.D / 4;
-  const sums::LaneKeys keys = sums::lane_keys(lane);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < p.T * chunks; wi += warps) {
     const int64_t t = wi / chunks, c = wi - t * chunks;
@@ -680,7 +679,9 @@ __global__ void __launch_bounds__(kThreads) hc_post4_blocks_kernel(HcPostParams 
     const float4* R = reinterpret_cast<const float4*>(p.R + t * HC * p.D) + c * 128 + lane;
     const float4* f = reinterpret_cast<const float4*>(p.f + t * p.D) + c * 128 + lane;
     float4* out = reinterpret_cast<float4*>(p.out + t * HC * p.D) + c * 128 + lane;
-    uint64_t words[HC][kW];
+    uint64_t terms[HC];  // with sums: lane l's stripe terms of the chunk's block in each row k
+#pragma unroll
+    for (int k = 0; k < HC; ++k) terms[k] = 0;
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
       const float4 fv = f[32 * i];
@@ -697,14 +698,13 @@ __global__ void __launch_bounds__(kThreads) hc_post4_blocks_kernel(HcPostParams 
                                      common::hc_post_of(fv.z, LoadedColumn{rz}, post, comb, HC, k),
                                      common::hc_post_of(fv.w, LoadedColumn{rw}, post, comb, HC, k));
         out[int64_t(k) * D4 + 32 * i] = o;
-        words[k][i] = sums::bf16_word(o);
+        if (p.out_sums) terms[k] += sums::word_term(sums::bf16_word(o), i, k == HC - 1 && c == chunks - 1, lane);
       }
     }
     if (p.out_sums) {
 #pragma unroll
       for (int k = 0; k < HC; ++k)  // block k * chunks + c of the token's row of HC * D values
-        sums::warp_block_sums(words[k], k == HC - 1 && c == chunks - 1, keys, lane,
-                              p.out_sums + ((t * HC + k) * chunks + c) * 8);
+        sums::block_sums_out(terms[k], lane, p.out_sums + ((t * HC + k) * chunks + c) * 8);
     }
   }
 }

@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kW = sums::kWordsPerLane;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = D / xxh3::kSumRowValues, D4 = D / 4;
-  const sums::LaneKeys keys = sums::lane_keys(lane);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < T * chunks; wi += warps) {
     const int64_t t = wi / chunks, c = wi - t * chunks, q0 = c * 128 + lane;
@@ -185,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
       reinterpret_cast<float4*>(out + t * D4 * 4)[q0 + 32 * i] = o;
       words[i] = sums::bf16_word(o);
     }
-    if (sums) sums::warp_block_sums(words, c == chunks - 1, keys, lane, sums + wi * 8);
+    if (sums) sums::warp_block_sums(words, c == chunks - 1, lane, sums + wi * 8);
   }
 }
 

@@ -78,7 +78,6 @@ __device__ void write_with_sums(const float* staged, float* y, int64_t n, float 
   constexpr int kW = sums::kWordsPerLane;
   const int lane = tid & 31;
   const int64_t chunks = n / xxh3::kSumRowValues;
-  const sums::LaneKeys keys = sums::lane_keys(lane);
   const bool vec = (reinterpret_cast<uintptr_t>(y) & 15) == 0;
   for (int64_t c = tid / 32; c < chunks; c += kStagedThreads / 32) {
     uint64_t words[kW];
@@ -95,7 +94,7 @@ __device__ void write_with_sums(const float* staged, float* y, int64_t n, float 
         y[j] = o.x, y[j + 1] = o.y, y[j + 2] = o.z, y[j + 3] = o.w;
       words[i] = sums::bf16_word(o);
     }
-    sums::warp_block_sums(words, c == chunks - 1, keys, lane, sums + c * 8);
+    sums::warp_block_sums(words, c == chunks - 1, lane, sums + c * 8);
   }
 }
 

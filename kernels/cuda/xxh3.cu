@@ -154,7 +154,7 @@ __global__ void digest_row_sums_kernel(const float* data, int64_t rows, int64_t 
 #pragma unroll
   for (int i = 0; i < sums::kWordsPerLane; ++i)
     w[i] = in.word(uint64_t(b) * xxh3::kBlockLen + 8 * uint64_t(lane + 32 * i));
-  sums::warp_block_sums(w, b == nb - 1, sums::lane_keys(lane), lane, out + blk * 8);
+  sums::warp_block_sums(w, b == nb - 1, lane, out + blk * 8);
 }
 
 // out[r] = xxh3::hash_from_sums of row r's nb blocks, one thread a row.

@@ -184,7 +184,7 @@ DSV4_XXH3_HD bool bf16_row_has_sums(int64_t n) {
   return n > 0 && n % kSumRowValues == 0;
 }
 // The secret offset of the key of stripe `st` (0 .. 15) of a block; `last`: the input's last block.
-DSV4_XXH3_HD int block_stripe_key(int st, bool last) {
+constexpr DSV4_XXH3_HD int block_stripe_key(int st, bool last) {
   return last && st == kStripesPerBlock - 1 ? kLastStripeKey : 8 * st;
 }
 // The 8 sums of the block at `block` (kBlockLen bytes).

@@ -12,12 +12,28 @@
 
 namespace dsv4::cuda::sums {
 
-namespace {
-__constant__ uint8_t c_sums_secret[xxh3::kSecretSize] = {DSV4_XXH3_SECRET_BYTES};
-}  // namespace
-
 constexpr int kWordsPerLane = xxh3::kBlockLen / 8 / 32;  // 4
 constexpr unsigned kFullWarp = 0xffffffffu;
+
+// The key of lane l's word i (word l + 32 i of a block: lane j = l % 8 of stripe l / 8 + 4 i) at
+// [i][l]; [kWordsPerLane][l]: word kWordsPerLane - 1's in a row's last block, whose 16th stripe takes
+// the last-stripe key. In global memory, so that the 32 lanes' different keys come in one load.
+struct LaneKeyTable {
+  uint64_t key[kWordsPerLane + 1][32];
+};
+constexpr LaneKeyTable lane_key_table() {
+  LaneKeyTable t{};
+  for (int i = 0; i <= kWordsPerLane; ++i)
+    for (int l = 0; l < 32; ++l) {
+      const int word = i < kWordsPerLane ? i : kWordsPerLane - 1;
+      const int at = xxh3::block_stripe_key(l / 8 + 4 * word, i == kWordsPerLane) + 8 * (l % 8);
+      for (int b = 0; b < 8; ++b) t.key[i][l] |= uint64_t(xxh3::kSecret[at + b]) << (8 * b);
+    }
+  return t;
+}
+namespace {
+__device__ const LaneKeyTable g_lane_keys = lane_key_table();
+}  // namespace
 
 // The 8 bytes of bf16 patterns of 4 consecutive values (little endian, capture/digest.h).
 __device__ __forceinline__ uint64_t bf16_word(float4 v) {
@@ -25,37 +41,28 @@ __device__ __forceinline__ uint64_t bf16_word(float4 v) {
          uint64_t(num::bf16_bits(v.z)) << 32 | uint64_t(num::bf16_bits(v.w)) << 48;
 }
 
-// A lane's keys: word l + 32 i of a block is lane j = l % 8 of stripe l / 8 + 4 i; `last` replaces the
-// key of the last stripe (lanes 24..31, i = 3) in the row's last block.
-struct LaneKeys {
-  uint64_t key[kWordsPerLane];
-  uint64_t last;
-};
-__device__ __forceinline__ LaneKeys lane_keys(int lane) {
-  const int j = lane & 7;
-  LaneKeys k;
-#pragma unroll
-  for (int i = 0; i < kWordsPerLane; ++i)
-    k.key[i] = xxh3::read64(c_sums_secret + xxh3::block_stripe_key(lane / 8 + 4 * i, false) + 8 * j);
-  k.last =
-      xxh3::read64(c_sums_secret + xxh3::block_stripe_key(lane / 8 + 4 * (kWordsPerLane - 1), true) + 8 * j);
-  return k;
+// Warp-collective (all 32 lanes): lane l holds w = word l + 32 i of a block (`last`: the row's last
+// block) and gets its stripe term (xxh3::stripe_term), taking word l ^ 1 by shuffle. A block's sums
+// are its lanes' terms summed over i, then over the lanes of one accumulator lane (block_sums_out).
+__device__ __forceinline__ uint64_t word_term(uint64_t w, int i, bool last, int lane) {
+  const uint64_t other = __shfl_xor_sync(kFullWarp, w, 1);
+  const uint64_t key = w ^ __ldg(&g_lane_keys.key[i == kWordsPerLane - 1 && last ? kWordsPerLane : i][lane]);
+  return other + (key & 0xFFFFFFFFULL) * (key >> 32);
 }
-
-// Warp-collective (all 32 lanes): lane l holds w[i] = word l + 32 i of one block; `last`: the row's
-// last block. Lanes 0..7 write the block's sums: out[j] for j = lane.
-__device__ __forceinline__ void warp_block_sums(const uint64_t (&w)[kWordsPerLane], bool last,
-                                                const LaneKeys& k, int lane, uint64_t* out) {
-  uint64_t sum = 0;
+// Warp-collective: `terms` = lane l's terms of one block summed over i; lanes 0..7 write the block's
+// sums, out[j] for j = lane.
+__device__ __forceinline__ void block_sums_out(uint64_t terms, int lane, uint64_t* out) {
+  terms += __shfl_xor_sync(kFullWarp, terms, 8);
+  terms += __shfl_xor_sync(kFullWarp, terms, 16);
+  if (lane < 8) out[lane] = terms;
+}
+// Both, for a lane holding all its words of the block: w[i] = word l + 32 i.
+__device__ __forceinline__ void warp_block_sums(const uint64_t (&w)[kWordsPerLane], bool last, int lane,
+                                                uint64_t* out) {
+  uint64_t terms = 0;
 #pragma unroll
-  for (int i = 0; i < kWordsPerLane; ++i) {
-    const uint64_t other = __shfl_xor_sync(kFullWarp, w[i], 1);  // lane j ^ 1 of the same stripe
-    const uint64_t key = w[i] ^ (i == kWordsPerLane - 1 && last ? k.last : k.key[i]);
-    sum += other + (key & 0xFFFFFFFFULL) * (key >> 32);
-  }
-  sum += __shfl_xor_sync(kFullWarp, sum, 8);
-  sum += __shfl_xor_sync(kFullWarp, sum, 16);
-  if (lane < 8) out[lane] = sum;
+  for (int i = 0; i < kWordsPerLane; ++i) terms += word_term(w[i], i, last, lane);
+  block_sums_out(terms, lane, out);
 }
 
 }  // namespace dsv4::cuda::sums
