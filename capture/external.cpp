@@ -17,6 +17,7 @@
 #include "capture/env.h"
 #include "capture/errors.h"
 #include "capture/h5.h"
+#include "capture/h5_tracked.h"
 #include "capture/indexer_sets.h"
 #include "capture/layout.h"
 #include "capture/step_layout.h"
@@ -72,12 +73,6 @@ struct ExternalTraceWriter::Impl {
   ExternalStepSpec spec;
 
   std::string where() const { return fmt::format("{}: step {}", final_path, step); }
-  // A file access list whose writes are told to `written`.
-  h5::Id access() {
-    h5::Id fapl = h5::file_access(true, false);
-    h5::track_writes(fapl.get(), &written);  // where it cannot, the seal reads the whole file
-    return fapl;
-  }
 
   IndexerLayer check_indexer(const ExternalIndexer& x, int64_t T, const std::string& who) const;
   RoutingLayer check_routing(const ExternalRouting& x, int64_t T, const std::string& who) const;
@@ -130,7 +125,7 @@ std::unique_ptr<ExternalTraceWriter> ExternalTraceWriter::create(const std::stri
   fs::remove(impl->writing_path);  // a leftover of a writer that died is replaced
   StepLayout(impl->writing_path, impl->cfg).write_header(h);
   {
-    h5::Id fapl = impl->access();
+    h5::Id fapl = h5::writing_access(&impl->written);
     h5::Object f = h5::open_file(impl->writing_path, H5F_ACC_RDWR, fapl.get());
     h5::write_attr(f, kFormatVersion, int32_t(kExternalFormatVersion));
     if (m.model_digest.empty())
@@ -158,7 +153,7 @@ void ExternalTraceWriter::begin_step(const ExternalStepSpec& s) {
     throw InputError(
         fmt::format("{}: an external step's kind is 'rollout' or 'train', not '{}'", w.final_path, s.kind));
   if (s.engine.empty()) throw InputError(fmt::format("{}: an external step names its engine", w.final_path));
-  h5::Id fapl = w.access();
+  h5::Id fapl = h5::writing_access(&w.written);
   w.file = h5::open_file(w.writing_path, H5F_ACC_RDWR, fapl.get());
   w.step = w.completed;
   h5::Object g = h5::create_group(h5::open(w.file, kSteps), step_name(w.step));

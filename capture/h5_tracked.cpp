@@ -164,16 +164,11 @@ bool track_writes(hid_t fapl, WriteListener* listener) {
   return listener && id >= 0 && H5Pset_driver(fapl, id, &info) >= 0;
 }
 
-int posix_descriptor(hid_t file) {
-  const hid_t fapl = H5Fget_access_plist(file);
-  if (fapl < 0) return -1;
-  const hid_t driver = H5Pget_driver(fapl);
-  void* handle = nullptr;
-  const bool posix =
-      (driver == H5FD_SEC2 || driver == driver_id()) && H5Fget_vfd_handle(file, fapl, &handle) >= 0;
-  H5Pclose(fapl);
-  return posix && handle ? *static_cast<int*>(handle) : -1;
+namespace {
+bool is_tracking_driver(hid_t driver) {
+  return driver == driver_id();
 }
+}  // namespace
 
 #else  // another HDF5 series: no tracking (the seal then reads the whole file at close)
 
@@ -181,15 +176,29 @@ bool track_writes(hid_t, WriteListener*) {
   return false;
 }
 
+namespace {
+bool is_tracking_driver(hid_t) {
+  return false;
+}
+}  // namespace
+
+#endif
+
+Id writing_access(WriteListener* listener) {
+  Id fapl = file_access(true, false);
+  track_writes(fapl.get(), listener);
+  return fapl;
+}
+
 int posix_descriptor(hid_t file) {
   const hid_t fapl = H5Fget_access_plist(file);
   if (fapl < 0) return -1;
+  const hid_t driver = H5Pget_driver(fapl);
   void* handle = nullptr;
-  const bool posix = H5Pget_driver(fapl) == H5FD_SEC2 && H5Fget_vfd_handle(file, fapl, &handle) >= 0;
+  const bool posix =
+      (driver == H5FD_SEC2 || is_tracking_driver(driver)) && H5Fget_vfd_handle(file, fapl, &handle) >= 0;
   H5Pclose(fapl);
   return posix && handle ? *static_cast<int*>(handle) : -1;
 }
-
-#endif
 
 }  // namespace dsv4::h5

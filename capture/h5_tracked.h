@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "capture/h5.h"
+
 namespace dsv4::h5 {
 
 class WriteListener {
@@ -29,6 +31,9 @@ class WriteListener {
 // driver interface is not the one the driver is written against (the HDF5 1.10 series): `fapl` is
 // then unchanged, and nothing is told.
 bool track_writes(hid_t fapl, WriteListener* listener);
+// A trace writer's file access list (file_access(true, false)) whose files tell `listener` of their
+// writes where track_writes can; elsewhere the listener hears nothing (and the seal reads the file).
+Id writing_access(WriteListener* listener);
 
 // The POSIX descriptor HDF5 writes the open file `file` through (sec2, tracked or not), else -1.
 int posix_descriptor(hid_t file);

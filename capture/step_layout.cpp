@@ -24,6 +24,7 @@
 #include "capture/digest.h"
 #include "capture/env.h"
 #include "capture/errors.h"
+#include "capture/h5_tracked.h"
 #include "capture/layout.h"
 #include "capture/trace_seal.h"
 #include "capture/version.h"
@@ -136,7 +137,7 @@ StepLayout::StepLayout(std::string writing_path, const ModelConfig& c)
 // ---- file header --------------------------------------------------------------------------------
 
 void StepLayout::write_header(const TraceHeader& h) {
-  h5::Id fapl = access();
+  h5::Id fapl = h5::writing_access(&written_);
   h5::Object f = h5::create_file(writing_path, fapl.get(), kSealBlockBytes);
   {
     h5::write_attr(f, kFormat, std::string(kFormatValue));
@@ -203,7 +204,7 @@ void StepLayout::write_joined_step(int index, const StepSpec& s, const CapturePo
                                    const std::vector<std::string>& parts, const std::vector<PartSeq>& where) {
   if (where.size() != s.seqs.size())
     throw Error(fmt::format("joined step {}: {} sequence places for {} sequences", index, where.size(), s.seqs.size()));
-  h5::Id fapl = access();
+  h5::Id fapl = h5::writing_access(&written_);
   file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
   step_index = index;
   step_group = step_path(step_index);
@@ -228,7 +229,7 @@ void StepLayout::write_joined_step(int index, const StepSpec& s, const CapturePo
 }
 
 void StepLayout::create_step(int index, const StepSpec& s, const CapturePolicy& policy) {
-  h5::Id fapl = access();
+  h5::Id fapl = h5::writing_access(&written_);
   file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
   step_index = index;
   step_group = step_path(step_index);
@@ -540,7 +541,7 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
   h5::close_file(file);
   file = h5::Object{};
   {
-    h5::Id fapl = access();
+    h5::Id fapl = h5::writing_access(&written_);
     file = h5::open_file(writing_path, H5F_ACC_RDWR, fapl.get());
   }
   write_kernels(file, k);
@@ -559,12 +560,6 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
   h5::start_writeback(writing_path);  // the step's bytes go to disk while the next step computes
   seqs.clear();
   step_index = -1;
-}
-
-h5::Id StepLayout::access() {
-  h5::Id fapl = h5::file_access(true, false);
-  h5::track_writes(fapl.get(), &written_);  // where it cannot, the seal reads the whole file
-  return fapl;
 }
 
 void StepLayout::close_file() {

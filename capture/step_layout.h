@@ -132,9 +132,6 @@ class StepLayout {
   void stage_mhc(const StepRecord& m, h5::StagedWrites& w);
   void write_kernels(const h5::Object& f, const KernelRecords& k);
 
-  // A file access list for the file, its writes told to written_.
-  h5::Id access();
-
   const std::string writing_path;
   const ModelConfig cfg;
   SealHasher written_;
