@@ -16,16 +16,17 @@
 
 #include "capture/chunk_codec.h"
 #include "capture/h5.h"
+#include "test_util.h"
 
 namespace dsv4::h5 {
 namespace {
 
 namespace fs = std::filesystem;
 
+// Files in this process's directory, removed at its exit.
 std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("dsv4_chunk_codec_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const test::TempDir dir;
+  return dir / name;
 }
 
 TEST(ChunkCodec, ShuffleIsHdf5sByteTranspose) {

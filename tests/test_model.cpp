@@ -349,10 +349,11 @@ TEST(Model, ProfilesDifferButStayClose) {
 class CheckpointTest : public ::testing::Test {
  protected:
   std::string dir(const std::string& name) {
-    const std::string d = ::testing::TempDir() + "dsv4_ckpt_" + name;
+    const std::string d = tmp_ / name;
     fs::remove_all(d);
     return d;
   }
+  const test::TempDir tmp_;
 };
 
 TEST_F(CheckpointTest, SaveLoadReproducesBitwise) {

@@ -26,9 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// A fresh, empty directory per test under the gtest temp dir.
+// A fresh, empty directory per test in this process's directory, removed at its exit.
 std::string fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(::testing::TempDir()) / ("st_" + name + "_" + std::to_string(::getpid()));
+  static const test::TempDir root;
+  const fs::path d = root.dir / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
@@ -439,7 +440,8 @@ namespace {
 // Files we write must be readable by other safetensors implementations, which require the data of
 // the tensors to be contiguous (no gaps) and to cover the whole data section.
 TEST(SafetensorsLayout, WrittenDataIsContiguous) {
-  const std::string path = ::testing::TempDir() + "dsv4_contig.safetensors";
+  const dsv4::test::TempDir tmp;
+  const std::string path = tmp / "contig.safetensors";
   dsv4::SafetensorsWriter w;
   w.add_bf16("b", {3}, {1, 2, 3});
   w.add_f32("a", {1}, {1});

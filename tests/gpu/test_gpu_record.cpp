@@ -38,9 +38,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_trace(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("dsv4_gpu_record_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path p = dir / name;
+  static const test::TempDir dir;  // removed at the process's exit
+  const fs::path p = dir.dir / name;
   fs::remove(p);
   return p.string();
 }

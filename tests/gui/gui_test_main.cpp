@@ -17,6 +17,7 @@
 #include "capture/trace_reader.h"
 #include "cli_util.h"
 #include "gui_test_util.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -143,7 +144,8 @@ const TrainingPair& gui_training_traces() {
 }
 
 std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "dsv4_gui_" + std::to_string(getpid()) + "_" + name;
+  static const TempDir root;  // removed at the process's exit
+  const std::string d = root / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -197,6 +199,12 @@ int main(int argc, char** argv) {
   const std::string config = ::testing::TempDir() + "dsv4_gui_config_" + std::to_string(getpid());
   fs::create_directories(config);
   setenv("XDG_CONFIG_HOME", config.c_str(), 1);
+  if (!std::getenv("XDG_RUNTIME_DIR")) {  // else Qt warns and makes /tmp/runtime-USER, left behind
+    const std::string runtime = config + "/runtime";
+    fs::create_directories(runtime);
+    fs::permissions(runtime, fs::perms::owner_all, fs::perm_options::replace);
+    setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+  }
   QApplication app(argc, argv);
   QApplication::setOrganizationName(QStringLiteral("dsv4-test"));
   QApplication::setApplicationName(QStringLiteral("dsv4-view-test"));
