@@ -566,7 +566,9 @@ TEST(Adapters, Base64DecodersAgreeWithTheLongWay) {
       std::vector<uint8_t> out(48);
       const bool want = alphabet.find(char(v)) != std::string::npos || v == '=';
       EXPECT_EQ(base64_decode_range(t, 0, 48, out.data()), want) << "byte " << v << " at " << at;
-      if (want && v != '=') EXPECT_EQ(out, decode_long_way(t)) << "byte " << v << " at " << at;
+      if (want && v != '=') {
+        EXPECT_EQ(out, decode_long_way(t)) << "byte " << v << " at " << at;
+      }
     }
 }
 

@@ -176,8 +176,9 @@ TEST(ExternalSteps, RowSlicesEqualTheRowsOfTheWhole) {
         const int64_t end = std::min(b, iw->T);
         ASSERT_EQ(ip->T, end - a);
         EXPECT_EQ(ip->ids, std::vector<int32_t>(iw->ids.begin() + a * iw->k, iw->ids.begin() + end * iw->k));
-        if (!iw->margin.empty())
+        if (!iw->margin.empty()) {
           EXPECT_EQ(ip->margin, std::vector<float>(iw->margin.begin() + a, iw->margin.begin() + end));
+        }
       }
       EXPECT_THROW(r.indexer_rows(0, 0, layer, 500, 600), TraceError);
     }
@@ -226,7 +227,9 @@ TEST(ExternalSteps, DiffAgainstOursAgreesAndFindsAnEditedRow) {
   EXPECT_EQ(d.layers[size_t(layer)].routing_rows_differing, 1);
   EXPECT_EQ(d.layers[size_t(layer)].routing_tie_flips + d.layers[size_t(layer)].routing_confident_flips, 1);
   for (const LayerDiff& L : d.layers)
-    if (L.layer != layer) EXPECT_EQ(L.routing_rows_differing, 0) << L.layer;
+    if (L.layer != layer) {
+      EXPECT_EQ(L.routing_rows_differing, 0) << L.layer;
+    }
 }
 
 TEST(ExternalSteps, ForcedIntoOurModelTheirOwnDecisionsChangeNoLogProb) {

@@ -4,6 +4,7 @@
 // one-process recording of the whole batch, every sequence and every dataset; validate lists the
 // parts; salvage makes a self-contained copy; and a missing part, a part whose bytes changed, a part
 // named outside the folder and an append with other parts are refused, naming the file.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -72,7 +73,9 @@ void expect_same_trace(const TraceReader& a, const TraceReader& b, int step) {
       EXPECT_EQ(ra->ids, rb->ids) << what << " layer " << L;
       const auto ia = a.indexer(step, s, L), ib = b.indexer(step, s, L);
       ASSERT_EQ(ia.has_value(), ib.has_value()) << what << " layer " << L;
-      if (ia) EXPECT_EQ(ia->ids, ib->ids) << what << " layer " << L;
+      if (ia) {
+        EXPECT_EQ(ia->ids, ib->ids) << what << " layer " << L;
+      }
     }
   }
 }
@@ -82,11 +85,11 @@ TEST(JoinedTrace, ReadsAsTheOneProcessRecording) {
   const auto b = batch();
   record_step(test::tiny(), b, d / "one.h5", RecordOptions{});
   for (int ranks : {2, 3}) {
-    const std::string j = d / ("j" + std::to_string(ranks) + ".h5");
+    const std::string j = d / fmt::format("j{}.h5", ranks);
     record_joined(j, ranks);
     const TraceReader one = TraceReader::open(d / "one.h5"), joined = TraceReader::open(j);
     ASSERT_EQ(int(joined.parts().size()), ranks);
-    EXPECT_EQ(joined.parts()[1].name, "j" + std::to_string(ranks) + ".rank1.h5");
+    EXPECT_EQ(joined.parts()[1].name, fmt::format("j{}.rank1.h5", ranks));
     EXPECT_EQ(joined.parts()[1].seal.state, SealCheck::State::verified);
     EXPECT_EQ(joined.model().model_digest, one.model().model_digest);
     expect_same_trace(one, joined, 0);

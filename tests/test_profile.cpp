@@ -474,7 +474,9 @@ TEST(Bisect, RanksTheSitesAndItsRunsAreTheProfilesItNames) {
   for (size_t i = 0; i < rep.single.size(); ++i) {
     ASSERT_EQ(rep.single[i].sites.size(), 1u);
     ranked.insert(rep.single[i].sites[0]);
-    if (i > 0) EXPECT_GE(rep.single[i - 1].explained, rep.single[i].explained);
+    if (i > 0) {
+      EXPECT_GE(rep.single[i - 1].explained, rep.single[i].explained);
+    }
     if (rep.single[i].sites[0] == "kv.quant") {
       EXPECT_EQ(rep.single[i].m.mean_abs_dlogp, 0.0);
       EXPECT_EQ(rep.single[i].m.indexer_flips + rep.single[i].m.routing_flips, 0);
