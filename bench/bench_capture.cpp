@@ -470,7 +470,7 @@ void BM_WriterSteps(benchmark::State& state) {
   ro.observer = &calls;
   const dsv4::ForwardResult r = dsv4::forward(mid(), step.seqs, ro);
   const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
-  double writing = 0, closing = 0;
+  double writing = 0, closing = 0, laying_out = 0, staging = 0, encoding = 0, storing = 0;
   for (auto _ : state) {
     const std::string path = scratch("writer_steps.h5");
     fs::remove(path);
@@ -485,12 +485,19 @@ void BM_WriterSteps(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     w->close();
     closing += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    writing += w->stats().seconds_writing;
-    close_parts(state, w->stats(), fs::file_size(path));
+    const dsv4::WriterStats& ws = w->stats();
+    writing += ws.seconds_writing;
+    laying_out += ws.seconds_steps, staging += ws.seconds_staging;
+    encoding += ws.seconds_encoding, storing += ws.seconds_storing;
+    close_parts(state, ws, fs::file_size(path));
     fs::remove(path);
   }
   const double n = double(state.iterations());
   state.counters["writer_ms_per_step"] = writing * 1e3 / n / double(steps);
+  state.counters["w_steps_ms"] = laying_out * 1e3 / n / double(steps);  // of writer_ms_per_step, as in
+  state.counters["w_stage_ms"] = staging * 1e3 / n / double(steps);     // BM_RecordStepsCuda
+  state.counters["w_encode_ms"] = encoding * 1e3 / n / double(steps);
+  state.counters["w_store_ms"] = storing * 1e3 / n / double(steps);
   state.counters["close_ms"] = closing * 1e3 / n;
   state.counters["ms_per_step"] = benchmark::Counter(double(steps) * n, benchmark::Counter::kIsRate |
                                                                           benchmark::Counter::kInvert,
