@@ -32,7 +32,7 @@
 
 #include "capture/errors.h"
 #include "capture/h5.h"
-#include "kernels/cuda/xxh3.h"
+#include "kernels/xxh3.h"
 
 namespace dsv4 {
 namespace {

@@ -1,6 +1,6 @@
 // Row digests formed by the ops that write the rows. An op that writes bf16 rows of n values, n a
 // multiple of 512 (xxh3::bf16_row_has_sums), can be asked for their XXH3 block sums
-// (kernels/cuda/xxh3.h "Block sums"): HcPreParams::y_sums, HcPostParams::out_sums,
+// (kernels/xxh3.h "Block sums"): HcPreParams::y_sums, HcPostParams::out_sums,
 // RmsNormParams::y_sums. The sums of a row give its XXH3-64 (xxh3::hash_from_sums), the row digest of
 // capture/digest.h, so a device backend hashes a reported row without reading it again. Layout of a
 // sums array: [rows, n / 512, 8] uint64.
@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/xxh3.h"
+#include "kernels/xxh3.h"
 
 namespace dsv4 {
 

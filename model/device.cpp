@@ -22,7 +22,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/grad.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda/xxh3.h"
+#include "kernels/xxh3.h"
 #endif
 
 namespace dsv4 {

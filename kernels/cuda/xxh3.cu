@@ -1,5 +1,5 @@
-// GPU row digests (XXH3-64, seed 0): see kernels/cuda/xxh3.h.
-#include "kernels/cuda/xxh3.h"
+// GPU row digests (XXH3-64, seed 0): see kernels/xxh3.h.
+#include "kernels/xxh3.h"
 
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// Row digests formed by the kernels that write the rows (kernels/cuda/xxh3.h "Block sums"): a bf16
+// Row digests formed by the kernels that write the rows (kernels/xxh3.h "Block sums"): a bf16
 // row of n values (n a multiple of xxh3::kSumRowValues = 512) is n / 512 blocks of 128 8-byte words
 // of bf16 patterns. One warp that holds a block's 128 words (lane l: words l + 32 i, i < 4) forms its
 // 8 sums with shuffles; digests_from_sums turns a row's sums into its XXH3-64 later, on the digest
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/xxh3.h"
+#include "kernels/xxh3.h"
 #include "kernels/numerics/numerics.h"
 
 namespace dsv4::cuda::sums {

@@ -1,4 +1,4 @@
-// XXH3-64 on the GPU (kernels/cuda/xxh3.h) against libxxhash's XXH3_64bits (header-only, so the GPU
+// XXH3-64 on the GPU (kernels/xxh3.h) against libxxhash's XXH3_64bits (header-only, so the GPU
 // machine needs no libxxhash library): every length 0..2048 and many up to 64 KiB, at byte offsets
 // 0..7 into a buffer, several rows per launch (so rows also start at odd addresses); fp32 rows hashed as
 // their bf16 patterns likewise, against libxxhash over patterns made on the host. The shared
@@ -18,7 +18,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda/xxh3.h"
+#include "kernels/xxh3.h"
 #include "kernels/mhc.h"
 #include "kernels/norm.h"
 #include "kernels/numerics/numerics.h"

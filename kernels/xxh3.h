@@ -1,9 +1,10 @@
 // XXH3-64 (seed 0, the default 192-byte secret), bit-identical to libxxhash's XXH3_64bits for every
 // length, as one source usable on the host and in CUDA device code, plus the GPU row digest of
-// capture/digest.h: one XXH3-64 per row of a device buffer.
+// capture/digest.h: one XXH3-64 per row of a device buffer. The host uses its pieces too: the trace
+// seal (capture/trace_seal.cpp) forms XXH3-128's block sums and merge with them.
 //
-// The hash functions below take the secret as a pointer so that host code passes kXxh3Secret and
-// device code its __constant__ copy (xxh3.cu). Input bytes may be at any alignment; they are read
+// The hash functions below take the secret as a pointer so that host code passes kSecret and device
+// code its __constant__ copy (kernels/cuda/xxh3.cu). Input bytes may be at any alignment; they are read
 // little endian byte by byte (8-byte aligned words are loaded directly).
 #pragma once
 
