@@ -235,12 +235,41 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 #endif
 }
 
-// Scrambles the deltas of `count` blocks (8 a block) into the accumulators, in block order.
-void chain_deltas(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
+// Scrambles the deltas of `count` blocks (8 a block) into accumulators [kFirst, kFirst + kLanes), in
+// block order: each lane a chain of dependent steps, the lanes independent of each other. The lanes
+// stay in general-purpose registers (the empty asm): vectorized, the 64-bit multiply takes three AVX2
+// instructions on the chain, and the loop runs at 0.6x the speed.
+template <int kFirst, int kLanes>
+void chain_lanes(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
+  const uint8_t* secret = xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen;
+  uint64_t a[kLanes], key[kLanes];
+  for (int j = 0; j < kLanes; ++j) a[j] = acc[kFirst + j], key[j] = xxh3::read64(secret + 8 * (kFirst + j));
   for (uint64_t b = 0; b < count; ++b)
-    for (int j = 0; j < 8; ++j)
-      acc[j] = xxh3::scramble(acc[j] + deltas[8 * b + uint64_t(j)],
-                              xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen, j);
+    for (int j = 0; j < kLanes; ++j) {
+      uint64_t x = a[j] + deltas[8 * b + kFirst + j];
+      x = ((x ^ (x >> 47)) ^ key[j]) * xxh3::kP32_1;  // xxh3::scramble
+      asm("" : "+r"(x));
+      a[j] = x;
+    }
+  for (int j = 0; j < kLanes; ++j) acc[kFirst + j] = a[j];
+}
+
+void chain_deltas(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
+  chain_lanes<0, 8>(acc, deltas, count);
+}
+
+// chain_deltas for long chains (the seal at a recorder's close: 322,440 blocks for a 330 MB trace):
+// lanes 4..7 on a second thread, 1.4x faster on 2 cores. The same accumulators.
+void chain_deltas_long(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
+  constexpr uint64_t kShared = uint64_t(1) << 16;  // below this, a thread's start costs what it saves
+  if (count < kShared) return chain_deltas(acc, deltas, count);
+  std::jthread other;
+  try {
+    other = std::jthread([&] { chain_lanes<4, 4>(acc, deltas, count); });
+  } catch (const std::system_error&) {  // no second thread: all lanes here
+    return chain_deltas(acc, deltas, count);
+  }
+  chain_lanes<0, 4>(acc, deltas, count);
 }
 
 // After the whole blocks of a range of `len` bytes (more than 240) at `begin`: the stripes of the last,
@@ -671,7 +700,7 @@ std::array<unsigned char, 16> SealHasher::digest(int fd, const std::string& path
   known_[0] = 0;
   uint64_t acc[8];
   xxh3::init_acc(acc);
-  chain_deltas(acc, sums_.data(), nb);
+  chain_deltas_long(acc, sums_.data(), nb);
   if (!accumulate_file_tail(acc, fd, path, kHeaderBytes, len))
     throw TraceError(fmt::format("{}: the file ended at {} bytes while its seal was formed", path, size));
   read_ += len - std::min(nb * kBlock, len - xxh3::kStripeLen);
