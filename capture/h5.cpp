@@ -677,6 +677,7 @@ struct ChunkPlan {
   const Object* ds = nullptr;
   const uint8_t* src = nullptr;
   size_t elem = 0, row_bytes = 0, rows = 0, per_chunk = 0, nchunks = 0;
+  size_t first_chunk = 0, end_chunk = 0;  // the chunks written: all, or those of StagedWrites::add_rows
   bool compress = false;
   std::vector<EncodedChunk> encoded;
   std::vector<std::string> errors;
@@ -716,6 +717,7 @@ std::optional<ChunkPlan> plan_chunks(const Object& ds, Type t, const void* data,
   p.rows = size_t(dims[0]);
   p.per_chunk = size_t(chunk[0]);
   p.nchunks = (p.rows + p.per_chunk - 1) / p.per_chunk;
+  p.end_chunk = p.nchunks;
   p.encoded.resize(p.nchunks);
   p.errors.resize(p.nchunks);
   return p;
@@ -739,6 +741,26 @@ void encode_one(ChunkPlan& p, size_t c) {
   }
 }
 
+// Rows [first, last) along axis 0 of `ds` from `data`, which holds all of the dataset's values.
+void write_rows(const Object& ds, hid_t mem, const void* data, hsize_t first, hsize_t last) {
+  if (first == last) return;
+  Id fspace(check(H5Dget_space(ds.get()), ds, "cannot read the dataspace"));
+  const int rank = H5Sget_simple_extent_ndims(fspace.get());
+  if (rank < 1 || rank > 8) ds.fail("cannot write rows of a dataset of this rank");
+  hsize_t dims[8], start[8] = {};
+  H5Sget_simple_extent_dims(fspace.get(), dims, nullptr);
+  size_t row_bytes = H5Tget_size(mem);
+  for (int i = 1; i < rank; ++i) row_bytes *= size_t(dims[i]);
+  start[0] = first;
+  dims[0] = last - first;
+  check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, dims, nullptr), ds,
+        "cannot select");
+  Id mspace(check(H5Screate_simple(rank, dims, nullptr), ds, "cannot create the dataspace"));
+  check(H5Dwrite(ds.get(), mem, mspace.get(), fspace.get(), H5P_DEFAULT,
+                 static_cast<const uint8_t*>(data) + first * row_bytes),
+        ds, "cannot write");
+}
+
 }  // namespace
 
 void encode_on_all_cores(bool all) {
@@ -754,6 +776,7 @@ struct StagedWrites::Write {
   std::shared_ptr<const void> owner;
   std::optional<hsize_t> extend_to;
   std::optional<ChunkPlan> plan;  // nullopt: stored with H5Dwrite
+  std::optional<std::pair<hsize_t, hsize_t>> rows;  // add_rows: only these rows
 };
 
 StagedWrites::StagedWrites() = default;
@@ -768,7 +791,7 @@ const Object& StagedWrites::hold(Object ds) {
 void StagedWrites::add(const Object& ds, Type t, const void* data, size_t n, bool le_bytes,
                        std::shared_ptr<const void> owner, std::optional<hsize_t> extend_to) {
   quiet();
-  Write w{&ds, t, data, n, le_bytes, std::move(owner), extend_to, {}};
+  Write w{&ds, t, data, n, le_bytes, std::move(owner), extend_to, {}, {}};
   const Object& d = *w.ds;
   Id space(check(H5Dget_space(d.get()), d, "cannot read the dataspace"));
   if (extend_to) {  // the dataspace as set_extent will make it
@@ -787,6 +810,22 @@ void StagedWrites::add(const Object& ds, Type t, const void* data, size_t n, boo
   encoded_ = false;
 }
 
+void StagedWrites::add_rows(const Object& ds, Type t, const void* data, size_t n, hsize_t first,
+                            hsize_t last) {
+  add(ds, t, data, n);
+  Write& w = writes_.back();
+  const hsize_t rows = w.plan ? hsize_t(w.plan->rows) : shape(ds).at(0),
+                per_chunk = w.plan ? hsize_t(w.plan->per_chunk) : chunk_rows(ds);
+  if (first > last || last > rows || first % per_chunk != 0 || (last % per_chunk != 0 && last != rows))
+    ds.fail(fmt::format("writing rows [{}, {}) of {}: not whole chunks of {} rows", first, last, rows,
+                        per_chunk));
+  w.rows = {first, last};
+  if (w.plan) {
+    w.plan->first_chunk = size_t(first / per_chunk);
+    w.plan->end_chunk = size_t((last + per_chunk - 1) / per_chunk);
+  }
+}
+
 template <typename T>
 void StagedWrites::add(const Object& ds, std::vector<T> values, std::optional<hsize_t> extend_to) {
   auto held = std::make_shared<const std::vector<T>>(std::move(values));
@@ -800,7 +839,7 @@ void StagedWrites::encode() {
   std::vector<std::pair<ChunkPlan*, size_t>> tasks;
   for (Write& w : writes_)
     if (w.plan)
-      for (size_t c = 0; c < w.plan->nchunks; ++c) tasks.emplace_back(&*w.plan, c);
+      for (size_t c = w.plan->first_chunk; c < w.plan->end_chunk; ++c) tasks.emplace_back(&*w.plan, c);
   const int64_t ntasks = int64_t(tasks.size());
 #pragma omp parallel for num_threads(encode_threads()) schedule(dynamic, 1) if (ntasks > 1)
   for (int64_t k = 0; k < ntasks; ++k) encode_one(*tasks[size_t(k)].first, tasks[size_t(k)].second);
@@ -817,12 +856,16 @@ void StagedWrites::store() {
         return dims;
       }());
     if (w.n == 0) continue;
+    if (!w.plan && w.rows) {
+      write_rows(d, mem_type(w.t, w.le_bytes), w.data, w.rows->first, w.rows->second);
+      continue;
+    }
     if (!w.plan) {
       check(H5Dwrite(d.get(), mem_type(w.t, w.le_bytes), H5S_ALL, H5S_ALL, H5P_DEFAULT, w.data), d, "cannot write");
       continue;
     }
     ChunkPlan& p = *w.plan;
-    for (size_t c = 0; c < p.nchunks; ++c) {
+    for (size_t c = p.first_chunk; c < p.end_chunk; ++c) {
       if (!p.errors[c].empty()) d.fail(fmt::format("cannot encode chunk {}: {}", c, p.errors[c]));
       hsize_t offset[8] = {};
       offset[0] = hsize_t(c * p.per_chunk);
@@ -970,7 +1013,9 @@ ChunkFile::ChunkFile(const Object& file, Type t, int streams)
     Id dcpl = dataset_plist(at, t, {0}, true, 0, Compress::yes);
     at.id = Id(H5Dcreate_anon(file.get(), file_type(t), space.get(), dcpl.get(), H5P_DEFAULT));
     if (!at.id.valid()) at.fail("cannot create the dataset");
-    streams_.push_back(Stream{std::move(at)});
+    Stream st;
+    st.ds = std::move(at);
+    streams_.push_back(std::move(st));
   }
   fd_ = posix_descriptor(file.get());
   H5Eclear2(H5E_DEFAULT);
@@ -1083,6 +1128,18 @@ void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsi
         "cannot select");
   Id mspace(check(H5Screate_simple(1, &n, nullptr), ds, "cannot create the dataspace"));
   check(H5Dwrite(ds.get(), mem_type(t), mspace.get(), fspace.get(), H5P_DEFAULT, data), ds, "cannot write");
+}
+
+hsize_t chunk_rows(const Object& ds) {
+  quiet();
+  Id dcpl(check(H5Dget_create_plist(ds.get()), ds, "cannot read the creation properties"));
+  if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+    hsize_t chunk[32];
+    if (H5Pget_chunk(dcpl.get(), 32, chunk) < 1) ds.fail("cannot read the chunk size");
+    return chunk[0];
+  }
+  const std::vector<hsize_t> dims = shape(ds);
+  return std::max<hsize_t>(dims.at(0), 1);
 }
 
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims) {

@@ -203,6 +203,11 @@ class StagedWrites {
   // The same with values the writes hold (T: uint8_t ... double, as write()).
   template <typename T>
   void add(const Object& ds, std::vector<T> values, std::optional<hsize_t> extend_to = std::nullopt);
+  // Rows [first, last) along axis 0 of a write of the whole of `ds`: `data` holds all n values of the
+  // dataset, of which store() reads only these rows. The chunks holding them are stored whole, so
+  // `first` must start a chunk and `last` end one or the dataset (chunk_rows). Parts written this way,
+  // in any order and covering every row once, store what one add() of all the values stores.
+  void add_rows(const Object& ds, Type t, const void* data, size_t n, hsize_t first, hsize_t last);
   // Keeps `ds` open until store(); the reference stays valid until then.
   const Object& hold(Object ds);
   size_t size() const;
@@ -303,6 +308,8 @@ void start_writeback(const std::string& path);
 
 void write_le_bytes(const Object& ds, Type t, const std::vector<uint8_t>& bytes);
 void write_range(const Object& ds, Type t, const void* data, hsize_t offset, hsize_t n);
+// Rows along axis 0 in each chunk of `ds` (all of them for a dataset that is not chunked).
+hsize_t chunk_rows(const Object& ds);
 void set_extent(const Object& ds, const std::vector<hsize_t>& dims);
 
 template <typename T>

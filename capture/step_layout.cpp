@@ -314,7 +314,8 @@ void StepLayout::create_seq(const h5::Object& step, int si, const std::vector<in
     layer[size_t(r)] = spec.layer;
     rows[size_t(r)] = spec.rows();
   }
-  h5::create_dataset(dg, kDigestValue, h5::Type::u64, dims({R}), false, 0, h5::Compress::no);
+  L.digest_chunk = int64_t(h5::chunk_rows(
+      h5::create_dataset(dg, kDigestValue, h5::Type::u64, dims({R}), false, 0, h5::Compress::no)));
   h5::Object dt = h5::create_dataset(dg, kDigestTensor, h5::Type::i32, dims({M}));
   h5::write(dt, tensor);
   h5::Object dl = h5::create_dataset(dg, kDigestLayer, h5::Type::i32, dims({M}));
@@ -375,6 +376,7 @@ void StepLayout::stage_tensor(const StepRecord& m, h5::StagedWrites& w) {
                     to_string(spec.dtype)));
   std::copy(m.digests.begin(), m.digests.end(), L.digests.begin() + L.first[r]);
   L.got[r] = 1;
+  stage_digests(L, w, false);
   if (m.store) {
     const h5::Object& ds = w.hold(open_in_seq(L, tensor_path(m.name, m.layer)));
     const h5::Type t = storage_type(m.dtype);
@@ -382,6 +384,25 @@ void StepLayout::stage_tensor(const StepRecord& m, h5::StagedWrites& w) {
       ds.fail(fmt::format("{} bytes are not whole values of {} bytes", m.bytes.size(), h5::type_size(t)));
     w.add(ds, t, m.bytes.data(), m.bytes.size() / h5::type_size(t), true);
   }
+}
+
+// The rows of the digests dataset are the records' in manifest (execution) order, so chunk after chunk
+// completes while the forward runs: they are stored then, kDigestChunksAtOnce at a time (512 KiB),
+// from the step's own buffer, rather than all of them (4 MB for mid at T = 4096) when the step ends.
+// Which rows a record completes depends on the order of the records only, so the file is the same
+// whatever batches the writer took them in.
+void StepLayout::stage_digests(SeqLayout& L, h5::StagedWrites& w, bool all) {
+  constexpr int64_t kDigestChunksAtOnce = 8;
+  while (L.next_record < L.got.size() && L.got[L.next_record]) ++L.next_record;
+  const int64_t R = int64_t(L.digests.size());
+  const int64_t ready = L.next_record == L.got.size() ? R : L.first[L.next_record];
+  const int64_t end = all || ready == R ? R : ready / L.digest_chunk * L.digest_chunk;
+  if (end <= L.digests_stored || (end < R && end - L.digests_stored < kDigestChunksAtOnce * L.digest_chunk))
+    return;
+  if (!L.digests_ds.id.valid()) L.digests_ds = open_in_seq(L, std::string(kDigests) + "/" + kDigestValue);
+  w.add_rows(L.digests_ds, h5::Type::u64, L.digests.data(), L.digests.size(), hsize_t(L.digests_stored),
+             hsize_t(end));
+  L.digests_stored = end;
 }
 
 void StepLayout::stage_indexer(const StepRecord& m, h5::StagedWrites& w) {
@@ -531,7 +552,10 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
     if (int64_t(r.seqs[s].logprobs.size()) != std::max<int64_t>(L.T - 1, 0))
       throw Error(fmt::format("end_step: sequence {} has {} log-probs for {} tokens", s,
                               r.seqs[s].logprobs.size(), L.T));
-    h5::write(open_in_seq(L, std::string(kDigests) + "/" + kDigestValue), L.digests);
+    h5::StagedWrites w;
+    stage_digests(L, w, true);
+    w.store();
+    L.digests_ds = h5::Object{};
     h5::write(open_in_seq(L, kLogprobs), r.seqs[s].logprobs);
   }
   // HDF5 1.10 creates no objects in SWMR mode: close the SWMR file and reopen it without SWMR for the
@@ -563,6 +587,7 @@ void StepLayout::finish_step(const ForwardResult& r, const KernelRecords& k,
 }
 
 void StepLayout::close_file() {
+  for (SeqLayout& L : seqs) L.digests_ds = h5::Object{};  // a step abandoned mid-way
   try {
     h5::close_file(file);
   } catch (...) {

@@ -114,6 +114,12 @@ class StepLayout {
     std::vector<int64_t> first;                           // record -> offset into digests
     std::vector<uint64_t> digests;
     std::vector<char> got;
+    // The digests are stored a few chunks at a time as the records before them arrive: rows
+    // [0, digests_stored) are staged, records [0, next_record) have arrived, and the digests dataset
+    // (digests_ds, open from its first part to the step's end) has chunks of digest_chunk rows.
+    size_t next_record = 0;
+    int64_t digests_stored = 0, digest_chunk = 1;
+    h5::Object digests_ds;
     std::set<std::string> pending;  // decisions not yet received: "layer_001/indexer", ...
     int width = 0;                  // indexer_width
     h5::Type gap_type = h5::Type::u8;
@@ -127,6 +133,8 @@ class StepLayout {
   h5::Object open_in_seq(const SeqLayout& L, const std::string& rel);
   void done_decision(SeqLayout& L, const StepRecord& m, const std::string& what);
   void stage_tensor(const StepRecord& m, h5::StagedWrites& w);
+  // Stages the chunks of L's digests whose records have all arrived (all of them: every remaining row).
+  void stage_digests(SeqLayout& L, h5::StagedWrites& w, bool all);
   void stage_indexer(const StepRecord& m, h5::StagedWrites& w);
   void stage_routing(const StepRecord& m, h5::StagedWrites& w);
   void stage_mhc(const StepRecord& m, h5::StagedWrites& w);

@@ -4,9 +4,11 @@
 // for every storage type, both filter pipelines, partial last chunks, compressible and incompressible
 // data (deflate skipped through the filter mask). Plus the filters on their own:
 // shuffle against a hand-worked example and Fletcher-32 against a straightforward long-hand version.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "capture/chunk_codec.h"
+#include "capture/errors.h"
 #include "capture/h5.h"
 #include "test_util.h"
 
@@ -112,6 +115,55 @@ TEST(ChunkCodec, DatasetsReadBackThroughHdf5sFilters) {
       round_trip<uint64_t>(Type::u64, {65537}, c, compressible);
       round_trip<int32_t>(Type::i32, {1025, 3, 7}, c, compressible);
       round_trip<float>(Type::f32, {999, 257}, c, compressible);
+    }
+  }
+}
+
+// StagedWrites::add_rows: a dataset stored a few whole chunks at a time, in shuffled order and over
+// several stores, reads back as the values of one whole write; a part that does not start and end on
+// chunk boundaries (or the dataset's end) is refused, naming the rows.
+TEST(ChunkCodec, RowsStoredInPartsReadBackAsOneWrite) {
+  for (Compress c : {Compress::yes, Compress::no}) {
+    for (const std::vector<hsize_t>& dims : {std::vector<hsize_t>{70001}, std::vector<hsize_t>{4097, 37}}) {
+      const size_t n = size_t(dims[0]) * (dims.size() > 1 ? size_t(dims[1]) : 1);
+      const auto v = values<uint32_t>(n, c == Compress::yes, n + dims.size());
+      const std::string path = temp_path("parts.h5");
+      {
+        Id fapl = file_access(true, false);
+        Object f = create_file(path, fapl.get());
+        const Object ds = create_dataset(f, "x", Type::u32, dims, false, 0, c);
+        const hsize_t per = chunk_rows(ds), rows = dims[0];
+        ASSERT_LT(per, rows / 3) << "a few chunks at least";
+        std::vector<std::pair<hsize_t, hsize_t>> parts;
+        std::mt19937_64 rng(rows);
+        for (hsize_t at = 0; at < rows;) {
+          const hsize_t end = std::min(rows, at + per * (1 + rng() % 3));
+          parts.emplace_back(at, end);
+          at = end;
+        }
+        std::shuffle(parts.begin(), parts.end(), rng);
+        for (size_t i = 0; i < parts.size(); i += 2) {
+          StagedWrites w;
+          for (size_t j = i; j < std::min(parts.size(), i + 2); ++j)
+            w.add_rows(ds, Type::u32, v.data(), n, parts[j].first, parts[j].second);
+          w.store();
+        }
+        StagedWrites bad;
+        try {
+          bad.add_rows(ds, Type::u32, v.data(), n, 1, per);
+          ADD_FAILURE() << "rows [1, " << per << ") were accepted";
+        } catch (const dsv4::TraceError& e) {
+          EXPECT_NE(std::string(e.what()).find(fmt::format("rows [1, {}) of {}", per, rows)),
+                    std::string::npos)
+              << e.what();
+        }
+        EXPECT_THROW(bad.add_rows(ds, Type::u32, v.data(), n, 0, per + 1), dsv4::TraceError);
+        close_file(f);
+      }
+      Id fapl = file_access(true, false);
+      Object f = open_file(path, H5F_ACC_RDONLY, fapl.get());
+      EXPECT_TRUE(read<uint32_t>(open(f, "x")) == v)
+          << "rows " << dims[0] << (c == Compress::yes ? ", deflate" : ", fletcher32 only");
     }
   }
 }
