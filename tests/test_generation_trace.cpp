@@ -43,7 +43,7 @@ std::vector<rollout::Request> requests() {
   std::uniform_int_distribution<int32_t> tok(0, tiny().config().vocab_size - 1);
   for (int i = 0; i < 4; ++i) {
     rollout::Request q;
-    q.id = "r" + std::to_string(i);
+    q.id = fmt::format("r{}", i);
     const int len = i == 3 ? 41 : 5 + 17 * i;  // r3 repeats r2's prompt and forks its cache
     std::mt19937_64 pg(i == 3 ? 2 : i);
     for (int t = 0; t < len; ++t) q.prompt.push_back(tok(pg));
