@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <link.h>
 
 #include <cmath>
 #include <cstdint>
@@ -26,6 +27,26 @@ namespace dsv4::test {
       cudaGetLastError();                                              \
       GTEST_SKIP() << "no CUDA device";                                \
     }                                                                  \
+  } while (0)
+
+// Whether the process runs under compute-sanitizer (its injected library is loaded). The sanitizer
+// uses CUPTI itself, and CUPTI serves one tool at a time (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED),
+// so KernelRecorder's records cannot be relied on; and it serializes kernels, so the timing between
+// them says nothing. Tests that assert on either skip those assertions under it and keep the rest
+// (the memory checking is what it is run for).
+inline bool under_compute_sanitizer() {
+  static const bool found = dl_iterate_phdr(
+                                [](dl_phdr_info* info, size_t, void*) -> int {
+                                  const char* name = info->dlpi_name;
+                                  return name && (std::strstr(name, "compute-sanitizer") ||
+                                                  std::strstr(name, "libsanitizer-collection"));
+                                },
+                                nullptr) != 0;
+  return found;
+}
+#define DSV4_SKIP_UNDER_COMPUTE_SANITIZER(what)                                                       \
+  do {                                                                                                \
+    if (::dsv4::test::under_compute_sanitizer()) GTEST_SKIP() << "under compute-sanitizer: " << what; \
   } while (0)
 
 // Device buffers of one test case. Each buffer is allocated with kGuard canary bytes on both sides;

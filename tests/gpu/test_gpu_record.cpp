@@ -387,6 +387,7 @@ TEST(GpuRecord, LateDigestsSeeTheReportedBytesWhenTheyRunLate) {
 // kernels' own times: a call ends after it starts, and a kernel starts after its call began.
 TEST(GpuRecord, KernelRecordsCarryTheirLaunchCallsTimes) {
   DSV4_REQUIRE_CUDA_DEVICE();
+  DSV4_SKIP_UNDER_COMPUTE_SANITIZER("it holds CUPTI, so there are no kernel records");
   const Weights w = Weights::init(preset("tiny"), 5);
   RunOptions o;
   o.device = Device::cuda;
@@ -417,6 +418,7 @@ TEST(GpuRecord, KernelRecordsCarryTheirLaunchCallsTimes) {
 // release() defers such frees instead, so every model kernel ends before the first held-back digest.
 TEST(GpuRecord, TheModelDoesNotWaitForLateDigests) {
   DSV4_REQUIRE_CUDA_DEVICE();
+  DSV4_SKIP_UNDER_COMPUTE_SANITIZER("it holds CUPTI and serializes kernels, so there is no timing to check");
   const Weights w = Weights::init(preset("tiny"), 5);
   const std::vector<std::vector<int32_t>> batch = {random_tokens(300, w.config().vocab_size, 3)};
   RunOptions o;
@@ -461,11 +463,16 @@ TEST(GpuRecord, LateDigestsFromTheOpsBlockSumsEqualTheCpus) {
       for (int64_t T : {1, 300}) {
         const std::vector<std::vector<int32_t>> batch = {random_tokens(T, c.vocab_size, uint64_t(T)),
                                                          random_tokens(9, c.vocab_size, 4)};
+        // Under compute-sanitizer (which holds CUPTI) the digests are checked, not which kernels ran.
+        const bool records = !test::under_compute_sanitizer();
         KernelRecorder rec;
-        ASSERT_TRUE(rec.start()) << rec.reason();
+        if (records) {
+          ASSERT_TRUE(rec.start()) << rec.reason();
+        }
         expect_late_reports_equal_the_cpus(
             w, profile, batch, size_t(256) << 20,
             fmt::format("hidden 1024 {} T={}, digests {} us late", profile, T, delay_us));
+        if (!records) continue;
         const KernelRecords k = rec.stop();
         int from_sums = 0, second_pass = 0;
         for (const KernelRecord& r : k.kernels) {
