@@ -27,7 +27,7 @@ std::vector<train::TrainSample> samples(int vocab) {
     for (int t = 0; t < sizes[i][0]; ++t) s.prompt.push_back(int32_t(g() % uint64_t(vocab)));
     for (int t = 0; t < sizes[i][1]; ++t) s.response.push_back(int32_t(g() % uint64_t(vocab)));
     s.reward = double(i % 2);
-    s.group = "g";
+    s.group = std::string(1, 'g');  // GCC 12 warns falsely (-Wrestrict) on assigning the literal
     out.push_back(std::move(s));
   }
   return out;
