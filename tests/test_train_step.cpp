@@ -312,6 +312,11 @@ TEST(TrainStep, RejectsAStateOfOtherWeightsAndUntrainableGroups) {
   train::TrainGroups g;
   EXPECT_THROW(g.train("expert_bias"), InputError);
   EXPECT_THROW(g.train("nonsense"), InputError);
+  EXPECT_EQ(g.describe(), "(none)");  // what the step's JSON says of the groups trained
+  g.train("head,embed");
+  EXPECT_EQ(g.describe(), "embed,head");  // enum order
+  g.freeze("embed");
+  EXPECT_EQ(g.describe(), "head");
 }
 
 // R3: forcing the decisions recorded by a forward of other numerics makes the training forward use

@@ -112,8 +112,11 @@ void TrainGroups::freeze(const std::string& list) {
 
 std::string TrainGroups::describe() const {
   std::string s;
-  for (ParamGroup g : all_groups())
-    if (trained.count(g)) s += (s.empty() ? "" : ",") + std::string(to_string(g));
+  for (ParamGroup g : all_groups()) {
+    if (!trained.count(g)) continue;
+    if (!s.empty()) s += ',';
+    s += to_string(g);
+  }
   return s.empty() ? "(none)" : s;
 }
 
