@@ -242,12 +242,11 @@ void block_deltas(const unsigned char* in, uint64_t blocks, uint64_t* out) {
 template <int kFirst, int kLanes>
 void chain_lanes(uint64_t acc[8], const uint64_t* deltas, uint64_t count) {
   const uint8_t* secret = xxh3::kSecret + xxh3::kSecretSize - xxh3::kStripeLen;
-  uint64_t a[kLanes], key[kLanes];
-  for (int j = 0; j < kLanes; ++j) a[j] = acc[kFirst + j], key[j] = xxh3::read64(secret + 8 * (kFirst + j));
+  uint64_t a[kLanes];
+  for (int j = 0; j < kLanes; ++j) a[j] = acc[kFirst + j];
   for (uint64_t b = 0; b < count; ++b)
     for (int j = 0; j < kLanes; ++j) {
-      uint64_t x = a[j] + deltas[8 * b + kFirst + j];
-      x = ((x ^ (x >> 47)) ^ key[j]) * xxh3::kP32_1;  // xxh3::scramble
+      uint64_t x = xxh3::scramble(a[j] + deltas[8 * b + kFirst + j], secret, kFirst + j);
       asm("" : "+r"(x));
       a[j] = x;
     }
