@@ -7,9 +7,12 @@
 // (hidden 1024, 8 layers), at T = 4096 (`full` at T = 512, like on the CPU): row digests are computed
 // on the device, so `decisions` moves 8 bytes per tensor row to the host while `full` downloads and
 // writes every tensor.
-// Run: build/bench/bench_capture [--dsv4_gaps] [Google Benchmark flags]; --dsv4_gaps lists the
-// compute stream's longest waits in each GPU forward case (compute_stream_idle).
+// Run: build/bench/bench_capture [--dsv4_gaps] [Google Benchmark flags]; --dsv4_gaps lists, for each
+// GPU forward case, the compute stream's longest waits and the kernels by time (compute_stream_idle),
+// and for a case with reports also the report kernels by time and the model's kernels that ran
+// longest beside them against the forward without reports (run BM_ForwardCuda/none in the same call).
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,21 +154,45 @@ void compute_stream_idle(benchmark::State& state, const std::vector<int32_t>& to
     std::fprintf(stderr, "  %8.1f us  after %.60s\n              before %.60s\n", double(ns) * 1e-3,
                  before->name.c_str(), after->name.c_str());
   }
-  std::map<std::string, std::pair<int64_t, int>> by_name;  // every stream's kernels: ns, launches
+  // Every stream's kernels by name (without namespaces and parameters): ns, launches. A report
+  // kernel's name carries its grid and block, which tell the report's rows apart.
+  std::map<std::string, std::pair<int64_t, int>> by_name;
   for (const dsv4::KernelRecord& r : k.kernels) {
-    std::string name = r.name;  // without its namespaces and parameters
+    std::string name = r.name;
     for (size_t at; (at = name.find("(anonymous namespace)::")) != std::string::npos;) name.erase(at, 23);
     name = name.substr(0, name.find('('));
     if (const size_t at = name.rfind("::", name.find('<')); at != std::string::npos) name.erase(0, at + 2);
+    if (dsv4::is_report_kernel(r))
+      name = fmt::format("[report] {} <<<{}, {}>>>", name, r.grid[0], r.block[0]);
     auto& [ns, n] = by_name[name];
     ns += r.end_ns - r.start_ns, ++n;
   }
-  std::vector<std::pair<std::string, std::pair<int64_t, int>>> top(by_name.begin(), by_name.end());
-  std::sort(top.begin(), top.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
-  std::fprintf(stderr, "  kernels by time:\n");
-  for (size_t i = 0; i < std::min<size_t>(top.size(), 16); ++i)
-    std::fprintf(stderr, "  %8.3f ms %5d x  %.90s\n", double(top[i].second.first) * 1e-6, top[i].second.second,
-                 top[i].first.c_str());
+  using Row = std::pair<std::string, std::pair<int64_t, int>>;
+  const auto print_top = [](const char* title, std::vector<Row> rows, size_t n) {
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+    std::fprintf(stderr, "  %s:\n", title);
+    for (size_t i = 0; i < std::min(rows.size(), n); ++i)
+      std::fprintf(stderr, "  %8.3f ms %5d x  %.100s\n", double(rows[i].second.first) * 1e-6,
+                   rows[i].second.second, rows[i].first.c_str());
+  };
+  print_top("kernels by time", {by_name.begin(), by_name.end()}, 16);
+  std::vector<Row> reports;
+  std::copy_if(by_name.begin(), by_name.end(), std::back_inserter(reports),
+               [](const Row& r) { return r.first.starts_with("[report]"); });
+  if (!reports.empty()) print_top("report kernels by time", reports, 24);
+  // The model's kernels of the forward without reports, kept to show which ones the reports slow down.
+  static std::map<std::string, std::pair<int64_t, int>> alone;
+  if (reports.empty() && alone.empty()) alone = by_name;
+  if (reports.empty() || alone.empty()) return;
+  std::vector<Row> slower;  // name, (ns more than alone, launches)
+  for (const auto& [name, v] : by_name)
+    if (const auto it = alone.find(name); it != alone.end() && !name.starts_with("[report]"))
+      slower.push_back({name, {v.first - it->second.first, v.second}});
+  int64_t total = 0;
+  for (const Row& r : slower) total += r.second.first;
+  std::fprintf(stderr, "  the model's kernels took %.3f ms more than in the forward without reports\n",
+               double(total) * 1e-6);
+  print_top("model kernels slowed most beside the reports (ms more)", slower, 16);
 }
 
 // Where a forward's GPU time goes, from CUPTI's kernel records of one more forward: the kernels' summed
@@ -184,7 +211,7 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   if (!k.available || k.kernels.empty()) return;
   double all = 0, report = 0;
   int64_t first = k.kernels.front().start_ns, last = k.kernels.front().end_ns, reports = 0;
-  int64_t last_model = 0;  // the last model kernel's end
+  int64_t last_model = 0;                      // the last model kernel's end
   std::vector<std::pair<int64_t, int>> edges;  // (time, +1/-1 model, +2/-2 report)
   for (const dsv4::KernelRecord& r : k.kernels) {
     const double ms = double(r.end_ns - r.start_ns) * 1e-6;
@@ -213,7 +240,8 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   state.counters["report_alone_ms"] = double(report_alone) * 1e-6;
   state.counters["report_kernels_ms"] = report;
   state.counters["span_ms"] = double(last - first) * 1e-6;
-  state.counters["report_tail_ms"] = double(last - last_model) * 1e-6;  // report kernels after the model's last
+  state.counters["report_tail_ms"] =
+      double(last - last_model) * 1e-6;  // report kernels after the model's last
   state.counters["launches"] = double(k.kernels.size());
   state.counters["report_launches"] = double(reports);
   compute_stream_idle(state, tokens, ro, what);
@@ -258,13 +286,16 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
   const dsv4::TraceHeader header = dsv4::make_trace_header(mid());
   dsv4::forward(mid(), {tokens}, ro);
   using Clock = std::chrono::steady_clock;
-  auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   double forward_s = 0, writing_s = 0, blocked_s = 0, close_s = 0, steps_s = 0, staging_s = 0, encoding_s = 0,
          storing_s = 0, create_s = 0, handoff_s = 0, teardown_s = 0, remove_s = 0;
   int64_t records = 0, batches = 0;
   for (auto _ : state) {
     if (!policy) {  // the baseline: the same steps without a trace
-      for (int64_t i = 0; i < steps; ++i) benchmark::DoNotOptimize(dsv4::forward(mid(), {tokens}, ro).seqs[0].logprobs.data());
+      for (int64_t i = 0; i < steps; ++i)
+        benchmark::DoNotOptimize(dsv4::forward(mid(), {tokens}, ro).seqs[0].logprobs.data());
       continue;
     }
     const std::string path = scratch("steps.h5");
@@ -312,14 +343,14 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
     state.ResumeTiming();
   }
   const double n = double(state.iterations()) * double(steps);
-  state.counters["ms_per_step"] = benchmark::Counter(n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
-                                                     benchmark::Counter::kIs1000);
-  if (policy) {  // where a step's time goes
+  state.counters["ms_per_step"] = benchmark::Counter(
+      n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert, benchmark::Counter::kIs1000);
+  if (policy) {                                          // where a step's time goes
     state.counters["forward_ms"] = forward_s * 1e3 / n;  // the forward with its reports handed on
     state.counters["writer_ms"] = writing_s * 1e3 / n;   // the writer thread's HDF5 work per step
     state.counters["blocked_ms"] = blocked_s * 1e3 / n;  // the model waiting on a full writer queue
-    state.counters["w_steps_ms"] = steps_s * 1e3 / n;     // of writer_ms: laying out and finishing steps
-    state.counters["w_stage_ms"] = staging_s * 1e3 / n;   // checking and planning records
+    state.counters["w_steps_ms"] = steps_s * 1e3 / n;    // of writer_ms: laying out and finishing steps
+    state.counters["w_stage_ms"] = staging_s * 1e3 / n;  // checking and planning records
     state.counters["w_encode_ms"] = encoding_s * 1e3 / n;
     state.counters["w_store_ms"] = storing_s * 1e3 / n;
     state.counters["records_per_batch"] = batches ? double(records) / double(batches) : 0;
@@ -509,9 +540,9 @@ void BM_WriterSteps(benchmark::State& state) {
   // The last step's end_step until it is written, its records written before: what a recording's
   // close waits for beyond the records still queued (the step's layout finished, its digests stored).
   state.counters["last_end_ms"] = ending * 1e3 / n;
-  state.counters["ms_per_step"] = benchmark::Counter(double(steps) * n, benchmark::Counter::kIsRate |
-                                                                          benchmark::Counter::kInvert,
-                                                     benchmark::Counter::kIs1000);
+  state.counters["ms_per_step"] =
+      benchmark::Counter(double(steps) * n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert,
+                         benchmark::Counter::kIs1000);
 }
 
 void BM_WriterOnly(benchmark::State& state) {
@@ -619,8 +650,9 @@ int main(int argc, char** argv) {
         const bool decisions = policy && std::string(policy) == "decisions";
         for (const int64_t steps : {int64_t(8), int64_t(32)}) {
           if (steps == 32 && !decisions && policy) continue;
-          benchmark::RegisterBenchmark((std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(),
-                                       BM_RecordStepsCuda, policy)
+          benchmark::RegisterBenchmark(
+              (std::string("BM_RecordStepsCuda/") + (policy ? policy : "none")).c_str(), BM_RecordStepsCuda,
+              policy)
               ->Args({T, steps})
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime()
