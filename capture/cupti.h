@@ -71,8 +71,9 @@ class KernelRecorder {
 
  private:
   bool available_ = false;
-  bool running_ = false;
-  bool launch_times_ = false;
+  // Read only where CUPTI is built in (a build without it never starts recording).
+  [[maybe_unused]] bool running_ = false;
+  [[maybe_unused]] bool launch_times_ = false;
   std::string reason_ = "not started";
 };
 

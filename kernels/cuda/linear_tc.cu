@@ -52,7 +52,8 @@ constexpr int kKStep = 32;  // the order's k tiles (kp, the padded k, is a multi
 constexpr int kBK = 64;     // k staged per pipeline stage: two of the order's tiles
 constexpr int kLds = kBK + 8;  // bf16 elements per staged row
 constexpr int kChunksPerRow = kBK / 8;                                   // 16-byte chunks of a staged row
-constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;         // 4 per operand and stage
+// [[maybe_unused]]: below sm_80 the kernels compile to nothing and leave this and store_pair unused.
+[[maybe_unused]] constexpr int kChunksPerThread = kBM * kChunksPerRow / kThreads;  // 4 per operand and stage
 constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * (kBM + kBN) * kLds;  // one x and one w tile
 static_assert(kBM == kBN, "x and w tiles are staged alike");
 
@@ -147,7 +148,8 @@ unsigned row_blocks(int64_t rows) {
 
 // Outputs (col, col + 1) of output row y, v0 and v1 before rounding: one 8-byte store where both are
 // inside n and the pair is 8-byte aligned (four lanes then fill a 32-byte sector), else one at a time.
-__device__ __forceinline__ void store_pair(float* y, int64_t col, const GemmShape& s, float v0, float v1) {
+[[maybe_unused]] __device__ __forceinline__ void store_pair(float* y, int64_t col, const GemmShape& s,
+                                                            float v0, float v1) {
   const float a = common::gemm_out(v0, s.round), b = common::gemm_out(v1, s.round);
   if (col + 1 < s.n && reinterpret_cast<uintptr_t>(y + col) % 8 == 0) {
     *reinterpret_cast<float2*>(y + col) = make_float2(a, b);
