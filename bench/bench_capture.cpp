@@ -240,8 +240,8 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   state.counters["report_alone_ms"] = double(report_alone) * 1e-6;
   state.counters["report_kernels_ms"] = report;
   state.counters["span_ms"] = double(last - first) * 1e-6;
-  state.counters["report_tail_ms"] =
-      double(last - last_model) * 1e-6;  // report kernels after the model's last
+  // The report kernels after the model's last.
+  state.counters["report_tail_ms"] = double(last - last_model) * 1e-6;
   state.counters["launches"] = double(k.kernels.size());
   state.counters["report_launches"] = double(reports);
   compute_stream_idle(state, tokens, ro, what);
@@ -345,7 +345,8 @@ void BM_RecordStepsCuda(benchmark::State& state, const char* policy) {
   const double n = double(state.iterations()) * double(steps);
   state.counters["ms_per_step"] = benchmark::Counter(
       n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert, benchmark::Counter::kIs1000);
-  if (policy) {                                          // where a step's time goes
+  // Where a step's time goes.
+  if (policy) {
     state.counters["forward_ms"] = forward_s * 1e3 / n;  // the forward with its reports handed on
     state.counters["writer_ms"] = writing_s * 1e3 / n;   // the writer thread's HDF5 work per step
     state.counters["blocked_ms"] = blocked_s * 1e3 / n;  // the model waiting on a full writer queue
