@@ -881,6 +881,17 @@ void register_other_cases() {
     hc_case("hc_head", 2700, 4, 130, o);
     hc_case("hc_head", 5, 3, 41, o);
   }
+  // D a multiple of 512 (the models' widths, whose y rows take mix4_blocks_kernel) after the fused
+  // weights kernel in all four of its shapes, with a part-filled last block.
+  for (ReduceOrder o : {ReduceOrder{0}, ReduceOrder{64}}) {
+    for (const char* op : {"hc_pre", "hc_head"}) {
+      hc_case(op, 2700, 4, 512, o);
+      hc_case(op, 7, 4, 1024, o);
+    }
+    hc_case("hc_pre", 1500, 4, 512, o);
+    hc_case("hc_pre", 8010, 4, 512, o);
+    hc_case("hc_pre", 1123, 2, 1024, o);
+  }
   hc_case("hc_post", 17, 4, 100, ReduceOrder{});  // the float4 kernel (hc = 4, D % 4 == 0)
   hc_case("hc_post", 300, 4, 64, ReduceOrder{});
   hc_case("hc_post", 17, 4, 30, ReduceOrder{});  // D % 4 != 0: one thread per d

@@ -195,11 +195,13 @@ TEST(Xxh3, GpuHcPostFormsTheCpusSums) {
   }
 }
 
-// hc_pre's and hc_head's y with its block sums (mix4_blocks_kernel at D % 512 == 0), as the CPU's.
+// hc_pre's and hc_head's y with its block sums (mix4_blocks_kernel at D % 512 == 0), as the CPU's: the
+// fused weights kernel before it in blocks of 4 tokens (T = 37 and 3) and of 32 (T = 2700).
 TEST(Xxh3, GpuHcPreAndHeadFormTheCpusSums) {
   DSV4_REQUIRE_CUDA_DEVICE();
   const int hc = 4;
-  for (auto [T, D] : {std::pair{int64_t(37), int64_t(512)}, std::pair{int64_t(3), int64_t(2048)}}) {
+  for (auto [T, D] : {std::pair{int64_t(37), int64_t(512)}, std::pair{int64_t(3), int64_t(2048)},
+                      std::pair{int64_t(2700), int64_t(512)}}) {
     const int64_t rows = (2 + hc) * hc, nb = D / xxh3::kSumRowValues;
     const auto X = bf16_values(size_t(T * hc * D), 5), fn = bf16_values(size_t(rows * hc * D), 6, 0.02f),
                base = bf16_values(size_t(rows), 7);
