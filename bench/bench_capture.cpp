@@ -198,7 +198,8 @@ void compute_stream_idle(benchmark::State& state, const std::vector<int32_t>& to
 // Where a forward's GPU time goes, from CUPTI's kernel records of one more forward: the kernels' summed
 // time, the report kernels' share (capture/cupti.h is_report_kernel) and the time from the first
 // kernel's start to the last one's end. Wall time above that span is host time before the first
-// kernel and after the last; the span above the summed kernel time is the GPU waiting between kernels.
+// kernel and after the last (lead_ms, after_last_ms); the span above the summed kernel time is the GPU
+// waiting between kernels.
 // The report kernels may run beside the model's (the digests have a stream of their own):
 // model_busy_ms is the time some model kernel runs, report_alone_ms the time only report kernels run,
 // report_tail_ms the part of it after the model's last kernel.
@@ -206,7 +207,9 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
                      const char* what) {
   dsv4::KernelRecorder rec;
   if (!rec.start()) return;
+  const int64_t called = dsv4::KernelRecorder::now_ns();
   dsv4::forward(mid(), {tokens}, ro);
+  const int64_t returned = dsv4::KernelRecorder::now_ns();
   const dsv4::KernelRecords k = rec.stop();
   if (!k.available || k.kernels.empty()) return;
   double all = 0, report = 0;
@@ -242,6 +245,14 @@ void kernel_counters(benchmark::State& state, const std::vector<int32_t>& tokens
   state.counters["span_ms"] = double(last - first) * 1e-6;
   // The report kernels after the model's last.
   state.counters["report_tail_ms"] = double(last - last_model) * 1e-6;
+  // The host's part of the wall time: from the call to the first kernel's start (the forward's set-up
+  // and its first launches), and from the last kernel's end (the model's, then any) to the return (the
+  // last downloads and the reports handed on).
+  if (called > 0 && returned > 0) {
+    state.counters["lead_ms"] = double(first - called) * 1e-6;
+    state.counters["after_model_ms"] = double(returned - last_model) * 1e-6;
+    state.counters["after_last_ms"] = double(returned - last) * 1e-6;
+  }
   state.counters["launches"] = double(k.kernels.size());
   state.counters["report_launches"] = double(reports);
   compute_stream_idle(state, tokens, ro, what);

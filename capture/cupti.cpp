@@ -192,6 +192,11 @@ KernelRecords KernelRecorder::stop() {
   return out;
 }
 
+int64_t KernelRecorder::now_ns() {
+  uint64_t t = 0;
+  return cuptiGetTimestamp(&t) == CUPTI_SUCCESS ? int64_t(t) : 0;
+}
+
 std::string cupti_version_string() {
   uint32_t v = 0;
   if (cuptiGetVersion(&v) != CUPTI_SUCCESS) return "none";
@@ -210,6 +215,9 @@ KernelRecords KernelRecorder::stop() {
   KernelRecords out;
   out.reason = reason_;
   return out;
+}
+int64_t KernelRecorder::now_ns() {
+  return 0;
 }
 std::string cupti_version_string() {
   return "none";

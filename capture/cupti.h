@@ -68,6 +68,9 @@ class KernelRecorder {
 
   bool available() const { return available_; }
   const std::string& reason() const { return reason_; }
+  // Now on CUPTI's clock, the one of KernelRecord's times (0 where CUPTI is not built in): host events
+  // placed among the kernels.
+  static int64_t now_ns();
 
  private:
   bool available_ = false;
