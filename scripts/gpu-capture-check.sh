@@ -4,8 +4,9 @@
 # trace against the CPU's, record on GPU -> replay on CPU, a recorded generation against the CPU's),
 # compute-sanitizer memcheck over the late-report test, then bench_capture's CUDA cases, and prints a
 # table of each capture mode's step time against the same steps without a trace (and of a generation
-# against the engine alone), measured in the same run. Logs under $OUT (or
-# build-gpu/logs).
+# against the engine alone), measured in the same run, and one of where each forward case's wall time
+# goes (the host before the first kernel, the kernels' span, the host after the last). Logs under $OUT
+# (or build-gpu/logs).
 #
 # Usage: scripts/gpu-capture-check.sh [--no-tests] [--no-bench]
 #   env: BUILD_DIR (default build-gpu), JOBS, CUDA_ARCH (default 90a-real: the sm_90a wgmma GEMM), BENCH_FILTER (default Cuda),
@@ -106,6 +107,21 @@ for k, v in rows.items():
                                                               gen if k.startswith("BM_GenerateMidCuda") else None)
     ratio = f"{v / ref:.3f}" if ref else ""
     print(f"{k:52} {v:9.2f} {ratio:>13}")
+# Where a forward's wall time goes (bench_capture's kernel_counters, one more forward under CUPTI): the
+# host before the first kernel, the GPU span, the host after the last kernel.
+scale = {"": 1.0, "k": 1e3, "M": 1e6, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}
+parts = ("lead_ms", "span_ms", "after_model_ms", "after_last_ms", "report_alone_ms", "report_tail_ms")
+head = False
+for line in open(sys.argv[1]):
+    if not line.startswith("BM_ForwardCuda"):
+        continue
+    got = {k: float(v) * scale[p] for k, v, p in re.findall(r"(\w+)=([\d.eE+-]+)([kMmunµ]?)\b", line)}
+    if not any(k in got for k in parts):
+        continue
+    if not head:
+        print(f"{'forward case (ms)':40} " + " ".join(f"{k[:-3]:>12}" for k in parts))
+        head = True
+    print(f"{re.sub(r'/iterations.*', '', line.split()[0]):40} " + " ".join(f"{got[k]:12.3f}" if k in got else f"{'':12}" for k in parts))
 EOF
 fi
 echo "================ dsv4 GPU capture check ================"
