@@ -85,6 +85,7 @@ if [[ $bench == 1 ]]; then
   # the uncaptured run of the same T from this log.
   python3 - "$logs/bench_capture.log" >>"$logs/summary.txt" <<'EOF'
 import re, sys
+scale = {"": 1.0, "k": 1e3, "M": 1e6, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}  # the counters' SI prefixes
 rows = {}
 for line in open(sys.argv[1]):
     m = re.match(r"(BM_\S+)\s+([\d.]+) ms", line)
@@ -93,7 +94,6 @@ for line in open(sys.argv[1]):
     name, ms = m.group(1), float(m.group(2))
     # The counter is seconds per step, printed with an SI prefix and/or an "s" ("38.1m", "0.0381s").
     per_step = re.search(r"ms_per_step=([\d.eE+-]+)([kmunµ]?)s?\b", line)
-    scale = {"": 1.0, "k": 1e3, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}
     rows[name] = float(per_step.group(1)) * scale[per_step.group(2)] * 1e3 if per_step else ms
 def base(name):
     t = re.search(r"/(\d+)/", name + "/")
@@ -109,8 +109,7 @@ for k, v in rows.items():
     print(f"{k:52} {v:9.2f} {ratio:>13}")
 # Where a forward's wall time goes (bench_capture's kernel_counters, one more forward under CUPTI): the
 # host before the first kernel, the GPU span, the host after the last kernel.
-scale = {"": 1.0, "k": 1e3, "M": 1e6, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}
-parts = ("lead_ms", "span_ms", "after_model_ms", "after_last_ms", "report_alone_ms", "report_tail_ms")
+parts = ("lead_ms", "span_ms", "after_last_ms", "report_alone_ms", "report_tail_ms")
 head = False
 for line in open(sys.argv[1]):
     if not line.startswith("BM_ForwardCuda"):
