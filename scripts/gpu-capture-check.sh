@@ -112,22 +112,19 @@ for k, v in rows.items():
     ratio = f"{v / ref:.3f}" if ref else ""
     steps = re.match(r"BM_RecordStepsCuda/\w+/\d+/(\d+)", k)
     close = counters[k].get("close_ms")
-    apart = f"{(v * int(steps.group(1)) - close) / int(steps.group(1)) / ref:.3f}" if ref and steps and close else ""
+    apart = f"{(v - close / int(steps.group(1))) / ref:.3f}" if ref and steps and close else ""
     print(f"{k:52} {v:9.2f} {ratio:>13} {apart:>12}")
 # Where a forward's wall time goes (bench_capture's kernel_counters, one more forward under CUPTI): the
 # host before the first kernel, the GPU span, the host after the last kernel.
 parts = ("lead_ms", "span_ms", "after_last_ms", "report_alone_ms", "report_tail_ms")
 head = False
-for line in open(sys.argv[1]):
-    if not line.startswith("BM_ForwardCuda"):
-        continue
-    got = {k: float(v) * scale[p] for k, v, p in re.findall(r"(\w+)=([\d.eE+-]+)([kMmunµ]?)\b", line)}
-    if not any(k in got for k in parts):
+for name, got in counters.items():
+    if not name.startswith("BM_ForwardCuda") or not any(k in got for k in parts):
         continue
     if not head:
         print(f"{'forward case (ms)':40} " + " ".join(f"{k[:-3]:>12}" for k in parts))
         head = True
-    print(f"{re.sub(r'/iterations.*', '', line.split()[0]):40} " + " ".join(f"{got[k]:12.3f}" if k in got else f"{'':12}" for k in parts))
+    print(f"{re.sub(r'/iterations.*', '', name):40} " + " ".join(f"{got[k]:12.3f}" if k in got else f"{'':12}" for k in parts))
 EOF
 fi
 echo "================ dsv4 GPU capture check ================"
