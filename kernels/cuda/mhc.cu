@@ -6,6 +6,8 @@
 //   - fused_weights_kernel (the usual one: 1, 2, 3, 4, 8, 15 or 24 fn rows, i.e. hc_pre with hc <= 4
 //     and hc_head with hc <= 4 or hc == 8; chain or blocked order): the fn . x products, the sum of
 //     squares and the weights in one kernel that reads X once. See its comment for the work split.
+//     For hc_pre it leaves comb's logits; the mix kernel's first blocks run their Sinkhorn
+//     (comb_sinkhorn), beside the blocks that mix.
 //   - otherwise the fn . x products of all tokens are one GEMM with fp32 out (cuda::gemm), and
 //     weights_kernel, one group of 8 threads per token, forms rho with dot8 and lane 0 the weights.
 // Then mix_kernel, one thread per (t, d) or per 4 consecutive d (mix4_kernel, rows 16-byte aligned):
@@ -49,6 +51,9 @@ struct MixArgs {
   float* post = nullptr;  // hc_pre only
   float* comb = nullptr;  // hc_pre only
   uint64_t* y_sums = nullptr;
+  // > 0: comb holds the logits of the fused kernel (pre_weights_lanes), and the mix kernel's first
+  // sinkhorn_blocks blocks run their Sinkhorn (run_comb_sinkhorn)
+  int sinkhorn_blocks = 0;
 };
 
 // One aligned group of 8 threads per token (32 tokens per block, grid-stride). The group forms rho
@@ -103,9 +108,9 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(MixArgs a, float* wt)
 // which is exactly the pairing of the lane combination above), so that lane l ends up holding about
 // 1/8 of the outputs, and adds those chain results to its running sums. After the last chain the
 // results go through shared memory to the lanes that form the weights: hc_pre's with hc lanes a
-// token (pre_weights_lanes: lane j forms row j of the Sinkhorn, whose column steps move the columns
-// across the lanes, so the serial divisions of a token's Sinkhorn are one row's, not hc rows'), hc_head's
-// by lane a < A for token a. The weights' code is the CPU's (kernels/detail/mhc.h) with hc a constant.
+// token (pre_weights_lanes: lane j forms pre_j, post_j and the logits of comb row j, whose Sinkhorn
+// the mix kernel runs: comb_sinkhorn), hc_head's by lane a < A for token a. The weights' code is the
+// CPU's (kernels/detail/mhc.h) with hc a constant.
 constexpr int kChunk = 64, kChunkSteps = kChunk / 8;  // elements (steps) of a stage
 constexpr int kStages = 3;
 constexpr int kXStride = kChunk + 8;  // shared row of a token: groups of a warp 8 banks apart
@@ -210,28 +215,52 @@ __device__ __forceinline__ void transpose_lanes(float (&v)[HC], int j, int src0)
 }
 
 // hc_pre's weights of the tokens whose fn products lie in res (token a of the group at res +
-// a * (rows + 1), the sum of squares last), HC lanes a token: lane j forms pre_j, post_j and comb row
-// j with common::'s functions, and the Sinkhorn's column steps run on columns moved across the lanes
-// (transpose_lanes), so a token's Sinkhorn takes one row's latency instead of hc. The values are
-// common::hc_pre_weights's: the same operations on the same operands in the same order. A group's
-// 8 lanes take 8 / HC tokens at a time; all 32 threads of the warp call it.
+// a * (rows + 1), the sum of squares last), HC lanes a token: lane j forms pre_j, post_j and the logits
+// of comb row j with common::'s functions, and leaves those logits in comb for the Sinkhorn, which the
+// mix kernel's first blocks run (comb_sinkhorn: there its latency overlaps the mix's memory traffic
+// instead of ending this kernel). A group's 8 lanes take 8 / HC tokens at a time.
 template <int HC, int A>
 __device__ void pre_weights_lanes(const MixArgs& a, const float* res, int64_t t0, int G, int grp, int lane,
                                   int64_t n, float* wt) {
   constexpr int NR = (2 + HC) * HC, PER = 8 / HC;  // tokens a round
   const int sub = lane / HC;                       // the lane's token of the round (PER: none)
   const int j = sub < PER ? lane % HC : 0;
-  const int src0 = (threadIdx.x & 31) - (sub < PER ? j : 0);
 #pragma unroll 1
   for (int a0 = 0; a0 < A; a0 += PER) {
     const int tok = a0 + sub;
     const bool live = sub < PER && tok < A && t0 + int64_t(tok) * G + grp < a.T;
-    const float* raw = res + (live ? tok : 0) * (NR + 1);
+    if (!live) continue;
+    const float* raw = res + tok * (NR + 1);
     const float rho = common::rms_scale(raw[NR], n, a.rms_eps);
-    float v[HC];
+    const int64_t t = t0 + int64_t(tok) * G + grp;
+    wt[t * HC + j] = common::hc_pre_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, j), a.hc_eps);
+    a.post[t * HC + j] = common::hc_post_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, HC + j));
 #pragma unroll
     for (int k = 0; k < HC; ++k)
-      v[k] = common::hc_pre_logit(raw, rho, HC, a.scale, a.base, 2 * HC + j * HC + k);
+      a.comb[t * HC * HC + j * HC + k] =
+          common::hc_pre_logit(raw, rho, HC, a.scale, a.base, 2 * HC + j * HC + k);
+  }
+}
+
+// The Sinkhorn of comb, whose rows hold the logits pre_weights_lanes left there, in place: 32 / HC
+// tokens a warp, lane j of a token's HC lanes holding row j, the column steps run on columns moved
+// across the lanes (transpose_lanes), so a token's Sinkhorn takes one row's latency instead of hc. The
+// values are common::hc_pre_weights's: the same operations on the same operands in the same order.
+// Block b of `blocks` takes the tokens of its warps, grid-stride; all 32 threads of a warp run it.
+template <int HC>
+__device__ void comb_sinkhorn(const MixArgs& a, int64_t b, int64_t blocks) {
+  constexpr int PER = 32 / HC;  // tokens a warp
+  const int lane = threadIdx.x & 31, sub = lane / HC;
+  const int j = sub < PER ? lane % HC : 0;
+  const int src0 = lane - (sub < PER ? j : 0);  // a lane outside any token reads its own
+  const int64_t wpb = blockDim.x / 32, warps = blocks * wpb;
+  for (int64_t w = b * wpb + threadIdx.x / 32; w * PER < a.T; w += warps) {
+    const int64_t t = w * PER + sub;
+    const bool live = sub < PER && t < a.T;
+    float* row = a.comb + (live ? t : 0) * HC * HC + j * HC;
+    float v[HC];
+#pragma unroll
+    for (int k = 0; k < HC; ++k) v[k] = live ? row[k] : 0.0f;
     const float eps = a.hc_eps;
     common::sinkhorn_steps(
         a.sinkhorn_iters,
@@ -247,14 +276,22 @@ __device__ void pre_weights_lanes(const MixArgs& a, const float* res, int64_t t0
           transpose_lanes<HC>(v, j, src0);
         });
     if (live) {
-      const int64_t t = t0 + int64_t(tok) * G + grp;
-      wt[t * HC + j] = common::hc_pre_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, j), eps);
-      a.post[t * HC + j] =
-          common::hc_post_weight(common::hc_pre_logit(raw, rho, HC, a.scale, a.base, HC + j));
 #pragma unroll
-      for (int k = 0; k < HC; ++k) a.comb[t * HC * HC + j * HC + k] = v[k];
+      for (int k = 0; k < HC; ++k) row[k] = v[k];
     }
   }
+}
+
+// The mix kernels' first a.sinkhorn_blocks blocks run comb_sinkhorn (true: the caller returns); the
+// others mix, as block blockIdx.x - a.sinkhorn_blocks of gridDim.x - a.sinkhorn_blocks.
+__device__ bool run_comb_sinkhorn(const MixArgs& a) {
+  if (int(blockIdx.x) >= a.sinkhorn_blocks) return false;
+  // The fused kernel leaves logits only for hc <= 4 (try_fused).
+  if (a.hc == 1) comb_sinkhorn<1>(a, blockIdx.x, a.sinkhorn_blocks);
+  if (a.hc == 2) comb_sinkhorn<2>(a, blockIdx.x, a.sinkhorn_blocks);
+  if (a.hc == 3) comb_sinkhorn<3>(a, blockIdx.x, a.sinkhorn_blocks);
+  if (a.hc == 4) comb_sinkhorn<4>(a, blockIdx.x, a.sinkhorn_blocks);
+  return true;
 }
 
 template <int NR, int A>
@@ -564,8 +601,10 @@ __global__ void __launch_bounds__(kThreads) mix4_blocks_kernel(MixArgs a, const 
   constexpr int kW = sums::kWordsPerLane;
   const int lane = threadIdx.x & 31;
   const int64_t chunks = a.D / xxh3::kSumRowValues, D4 = a.D / 4;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t wi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; wi < a.T * chunks; wi += warps) {
+  if (run_comb_sinkhorn(a)) return;
+  const int64_t bx = int64_t(blockIdx.x) - a.sinkhorn_blocks, nb = int64_t(gridDim.x) - a.sinkhorn_blocks;
+  const int64_t warps = nb * (blockDim.x / 32);
+  for (int64_t wi = (bx * blockDim.x + threadIdx.x) / 32; wi < a.T * chunks; wi += warps) {
     const int64_t t = wi / chunks, c = wi - t * chunks;
     const float4* x = reinterpret_cast<const float4*>(a.X + t * a.hc * a.D) + c * 128 + lane;
     const float* w = wt + t * a.hc;
@@ -601,9 +640,11 @@ __global__ void __launch_bounds__(kThreads) mix4_blocks_kernel(MixArgs a, const 
 // One thread per (t, d): y = bf16(fma chain over j of wt[t, j] * X[t, j, d]).
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* wt) {
+  if (run_comb_sinkhorn(a)) return;
   const int hc = a.hc;
   const Index D = Index(a.D), total = Index(a.T) * D;
-  for (Index e = Index(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += Index(gridDim.x) * blockDim.x) {
+  const Index bx = Index(blockIdx.x) - a.sinkhorn_blocks, nb = Index(gridDim.x) - a.sinkhorn_blocks;
+  for (Index e = bx * blockDim.x + threadIdx.x; e < total; e += nb * blockDim.x) {
     const Index t = e / D, d = e - t * D;
     a.y[e] = common::mix_streams_at(a.X + int64_t(t) * hc * a.D, wt + int64_t(t) * hc, hc, a.D, d);
   }
@@ -614,9 +655,11 @@ __global__ void __launch_bounds__(kThreads) mix_kernel(MixArgs a, const float* w
 // over j from acc = 0, then bf16.
 template <typename Index>
 __global__ void __launch_bounds__(kThreads) mix4_kernel(MixArgs a, const float* wt) {
+  if (run_comb_sinkhorn(a)) return;
   const int hc = a.hc;
   const Index D4 = Index(a.D / 4), total = Index(a.T) * D4;
-  for (Index e = Index(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += Index(gridDim.x) * blockDim.x) {
+  const Index bx = Index(blockIdx.x) - a.sinkhorn_blocks, nb = Index(gridDim.x) - a.sinkhorn_blocks;
+  for (Index e = bx * blockDim.x + threadIdx.x; e < total; e += nb * blockDim.x) {
     const Index t = e / D4, d4 = e - t * D4;
     const float4* x = reinterpret_cast<const float4*>(a.X + int64_t(t) * hc * a.D) + d4;
     const float* w = wt + int64_t(t) * hc;
@@ -755,7 +798,13 @@ void fn_products(int64_t T, int64_t hcD, const float* X, const float* fn, int64_
 void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
   if (a.hc > kMaxHc) throw Error("cuda hc_pre/hc_head cannot run: hc is larger than 16");
   const int64_t hcD = int64_t(a.hc) * a.D;
-  if (!try_fused(a, wt, stream)) {
+  if (try_fused(a, wt, stream)) {
+    // hc_pre's comb holds logits: the mix kernel's first blocks run their Sinkhorn, 32 / hc tokens a warp.
+    if (!a.head) {
+      const int64_t warps = (a.T + 32 / a.hc - 1) / (32 / a.hc);
+      a.sinkhorn_blocks = int(std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 4096));
+    }
+  } else {
     detail::Scratch<float> raw(a.T * a.rows, stream);
     fn_products(a.T, hcD, a.X, a.fn, a.rows, a.order, raw.get(), stream);
     a.raw = raw.get();
@@ -764,21 +813,22 @@ void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
   }
   const bool vec4 = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  const unsigned sb = unsigned(a.sinkhorn_blocks);
   if (mix_blocks(a)) {
-    mix4_blocks_kernel<<<detail::grid_for(a.T * (a.D / xxh3::kSumRowValues), kThreads / 32), kThreads, 0,
+    mix4_blocks_kernel<<<detail::grid_for(a.T * (a.D / xxh3::kSumRowValues), kThreads / 32) + sb, kThreads, 0,
                          stream>>>(a, wt);
     DSV4_LAUNCH_CHECK();
     return;
   }
   if (vec4) {
     if (fits_int(a.T * a.D / 4))
-      mix4_kernel<int><<<detail::grid_for(a.T * a.D / 4, kThreads), kThreads, 0, stream>>>(a, wt);
+      mix4_kernel<int><<<detail::grid_for(a.T * a.D / 4, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
     else
-      mix4_kernel<int64_t><<<detail::grid_for(a.T * a.D / 4, kThreads), kThreads, 0, stream>>>(a, wt);
+      mix4_kernel<int64_t><<<detail::grid_for(a.T * a.D / 4, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
   } else if (fits_int(a.T * a.D)) {
-    mix_kernel<int><<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
+    mix_kernel<int><<<detail::grid_for(a.T * a.D, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
   } else {
-    mix_kernel<int64_t><<<detail::grid_for(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
+    mix_kernel<int64_t><<<detail::grid_for(a.T * a.D, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
   }
   DSV4_LAUNCH_CHECK();
   if (a.y_sums) row_sums_bf16(a.y, a.T, a.D, a.D, a.y_sums, stream);
