@@ -242,6 +242,11 @@ __device__ void pre_weights_lanes(const MixArgs& a, const float* res, int64_t t0
   }
 }
 
+// comb_sinkhorn's tokens a warp (launch_mix sizes its blocks by it).
+__host__ __device__ constexpr int comb_sinkhorn_tokens_per_warp(int hc) {
+  return 32 / hc;
+}
+
 // The Sinkhorn of comb, whose rows hold the logits pre_weights_lanes left there, in place: 32 / HC
 // tokens a warp, lane j of a token's HC lanes holding row j, the column steps run on columns moved
 // across the lanes (transpose_lanes), so a token's Sinkhorn takes one row's latency instead of hc. The
@@ -253,7 +258,7 @@ __device__ void pre_weights_lanes(const MixArgs& a, const float* res, int64_t t0
 // instead of first end the kernel: 47 us; two rounds a warp (half the blocks): 33 us.
 template <int HC>
 __device__ void comb_sinkhorn(const MixArgs& a, int64_t b, int64_t blocks) {
-  constexpr int PER = 32 / HC;  // tokens a warp
+  constexpr int PER = comb_sinkhorn_tokens_per_warp(HC);
   const int lane = threadIdx.x & 31, sub = lane / HC;
   const int j = sub < PER ? lane % HC : 0;
   const int src0 = lane - (sub < PER ? j : 0);  // a lane outside any token reads its own
@@ -804,10 +809,10 @@ void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
   if (a.hc > kMaxHc) throw Error("cuda hc_pre/hc_head cannot run: hc is larger than 16");
   const int64_t hcD = int64_t(a.hc) * a.D;
   if (try_fused(a, wt, stream)) {
-    // hc_pre's comb holds logits: the mix kernel's first blocks run their Sinkhorn, 32 / hc tokens a warp.
+    // hc_pre's comb holds logits: the mix kernel's first blocks run their Sinkhorn.
     if (!a.head) {
-      const int64_t warps = (a.T + 32 / a.hc - 1) / (32 / a.hc);
-      a.sinkhorn_blocks = int(std::min<int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 4096));
+      const int64_t warps = detail::ceil_div(a.T, comb_sinkhorn_tokens_per_warp(a.hc));
+      a.sinkhorn_blocks = int(std::min<int64_t>(detail::ceil_div(warps, kThreads / 32), 4096));
     }
   } else {
     detail::Scratch<float> raw(a.T * a.rows, stream);
@@ -818,22 +823,25 @@ void launch_mix(MixArgs a, float* wt, cudaStream_t stream) {
   }
   const bool vec4 = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-  const unsigned sb = unsigned(a.sinkhorn_blocks);
+  // The mix's grid for n work items of `per` a block, and the Sinkhorn's blocks before it.
+  const auto grid = [&](int64_t n, int per) {
+    return detail::grid_for(n, per) + unsigned(a.sinkhorn_blocks);
+  };
   if (mix_blocks(a)) {
-    mix4_blocks_kernel<<<detail::grid_for(a.T * (a.D / xxh3::kSumRowValues), kThreads / 32) + sb, kThreads, 0,
-                         stream>>>(a, wt);
+    const unsigned blocks = grid(a.T * (a.D / xxh3::kSumRowValues), kThreads / 32);
+    mix4_blocks_kernel<<<blocks, kThreads, 0, stream>>>(a, wt);
     DSV4_LAUNCH_CHECK();
     return;
   }
   if (vec4) {
     if (fits_int(a.T * a.D / 4))
-      mix4_kernel<int><<<detail::grid_for(a.T * a.D / 4, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
+      mix4_kernel<int><<<grid(a.T * a.D / 4, kThreads), kThreads, 0, stream>>>(a, wt);
     else
-      mix4_kernel<int64_t><<<detail::grid_for(a.T * a.D / 4, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
+      mix4_kernel<int64_t><<<grid(a.T * a.D / 4, kThreads), kThreads, 0, stream>>>(a, wt);
   } else if (fits_int(a.T * a.D)) {
-    mix_kernel<int><<<detail::grid_for(a.T * a.D, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
+    mix_kernel<int><<<grid(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
   } else {
-    mix_kernel<int64_t><<<detail::grid_for(a.T * a.D, kThreads) + sb, kThreads, 0, stream>>>(a, wt);
+    mix_kernel<int64_t><<<grid(a.T * a.D, kThreads), kThreads, 0, stream>>>(a, wt);
   }
   DSV4_LAUNCH_CHECK();
   if (a.y_sums) row_sums_bf16(a.y, a.T, a.D, a.D, a.y_sums, stream);
